@@ -1,0 +1,1 @@
+"""The command-line interface: parses options, calls the library, renders with rich."""

@@ -1,0 +1,9 @@
+"""`liveput profile` command."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `profile` command to the root app (filled in by its issue)."""

@@ -1,0 +1,9 @@
+"""`liveput simulate` command."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `simulate` command to the root app (filled in by its issue)."""

@@ -1,0 +1,121 @@
+"""Types of the performance model, shared by the estimator, the optimizer and the planner.
+
+Units: seconds, bytes, samples. A configuration (D, P) is D data-parallel pipelines of P stages,
+using D * P instances, each instance holding one stage of one pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer measured (or derived) for one micro-batch on one instance type."""
+
+    name: str
+    """Layer name (e.g. ``block.3``)."""
+    forward_s: float
+    """Forward time of one micro-batch, seconds."""
+    backward_s: float
+    """Backward time of one micro-batch, seconds."""
+    optimizer_s: float
+    """Optimizer step time for the layer's parameters, seconds (once per iteration)."""
+    num_params: int
+    """Parameters of the layer."""
+    activation_bytes: int
+    """Bytes of the layer's output activation for one micro-batch (sent to the next stage)."""
+    activation_memory_bytes: int
+    """Bytes kept for the backward pass per micro-batch in flight."""
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """The machine a profile was measured on."""
+
+    name: str
+    """Cloud name, e.g. ``p3.2xlarge``."""
+    gpu_memory_gb: float
+    """Usable accelerator memory per instance, GB (1e9 bytes)."""
+    network_gbps: float
+    """Network bandwidth between instances, Gb/s."""
+    spot_price_usd_per_hour: float
+    """Spot price per instance-hour."""
+    on_demand_price_usd_per_hour: float
+    """On-demand price per instance-hour."""
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A model as the estimator sees it: its layers, batch sizes and training-state bytes."""
+
+    model: str
+    """Model name (``gpt-1.5b``, ``tiny-gpt`` or a user's)."""
+    instance_type: InstanceType
+    """Where it was measured or for which it was derived."""
+    layers: tuple[LayerProfile, ...]
+    """The layers in order."""
+    global_batch_size: int
+    """Samples per training iteration, fixed whatever the configuration."""
+    micro_batch_size: int
+    """Samples per micro-batch."""
+    state_bytes_per_param: int = 16
+    """Bytes of training state per parameter: fp32 weights 4 + grads 4 + Adam moments 8."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_params(self) -> int:
+        return sum(layer.num_params for layer in self.layers)
+
+    def layer_state_bytes(self) -> np.ndarray:
+        """Bytes of parameters and optimizer state of each layer (what a migration moves)."""
+        return np.array([layer.num_params for layer in self.layers], dtype=np.int64) * (
+            self.state_bytes_per_param
+        )
+
+
+@dataclass(frozen=True)
+class ConfigTable:
+    """Throughput and memory of every candidate configuration, scored at once."""
+
+    model: str
+    instance_type: str
+    data_parallel: np.ndarray
+    """D of each configuration, shape (K,)."""
+    pipeline_stages: np.ndarray
+    """P of each configuration, shape (K,)."""
+    samples_per_s: np.ndarray
+    """Estimated training throughput, samples/s, shape (K,) (0 where infeasible)."""
+    memory_gb: np.ndarray
+    """Peak memory of the most loaded stage, GB, shape (K,)."""
+    feasible: np.ndarray
+    """Whether the configuration fits in memory and has enough layers/micro-batches, (K,)."""
+    reason: tuple[str | None, ...]
+    """Why an infeasible configuration is infeasible (None when feasible)."""
+
+    def throughput_grid(self, max_nodes: int) -> np.ndarray:
+        """``grid[D, P]`` = samples/s of (D, P) (0 when infeasible or absent), shape
+        (max_nodes + 1, max_nodes + 1)."""
+        grid = np.zeros((max_nodes + 1, max_nodes + 1))
+        keep = (self.data_parallel * self.pipeline_stages <= max_nodes) & self.feasible
+        grid[self.data_parallel[keep], self.pipeline_stages[keep]] = self.samples_per_s[keep]
+        return grid
+
+    def best_for(self, num_nodes: int) -> tuple[int, int, float] | None:
+        """The feasible (D, P, samples/s) with the highest throughput using at most
+        ``num_nodes`` instances; ties go to the shallower pipeline. None if nothing fits."""
+        fits = self.feasible & (self.data_parallel * self.pipeline_stages <= num_nodes)
+        if not fits.any():
+            return None
+        order = np.lexsort((self.pipeline_stages, -self.samples_per_s))
+        best = next(i for i in order if fits[i])
+        return (
+            int(self.data_parallel[best]),
+            int(self.pipeline_stages[best]),
+            float(self.samples_per_s[best]),
+        )
