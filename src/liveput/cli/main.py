@@ -53,10 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         typer.echo("aborted", err=True)
         return 1
-    except Exception as error:  # click usage errors carry their own exit code and message
-        import click
-
-        if isinstance(error, click.ClickException):
+    except Exception as error:
+        # Usage errors of typer's (vendored) click carry their own message and exit code.
+        if callable(getattr(error, "show", None)) and isinstance(getattr(error, "exit_code", None), int):
             error.show()
             return error.exit_code
         raise
