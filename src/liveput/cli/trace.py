@@ -1,7 +1,82 @@
-"""`liveput trace ...` commands."""
+"""`liveput trace ...`: statistics, generation and plots of availability traces."""
 
 from __future__ import annotations
 
-import typer
+from pathlib import Path
 
-app = typer.Typer(help="trace commands.", no_args_is_help=True)
+import typer
+from rich.table import Table
+
+from liveput.cli.output import console, print_json
+from liveput.errors import LiveputError
+from liveput.traces import REGIMES, Trace, generate_trace, read_trace, trace_stats, write_trace
+from liveput.traces.plot import plot_trace
+
+app = typer.Typer(help="Availability traces: statistics, generation, plots.", no_args_is_help=True)
+
+FORMAT_HELP = "Force the trace format (events, json, csv, text); detected from content by default."
+START_HELP = "Keep the trace from this hour on."
+END_HELP = "Keep the trace up to this hour."
+
+
+def load_trace(
+    path: Path, fmt: str | None = None, start_hour: float | None = None, end_hour: float | None = None
+) -> Trace:
+    """Read a trace and slice it to ``[start_hour, end_hour]`` (used by every command)."""
+    trace = read_trace(path, fmt)
+    if start_hour is None and end_hour is None:
+        return trace
+    start_s = 0.0 if start_hour is None else start_hour * 3600.0
+    end_s = None if end_hour is None else end_hour * 3600.0
+    return trace.slice(start_s, end_s)
+
+
+@app.command("stats")
+def stats(
+    trace: Path = typer.Argument(..., help="Trace file (events CSV, count JSON, count CSV, text)."),
+    interval: float = typer.Option(60.0, "--interval", help="Interval length in seconds."),
+    fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
+    start_hour: float | None = typer.Option(None, "--start-hour", help=START_HELP),
+    end_hour: float | None = typer.Option(None, "--end-hour", help=END_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Print the statistics of a trace (time-weighted mean, preemptions, allocations, ...)."""
+    figures = trace_stats(load_trace(trace, fmt, start_hour, end_hour), interval)
+    if as_json:
+        print_json(figures)
+        return
+    table = Table(title=f"trace {figures['name']}", show_header=False)
+    for key, value in figures.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+@app.command("generate")
+def generate(
+    output: Path = typer.Option(..., "-o", "--output", help="File to write (.json: count JSON; "
+                                "otherwise events CSV)."),
+    nodes: int = typer.Option(32, "--nodes", help="Instances requested (the capacity)."),
+    hours: float = typer.Option(12.0, "--hours", help="Length of the trace in hours."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (same seed, same trace)."),
+    regime: str = typer.Option("default", "--regime",
+                               help=f"Market regime: {', '.join(REGIMES.names())}."),
+) -> None:
+    """Generate a synthetic trace calibrated to measured AWS spot traces."""
+    trace = generate_trace(nodes, hours, seed, regime)
+    write_trace(trace, output)
+    console.print(f"wrote {output} ({trace.hours:.1f} h, {int(trace.removed.sum())} preemptions)")
+
+
+@app.command("plot")
+def plot(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    output: Path = typer.Option(..., "-o", "--output", help="PNG file to write."),
+    fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
+    start_hour: float | None = typer.Option(None, "--start-hour", help=START_HELP),
+    end_hour: float | None = typer.Option(None, "--end-hour", help=END_HELP),
+) -> None:
+    """Plot available instances over time with preemption and allocation marks."""
+    if output.suffix.lower() != ".png":
+        raise LiveputError(f"{output}: the plot is written as PNG; name the file *.png")
+    plot_trace(load_trace(trace, fmt, start_hour, end_hour), output)
+    console.print(f"wrote {output}")

@@ -1,0 +1,40 @@
+"""Plot a trace: available instances over time, with preemption and allocation marks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from liveput.traces.trace import Trace  # noqa: E402
+
+
+def plot_trace(trace: Trace, path: str | Path) -> Path:
+    """Write a PNG of ``trace`` to ``path`` and return the path."""
+    starts, counts = trace.step_function()
+    hours = list(starts / 3600.0) + [trace.hours]
+    figure, axis = plt.subplots(figsize=(10, 3.6), dpi=110)
+    axis.step(hours, list(counts) + [counts[-1]], where="post", color="#1f5f9e", lw=1.4,
+              label="available instances")
+    after = trace.counts
+    lost = trace.removed > 0
+    gained = trace.added > 0
+    axis.scatter(trace.times_s[lost] / 3600.0, after[lost], marker="v", color="#c0392b", s=14,
+                 label="preemption", zorder=3)
+    axis.scatter(trace.times_s[gained] / 3600.0, after[gained], marker="^", color="#27ae60", s=14,
+                 label="allocation", zorder=3)
+    axis.set_xlabel("time (hours)")
+    axis.set_ylabel("instances")
+    axis.set_title(trace.name)
+    axis.set_ylim(bottom=0)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="lower left", fontsize=8, ncols=3)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path
