@@ -1,0 +1,51 @@
+"""Performance model: throughput and memory of every (D, P), migration costs, and a profiler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from liveput.errors import LiveputError
+from liveput.perf.builtin import BUILTIN_SPECS, builtin_profile
+from liveput.perf.costs import MigrationCostModel
+from liveput.perf.estimator import Calibration, estimate_configs
+from liveput.perf.partition import partition_layers
+from liveput.perf.types import ConfigTable, InstanceType, LayerProfile, ModelProfile
+
+LOCAL_MODELS = ("tiny-gpt",)
+
+
+def builtin_model_names() -> list[str]:
+    return sorted([*BUILTIN_SPECS, *LOCAL_MODELS])
+
+
+def load_profile(name_or_path: str) -> ModelProfile:
+    """A built-in model by name, or a profile JSON written by ``liveput profile``."""
+    if name_or_path in BUILTIN_SPECS:
+        return builtin_profile(name_or_path)
+    if name_or_path in LOCAL_MODELS:
+        from liveput.perf.profiler import tiny_gpt_profile
+
+        return tiny_gpt_profile()
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.is_file():
+        from liveput.perf.profile_io import read_profile
+
+        return read_profile(path)
+    raise LiveputError(
+        f"unknown model {name_or_path!r}; built-in: {', '.join(builtin_model_names())} "
+        "(or a profile .json written by `liveput profile`)"
+    )
+
+
+__all__ = [
+    "Calibration",
+    "ConfigTable",
+    "InstanceType",
+    "LayerProfile",
+    "MigrationCostModel",
+    "ModelProfile",
+    "builtin_model_names",
+    "estimate_configs",
+    "load_profile",
+    "partition_layers",
+]

@@ -63,6 +63,9 @@ class ModelProfile:
     """Samples per micro-batch."""
     state_bytes_per_param: int = 16
     """Bytes of training state per parameter: fp32 weights 4 + grads 4 + Adam moments 8."""
+    min_pipeline_stages: int = 1
+    """Smallest pipeline depth known to run (published or measured); shallower ones are
+    infeasible whatever the memory model says."""
 
     @property
     def num_layers(self) -> int:

@@ -1,0 +1,177 @@
+"""Throughput and memory of every (D, P) configuration, scored at once.
+
+Notation, for a configuration of D pipelines of P stages and a model of L layers:
+
+- ``m = ceil(B / (D * b))``: micro-batches per pipeline per iteration (global batch B, micro-batch b);
+- ``t_P``: forward + backward time of the slowest stage of the balanced P-stage partition (s);
+- ``o_P``: optimizer time of that partition's slowest stage (s);
+- ``g_P``: gradient bytes of the largest stage (parameters x 4 bytes, fp32 all-reduce);
+- ``W``: network bandwidth between instances (bytes/s).
+
+Iteration time of 1F1B (P - 1 micro-batch slots of bubble), in seconds:
+
+    T(D, P) = (m + P - 1) * (alpha * t_P + c)               # pipeline with bubble, c per slot
+              + beta * 2 (D - 1) / D * g_P / W              # ring all-reduce among D replicas
+              + alpha * o_P + d                              # optimizer step and fixed cost
+
+with per-model calibrated constants ``alpha`` (compute scale, 1), ``c`` (per-slot overhead: the
+activation send/recv and launch costs, s), ``beta`` (all-reduce inefficiency, 1) and ``d`` (s),
+fitted in ``calibrate.py``. Throughput is ``B / T`` samples/s.
+
+Memory of stage s (0-based) under 1F1B with activation checkpointing (as the DeepSpeed engine of
+the measured runs): the stage keeps its input for each of the ``min(P - s, m)`` micro-batches in
+flight and the full activations of one micro-batch while it recomputes and runs its backward:
+
+    M_s = params_s * state_bytes_per_param + act_mem_s + input_s * min(P - s, m)
+
+A configuration is feasible when ``max_s M_s <= GPU memory``, ``P <= L``, ``m >= 1`` and P is at
+least the profile's known minimum depth.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+from liveput.perf.partition import PartitionTable, partition_table
+from liveput.perf.types import ConfigTable, ModelProfile
+
+GRADIENT_BYTES_PER_PARAM = 4
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-model constants of the iteration-time formula (module docstring)."""
+
+    compute_scale: float = 1.0
+    """alpha: measured / derived compute time (dimensionless)."""
+    slot_overhead_s: float = 0.0
+    """c: seconds per micro-batch slot per stage (activation transfer, kernel launches)."""
+    allreduce_scale: float = 1.0
+    """beta: measured / ideal ring all-reduce time (dimensionless)."""
+    iteration_overhead_s: float = 0.0
+    """d: fixed seconds per iteration."""
+
+
+@lru_cache(maxsize=1)
+def _calibrations() -> dict[str, Calibration]:
+    text = resources.files("liveput.data").joinpath("perf_calibration.json").read_text()
+    return {name: Calibration(**values) for name, values in json.loads(text).items()}
+
+
+def calibration_for(model: str) -> Calibration:
+    """The fitted constants of a built-in model; a profiled model uses its measured times as is."""
+    return _calibrations().get(model, Calibration())
+
+
+def candidate_configs(max_nodes: int, num_layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """All (D, P) with D * P <= max_nodes and P <= num_layers, as two int arrays."""
+    pipelines, stages = np.meshgrid(np.arange(1, max_nodes + 1), np.arange(1, max_nodes + 1),
+                                    indexing="ij")
+    keep = (pipelines * stages <= max_nodes) & (stages <= num_layers)
+    return pipelines[keep], stages[keep]
+
+
+def estimate_configs(
+    profile: ModelProfile, max_nodes: int, calibration: Calibration | None = None
+) -> ConfigTable:
+    """Throughput, memory and feasibility of every (D, P) up to ``max_nodes`` instances."""
+    calibration = calibration or calibration_for(profile.model)
+    data_parallel, stages = candidate_configs(max_nodes, profile.num_layers)
+    table = partition_table(profile, min(max_nodes, profile.num_layers))
+    return score(profile, table, data_parallel, stages, calibration)
+
+
+def score(
+    profile: ModelProfile,
+    table: PartitionTable,
+    data_parallel: np.ndarray,
+    stages: np.ndarray,
+    calibration: Calibration,
+) -> ConfigTable:
+    """Vectorized scoring of the configurations ``(data_parallel[k], stages[k])``."""
+    batch = profile.global_batch_size
+    micro = np.ceil(batch / (data_parallel * profile.micro_batch_size)).astype(np.int64)
+    bandwidth_bytes_per_s = profile.instance_type.network_gbps * 1e9 / 8
+    slots = micro + stages - 1
+    ring = 2 * (data_parallel - 1) / data_parallel
+    gradient_bytes = table.max_stage_params[stages] * GRADIENT_BYTES_PER_PARAM
+    iteration_s = (
+        slots * (calibration.compute_scale * table.max_stage_time_s[stages]
+                 + calibration.slot_overhead_s)
+        + calibration.allreduce_scale * ring * gradient_bytes / bandwidth_bytes_per_s
+        + calibration.compute_scale * table.max_stage_optimizer_s[stages]
+        + calibration.iteration_overhead_s
+    )
+    # Memory: per-stage arrays padded to the deepest pipeline, stage index s along axis 1.
+    stage_index = np.arange(table.stage_params.shape[1])
+    in_flight = np.minimum(stages[:, None] - stage_index[None, :], micro[:, None])
+    in_flight = np.clip(in_flight, 0, None)
+    memory_bytes = stage_memory_bytes(profile, table, stages, in_flight).max(axis=1)
+    memory_gb = memory_bytes / 1e9
+    fits_memory = memory_gb <= profile.instance_type.gpu_memory_gb
+    enough_samples = batch >= data_parallel * profile.micro_batch_size
+    deep_enough = stages >= profile.min_pipeline_stages
+    feasible = fits_memory & enough_samples & deep_enough
+    limit_gb = profile.instance_type.gpu_memory_gb
+    reasons = tuple(
+        None if ok else (
+            f"fewer samples ({batch}) than D x micro-batch ({d * profile.micro_batch_size})"
+            if not samples_ok else
+            f"out of memory: {mem:.1f} GB > {limit_gb:g} GB" if not memory_ok else
+            f"pipeline shallower than the model's minimum of {profile.min_pipeline_stages} stages"
+        )
+        for ok, samples_ok, memory_ok, d, mem in zip(
+            feasible, enough_samples, fits_memory, data_parallel, memory_gb, strict=True)
+    )
+    samples_per_s = np.where(feasible, batch / iteration_s, 0.0)
+    return ConfigTable(
+        model=profile.model,
+        instance_type=profile.instance_type.name,
+        data_parallel=data_parallel,
+        pipeline_stages=stages,
+        samples_per_s=samples_per_s,
+        memory_gb=memory_gb,
+        feasible=feasible,
+        reason=reasons,
+    )
+
+
+def stage_memory_bytes(
+    profile: ModelProfile, table: PartitionTable, stages: np.ndarray, in_flight: np.ndarray
+) -> np.ndarray:
+    """Memory of every stage of each configuration, bytes, shape (K, P_max)."""
+    occupied = in_flight > 0
+    return (
+        table.stage_params[stages] * profile.state_bytes_per_param
+        + table.stage_activation_memory[stages] * occupied
+        + table.stage_input_bytes[stages] * in_flight
+    )
+
+
+def iteration_features(
+    profile: ModelProfile, table: PartitionTable, data_parallel: np.ndarray, stages: np.ndarray
+) -> np.ndarray:
+    """Columns of the iteration-time formula that multiply (alpha, c, beta, d): for fitting."""
+    micro = np.ceil(profile.global_batch_size / (data_parallel * profile.micro_batch_size))
+    slots = micro + stages - 1
+    ring = 2 * (data_parallel - 1) / data_parallel
+    bandwidth = profile.instance_type.network_gbps * 1e9 / 8
+    gradient_bytes = table.max_stage_params[stages] * GRADIENT_BYTES_PER_PARAM
+    return np.stack([
+        slots * table.max_stage_time_s[stages] + table.max_stage_optimizer_s[stages],
+        slots,
+        ring * gradient_bytes / bandwidth,
+        np.ones_like(slots, dtype=float),
+    ], axis=1)
+
+
+def min_feasible_stages(config_table: ConfigTable) -> int | None:
+    """The smallest P of any feasible configuration (None if none is)."""
+    feasible = config_table.pipeline_stages[config_table.feasible]
+    return int(feasible.min()) if len(feasible) else None
+

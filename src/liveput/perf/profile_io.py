@@ -1,0 +1,33 @@
+"""Profile JSON: what `liveput profile` writes and `load_profile(path)` reads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from liveput.errors import LiveputError
+from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
+
+
+def profile_to_dict(profile: ModelProfile) -> dict:
+    return asdict(profile)
+
+
+def write_profile(profile: ModelProfile, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile_to_dict(profile), indent=2) + "\n")
+
+
+def read_profile(path: str | Path) -> ModelProfile:
+    try:
+        document = json.loads(Path(path).read_text())
+        return ModelProfile(
+            model=document["model"],
+            instance_type=InstanceType(**document["instance_type"]),
+            layers=tuple(LayerProfile(**layer) for layer in document["layers"]),
+            global_batch_size=int(document["global_batch_size"]),
+            micro_batch_size=int(document["micro_batch_size"]),
+            state_bytes_per_param=int(document.get("state_bytes_per_param", 16)),
+        )
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise LiveputError(f"{path}: not a liveput profile ({error})") from None
