@@ -1,0 +1,89 @@
+"""Seconds lost to move between configurations, for every pair of candidates at once.
+
+Kinds (cheapest first), between the running (D, P) and a target (D', P') on n instances:
+
+- ``none``: the same configuration;
+- ``intra-stage``: P' = P, D' < D: survivors regroup, only communication groups are rebuilt:
+  ``rebuild_s(n)``;
+- ``inter-stage``: P' = P, D' > D: new replicas receive one stage's parameters and optimizer
+  state, in parallel: ``rebuild_s(n) + transfer_s(stage_state_bytes)``;
+- ``pipeline``: P' != P: layers are re-partitioned; each new stage goes to an instance that holds
+  the most of its layers and receives only the missing ones, in parallel:
+  ``rebuild_s(n) + transfer_s(max over new stages of missing bytes)``;
+- ``checkpoint-restore``: from nothing running: ``restart_s(n) + checkpoint_load_s(stage bytes)``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Protocol
+
+import numpy as np
+
+from liveput.perf.partition import partition_layers
+from liveput.perf.types import ModelProfile
+
+
+class CostModel(Protocol):
+    """What the planner needs to know about moving state (``perf.MigrationCostModel``)."""
+
+    def transfer_s(self, num_bytes: float) -> float: ...
+    def rebuild_s(self, num_nodes: int) -> float: ...
+    def restart_s(self, num_nodes: int) -> float: ...
+    def checkpoint_save_s(self, num_bytes: float) -> float: ...
+    def checkpoint_load_s(self, num_bytes: float) -> float: ...
+
+
+def migration_kind(data_parallel: int, stages: int, new_data_parallel: int,
+                   new_stages: int) -> str:
+    """The kind of migration from (D, P) to (D', P'); D = 0 means nothing runs."""
+    if new_data_parallel == 0 or (data_parallel, stages) == (new_data_parallel, new_stages):
+        return "none"
+    if data_parallel == 0:
+        return "checkpoint-restore"
+    if stages == new_stages:
+        return "intra-stage" if new_data_parallel < data_parallel else "inter-stage"
+    return "pipeline"
+
+
+@lru_cache(maxsize=4096)
+def _missing_bytes(profile: ModelProfile, stages: int, new_stages: int) -> float:
+    """Largest state a new stage lacks when placed on the old stage that overlaps it most."""
+    layer_bytes = np.concatenate(([0], np.cumsum(profile.layer_state_bytes())))
+    old = partition_layers(profile, stages)
+    new = partition_layers(profile, new_stages)
+    starts = np.maximum(new[:-1, None], old[None, :-1])
+    ends = np.minimum(new[1:, None], old[None, 1:])
+    overlap = np.where(ends > starts, layer_bytes[np.maximum(ends, starts)] - layer_bytes[starts],
+                       0)
+    need = layer_bytes[new[1:]] - layer_bytes[new[:-1]]
+    return float((need - overlap.max(axis=1)).max())
+
+
+def migration_seconds(profile: ModelProfile, costs: CostModel, data_parallel: np.ndarray,
+                      stages: np.ndarray, num_instances: int) -> np.ndarray:
+    """``seconds[a, b]`` to move from candidate a to candidate b (D = 0: nothing runs)."""
+    count = len(stages)
+    total_bytes = float(profile.layer_state_bytes().sum())
+    rebuild = costs.rebuild_s(num_instances)
+    seconds = np.zeros((count, count))
+    unique_stages = sorted({int(p) for p in stages if p > 0})
+    transfer = {(p, q): costs.transfer_s(_missing_bytes(profile, p, q))
+                for p in unique_stages for q in unique_stages if p != q}
+    stage_transfer = {p: costs.transfer_s(total_bytes / p) for p in unique_stages}
+    restore = {p: costs.restart_s(num_instances) + costs.checkpoint_load_s(total_bytes / p)
+               for p in unique_stages}
+    for a in range(count):
+        for b in range(count):
+            kind = migration_kind(int(data_parallel[a]), int(stages[a]), int(data_parallel[b]),
+                                  int(stages[b]))
+            p, q = int(stages[a]), int(stages[b])
+            if kind == "intra-stage":
+                seconds[a, b] = rebuild
+            elif kind == "inter-stage":
+                seconds[a, b] = rebuild + stage_transfer[q]
+            elif kind == "pipeline":
+                seconds[a, b] = rebuild + transfer[(p, q)]
+            elif kind == "checkpoint-restore":
+                seconds[a, b] = restore[q]
+    return seconds

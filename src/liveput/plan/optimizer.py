@@ -1,0 +1,246 @@
+"""The liveput optimizer: model-predictive control over the next H intervals.
+
+Notation.
+- Intervals h = 1..H of length T seconds; h = 1 starts now.
+- ``n_h``: spot instances available at the start of interval h: known for h = 1
+  (``num_available``), the forecast's distribution ``pmf[h - 2]`` for h >= 2. ``o``: on-demand
+  instances (never preempted).
+- ``q_h``: probability that an instance is preempted during interval h,
+  ``expected_preempted[h - 1] / point[h - 1]`` (the forecast's own estimate; see below).
+- Candidates c = (D, P), feasible in memory, plus "run nothing". ``thr(c)``: samples/s.
+- ``mig(c, c')``: seconds lost to move from c to c' (``migration_seconds``).
+
+Reward of running c' in interval h, having run c before (expected samples):
+
+    R_h(c, c') = sum_n pmf_h[n] * [|c'| <= n + o] * S_h(c', n) * max(0, T - mig(c, c')) / T
+
+with ``S_h(c', n) = T * sum_k Bin(k; n, q_h) * ((thr(c') + E[thr after k losses]) / 2)``: the
+preemptions of the interval fall at a uniformly random time, so on average half of it runs at
+full speed and half with the pipelines that survive (exact, ``plan.liveput``); k = 0 keeps full
+speed.
+
+Objective (``throughput``): maximize ``sum_h R_h(c_{h-1}, c_h)`` over sequences c_1..c_H, with c_0
+the running configuration. Constraints: (1) ``|c_h| <= n_h + o`` (enforced inside the expectation:
+a configuration that does not fit the count that occurs trains nothing); (2) c_h feasible in
+memory (only such candidates exist); (3) a migration's time is lost in the interval it starts.
+
+Objective (``cost``): maximize samples per dollar; solved by Dinkelbach's method: maximize
+``sum_h R_h - lambda * dollars_h`` and update lambda to the achieved samples per dollar (a few
+rounds). ``dollars_h = T / 3600 * (|c_h| * spot_price + o * on_demand_price)``: spares are released.
+
+Recursion (dynamic program, applied then re-solved every interval):
+
+    V_{H+1}(c) = 0,    V_h(c) = max_{c'} R_h(c, c') + V_{h+1}(c'),    decision = argmax at h = 1.
+
+Ties go to the shallower pipeline, then to fewer instances (candidates are sorted that way and
+``argmax`` returns the first maximum).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import binom
+
+from liveput.errors import LiveputError
+from liveput.forecast.base import Forecast
+from liveput.perf.types import ConfigTable, ModelProfile
+from liveput.plan.costs import CostModel, migration_kind, migration_seconds
+from liveput.plan.liveput import expected_throughput_after_losses
+from liveput.policies.base import Configuration
+
+OBJECTIVES = ("throughput", "cost")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Settings of the liveput optimizer."""
+
+    horizon: int = 12
+    """H: intervals looked ahead."""
+    interval_s: float = 60.0
+    """T: length of an interval, seconds."""
+    objective: str = "throughput"
+    """``throughput`` (expected samples) or ``cost`` (expected samples per dollar)."""
+    spot_price_usd_per_hour: float = 1.25
+    """Price of a spot instance-hour (p3.2xlarge, spotDNN paper, Jan 2023)."""
+    on_demand_price_usd_per_hour: float = 3.06
+    """Price of an on-demand instance-hour (same source)."""
+
+    def __post_init__(self) -> None:
+        if self.horizon < 1:
+            raise LiveputError(f"optimizer horizon must be >= 1, got {self.horizon}")
+        if self.interval_s <= 0:
+            raise LiveputError("optimizer interval must be positive")
+        if self.objective not in OBJECTIVES:
+            raise LiveputError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A configuration considered for the interval that starts now."""
+
+    configuration: Configuration | None
+    expected_samples: float
+    """Expected samples over the horizon if it is chosen now (optimal afterwards)."""
+    migration: str
+
+
+@dataclass(frozen=True)
+class PlanDecision:
+    """What the optimizer decided for the interval that starts now."""
+
+    configuration: Configuration | None
+    migration: str
+    migration_s: float
+    expected_samples: float
+    """Expected samples of the whole plan over the horizon."""
+    alternatives: tuple[Alternative, ...]
+    """The best value of each candidate for now, best first (at most 10)."""
+
+
+class LiveputOptimizer:
+    """Decides the configuration of each interval (pure: no clock, no I/O)."""
+
+    def __init__(self, profile: ModelProfile, table: ConfigTable, costs: CostModel,
+                 config: OptimizerConfig | None = None) -> None:
+        self.profile = profile
+        self.costs = costs
+        self.config = config or OptimizerConfig()
+        keep = np.flatnonzero(table.feasible)
+        order = np.lexsort((table.data_parallel[keep], table.pipeline_stages[keep]))
+        keep = keep[order]
+        # Candidate 0 is "run nothing".
+        self.data_parallel = np.concatenate(([0], table.data_parallel[keep])).astype(int)
+        self.stages = np.concatenate(([0], table.pipeline_stages[keep])).astype(int)
+        self.throughput = np.concatenate(([0.0], table.samples_per_s[keep]))
+        self.sizes = self.data_parallel * self.stages
+        self.capacity = int(self.sizes.max(initial=0))
+        self._grid = table.throughput_grid(max(self.capacity, 1))
+        self._index = {(d, p): i for i, (d, p) in enumerate(zip(self.data_parallel, self.stages))}
+        self._after: dict[tuple[int, int], np.ndarray] = {}
+        self._migration: dict[int, np.ndarray] = {}
+
+    # --- tables ---------------------------------------------------------------------------
+    def _after_losses(self, max_spot: int, num_on_demand: int) -> np.ndarray:
+        """``after[n, c, k]``: E[throughput after k losses] for c on n spot instances."""
+        key = (max_spot, num_on_demand)
+        if key not in self._after:
+            count = len(self.sizes)
+            after = np.zeros((max_spot + 1, count, max_spot + 1))
+            for c in range(1, count):
+                d, p = int(self.data_parallel[c]), int(self.stages[c])
+                spot_in_use = d * p - min(num_on_demand, d * p)
+                if spot_in_use > max_spot:
+                    continue
+                max_spares = max_spot - spot_in_use
+                thr = self._grid[: d + 1, p]
+                table = expected_throughput_after_losses(thr, d, p, max_spares, num_on_demand)
+                n = spot_in_use + np.arange(max_spares + 1)
+                width = min(table.shape[1], max_spot + 1)
+                after[n, c, :width] = table[:, :width]
+            self._after[key] = after
+        return self._after[key]
+
+    def _migration_matrix(self, num_instances: int) -> np.ndarray:
+        if num_instances not in self._migration:
+            self._migration[num_instances] = migration_seconds(
+                self.profile, self.costs, self.data_parallel, self.stages, num_instances)
+        return self._migration[num_instances]
+
+    # --- decision -------------------------------------------------------------------------
+    def decide(self, current: Configuration | None, num_available: int, forecast: Forecast,
+               num_on_demand: int = 0) -> PlanDecision:
+        """The configuration for the interval that starts now, and the alternatives."""
+        horizon = self.config.horizon
+        if forecast.horizon < horizon - 1:
+            raise LiveputError(
+                f"forecast has {forecast.horizon} steps; the optimizer needs {horizon - 1}")
+        if num_available < 0 or num_on_demand < 0:
+            raise LiveputError("instance counts must be >= 0")
+        interval_s = self.config.interval_s
+        max_spot = max(num_available, forecast.capacity)
+        after = self._after_losses(max_spot, num_on_demand)
+        rewards = np.zeros((horizon, len(self.sizes)))
+        for h in range(horizon):
+            if h == 0:
+                pmf = np.zeros(max_spot + 1)
+                pmf[num_available] = 1.0
+                point = float(num_available)
+            else:
+                pmf = np.zeros(max_spot + 1)
+                pmf[: forecast.capacity + 1] = forecast.pmf[h - 1]
+                point = max(float(forecast.point[h - 1]), 1.0)
+            step = min(h, forecast.horizon - 1)
+            rate = float(np.clip(forecast.expected_preempted[step] / max(point, 1.0), 0.0, 1.0))
+            n = np.arange(max_spot + 1)
+            weights = binom.pmf(np.arange(max_spot + 1)[None, :], n[:, None], rate)
+            degraded = np.einsum("nk,nck->nc", weights[:, 1:], after[:, :, 1:])
+            no_loss = weights[:, :1]
+            per_count = self.throughput[None, :] * (no_loss + (1 - no_loss) / 2) + degraded / 2
+            fits = self.sizes[None, :] <= n[:, None] + num_on_demand
+            rewards[h] = interval_s * (pmf @ (per_count * fits))
+        start = 0 if current is None else self._index.get(
+            (current.data_parallel, current.pipeline_stages), 0)
+        migration = self._migration_matrix(max(num_available + num_on_demand, 1))
+        keep_fraction = np.clip(interval_s - migration, 0.0, None) / interval_s
+        dollars = np.zeros((horizon, len(self.sizes)))
+        if self.config.objective == "cost":
+            dollars[:] = interval_s / 3600 * (self.sizes * self.config.spot_price_usd_per_hour
+                                              + num_on_demand
+                                              * self.config.on_demand_price_usd_per_hour)
+        price_weight = 0.0
+        for _ in range(4 if self.config.objective == "cost" else 1):
+            penalty = dollars * price_weight
+            future = self._values(rewards, keep_fraction, penalty)
+            first = rewards[0] * keep_fraction[start] - penalty[0] + future[1]
+            choice = int(np.argmax(first))
+            path = self._path(rewards, keep_fraction, penalty, future, choice)
+            previous = [start, *path[:-1]]
+            samples = float(sum(rewards[h, c] * keep_fraction[b, c]
+                                for h, (b, c) in enumerate(zip(previous, path, strict=True))))
+            spent = float(sum(dollars[h, c] for h, c in enumerate(path)))
+            if spent > 0:
+                price_weight = samples / spent
+        order = np.argsort(-first, kind="stable")[:10]
+        alternatives = tuple(
+            Alternative(self._configuration(c), float(first[c]),
+                        migration_kind(self.data_parallel[start], self.stages[start],
+                                       self.data_parallel[c], self.stages[c]))
+            for c in order if np.isfinite(first[c])
+        )
+        return PlanDecision(
+            configuration=self._configuration(choice),
+            migration=migration_kind(self.data_parallel[start], self.stages[start],
+                                     self.data_parallel[choice], self.stages[choice]),
+            migration_s=float(migration[start, choice]),
+            expected_samples=float(samples),
+            alternatives=alternatives,
+        )
+
+    @staticmethod
+    def _values(rewards: np.ndarray, keep_fraction: np.ndarray,
+                penalty: np.ndarray) -> list[np.ndarray]:
+        """``values[h][c]``: best value of intervals h..H (0-based) having run c before."""
+        horizon, count = rewards.shape
+        values = [np.zeros(count) for _ in range(horizon + 1)]
+        for h in range(horizon - 1, 0, -1):
+            totals = rewards[h][None, :] * keep_fraction - penalty[h][None, :] + values[h + 1]
+            values[h] = totals.max(axis=1)
+        return values
+
+    @staticmethod
+    def _path(rewards: np.ndarray, keep_fraction: np.ndarray, penalty: np.ndarray,
+              values: list[np.ndarray], choice: int) -> list[int]:
+        """The optimal sequence of candidates that starts with ``choice``."""
+        path = [choice]
+        for h in range(1, rewards.shape[0]):
+            totals = rewards[h] * keep_fraction[path[-1]] - penalty[h] + values[h + 1]
+            path.append(int(np.argmax(totals)))
+        return path
+
+    def _configuration(self, index: int) -> Configuration | None:
+        if index == 0:
+            return None
+        return Configuration(int(self.data_parallel[index]), int(self.stages[index]))
