@@ -1,9 +1,109 @@
-"""`liveput plan` command."""
+"""`liveput plan`: one decision of the liveput optimizer, with the alternatives it weighed."""
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import typer
+from rich.table import Table
+
+from liveput.cli.output import console, print_json
+from liveput.errors import LiveputError
+from liveput.forecast.base import Forecast
+from liveput.perf import MigrationCostModel, estimate_configs, load_profile
+from liveput.plan import LiveputOptimizer, OptimizerConfig
+from liveput.policies.base import Configuration
+
+
+def forecast_from_counts(counts: list[int], capacity: int, spread: int) -> Forecast:
+    """A distribution around a point forecast: the count, or within +-``spread`` of it
+    (triangular weights), with one expected preemption per lost instance."""
+    pmf = np.zeros((len(counts), capacity + 1))
+    offsets = np.arange(-spread, spread + 1)
+    weights = (spread + 1 - np.abs(offsets)).astype(float)
+    for step, count in enumerate(counts):
+        values = np.clip(count + offsets, 0, capacity)
+        np.add.at(pmf[step], values, weights)
+    pmf /= pmf.sum(axis=1, keepdims=True)
+    points = np.array(counts, dtype=float)
+    previous = np.concatenate(([points[0]], points[:-1]))
+    drops = np.maximum(previous - points, 0.0)
+    return Forecast(points, pmf, drops, np.maximum(points - previous, 0.0), "given")
+
+
+def _parse_counts(text: str) -> list[int]:
+    try:
+        counts = [int(value) for value in text.split(",") if value.strip()]
+    except ValueError:
+        raise LiveputError(f"--forecast {text!r} must be comma-separated instance counts") from None
+    if any(count < 0 for count in counts):
+        raise LiveputError("--forecast counts must be >= 0")
+    return counts
 
 
 def register(app: typer.Typer) -> None:
-    """Add the `plan` command to the root app (filled in by its issue)."""
+    """Add the `plan` command to the root app."""
+
+    @app.command("plan")
+    def plan(
+        model: str = typer.Option("gpt-1.5b", "--model", help="Built-in model or profile .json."),
+        nodes: int = typer.Option(..., "--nodes", help="Spot instances available now."),
+        current: str | None = typer.Option(None, "--current", help="Running configuration DxP "
+                                           "(omit when nothing runs)."),
+        forecast: str = typer.Option(..., "--forecast", help="Forecast counts of the next "
+                                     "intervals, comma-separated (horizon - 1 values or more)."),
+        horizon: int = typer.Option(12, "--horizon", help="Intervals looked ahead."),
+        interval: float = typer.Option(60.0, "--interval", help="Interval length, seconds."),
+        objective: str = typer.Option("throughput", "--objective", help="throughput or cost."),
+        on_demand: int = typer.Option(0, "--on-demand", help="On-demand instances held."),
+        spread: int = typer.Option(1, "--spread", help="Uncertainty (+- instances) put around "
+                                   "each forecast count."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Decide the configuration for the interval that starts now."""
+        counts = _parse_counts(forecast)
+        if len(counts) != horizon - 1:
+            raise LiveputError(
+                f"--forecast has {len(counts)} values; horizon {horizon} needs {horizon - 1}")
+        running = Configuration.parse(current) if current else None
+        if running is not None and running.num_instances > nodes + on_demand:
+            raise LiveputError(f"--current {running} uses {running.num_instances} instances but "
+                               f"only {nodes + on_demand} are available")
+        capacity = max([nodes, *counts])
+        profile = load_profile(model)
+        table = estimate_configs(profile, capacity + on_demand)
+        config = OptimizerConfig(horizon=horizon, interval_s=interval, objective=objective)
+        optimizer = LiveputOptimizer(profile, table, MigrationCostModel.from_profile(profile),
+                                     config)
+        predicted = forecast_from_counts(counts or [nodes], capacity, spread)
+        optimizer.decide(running, nodes, predicted, on_demand)  # warm the per-count tables
+        start = time.perf_counter()
+        decision = optimizer.decide(running, nodes, predicted, on_demand)
+        solve_ms = (time.perf_counter() - start) * 1e3
+        chosen = decision.configuration
+        result = {
+            "decision": None if chosen is None else {
+                "data_parallel": chosen.data_parallel, "pipeline_stages": chosen.pipeline_stages},
+            "migration": decision.migration,
+            "migration_s": decision.migration_s,
+            "expected_samples": decision.expected_samples,
+            "alternatives": [
+                {"configuration": None if a.configuration is None else str(a.configuration),
+                 "expected_samples": a.expected_samples, "migration": a.migration}
+                for a in decision.alternatives],
+            "solve_ms": solve_ms,
+        }
+        if as_json:
+            print_json(result)
+            return
+        console.print(f"decision: [bold]{chosen or 'run nothing'}[/] via {decision.migration} "
+                      f"({decision.migration_s:.1f} s), expected {decision.expected_samples:,.0f} "
+                      f"samples over {horizon} intervals, solved in {solve_ms:.1f} ms")
+        view = Table(title="alternatives for this interval")
+        for column in ("configuration", "expected samples", "migration"):
+            view.add_column(column)
+        for alternative in decision.alternatives:
+            view.add_row(str(alternative.configuration or "nothing"),
+                         f"{alternative.expected_samples:,.0f}", alternative.migration)
+        console.print(view)

@@ -1,0 +1,85 @@
+"""The migration planner against brute force over every assignment."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from liveput.errors import LiveputError
+from liveput.perf import MigrationCostModel, load_profile, partition_layers
+from liveput.plan.migration import CHECKPOINT, Assignment, plan_migration
+from liveput.policies.base import Configuration
+
+PROFILE = load_profile("bert-large")  # 24 layers: small cases stay enumerable
+COSTS = MigrationCostModel()
+
+
+def brute_force_bytes(assignment: Assignment, survivors: list[int], target: Configuration,
+                      stages_before: int) -> int:
+    layer_bytes = PROFILE.layer_state_bytes()
+    old = partition_layers(PROFILE, stages_before)
+    new = partition_layers(PROFILE, target.pipeline_stages)
+
+    def held(instance: int) -> set[int]:
+        slot = assignment.slots.get(instance)
+        return set() if slot is None else set(range(old[slot.stage], old[slot.stage + 1]))
+
+    slots = [s for _ in range(target.data_parallel) for s in range(target.pipeline_stages)]
+    best = None
+    for chosen in itertools.permutations(survivors, len(slots)):
+        total = sum(int(layer_bytes[layer]) for instance, stage in zip(chosen, slots)
+                    for layer in range(new[stage], new[stage + 1]) if layer not in held(instance))
+        best = total if best is None else min(best, total)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_planner_moves_the_fewest_bytes(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    d, p = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    spares = int(rng.integers(0, 2))
+    instances = list(range(d * p + spares))
+    assignment = Assignment.for_configuration(Configuration(d, p), instances)
+    preempted = set(rng.choice(instances, size=int(rng.integers(0, 3)), replace=False).tolist())
+    allocated = [100 + i for i in range(int(rng.integers(0, 2)))]
+    survivors = [i for i in instances if i not in preempted] + allocated
+    new_p = int(rng.integers(1, 4))
+    new_d = max(1, min(2, len(survivors) // new_p))
+    if new_d * new_p > len(survivors):
+        new_d, new_p = 1, 1
+    target = Configuration(new_d, new_p)
+    plan = plan_migration(PROFILE, COSTS, assignment, preempted, allocated, target)
+    moved = plan.bytes_moved + plan.bytes_restored
+    assert moved == brute_force_bytes(assignment, survivors, target, p)
+    used = [s for s in plan.assignment.slots.values() if s is not None]
+    assert len(used) == len(set(used)) == target.num_instances
+    assert not preempted & set(plan.assignment.slots)
+    for transfer in plan.transfers:
+        assert transfer.source == CHECKPOINT or transfer.source not in preempted
+
+
+def test_kinds_and_estimated_times() -> None:
+    profile = load_profile("gpt-1.5b")
+    assignment = Assignment.for_configuration(Configuration(4, 8), list(range(34)))
+    same = plan_migration(profile, COSTS, assignment, set(), [], Configuration(4, 8))
+    assert same.kind == "none" and same.estimated_s == 0 and same.bytes_moved == 0
+    regroup = plan_migration(profile, COSTS, assignment, {3}, [], Configuration(3, 8))
+    assert regroup.kind == "intra-stage" and regroup.bytes_moved == 0
+    assert regroup.estimated_s == pytest.approx(COSTS.rebuild_s(24))
+    refill = plan_migration(profile, COSTS, assignment, {3}, [], Configuration(4, 8))
+    stage_bytes = profile.layer_state_bytes()[:6].sum()
+    assert refill.kind == "inter-stage" and refill.bytes_moved == stage_bytes
+    deeper = plan_migration(profile, COSTS, assignment, set(), [], Configuration(2, 16))
+    assert deeper.kind == "pipeline" and deeper.bytes_moved == 0  # halves of old stages
+    lost_stage = plan_migration(profile, COSTS, assignment, {0, 8, 16, 24}, [],
+                                Configuration(3, 8))
+    assert lost_stage.kind == "checkpoint-restore" and lost_stage.bytes_restored == 3 * stage_bytes
+    assert lost_stage.estimated_s > regroup.estimated_s
+
+
+def test_target_larger_than_survivors_is_refused() -> None:
+    assignment = Assignment.for_configuration(Configuration(2, 2), [0, 1, 2, 3])
+    with pytest.raises(LiveputError, match="needs 4 instances; 3 survive"):
+        plan_migration(PROFILE, COSTS, assignment, {0}, [], Configuration(2, 2))
