@@ -63,27 +63,27 @@ def _missing_bytes(profile: ModelProfile, stages: int, new_stages: int) -> float
 def migration_seconds(profile: ModelProfile, costs: CostModel, data_parallel: np.ndarray,
                       stages: np.ndarray, num_instances: int) -> np.ndarray:
     """``seconds[a, b]`` to move from candidate a to candidate b (D = 0: nothing runs)."""
-    count = len(stages)
     total_bytes = float(profile.layer_state_bytes().sum())
     rebuild = costs.rebuild_s(num_instances)
-    seconds = np.zeros((count, count))
+    depth = int(stages.max(initial=0))
     unique_stages = sorted({int(p) for p in stages if p > 0})
-    transfer = {(p, q): costs.transfer_s(_missing_bytes(profile, p, q))
-                for p in unique_stages for q in unique_stages if p != q}
-    stage_transfer = {p: costs.transfer_s(total_bytes / p) for p in unique_stages}
-    restore = {p: costs.restart_s(num_instances) + costs.checkpoint_load_s(total_bytes / p)
-               for p in unique_stages}
-    for a in range(count):
-        for b in range(count):
-            kind = migration_kind(int(data_parallel[a]), int(stages[a]), int(data_parallel[b]),
-                                  int(stages[b]))
-            p, q = int(stages[a]), int(stages[b])
-            if kind == "intra-stage":
-                seconds[a, b] = rebuild
-            elif kind == "inter-stage":
-                seconds[a, b] = rebuild + stage_transfer[q]
-            elif kind == "pipeline":
-                seconds[a, b] = rebuild + transfer[(p, q)]
-            elif kind == "checkpoint-restore":
-                seconds[a, b] = restore[q]
+    # Per (P, P') lookups: re-partition transfer, one stage's transfer, restore from checkpoint.
+    repartition = np.zeros((depth + 1, depth + 1))
+    stage_transfer = np.zeros(depth + 1)
+    restore = np.zeros(depth + 1)
+    for p in unique_stages:
+        stage_transfer[p] = costs.transfer_s(total_bytes / p)
+        restore[p] = costs.restart_s(num_instances) + costs.checkpoint_load_s(total_bytes / p)
+        for q in unique_stages:
+            if p != q:
+                repartition[p, q] = costs.transfer_s(_missing_bytes(profile, p, q))
+    d_from, d_to = data_parallel[:, None], data_parallel[None, :]
+    p_from, p_to = stages[:, None], stages[None, :]
+    running = (d_from > 0) & (d_to > 0)
+    same_depth = running & (p_from == p_to)
+    seconds = np.zeros((len(stages), len(stages)))
+    seconds = np.where(same_depth & (d_to < d_from), rebuild, seconds)
+    seconds = np.where(same_depth & (d_to > d_from), rebuild + stage_transfer[p_to], seconds)
+    seconds = np.where(running & (p_from != p_to), rebuild + repartition[p_from, p_to], seconds)
+    seconds = np.where((d_from == 0) & (d_to > 0), restore[p_to], seconds)
     return seconds
