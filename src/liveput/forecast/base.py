@@ -90,3 +90,47 @@ def check_request(history: IntervalTrace, horizon: int, min_history: int = 1) ->
         raise LiveputError(
             f"forecast needs at least {min_history} intervals of history, got {len(history)}"
         )
+
+
+def discretized_normal(mean: np.ndarray, std: np.ndarray, capacity: int) -> np.ndarray:
+    """pmf over 0..capacity of N(mean, std^2) rounded to integers, tails folded into the ends."""
+    from scipy.stats import norm
+
+    edges = np.arange(capacity + 2) - 0.5
+    edges[0], edges[-1] = -np.inf, np.inf
+    std = np.maximum(np.asarray(std, dtype=float), 1e-6)
+    cdf = norm.cdf((edges[None, :] - np.asarray(mean, dtype=float)[:, None]) / std[:, None])
+    pmf = np.diff(cdf, axis=1)
+    return pmf / pmf.sum(axis=1, keepdims=True)
+
+
+def step_errors(counts: np.ndarray, horizon: int) -> list[np.ndarray]:
+    """``errors[h-1]`` = count[t + h] - count[t] for every t with t + h in the history."""
+    return [counts[h:] - counts[:-h] if len(counts) > h else np.zeros(0, dtype=counts.dtype)
+            for h in range(1, horizon + 1)]
+
+
+def empirical_pmf(last: int, errors: list[np.ndarray], capacity: int,
+                  prior_weight: float = 1.0) -> np.ndarray:
+    """pmf of ``last + error`` at each step from observed errors, with a small prior mass
+    spread over +-1 around ``last`` so an empty history still gives a usable distribution."""
+    pmf = np.zeros((len(errors), capacity + 1))
+    for step, observed in enumerate(errors):
+        values = np.clip(last + observed, 0, capacity)
+        pmf[step] = np.bincount(values, minlength=capacity + 1)[: capacity + 1]
+        for offset, share in ((0, 0.5), (-1, 0.25), (1, 0.25)):
+            pmf[step, int(np.clip(last + offset, 0, capacity))] += prior_weight * share
+    return pmf / pmf.sum(axis=1, keepdims=True)
+
+
+def pmf_median(pmf: np.ndarray) -> np.ndarray:
+    """Median of each row (the MAE-optimal point forecast)."""
+    return np.argmax(np.cumsum(pmf, axis=1) >= 0.5, axis=1).astype(float)
+
+
+def crps(pmf: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Continuous ranked probability score of integer pmfs against integer outcomes, per row."""
+    support = np.arange(pmf.shape[1])
+    cdf = np.cumsum(pmf, axis=1)
+    observed = (support[None, :] >= np.asarray(truth)[:, None]).astype(float)
+    return ((cdf - observed) ** 2).sum(axis=1)
