@@ -14,16 +14,33 @@ Backends:
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import socket
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
 
 from liveput.errors import LiveputError
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 __all__ = [
     "Store",
     "MemoryStore",
+    "TCPStoreBackend",
+    "EtcdStore",
+    "SignedStore",
     "open_store",
+    "parse_host_port",
 ]
 
 
@@ -89,6 +106,25 @@ def _check_value(value: bytes) -> bytes:
     if not isinstance(value, (bytes, bytearray)):
         raise LiveputError(f"store value must be bytes, got {type(value).__name__}")
     return bytes(value)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _poll_until(deadline: float, probe: Callable[[], _T | None]) -> _T | None:
+    """Call ``probe`` with a growing pause (5 ms to 50 ms) until it returns non-None or time is up."""
+    pause_s = 0.005
+    while True:
+        found = probe()
+        if found is not None:
+            return found
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(pause_s, left))
+        pause_s = min(pause_s * 2, 0.05)
 
 
 def _parse_counter(key: str, raw: bytes | None) -> int:
@@ -176,18 +212,402 @@ class MemoryStore(Store):
             self._cond.notify_all()
 
 
-def open_store(url: str, *, host: bool = False, token: str | None = None, timeout_s: float = 30.0) -> Store:
-    """Open the store at ``url``: ``tcp://HOST:PORT``, ``etcd://HOST:PORT`` or ``memory://``.
+# -- PyTorch TCPStore --------------------------------------------------------------------------------
 
-    ``host=True`` with ``tcp://`` starts the TCPStore server in this process (the coordinator).
-    With ``token``, the store is wrapped in :class:`SignedStore`. ``timeout_s`` bounds connecting
-    and every blocking call.
+# Stored form of a value: b"v" + 8-byte nonce + value. The TCPStore's own compare_set answers with the
+# value it holds afterwards, which cannot tell "I swapped" from "someone else already wrote what I
+# wanted" unless every write is unique, hence the nonce. A stored value is never empty, so the empty
+# string can mean "absent" in compare_set, and a marker that no value can equal lets compare_set act
+# as a non-blocking read (TCPStore.get blocks until the key exists).
+_TCP_TAG = b"v"
+_TCP_NONCE_BYTES = 8
+_TCP_ABSENT = b"\x00liveput-absent\x00"
+_CAS_MAX_ROUNDS = 10_000
+
+
+def _tcp_encode(value: bytes) -> bytes:
+    return _TCP_TAG + os.urandom(_TCP_NONCE_BYTES) + value
+
+
+def _tcp_decode(raw: bytes) -> bytes:
+    if raw[:1] == _TCP_TAG and len(raw) >= 1 + _TCP_NONCE_BYTES:
+        return raw[1 + _TCP_NONCE_BYTES :]
+    return raw  # written by another TCPStore user (e.g. torch.distributed itself)
+
+
+class TCPStoreBackend(Store):
+    """A store on ``torch.distributed.TCPStore``: no server to install; the coordinator hosts it.
+
+    With ``host=True`` this process runs the server, listening on ``host_name:port`` only (port 0
+    picks a free one; see :attr:`port`). Prefix listing uses the TCPStore's ``list_keys``; the
+    server keeps everything in memory, so its data dies with the hosting process.
     """
+
+    def __init__(self, host_name: str, port: int, *, host: bool = False, timeout_s: float = 30.0) -> None:
+        import torch.distributed as dist
+
+        self._timeout_s = float(timeout_s)
+        self.url = f"tcp://{host_name}:{port}"
+        listen_fd = None
+        if host:
+            listen_fd, port = self._listen(host_name, port)
+            self.url = f"tcp://{host_name}:{port}"
+        try:
+            self._store: Any = dist.TCPStore(
+                host_name,
+                port,
+                None,
+                host,
+                timedelta(seconds=self._timeout_s),
+                wait_for_workers=False,
+                master_listen_fd=listen_fd,
+            )
+        except RuntimeError as exc:
+            if listen_fd is not None:
+                os.close(listen_fd)
+            raise LiveputError(f"store {self.url} unreachable: {_first_line(exc)}") from None
+        self.port = int(port)
+        log.debug("opened %s (hosting=%s)", self.url, host)
+
+    def _listen(self, host_name: str, port: int) -> tuple[int, int]:
+        # The TCPStore server binds every interface by default; handing it our own socket keeps it on
+        # the address asked for.
+        try:
+            infos = socket.getaddrinfo(host_name, port, type=socket.SOCK_STREAM)
+            family, _, _, _, address = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(512)
+        except OSError as exc:
+            raise LiveputError(f"store {self.url}: cannot listen: {exc}") from None
+        bound_port = sock.getsockname()[1]
+        return sock.detach(), bound_port
+
+    def _call(self, fn: Callable[[Any], _T]) -> _T:
+        store = self._store
+        if store is None:
+            raise LiveputError(f"store {self.url} is closed")
+        try:
+            return fn(store)
+        except RuntimeError as exc:
+            raise LiveputError(f"store {self.url} failed: {_first_line(exc)}") from None
+
+    def _raw_get(self, key: str) -> bytes | None:
+        raw = self._call(lambda s: s.compare_set(key, _TCP_ABSENT, _TCP_ABSENT))
+        return None if raw == _TCP_ABSENT else bytes(raw)
+
+    def _swap(self, key: str, expected_raw: bytes | None, new_raw: bytes) -> bytes:
+        return bytes(self._call(lambda s: s.compare_set(key, expected_raw or b"", new_raw)))
+
+    def get(self, key: str) -> bytes | None:
+        raw = self._raw_get(_check_key(key))
+        return None if raw is None else _tcp_decode(raw)
+
+    def set(self, key: str, value: bytes) -> None:
+        raw = _tcp_encode(_check_value(value))
+        self._call(lambda s: s.set(_check_key(key), raw))
+
+    def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        _check_key(key)
+        new_raw = _tcp_encode(_check_value(value))
+        if expected is None:
+            return self._swap(key, None, new_raw) == new_raw
+        expected = bytes(expected)
+        for _ in range(_CAS_MAX_ROUNDS):
+            raw = self._raw_get(key)
+            if raw is None or _tcp_decode(raw) != expected:
+                return False
+            if self._swap(key, raw, new_raw) == new_raw:
+                return True
+            # Lost to a concurrent write; if it wrote the same value, the CAS may still succeed.
+        raise LiveputError(f"store {self.url}: compare_and_set on {key!r} kept losing races")
+
+    def delete(self, key: str) -> None:
+        self._call(lambda s: s.delete_key(_check_key(key)))
+
+    def get_prefix(self, prefix: str) -> dict[str, bytes]:
+        keys = self._call(lambda s: s.list_keys())
+        found: dict[str, bytes] = {}
+        for key in sorted(k for k in keys if k.startswith(prefix)):
+            raw = self._raw_get(key)
+            if raw is not None:  # deleted since listed
+                found[key] = _tcp_decode(raw)
+        return found
+
+    def add(self, key: str, amount: int) -> int:
+        _check_key(key)
+        for _ in range(_CAS_MAX_ROUNDS):
+            raw = self._raw_get(key)
+            new = _parse_counter(key, None if raw is None else _tcp_decode(raw)) + int(amount)
+            new_raw = _tcp_encode(str(new).encode("ascii"))
+            if self._swap(key, raw, new_raw) == new_raw:
+                return new
+        raise LiveputError(f"store {self.url}: add on {key!r} kept losing races")
+
+    def wait_for(self, key: str, timeout_s: float) -> bytes:
+        _check_key(key)
+        raw = _poll_until(time.monotonic() + timeout_s, lambda: self._raw_get(key))
+        if raw is None:
+            raise LiveputError(f"timed out after {timeout_s:g} s waiting for key {key!r} in {self.url}")
+        return _tcp_decode(raw)
+
+    def close(self) -> None:
+        # Dropping the last reference stops a hosted server and closes the client socket.
+        self._store = None
+
+
+# -- etcd v3 ------------------------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix`` (etcd's range_end)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return b"\x00"  # etcd: range_end "\0" means "to the end of the keyspace"
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class EtcdStore(Store):
+    """A store on an etcd v3 cluster, through its JSON gateway (``etcd3gw``).
+
+    Compare-and-set is one etcd transaction; counters are a read then a transaction guarded by the
+    key's mod revision, retried on conflict. A request that fails to connect is retried with a short
+    pause until ``timeout_s`` has passed, so clients ride out an etcd restart; after that the error
+    names the URL.
+    """
+
+    def __init__(self, host_name: str, port: int, *, timeout_s: float = 30.0) -> None:
+        import etcd3gw
+
+        self.url = f"etcd://{host_name}:{port}"
+        self._timeout_s = float(timeout_s)
+        self._exceptions = etcd3gw.exceptions
+        self._client: Any = etcd3gw.Etcd3Client(host=host_name, port=port, timeout=self._timeout_s)
+        self._closed = False
+        self._post("maintenance/status", {})
+        log.debug("opened %s", self.url)
+
+    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        if self._closed:
+            raise LiveputError(f"store {self.url} is closed")
+        transient = (self._exceptions.ConnectionFailedError, self._exceptions.ConnectionTimeoutError)
+        deadline = time.monotonic() + self._timeout_s
+        pause_s = 0.05
+        while True:
+            try:
+                return self._client.post(self._client.get_url(path), json=payload)
+            except transient as exc:
+                if time.monotonic() + pause_s > deadline:
+                    raise LiveputError(f"store {self.url} unreachable: {_first_line(exc)}") from None
+                log.debug("%s: %s; retrying", self.url, _first_line(exc))
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 0.5)
+            except self._exceptions.Etcd3Exception as exc:
+                raise LiveputError(f"store {self.url} failed: {_first_line(exc)}") from None
+
+    def _range(self, key: bytes, range_end: bytes | None = None) -> list[dict[str, Any]]:
+        payload = {"key": _b64(key)}
+        if range_end is not None:
+            payload["range_end"] = _b64(range_end)
+        return list(self._post("kv/range", payload).get("kvs", []))
+
+    def _txn(self, compare: dict[str, Any], key: bytes, value: bytes) -> bool:
+        compare = {"key": _b64(key), "result": "EQUAL", **compare}
+        put = {"request_put": {"key": _b64(key), "value": _b64(value)}}
+        result = self._post("kv/txn", {"compare": [compare], "success": [put], "failure": []})
+        return bool(result.get("succeeded", False))  # the gateway omits false fields
+
+    @staticmethod
+    def _value(kv: dict[str, Any]) -> bytes:
+        return base64.b64decode(kv.get("value", ""))
+
+    def get(self, key: str) -> bytes | None:
+        kvs = self._range(_check_key(key).encode())
+        return self._value(kvs[0]) if kvs else None
+
+    def set(self, key: str, value: bytes) -> None:
+        payload = {"key": _b64(_check_key(key).encode()), "value": _b64(_check_value(value))}
+        self._post("kv/put", payload)
+
+    def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        raw_key = _check_key(key).encode()
+        value = _check_value(value)
+        if expected is None:
+            return self._txn({"target": "CREATE", "create_revision": 0}, raw_key, value)
+        return self._txn({"target": "VALUE", "value": _b64(bytes(expected))}, raw_key, value)
+
+    def delete(self, key: str) -> None:
+        self._post("kv/deleterange", {"key": _b64(_check_key(key).encode())})
+
+    def get_prefix(self, prefix: str) -> dict[str, bytes]:
+        raw_prefix = prefix.encode()
+        kvs = self._range(raw_prefix or b"\x00", _prefix_end(raw_prefix))
+        return {base64.b64decode(kv["key"]).decode(): self._value(kv) for kv in kvs}
+
+    def add(self, key: str, amount: int) -> int:
+        raw_key = _check_key(key).encode()
+        for _ in range(_CAS_MAX_ROUNDS):
+            kvs = self._range(raw_key)
+            current = _parse_counter(key, self._value(kvs[0]) if kvs else None)
+            new = current + int(amount)
+            if kvs:
+                guard = {"target": "MOD", "mod_revision": int(kvs[0]["mod_revision"])}
+            else:
+                guard = {"target": "CREATE", "create_revision": 0}
+            if self._txn(guard, raw_key, str(new).encode("ascii")):
+                return new
+        raise LiveputError(f"store {self.url}: add on {key!r} kept losing races")
+
+    def wait_for(self, key: str, timeout_s: float) -> bytes:
+        _check_key(key)
+        value = _poll_until(time.monotonic() + timeout_s, lambda: self.get(key))
+        if value is None:
+            raise LiveputError(f"timed out after {timeout_s:g} s waiting for key {key!r} in {self.url}")
+        return value
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._client.session.close()
+
+
+# -- signatures ---------------------------------------------------------------------------------------
+
+_SIGNED_MAGIC = b"LPS1"
+_MAC_BYTES = hashlib.sha256().digest_size
+
+
+class SignedStore(Store):
+    """Wraps a store so that every value carries an HMAC-SHA256 under the job token.
+
+    The MAC covers the key and the value, so a signed value cannot be moved to another key. Reading
+    a value whose signature does not verify raises :class:`LiveputError` ("refused: ..."): a peer
+    without the token can neither forge nor alter state the others will act on. Signatures give
+    authenticity, not secrecy or freshness: values are readable by anyone who reaches the store, and
+    an old signed value of the same key could be replayed (see docs/runtime-store.md).
+    """
+
+    def __init__(self, inner: Store, token: str) -> None:
+        if not isinstance(token, str) or not token:
+            raise LiveputError("job token must be a non-empty string")
+        self._inner = inner
+        self._secret = hashlib.sha256(b"liveput-store-token\x00" + token.encode()).digest()
+
+    def _mac(self, key: str, value: bytes) -> bytes:
+        return hmac.new(self._secret, key.encode() + b"\x00" + value, hashlib.sha256).digest()
+
+    def _sign(self, key: str, value: bytes) -> bytes:
+        return _SIGNED_MAGIC + self._mac(key, value) + value
+
+    def _verify(self, key: str, raw: bytes) -> bytes:
+        head = len(_SIGNED_MAGIC) + _MAC_BYTES
+        if raw[: len(_SIGNED_MAGIC)] != _SIGNED_MAGIC or len(raw) < head:
+            raise LiveputError(f"refused: value of store key {key!r} is not signed with the job token")
+        value = raw[head:]
+        if not hmac.compare_digest(raw[len(_SIGNED_MAGIC) : head], self._mac(key, value)):
+            raise LiveputError(f"refused: value of store key {key!r} has a bad signature (wrong job token?)")
+        return value
+
+    def get(self, key: str) -> bytes | None:
+        raw = self._inner.get(_check_key(key))
+        return None if raw is None else self._verify(key, raw)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._inner.set(_check_key(key), self._sign(key, _check_value(value)))
+
+    def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        _check_key(key)
+        signed_expected = None if expected is None else self._sign(key, bytes(expected))
+        return self._inner.compare_and_set(key, signed_expected, self._sign(key, _check_value(value)))
+
+    def delete(self, key: str) -> None:
+        self._inner.delete(key)
+
+    def get_prefix(self, prefix: str) -> dict[str, bytes]:
+        return {key: self._verify(key, raw) for key, raw in self._inner.get_prefix(prefix).items()}
+
+    def add(self, key: str, amount: int) -> int:
+        _check_key(key)
+        for _ in range(_CAS_MAX_ROUNDS):
+            raw = self._inner.get(key)
+            new = _parse_counter(key, None if raw is None else self._verify(key, raw)) + int(amount)
+            if self._inner.compare_and_set(key, raw, self._sign(key, str(new).encode("ascii"))):
+                return new
+        raise LiveputError(f"store: add on {key!r} kept losing races")
+
+    def wait_for(self, key: str, timeout_s: float) -> bytes:
+        return self._verify(key, self._inner.wait_for(_check_key(key), timeout_s))
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+# -- opening by URL -----------------------------------------------------------------------------------
+
+_MEMORY_STORES: dict[str, MemoryStore] = {}
+_MEMORY_LOCK = threading.Lock()
+
+
+def parse_host_port(url: str) -> tuple[str, int]:
+    """``HOST:PORT`` from a ``scheme://HOST:PORT`` URL (``[v6]:PORT`` allowed); LiveputError if bad."""
+    rest = url.partition("://")[2].rstrip("/")
+    host_name, sep, port_text = rest.rpartition(":")
+    host_name = host_name.strip("[]")
+    if not sep or not host_name or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise LiveputError(f"store URL {url!r} must look like SCHEME://HOST:PORT")
+    return host_name, int(port_text)
+
+
+def _open_memory(url: str, host: bool, timeout_s: float) -> Store:
+    # memory://NAME is shared by everything in this process that opens the same name (so threads
+    # of a unit test can play coordinator and agents); plain memory:// is private.
+    name = url.partition("://")[2]
+    if not name:
+        return MemoryStore()
+    with _MEMORY_LOCK:
+        store = _MEMORY_STORES.get(name)
+        if store is None or store._closed:
+            store = _MEMORY_STORES[name] = MemoryStore()
+        return store
+
+
+def _open_tcp(url: str, host: bool, timeout_s: float) -> Store:
+    host_name, port = parse_host_port(url)
+    return TCPStoreBackend(host_name, port, host=host, timeout_s=timeout_s)
+
+
+def _open_etcd(url: str, host: bool, timeout_s: float) -> Store:
+    host_name, port = parse_host_port(url)
+    return EtcdStore(host_name, port, timeout_s=timeout_s)
+
+
+_OPENERS: dict[str, Callable[[str, bool, float], Store]] = {
+    "memory": _open_memory,
+    "tcp": _open_tcp,
+    "etcd": _open_etcd,
+}
+
+
+def open_store(url: str, *, host: bool = False, token: str | None = None, timeout_s: float = 30.0) -> Store:
+    """Open the store at ``url``: ``tcp://HOST:PORT``, ``etcd://HOST:PORT`` or ``memory://[NAME]``.
+
+    ``host=True`` with ``tcp://`` starts the TCPStore server in this process (the coordinator;
+    port 0 picks a free port, read it back from ``store.port``); other schemes ignore it. With
+    ``token`` the store is wrapped in :class:`SignedStore`. ``timeout_s`` bounds connecting (and,
+    for etcd, riding out an outage).
+    """
+    if not isinstance(url, str):
+        raise LiveputError(f"store URL must be a string, got {url!r}")
     scheme, sep, _ = url.partition("://")
-    if not sep:
-        raise LiveputError(f"store URL {url!r} has no scheme; use tcp://HOST:PORT, etcd://HOST:PORT or memory://")
-    if scheme == "memory":
-        store: Store = MemoryStore()
-    else:
-        raise LiveputError(f"store URL {url!r}: unknown scheme {scheme!r}; use tcp://, etcd:// or memory://")
-    return store
+    opener = _OPENERS.get(scheme) if sep else None
+    if opener is None:
+        raise LiveputError(f"store URL {url!r}: unknown scheme; use tcp://HOST:PORT, etcd://HOST:PORT or memory://")
+    if timeout_s <= 0:
+        raise LiveputError(f"store timeout_s must be positive, got {timeout_s}")
+    store = opener(url, host, timeout_s)
+    return store if token is None else SignedStore(store, token)
