@@ -219,6 +219,31 @@ class LiveputOptimizer:
             alternatives=alternatives,
         )
 
+    def recover(self, start: Configuration | None, num_available: int, remaining_s: float,
+                num_on_demand: int = 0) -> PlanDecision:
+        """The configuration for the rest of an interval, right after a loss.
+
+        ``start`` is what the survivors form without moving state (the complete pipelines they
+        regroup into; None when a stage lost every replica, so its state must come from the
+        checkpoint). Each candidate c that fits ``num_available + num_on_demand`` is worth
+        ``thr(c) * max(0, remaining_s - mig(start, c))`` samples; the best one is chosen (the next
+        interval's decision looks ahead again).
+        """
+        if num_available < 0 or num_on_demand < 0 or remaining_s < 0:
+            raise LiveputError("instance counts and remaining time must be >= 0")
+        begin = 0 if start is None else self._index.get(
+            (start.data_parallel, start.pipeline_stages), 0)
+        migration = self._migration_matrix(max(num_available + num_on_demand, 1))[begin]
+        fits = self.sizes <= num_available + num_on_demand
+        value = np.where(fits, self.throughput * np.clip(remaining_s - migration, 0.0, None), 0.0)
+        choice = int(np.argmax(value))
+        if value[choice] <= value[begin] and fits[begin]:
+            choice = begin
+        kind = migration_kind(self.data_parallel[begin], self.stages[begin],
+                              self.data_parallel[choice], self.stages[choice])
+        return PlanDecision(self._configuration(choice), kind, float(migration[choice]),
+                            float(value[choice]), ())
+
     @staticmethod
     def _values(rewards: np.ndarray, keep_fraction: np.ndarray,
                 penalty: np.ndarray) -> list[np.ndarray]:

@@ -1,0 +1,27 @@
+"""Policies: observation in, decision out, registered by name in :data:`POLICIES`.
+
+Built in: ``liveput``, ``liveput-oracle``, ``reactive``, ``bamboo``, ``checkpoint``,
+``on-demand`` and ``ideal`` (each module documents its model). Build one with
+``make_policy(name, context)`` (or ``POLICIES.get(name)(context)``).
+"""
+
+from liveput.policies.base import (
+    POLICIES,
+    Configuration,
+    Decision,
+    Observation,
+    Policy,
+    PolicyContext,
+    make_policy,
+)
+from liveput.policies import bamboo, checkpoint, ideal, on_demand, proactive, reactive  # noqa: E402,F401,I001
+
+__all__ = [
+    "POLICIES",
+    "Configuration",
+    "Decision",
+    "Observation",
+    "Policy",
+    "PolicyContext",
+    "make_policy",
+]

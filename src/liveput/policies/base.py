@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from liveput.errors import LiveputError
+from liveput.perf.costs import MigrationCostModel
+from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.registry import Registry
 from liveput.traces.trace import IntervalTrace
 
@@ -73,6 +75,16 @@ class Observation:
     """Instances requested from the cloud (an upper bound of the available count)."""
     steps_since_checkpoint_s: float = 0.0
     """Training seconds since the last checkpoint (for checkpoint-based policies)."""
+    event: str = "interval"
+    """Why the policy is asked: ``interval`` (an interval starts) or ``preemption`` (instances
+    were just lost inside the interval; ``time_s`` is the time of the loss)."""
+    lost_slots: tuple[tuple[int, int], ...] = ()
+    """On ``preemption``: the ``(pipeline, stage)`` slots of ``current`` whose instance was lost
+    (0-based; ``current`` is the configuration that was hit)."""
+    lost_spares: int = 0
+    """On ``preemption``: idle spot instances (spares) lost."""
+    remaining_s: float = 0.0
+    """Seconds left in the interval when the policy is asked (``interval_s`` at its start)."""
 
 
 @dataclass(frozen=True)
@@ -96,12 +108,82 @@ class Decision:
     """Spare instances to give back to the cloud (saves their price)."""
     notes: dict[str, float] = field(default_factory=dict)
     """Extra figures for reports and debugging."""
+    num_on_demand: int | None = None
+    """On-demand instances to hold from now on (None: keep the executor's current number)."""
+    checkpoint_s: float = 0.0
+    """Seconds spent saving a checkpoint in this interval (lost training time)."""
+    num_instances_used: int | None = None
+    """Instances the configuration actually occupies when fewer than ``D * P`` (a degraded mode
+    where survivors cover lost stages); None: ``D * P``."""
+
+    def __post_init__(self) -> None:
+        if self.downtime_s < 0 or self.rollback_s < 0 or self.checkpoint_s < 0:
+            raise LiveputError("decision: downtime, rollback and checkpoint seconds must be >= 0")
+        if not 0.0 <= self.throughput_factor <= 1.0:
+            raise LiveputError(f"decision: throughput factor {self.throughput_factor} not in [0, 1]")
+        if self.num_instances_used is not None and (
+                self.configuration is None
+                or not 0 <= self.num_instances_used <= self.configuration.num_instances):
+            raise LiveputError("decision: instances used must be within 0..D*P of a configuration")
+        if self.release < 0 or (self.num_on_demand is not None and self.num_on_demand < 0):
+            raise LiveputError("decision: released and on-demand instances must be >= 0")
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy knows about the job before it starts (fixed for the whole run)."""
+
+    profile: ModelProfile
+    """The model being trained."""
+    table: ConfigTable
+    """Throughput and feasibility of every (D, P) up to ``max_instances``."""
+    costs: MigrationCostModel
+    """Seconds of migrations, restarts and checkpoints."""
+    interval_s: float = 60.0
+    """Length of a decision interval, seconds."""
+    horizon: int = 12
+    """Intervals looked ahead by forecasting policies."""
+    objective: str = "throughput"
+    """``throughput`` or ``cost`` (for policies that optimize either)."""
+    spot_price_usd_per_hour: float = 1.25
+    """Price of a spot instance-hour."""
+    on_demand_price_usd_per_hour: float = 3.06
+    """Price of an on-demand instance-hour."""
+    capacity: int = 0
+    """Spot instances requested from the cloud (upper bound of the available count)."""
+    on_demand_budget: int = 0
+    """Instances the ``on-demand`` policy rents on-demand (the budget it is compared at)."""
+    predictor: str = "auto"
+    """Predictor used by forecasting policies."""
+    seed: int = 0
+    """Seed of any randomness inside a policy."""
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.horizon < 1:
+            raise LiveputError("policy context: interval must be positive and horizon >= 1")
+        if self.capacity < 0 or self.on_demand_budget < 0:
+            raise LiveputError("policy context: capacity and on-demand budget must be >= 0")
+        if min(self.spot_price_usd_per_hour, self.on_demand_price_usd_per_hour) < 0:
+            raise LiveputError("policy context: prices must be >= 0")
+
+    @property
+    def max_instances(self) -> int:
+        """Most instances any configuration of the table uses."""
+        sizes = self.table.data_parallel * self.table.pipeline_stages
+        return int(sizes.max(initial=0))
 
 
 class Policy(ABC):
-    """Decides a configuration every interval."""
+    """Decides a configuration every interval (and when instances are lost inside one).
+
+    A policy instance serves one job: it may keep state between calls (its own view of the
+    job: e.g. the time of its last checkpoint); it is built with ``POLICIES.get(name)(context)``.
+    """
 
     name: str = ""
+
+    def __init__(self, context: PolicyContext) -> None:
+        self.context = context
 
     @abstractmethod
     def decide(self, observation: Observation) -> Decision:
@@ -109,3 +191,8 @@ class Policy(ABC):
 
 
 POLICIES: Registry[type[Policy]] = Registry("policy")
+
+
+def make_policy(name: str, context: PolicyContext) -> Policy:
+    """A new policy instance by name (an unknown name is a one-line error)."""
+    return POLICIES.get(name)(context)

@@ -1,0 +1,19 @@
+"""The trace-driven simulator: replays an availability trace interval by interval and asks a
+policy, through the same observation -> decision seam as the runtime, what to run.
+
+See :mod:`liveput.sim.engine` for the model of time, losses and costs.
+"""
+
+from liveput.sim.config import SimulationConfig
+from liveput.sim.engine import DEFAULT_POLICIES, default_trace, simulate, simulate_policy
+from liveput.sim.result import PolicyRun, SimulationResult
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "PolicyRun",
+    "SimulationConfig",
+    "SimulationResult",
+    "default_trace",
+    "simulate",
+    "simulate_policy",
+]

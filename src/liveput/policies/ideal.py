@@ -1,0 +1,26 @@
+"""``ideal``: the upper bound. At every interval and right after every loss it runs the best
+configuration for the instances there are (spot and on-demand), and nothing it does costs time:
+no migration, restart or checkpoint (Parcae's "ideal" baseline). No system reaches it; other
+policies are reported as a fraction of its samples."""
+
+from __future__ import annotations
+
+from liveput.policies.base import POLICIES, Decision, Observation, Policy, PolicyContext
+from liveput.policies.common import ConfigurationLookup
+
+
+@POLICIES.register("ideal")
+class IdealPolicy(Policy):
+    """Best configuration for every count, free moves."""
+
+    name = "ideal"
+
+    def __init__(self, context: PolicyContext) -> None:
+        super().__init__(context)
+        self.lookup = ConfigurationLookup(context)
+
+    def decide(self, observation: Observation) -> Decision:
+        best = self.lookup.best_for(observation.num_available + observation.num_on_demand)
+        migration = "none" if best == observation.current else "free"
+        return Decision(best, migration=migration,
+                        expected_samples=self.lookup.throughput(best) * observation.remaining_s)

@@ -1,0 +1,36 @@
+"""``on-demand``: the same instance budget rented on-demand instead of spot.
+
+Model: the job rents ``context.on_demand_budget`` on-demand instances (the simulator sets it to
+the spot job's mean available count plus any on-demand instances held, so both hold the same
+instance-hours on average), runs the best configuration for them from the start (paying one launch:
+a restart and a checkpoint load) and is never preempted; it releases every spot instance, so it
+pays only the on-demand price."""
+
+from __future__ import annotations
+
+from liveput.policies.base import POLICIES, Decision, Observation, Policy, PolicyContext
+from liveput.policies.common import ConfigurationLookup, restart_s
+
+
+@POLICIES.register("on-demand")
+class OnDemandPolicy(Policy):
+    """A fixed on-demand cluster."""
+
+    name = "on-demand"
+
+    def __init__(self, context: PolicyContext) -> None:
+        super().__init__(context)
+        self.lookup = ConfigurationLookup(context)
+        self.configuration = self.lookup.best_for(context.on_demand_budget)
+
+    def decide(self, observation: Observation) -> Decision:
+        target = self.configuration
+        launch = target is not None and observation.current != target
+        return Decision(
+            target,
+            migration="checkpoint-restore" if launch else "none",
+            downtime_s=restart_s(self.context, target) if launch else 0.0,
+            release=observation.num_available,
+            num_on_demand=self.context.on_demand_budget,
+            expected_samples=self.lookup.throughput(target) * observation.remaining_s,
+        )

@@ -1,0 +1,102 @@
+"""``liveput`` and ``liveput-oracle``: proactive, liveput-optimized training (Parcae's approach).
+
+Model:
+
+- *Each interval* the policy forecasts the next H intervals (``liveput``: the context's
+  predictor on the history seen so far; ``liveput-oracle``: the true future as a certain
+  forecast, with the true preemptions of each interval as its expected preemptions) and asks the
+  MPC optimizer (:mod:`liveput.plan.optimizer`) for the configuration that maximizes expected
+  samples over the horizon, migrations included. The migration it picks (intra-stage,
+  inter-stage, pipeline, checkpoint restore) costs the seconds of the cost model
+  (:mod:`liveput.plan.costs`).
+- *When instances are lost* inside an interval, the survivors of each stage regroup into the
+  complete pipelines they can form (``D - max_j losses_j``, an intra-stage migration) or move to
+  whatever configuration trains most in the rest of the interval (spares fill a stage by an
+  inter-stage migration, or the pipeline is re-partitioned), chosen by
+  :meth:`LiveputOptimizer.recover`. A stage that lost every replica has lost its state: the job
+  restores from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from liveput.forecast import make_predictor
+from liveput.forecast.base import Forecast
+from liveput.policies.base import (
+    POLICIES,
+    Configuration,
+    Decision,
+    Observation,
+    Policy,
+    PolicyContext,
+)
+from liveput.policies.common import surviving_pipelines
+
+
+@POLICIES.register("liveput")
+class LiveputPolicy(Policy):
+    """Forecast, then optimize liveput over the horizon; regroup survivors after a loss."""
+
+    name = "liveput"
+
+    def __init__(self, context: PolicyContext) -> None:
+        super().__init__(context)
+        # Imported here: the optimizer imports this package's base module.
+        from liveput.plan import LiveputOptimizer, OptimizerConfig
+
+        self.optimizer = LiveputOptimizer(
+            context.profile, context.table, context.costs,
+            OptimizerConfig(horizon=context.horizon, interval_s=context.interval_s,
+                            objective=context.objective,
+                            spot_price_usd_per_hour=context.spot_price_usd_per_hour,
+                            on_demand_price_usd_per_hour=context.on_demand_price_usd_per_hour))
+        self.predictor = make_predictor(context.predictor)
+
+    def forecast(self, observation: Observation) -> Forecast:
+        """The forecast of the next H intervals (``liveput``: from the history only)."""
+        return self.predictor.forecast(observation.history, self.context.horizon,
+                                       max(self.context.capacity, observation.num_available))
+
+    def decide(self, observation: Observation) -> Decision:
+        if observation.event == "preemption":
+            return self._recover(observation)
+        plan = self.optimizer.decide(observation.current, observation.num_available,
+                                     self.forecast(observation), observation.num_on_demand)
+        return Decision(plan.configuration, migration=plan.migration, downtime_s=plan.migration_s,
+                        expected_samples=plan.expected_samples)
+
+    def _recover(self, observation: Observation) -> Decision:
+        current = observation.current
+        start: Configuration | None = current
+        if current is not None and observation.lost_slots:
+            survivors = surviving_pipelines(current, observation.lost_slots)
+            start = Configuration(survivors, current.pipeline_stages) if survivors > 0 else None
+        plan = self.optimizer.recover(start, observation.num_available, observation.remaining_s,
+                                      observation.num_on_demand)
+        return Decision(plan.configuration, migration=plan.migration, downtime_s=plan.migration_s,
+                        expected_samples=plan.expected_samples)
+
+
+@POLICIES.register("liveput-oracle")
+class OraclePolicy(LiveputPolicy):
+    """``liveput`` with the true future as its forecast (an upper bound of forecasting)."""
+
+    name = "liveput-oracle"
+
+    def forecast(self, observation: Observation) -> Forecast:
+        horizon = self.context.horizon
+        future = observation.future
+        history = observation.history
+        capacity = max(self.context.capacity, observation.num_available)
+        counts = np.full(horizon, history.count[-1] + history.allocated[-1]
+                         - history.preempted[-1], dtype=np.int64)
+        preempted = np.zeros(horizon)
+        preempted[0] = history.preempted[-1]
+        if future is not None and len(future):
+            known = min(horizon, len(future))
+            counts[:known] = future.count[:known]
+            counts[known:] = future.end_count
+            preempted[1:known] = future.preempted[: known - 1]
+        certain = Forecast.certain(counts, capacity)
+        return Forecast(certain.point, certain.pmf, preempted, np.zeros(horizon), "oracle")

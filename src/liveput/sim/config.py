@@ -1,0 +1,46 @@
+"""Settings of a simulation run (one dataclass, validated on construction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from liveput.errors import LiveputError
+
+OBJECTIVES = ("throughput", "cost")
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """How a trace is replayed and priced."""
+
+    interval_s: float = 60.0
+    """Length of a decision interval, seconds (the trace must be resampled at it)."""
+    horizon: int = 12
+    """Intervals looked ahead by forecasting policies (H)."""
+    objective: str = "throughput"
+    """What liveput optimizes: ``throughput`` (samples) or ``cost`` (samples per dollar)."""
+    spot_price_usd_per_hour: float | None = None
+    """Spot price per instance-hour; None: the trace's price, else the profile's instance type."""
+    on_demand_price_usd_per_hour: float | None = None
+    """On-demand price per instance-hour; None: the profile's instance type."""
+    num_on_demand: int = 0
+    """On-demand instances held all along, besides the trace's spot ones."""
+    seed: int = 0
+    """Seed of the within-interval randomness (when losses fall, which instances are lost)."""
+    predictor: str = "auto"
+    """Predictor of the ``liveput`` policy."""
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0:
+            raise LiveputError(f"simulation interval must be positive, got {self.interval_s}")
+        if self.horizon < 1:
+            raise LiveputError(f"simulation horizon must be >= 1, got {self.horizon}")
+        if self.objective not in OBJECTIVES:
+            raise LiveputError(
+                f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+        for name in ("spot_price_usd_per_hour", "on_demand_price_usd_per_hour"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise LiveputError(f"simulation {name} must be >= 0, got {value}")
+        if self.num_on_demand < 0:
+            raise LiveputError(f"on-demand instances must be >= 0, got {self.num_on_demand}")
