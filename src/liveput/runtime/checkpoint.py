@@ -1,0 +1,103 @@
+"""Checkpoints, the fallback: asynchronous, every K steps, one file per layer, any fsspec path.
+
+Pipeline 0 holds every layer once, so its instances save their layers: the state is copied at the
+step boundary (cheap) and written by a background thread, ``<dir>/step-<s>/layer-<l>.pt``. Each
+instance then adds its layer count to ``ckpt/<epoch>/<s>``; the one that brings it to L marks the
+checkpoint complete in ``ckpt/latest``. One file per layer lets any partition restore from it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import fsspec
+import torch
+
+from liveput.runtime.layer_state import LayerState
+from liveput.runtime.store import Store
+
+LOG = logging.getLogger(__name__)
+LATEST = "ckpt/latest"
+
+
+def latest_checkpoint(store: Store) -> int | None:
+    """Step of the newest complete checkpoint, or None."""
+    raw = store.get(LATEST)
+    return None if raw is None else int(json.loads(raw)["step"])
+
+
+class Checkpointer:
+    """Saves and loads layer files under ``directory`` (a local path or an fsspec URL)."""
+
+    def __init__(self, store: Store, directory: str) -> None:
+        self.store = store
+        self.directory = directory.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.directory)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
+
+    def _path(self, step: int, layer: int) -> str:
+        return f"{self.root}/step-{step}/layer-{layer}.pt"
+
+    def save_async(self, epoch: int, step: int, layers: list[LayerState], num_layers: int) -> None:
+        """Snapshot ``layers`` after step ``step`` now; write them in the background."""
+        snapshot = [(layer.index, layer.state_dict()) for layer in layers]
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(self._pool.submit(self._write, epoch, step, snapshot, num_layers))
+
+    def _write(self, epoch: int, step: int, snapshot: list[tuple[int, dict]],
+               num_layers: int) -> None:
+        try:
+            self.fs.makedirs(f"{self.root}/step-{step}", exist_ok=True)
+            for index, state in snapshot:
+                buffer = io.BytesIO()
+                torch.save(state, buffer)
+                with self.fs.open(self._path(step, index), "wb") as handle:
+                    handle.write(buffer.getvalue())
+            if self.store.add(f"ckpt/{epoch}/{step}", len(snapshot)) == num_layers:
+                self._mark_latest(step)
+        except Exception:  # noqa: BLE001 - a failed checkpoint only leaves the previous one latest
+            LOG.exception("checkpoint of step %d failed", step)
+
+    def _mark_latest(self, step: int) -> None:
+        while True:
+            raw = self.store.get(LATEST)
+            if raw is not None and int(json.loads(raw)["step"]) >= step:
+                return
+            if self.store.compare_and_set(LATEST, raw, json.dumps({"step": step}).encode()):
+                LOG.info("checkpoint of step %d complete", step)
+                return
+
+    def load_layer(self, step: int, layer: int) -> dict:
+        return self.load_layer_file(f"step-{step}/layer-{layer}.pt")
+
+    def load_layer_file(self, relative: str) -> dict:
+        """A layer file under the checkpoint directory (e.g. ``final/layer-0.pt``)."""
+        with self.fs.open(f"{self.root}/{relative}", "rb") as handle:
+            data = handle.read()
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+    def save_now(self, name: str, layers: list[LayerState]) -> None:
+        """Write ``layers`` synchronously under ``<dir>/<name>/`` (final weights)."""
+        self.fs.makedirs(f"{self.root}/{name}", exist_ok=True)
+        for layer in layers:
+            buffer = io.BytesIO()
+            torch.save(layer.state_dict(), buffer)
+            with self.fs.open(f"{self.root}/{name}/layer-{layer.index}.pt", "wb") as handle:
+                handle.write(buffer.getvalue())
+
+    def flush(self) -> None:
+        with self._lock:
+            pending = list(self._pending)
+        for future in pending:
+            future.result()
+
+    def close(self) -> None:
+        self.flush()
+        self._pool.shutdown(wait=True)

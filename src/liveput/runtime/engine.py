@@ -1,0 +1,236 @@
+"""The training engine of one instance: executes a generation's plan, then trains its steps.
+
+A generation: build its process groups; move state as planned (send and receive layers peer to
+peer, or restore every layer from a checkpoint); keep the layers of the new slot; then train steps
+from ``start_step`` under the commit protocol (``protocol``) until the generation is fenced, the
+job ends, or a peer fails. Layers are only ever changed by a committed step or by the plan, so
+after any of these endings the engine holds exactly the state of the last step it applied.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from liveput.errors import LiveputError
+from liveput.runtime import protocol
+from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.comm import Groups
+from liveput.runtime.job import Job
+from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
+from liveput.runtime.protocol import LedgerRecord, RuntimePlan
+from liveput.runtime.schedule import (StagePosition, apply_step, compute_gradients,
+                                      discard_gradients, flat_gradients, unflatten_gradients)
+from liveput.runtime.store import Store
+
+LOG = logging.getLogger(__name__)
+Rendezvous = Callable[[RuntimePlan, int], dist.Store]
+"""``rendezvous(plan, rank)`` -> the c10d store the generation's process groups meet on."""
+_TRANSFER_TAG = 1 << 20
+
+
+class Ending(enum.Enum):
+    """Why a generation ended for this instance."""
+
+    FENCED = "fenced"
+    """The coordinator ended it at a step boundary (a new plan follows)."""
+    FINISHED = "finished"
+    """The job's last step was applied."""
+    FAILED = "failed"
+    """Communication with a peer failed (it died); the step in flight was not applied."""
+    SPARE = "spare"
+    """This instance has no slot in the plan (it only sent layers)."""
+    STOPPED = "stopped"
+    """The agent asked to stop (its instance is about to be preempted)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings of the training engine."""
+
+    checkpoint_every: int = 10
+    """K: checkpoint every K committed steps (0: never)."""
+    comm_timeout_s: float = 60.0
+    """Timeout of a process-group operation, seconds."""
+    outcome_poll_s: float = 2.0
+    """How long one wait for a step's outcome blocks before checking for a stop, seconds."""
+    device: str = "cpu"
+    """``cpu`` (gloo) or ``cuda[:i]`` (NCCL, tensors on the device)."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 0 or self.comm_timeout_s <= 0 or self.outcome_poll_s <= 0:
+            raise LiveputError("engine: checkpoint_every >= 0 and positive timeouts required")
+
+
+@dataclass
+class GenerationResult:
+    """How a generation went for this instance."""
+
+    ending: Ending
+    last_applied: int
+    """The last step whose update this instance holds."""
+    setup_s: float = 0.0
+    """Seconds from the start of the generation to its first step (rendezvous + state moves)."""
+    losses: dict[int, float] = field(default_factory=dict)
+    """Loss of each step applied (last stage only)."""
+
+
+class Engine:
+    """Trains the layers one instance holds, generation after generation."""
+
+    def __init__(self, job: Job, instance: int, store: Store, rendezvous: Rendezvous,
+                 checkpointer: Checkpointer | None, config: EngineConfig | None = None,
+                 token: bytes | None = None) -> None:
+        self.job = job
+        self.instance = instance
+        self.store = store
+        self.rendezvous = rendezvous
+        self.checkpointer = checkpointer
+        self.config = config or EngineConfig()
+        self.token = token
+        self.device = torch.device(self.config.device)
+        self.layers: dict[int, LayerState] = {}
+        self.last_applied = protocol.FRESH_START
+
+    # --- state movement ---------------------------------------------------------------------
+    def _restore(self, plan: RuntimePlan, needed: range) -> None:
+        layers = {}
+        for index in needed:
+            layer = fresh_layer(self.job, index, self.device)
+            if plan.restore_step != protocol.FRESH_START:
+                if self.checkpointer is None:
+                    raise LiveputError("plan restores from a checkpoint but no checkpoint dir is set")
+                layer.load_state_dict(self.checkpointer.load_layer(plan.restore_step, index))
+            layers[index] = layer
+        self.layers = layers
+
+    def _transfer(self, plan: RuntimePlan, groups: Groups, needed: range) -> None:
+        sends, buffers = [], []
+        for tag, transfer in enumerate(plan.transfers):
+            if transfer.source == self.instance:
+                if transfer.layer not in self.layers:
+                    raise LiveputError(f"instance {self.instance} holds no layer {transfer.layer}")
+                data = encode_state(self.layers[transfer.layer].state_dict(), self.token)
+                works, buffer = groups.isend_bytes(data, plan.rank_of(transfer.destination),
+                                                   _TRANSFER_TAG + tag)
+                sends += works
+                buffers.append(buffer)
+        received = {}
+        for tag, transfer in enumerate(plan.transfers):
+            if transfer.destination == self.instance:
+                data = groups.recv_bytes(plan.rank_of(transfer.source), _TRANSFER_TAG + tag)
+                layer = fresh_layer(self.job, transfer.layer, self.device)
+                layer.load_state_dict(decode_state(data, self.token, f"instance {transfer.source}"))
+                received[transfer.layer] = layer
+        for work in sends:
+            work.wait()
+        kept = {i: self.layers[i] for i in needed if i in self.layers}
+        kept.update(received)
+        missing = [i for i in needed if i not in kept]
+        if missing:
+            raise LiveputError(f"plan {plan.generation} leaves instance {self.instance} "
+                               f"without layers {missing}")
+        self.layers = kept
+
+    # --- one generation ---------------------------------------------------------------------
+    def run_generation(self, plan: RuntimePlan,
+                       keep_going: Callable[[], bool] = lambda: True) -> GenerationResult:
+        started = time.perf_counter()
+        slot = plan.slots.get(self.instance)
+        world = plan.world
+        rank = world.index(self.instance)
+        stage_ranks = None
+        if slot is not None:
+            stage_ranks = sorted(plan.rank_of(i) for i, s in plan.slots.items()
+                                 if s is not None and s[1] == slot[1])
+        needed = plan.layers_of(slot[1]) if slot is not None else range(0)
+        groups = None
+        try:
+            if len(world) > 1:
+                groups = Groups.build(self.rendezvous(plan, rank), plan.generation, rank,
+                                      len(world), stage_ranks, self.device,
+                                      self.config.comm_timeout_s)
+            if plan.restore_step is not None:
+                self._restore(plan, needed)
+                self.last_applied = plan.restore_step
+            else:
+                self._transfer(plan, groups, needed)
+            if slot is None:
+                self.layers = {}
+                return GenerationResult(Ending.SPARE, self.last_applied,
+                                        time.perf_counter() - started)
+            self.last_applied = plan.start_step - 1
+            position = StagePosition(
+                pipeline=slot[0], stage=slot[1], data_parallel=plan.data_parallel,
+                pipeline_stages=plan.pipeline_stages,
+                previous_rank=plan.rank_of(plan.instance_at(slot[0], slot[1] - 1))
+                if slot[1] > 0 else None,
+                next_rank=plan.rank_of(plan.instance_at(slot[0], slot[1] + 1))
+                if slot[1] < plan.pipeline_stages - 1 else None)
+            return self._train(plan, groups, position, keep_going, started)
+        except (RuntimeError, dist.DistBackendError) as error:
+            LOG.warning("instance %d: generation %d failed: %s", self.instance, plan.generation,
+                        str(error).splitlines()[0] if str(error) else type(error).__name__)
+            discard_gradients(list(self.layers.values()))
+            self.store.set(f"fail/{plan.generation}/{self.instance}", b"1")
+            return GenerationResult(Ending.FAILED, self.last_applied,
+                                    time.perf_counter() - started)
+        finally:
+            if groups is not None:
+                groups.close()
+
+    def _train(self, plan: RuntimePlan, groups: Groups | None, position: StagePosition,
+               keep_going: Callable[[], bool], started: float) -> GenerationResult:
+        layers = [self.layers[i] for i in sorted(self.layers)]
+        result = GenerationResult(Ending.FINISHED, self.last_applied)
+        step = plan.start_step
+        while step < plan.end_step:
+            if protocol.step_outcome(self.store, plan.generation, step) == protocol.ABORTED:
+                result.ending = Ending.FENCED
+                break
+            if not keep_going():
+                result.ending = Ending.STOPPED
+                break
+            if step == plan.start_step:
+                result.setup_s = time.perf_counter() - started
+            loss = compute_gradients(self.job, layers, position, groups, step)
+            if groups is not None and groups.stage is not None:
+                flat, parameters = flat_gradients(layers, loss)
+                groups.allreduce_stage(flat)
+                loss = unflatten_gradients(flat, parameters)
+            protocol.vote_commit(self.store, plan.generation, step, plan.num_working)
+            if self._wait_outcome(plan.generation, step) != protocol.COMMITTED:
+                discard_gradients(layers)
+                result.ending = Ending.FENCED
+                break
+            apply_step(layers)
+            self.last_applied = step
+            if position.is_last:
+                result.losses[step] = loss
+                protocol.record_step(self.store, plan.epoch, LedgerRecord(
+                    step=step, generation=plan.generation,
+                    first_sample=step * self.job.global_batch_size,
+                    num_samples=self.job.global_batch_size, loss=loss,
+                    data_parallel=plan.data_parallel, pipeline_stages=plan.pipeline_stages))
+            every = self.config.checkpoint_every
+            if every and (step + 1) % every == 0 and position.pipeline == 0 and self.checkpointer:
+                self.checkpointer.save_async(plan.epoch, step, layers, self.job.num_layers)
+            step += 1
+        result.last_applied = self.last_applied
+        if result.ending is Ending.FINISHED and position.pipeline == 0 and self.checkpointer:
+            self.checkpointer.save_now("final", layers)
+        return result
+
+    def _wait_outcome(self, generation: int, step: int) -> bytes:
+        key = protocol.done_key(generation, step)
+        while True:
+            try:
+                return self.store.wait_for(key, self.config.outcome_poll_s)
+            except LiveputError:
+                continue

@@ -1,0 +1,76 @@
+"""A layer's training state (parameters and optimizer state) and its wire format.
+
+Each layer has its own optimizer (optimizers are element-wise, so this equals one optimizer over
+the whole model), which makes a layer the unit that moves between instances. Serialized state is
+``torch.save`` bytes, optionally signed with the job token (HMAC-SHA256), and is only ever read
+back with ``torch.load(..., weights_only=True)``: nothing from the network is unpickled.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+import io
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from liveput.errors import LiveputError
+from liveput.runtime.job import Job
+
+_DIGEST_BYTES = 32
+
+
+@dataclass
+class LayerState:
+    """One layer held by this instance, with its optimizer."""
+
+    index: int
+    """Position of the layer in the model."""
+    module: nn.Module
+    """The layer (this instance's own copy)."""
+    optimizer: torch.optim.Optimizer | None
+    """Its optimizer; ``None`` for a layer without parameters."""
+
+    def state_dict(self) -> dict:
+        return {
+            "module": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer else {},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["module"])
+        if self.optimizer is not None and state["optimizer"]:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+def fresh_layer(job: Job, index: int, device: torch.device) -> LayerState:
+    """Layer ``index`` as the job initializes it, with a new optimizer."""
+    module = copy.deepcopy(job.layers[index]).to(device)
+    parameters = list(module.parameters())
+    optimizer = job.optimizer(parameters) if parameters else None
+    return LayerState(index, module, optimizer)
+
+
+def encode_state(state: dict, token: bytes | None = None) -> bytes:
+    """``torch.save`` bytes, prefixed by an HMAC under ``token`` when given."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    if token is None:
+        return payload
+    return hmac.new(token, payload, hashlib.sha256).digest() + payload
+
+
+def decode_state(data: bytes, token: bytes | None = None, where: str = "peer") -> dict:
+    """The inverse of :func:`encode_state`; refuses a forged or unsigned payload."""
+    if token is not None:
+        digest, data = data[:_DIGEST_BYTES], data[_DIGEST_BYTES:]
+        if not hmac.compare_digest(digest, hmac.new(token, data, hashlib.sha256).digest()):
+            raise LiveputError(f"layer state from {where} is not signed with the job token")
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as error:  # noqa: BLE001 - any unpickling failure is refused the same way
+        raise LiveputError(f"layer state from {where} cannot be loaded: {error}") from None

@@ -1,0 +1,106 @@
+"""From the planner's :class:`MigrationPlan` to the plan the runtime executes.
+
+The planner treats noticed instances as gone. They are still alive until their preemption, so a
+layer the planner would restore from the checkpoint is sent by a noticed instance that holds it
+when there is one: that is what acting before the preemption buys. A plan that still needs the
+checkpoint restores *every* layer from it (all stages must be at the same step), and the steps
+committed after that checkpoint are redone: the rollback is counted.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from liveput.perf.partition import partition_layers
+from liveput.perf.types import ModelProfile
+from liveput.plan.migration import CHECKPOINT, Assignment, MigrationPlan, Slot
+from liveput.runtime.job import Job
+from liveput.runtime.protocol import FRESH_START, RuntimePlan, Transfer
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What the runtime adds to a migration plan."""
+
+    generation: int
+    """Number of the new plan."""
+    epoch: int
+    """Restore epoch before this plan."""
+    start_step: int
+    """First step of the new generation when no checkpoint is restored."""
+    end_step: int
+    """The job's last step + 1."""
+    hosts: dict[int, str]
+    """Addresses of the instances."""
+    latest_checkpoint: int | None
+    """Step of the newest complete checkpoint (None: none yet)."""
+    stages_before: int
+    """P of the running plan (0: nothing runs)."""
+
+
+def assignment_of(plan: RuntimePlan | None) -> Assignment:
+    """The planner's view of a running plan (an empty one before the first)."""
+    if plan is None:
+        return Assignment({}, 0)
+    return Assignment({i: Slot(*s) if s is not None else None for i, s in plan.slots.items()},
+                      plan.pipeline_stages)
+
+
+def to_runtime_plan(profile: ModelProfile, migration: MigrationPlan, context: PlanContext,
+                    noticed_holders: dict[int, list[int]] | None = None) -> RuntimePlan:
+    """``noticed_holders``: layer -> noticed (still alive) instances holding it."""
+    noticed_holders = noticed_holders or {}
+    transfers = []
+    needs_checkpoint = False
+    for transfer in migration.transfers:
+        source = transfer.source
+        if source == CHECKPOINT and noticed_holders.get(transfer.layer):
+            source = noticed_holders[transfer.layer][0]
+        if source == CHECKPOINT:
+            needs_checkpoint = True
+        transfers.append(Transfer(transfer.layer, int(source), transfer.destination))
+    kind = migration.kind
+    restore_step = None
+    start_step = context.start_step
+    epoch = context.epoch
+    if needs_checkpoint or context.stages_before == 0:
+        restore_step = FRESH_START if context.latest_checkpoint is None \
+            else min(context.latest_checkpoint, context.start_step - 1)
+        kind = "checkpoint-restore"
+        if restore_step == FRESH_START and context.start_step == 0:
+            kind = "start"
+        start_step = restore_step + 1
+        transfers = []
+        if start_step < context.start_step:
+            epoch += 1
+    elif kind == "checkpoint-restore":
+        # Every lost layer is still held by a noticed instance: a peer-to-peer migration.
+        same_depth = context.stages_before == migration.target.pipeline_stages
+        kind = "inter-stage" if same_depth else "pipeline"
+    slots = {i: (s.pipeline, s.stage) if s is not None else None
+             for i, s in migration.assignment.slots.items()}
+    for instance in {t.source for t in transfers} - set(slots):
+        slots[instance] = None  # a noticed instance joins only to send its layers
+    return RuntimePlan(
+        generation=context.generation, epoch=epoch, start_step=start_step,
+        end_step=context.end_step, data_parallel=migration.target.data_parallel,
+        pipeline_stages=migration.target.pipeline_stages,
+        boundaries=[int(b) for b in partition_layers(profile, migration.target.pipeline_stages)],
+        slots=slots, hosts={i: context.hosts.get(i, "127.0.0.1") for i in slots},
+        transfers=transfers, kind=kind, restore_step=restore_step)
+
+
+def profile_job(job: Job, repeats: int = 2) -> ModelProfile:
+    """Measure the job's layers on this machine (what the optimizer and planner need)."""
+    from liveput.perf.profiler import ProfileTarget, profile_model
+
+    def make_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = [job.dataset[i] for i in range(size)]
+        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+    layers = [copy.deepcopy(layer) for layer in job.layers]
+    target = ProfileTarget(job.name, layers, make_batch, job.loss_fn, job.global_batch_size)
+    return profile_model(target, micro_batch_size=job.micro_batch_size, repeats=repeats)

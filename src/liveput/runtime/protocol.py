@@ -1,0 +1,194 @@
+"""What the coordinator and the agents agree on through the store: keys, the plan, the commit.
+
+Keys (all under the job's store):
+
+- ``members/<id>``: an agent's registration (JSON: host); ``hb/<id>``: its heartbeat counter;
+  ``notice/<id>``: its preemption notice; ``state/<id>``: its current state name.
+- ``plan/current``: the generation number of the plan in force; ``plan/<g>``: plan g (JSON).
+- ``commit/<g>/<s>``: the commit counter of step s in generation g; ``done/<g>/<s>``: its outcome.
+- ``ledger/<epoch>/<s>``: the record of a committed step; ``restore/<epoch>``: a checkpoint
+  restore that opened restore epoch ``epoch``.
+- ``ckpt/<epoch>/<s>``: layers of checkpoint s saved so far; ``ckpt/latest``: the newest complete.
+
+**Commit protocol** (a step's optimizer update is applied exactly once, or by nobody). After its
+gradients are reduced, each of the W working ranks of generation g does ``add(commit/g/s, 1)``.
+The step is committed iff the counter reaches W; the rank that makes it W writes
+``done/g/s = committed``, and every rank applies its optimizer step only after reading that. To
+end a generation (a failure, a notice, a planned change), the coordinator *fences* a step:
+``add(commit/g/s, -FENCE)``; if the value before was W the step had committed and it fences the
+next one, otherwise the step can never commit and it writes ``done/g/s = aborted``. The add is
+atomic, so exactly one of "committed" and "aborted" holds. Ranks check ``done`` of a step before
+computing it and stop at the first aborted one; so when a generation ends, every surviving rank
+has applied exactly the steps before the fenced one, which is where the next generation starts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from liveput.errors import LiveputError
+from liveput.runtime.store import Store
+
+FENCE = 1 << 30
+COMMITTED = b"committed"
+ABORTED = b"aborted"
+FRESH_START = -1
+"""``restore_step`` of a plan that starts from the job's initial weights."""
+
+
+def commit_key(generation: int, step: int) -> str:
+    return f"commit/{generation}/{step}"
+
+
+def done_key(generation: int, step: int) -> str:
+    return f"done/{generation}/{step}"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Layer ``layer`` sent from instance ``source`` to ``destination``."""
+
+    layer: int
+    source: int
+    destination: int
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """A migration plan as the runtime executes it (published by the coordinator)."""
+
+    generation: int
+    """g: increases by one per plan."""
+    epoch: int
+    """Restore epoch: the number of checkpoint restores so far."""
+    start_step: int
+    """The first step this generation computes (the step boundary where it takes effect)."""
+    end_step: int
+    """The job's last step + 1."""
+    data_parallel: int
+    """D."""
+    pipeline_stages: int
+    """P."""
+    boundaries: list[int]
+    """Layer index where each stage starts, plus the number of layers."""
+    slots: dict[int, tuple[int, int] | None]
+    """Instance id -> (pipeline, stage), or None for a spare. Every instance here joins the
+    generation's process groups (spares only to send layers)."""
+    hosts: dict[int, str]
+    """Instance id -> address other instances reach it at."""
+    transfers: list[Transfer] = field(default_factory=list)
+    """Layers sent peer to peer before training starts."""
+    kind: str = "none"
+    """Migration kind: none, intra-stage, inter-stage, pipeline, checkpoint-restore."""
+    restore_step: int | None = None
+    """When set, every working instance loads all its layers from the checkpoint of this step
+    (``FRESH_START``: the initial weights) and ``start_step == restore_step + 1``."""
+
+    @property
+    def world(self) -> list[int]:
+        """Instances in rank order."""
+        return sorted(self.slots)
+
+    @property
+    def num_working(self) -> int:
+        return sum(slot is not None for slot in self.slots.values())
+
+    def rank_of(self, instance: int) -> int:
+        return self.world.index(instance)
+
+    def instance_at(self, pipeline: int, stage: int) -> int:
+        for instance, slot in self.slots.items():
+            if slot == (pipeline, stage):
+                return instance
+        raise LiveputError(f"plan {self.generation} has no instance at slot ({pipeline}, {stage})")
+
+    def layers_of(self, stage: int) -> range:
+        return range(self.boundaries[stage], self.boundaries[stage + 1])
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        data["slots"] = {str(k): list(v) if v is not None else None for k, v in self.slots.items()}
+        data["hosts"] = {str(k): v for k, v in self.hosts.items()}
+        return json.dumps(data, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> RuntimePlan:
+        data = json.loads(raw)
+        data["slots"] = {int(k): tuple(v) if v is not None else None
+                         for k, v in data["slots"].items()}
+        data["hosts"] = {int(k): v for k, v in data["hosts"].items()}
+        data["transfers"] = [Transfer(**t) for t in data["transfers"]]
+        return cls(**data)
+
+
+def publish_plan(store: Store, plan: RuntimePlan) -> None:
+    store.set(f"plan/{plan.generation}", plan.to_json())
+    store.set("plan/current", str(plan.generation).encode())
+
+
+def current_plan(store: Store) -> RuntimePlan | None:
+    raw = store.get("plan/current")
+    if raw is None:
+        return None
+    return load_plan(store, int(raw))
+
+
+def load_plan(store: Store, generation: int) -> RuntimePlan | None:
+    raw = store.get(f"plan/{generation}")
+    return RuntimePlan.from_json(raw) if raw is not None else None
+
+
+def step_outcome(store: Store, generation: int, step: int) -> bytes | None:
+    return store.get(done_key(generation, step))
+
+
+def vote_commit(store: Store, generation: int, step: int, num_working: int) -> None:
+    """This rank's gradients for the step are complete."""
+    if store.add(commit_key(generation, step), 1) == num_working:
+        store.compare_and_set(done_key(generation, step), None, COMMITTED)
+
+
+def fence(store: Store, generation: int, step: int, num_working: int) -> int:
+    """End generation ``generation`` at the first step >= ``step`` that has not committed; returns
+    that step (the next generation's start)."""
+    while True:
+        before = store.add(commit_key(generation, step), -FENCE) + FENCE
+        if before >= num_working:
+            store.compare_and_set(done_key(generation, step), None, COMMITTED)
+            step += 1
+            continue
+        store.compare_and_set(done_key(generation, step), None, ABORTED)
+        return step
+
+
+def last_committed(store: Store, generation: int, from_step: int) -> int:
+    """The highest step s >= from_step - 1 such that all steps from_step..s committed."""
+    step = from_step
+    while step_outcome(store, generation, step) == COMMITTED:
+        step += 1
+    return step - 1
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """A committed step, as written to the ledger."""
+
+    step: int
+    generation: int
+    first_sample: int
+    num_samples: int
+    loss: float
+    data_parallel: int
+    pipeline_stages: int
+
+
+def record_step(store: Store, epoch: int, record: LedgerRecord) -> None:
+    store.compare_and_set(f"ledger/{epoch}/{record.step}", None,
+                          json.dumps(asdict(record)).encode())
+
+
+def record_restore(store: Store, epoch: int, committed: int, restored_to: int) -> None:
+    """Restore epoch ``epoch`` starts: steps after ``restored_to`` up to ``committed`` are undone."""
+    store.set(f"restore/{epoch}", json.dumps({"committed": committed,
+                                              "restored_to": restored_to}).encode())

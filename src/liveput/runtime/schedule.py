@@ -1,0 +1,128 @@
+"""One training step of one pipeline stage: a GPipe schedule over the replica's micro-batches.
+
+Stage p of pipeline d computes the micro-batches ``replica_micro_batches(M, D, d)`` of the step:
+all forwards (receiving activations from stage p - 1, sending to p + 1), then all backwards in
+reverse order (receiving gradients from p + 1, sending to p - 1). Sends are asynchronous and waited
+at the end, so no stage blocks on a send and the schedule cannot deadlock. The last stage scales
+each micro-batch's mean loss by ``micro / global`` so that the sum over all replicas (the stage
+all-reduce) is the gradient of the mean loss over the global batch, the same for every (D, P).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from liveput.runtime.comm import Groups
+from liveput.runtime.job import Job, replica_micro_batches
+from liveput.runtime.layer_state import LayerState
+
+
+@dataclass(frozen=True)
+class StagePosition:
+    """Where this instance sits in the running configuration."""
+
+    pipeline: int
+    """d: its pipeline."""
+    stage: int
+    """p: its stage."""
+    data_parallel: int
+    """D of the configuration."""
+    pipeline_stages: int
+    """P of the configuration."""
+    previous_rank: int | None
+    """World rank of stage p - 1 of the same pipeline (None for the first stage)."""
+    next_rank: int | None
+    """World rank of stage p + 1 of the same pipeline (None for the last stage)."""
+
+    @property
+    def is_first(self) -> bool:
+        return self.previous_rank is None
+
+    @property
+    def is_last(self) -> bool:
+        return self.next_rank is None
+
+
+def _forward(layers: list[LayerState], x: torch.Tensor) -> torch.Tensor:
+    for layer in layers:
+        x = layer.module(x)
+    return x
+
+
+def compute_gradients(job: Job, layers: list[LayerState], position: StagePosition,
+                      groups: Groups | None, step: int) -> float:
+    """Run forward and backward of this replica's micro-batches; gradients accumulate in the
+    layers' ``.grad``. Returns the replica's part of the step's loss (last stage; else 0)."""
+    device = groups.device if groups is not None else torch.device("cpu")
+    micro = replica_micro_batches(job.num_micro_batches, position.data_parallel, position.pipeline)
+    scale = job.micro_batch_size / job.global_batch_size
+    kept: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+    sends = []
+    loss_sum = 0.0
+    for j in micro:
+        if position.is_first:
+            inputs, targets = job.micro_batch(step, j)
+            x = inputs.to(device)
+            source = None
+        else:
+            x = groups.recv_tensor(position.previous_rank, 2 * j)
+            if x.is_floating_point():
+                x.requires_grad_(True)
+            source = x
+        y = _forward(layers, x)
+        if position.is_last:
+            if position.is_first:
+                target = targets
+            else:
+                target = job.micro_batch(step, j)[1]
+            loss = job.loss_fn(y, target.to(device)) * scale
+            loss_sum += float(loss.detach())
+            kept.append((source, loss))
+        else:
+            sends += groups.isend_tensor(y, position.next_rank, 2 * j)
+            kept.append((source, y))
+    for j, (source, output) in zip(reversed(micro), reversed(kept), strict=True):
+        if position.is_last:
+            output.backward()
+        else:
+            output.backward(groups.recv_tensor(position.next_rank, 2 * j + 1))
+        if source is not None and source.grad is not None:
+            sends += groups.isend_tensor(source.grad, position.previous_rank, 2 * j + 1)
+    for work in sends:
+        work.wait()
+    return loss_sum
+
+
+def flat_gradients(layers: list[LayerState], extra: float) -> tuple[torch.Tensor, list]:
+    """All gradients of the stage in one buffer (plus ``extra`` as the last element)."""
+    parameters = [p for layer in layers for p in layer.module.parameters()]
+    pieces = [p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
+              for p in parameters]
+    device = parameters[0].device if parameters else torch.device("cpu")
+    pieces.append(torch.tensor([extra], dtype=torch.float32, device=device))
+    return torch.cat([piece.float() for piece in pieces]), parameters
+
+
+def unflatten_gradients(flat: torch.Tensor, parameters: list) -> float:
+    """Write the reduced gradients back; returns the reduced ``extra``."""
+    offset = 0
+    for parameter in parameters:
+        count = parameter.numel()
+        parameter.grad = flat[offset:offset + count].view_as(parameter).to(parameter.dtype)
+        offset += count
+    return float(flat[offset])
+
+
+def apply_step(layers: list[LayerState]) -> None:
+    for layer in layers:
+        if layer.optimizer is not None:
+            layer.optimizer.step()
+            layer.optimizer.zero_grad(set_to_none=True)
+
+
+def discard_gradients(layers: list[LayerState]) -> None:
+    for layer in layers:
+        for parameter in layer.module.parameters():
+            parameter.grad = None
