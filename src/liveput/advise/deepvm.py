@@ -29,8 +29,12 @@ Tiering (n spot nodes of type i, m >= 1 on-demand CPU nodes of one type j):
     (5) n r <= m B_j                    (the tier's network absorbs every node's checkpoint stream)
     (6) m >= 1
 
-Exact method: for each (i, architecture[, j, m]) the best n is the largest one satisfying the
-constraints (E grows with n), computed in closed form; every (i, j, m) is scanned. The result
+With a revocation model (``revocation.py``) the objective is expected effective FLOPS E f(n_spot),
+f the productive fraction of a synchronous cluster, which can peak before the largest n.
+
+Exact method: feasibility is monotone in n, so for each (i, architecture) the largest feasible n
+is found in closed form over every (j, m) (vectorized over m), the objective is scored for every
+n up to it, and the cheapest (j, m) supporting the best n is kept. The result
 equals exhaustive enumeration of (i, n, j, m) (tests).
 """
 
@@ -43,6 +47,7 @@ import numpy as np
 
 from liveput.advise.catalog import Catalog, InstanceSpec, Market
 from liveput.advise.plans import Advice, InstanceCount, Plan
+from liveput.advise.revocation import RevocationModel, RevocationOverhead
 from liveput.advise.scaling import LogisticScaling, scaling_for
 from liveput.errors import LiveputError
 
@@ -69,6 +74,11 @@ class DeepVMConfig:
     """Plans returned (the best of each type and architecture, best first)."""
     fits: dict[str, LogisticScaling] = field(default_factory=dict, compare=False, hash=False)
     """The user's scaling fits by type name; others use ``scaling_for``'s defaults."""
+    revocation: RevocationModel | None = None
+    """When given, plans are ranked by expected effective FLOPS: E times the productive fraction
+    of a synchronous cluster whose spot nodes are revoked at this model's rate."""
+    overhead: RevocationOverhead = field(default_factory=RevocationOverhead)
+    """What one revocation costs (with ``revocation``)."""
 
     def __post_init__(self) -> None:
         if not self.budget_usd_per_hour > 0:
@@ -82,6 +92,10 @@ class DeepVMConfig:
             raise LiveputError(f"unknown architectures {sorted(unknown)}; known: {ARCHITECTURES}")
         if self.max_plans < 1:
             raise LiveputError("max_plans must be >= 1")
+
+    @property
+    def objective_name(self) -> str:
+        return "effective_flops" if self.revocation is None else "expected_effective_flops"
 
     @property
     def stream_gbps(self) -> float:
@@ -99,8 +113,7 @@ def _quota_count(catalog: Catalog, spec: InstanceSpec, market: Market) -> int:
 
 def _plan(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, nodes: int,
           cpu: InstanceSpec | None, cpu_nodes: int) -> Plan:
-    scaling = scaling_for(gpu, config.fits)
-    speedup = float(scaling.speedup(nodes * max(gpu.gpus, 1)))
+    speedup = float(scaling_for(gpu, config.fits).speedup(nodes * max(gpu.gpus, 1)))
     if cpu is None:
         items = [InstanceCount(gpu.name, 1, Market.ON_DEMAND, "anchor")]
         if nodes > 1:
@@ -112,10 +125,15 @@ def _plan(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, nodes: int,
                  InstanceCount(cpu.name, cpu_nodes, Market.ON_DEMAND, "checkpoint")]
         cost = nodes * gpu.spot_usd_per_hour + cpu_nodes * cpu.on_demand_usd_per_hour
         architecture = "tiering"
+    spot_nodes = nodes - 1 if cpu is None else nodes
+    value = float(_objective(config, gpu, np.array(nodes), np.array(spot_nodes)))
     effective = gpu.relative_flops / max(gpu.gpus, 1) * speedup
-    return Plan(architecture, tuple(items), cost, "effective_flops", effective,
-                {"gpu_nodes": nodes, "speedup": speedup, "flopp": gpu.flopp,
-                 "effective_flops_per_usd": effective / cost})
+    metrics = {"gpu_nodes": nodes, "speedup": speedup, "flopp": gpu.flopp,
+               "effective_flops": effective, "effective_flops_per_usd": effective / cost}
+    if config.revocation is not None:
+        fraction = float(config.revocation.productive_fraction(spot_nodes, config.overhead))
+        metrics["productive_fraction"] = fraction
+    return Plan(architecture, tuple(items), cost, config.objective_name, value, metrics)
 
 
 def _rank_key(plan: Plan) -> tuple[float, float, float, str]:
@@ -123,41 +141,86 @@ def _rank_key(plan: Plan) -> tuple[float, float, float, str]:
             plan.describe())
 
 
-def _single_anchor(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec,
-                   budget: float) -> Plan | None:
+def _anchor_max_nodes(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec,
+                      budget: float) -> int:
+    """Largest n of a feasible Single Anchor cluster of ``gpu`` (0 if none)."""
     if gpu.on_demand_usd_per_hour > budget + _EPS:                          # (1) with n = 1
-        return None
+        return 0
     if _quota_count(catalog, gpu, Market.ON_DEMAND) < 1:                     # (2)
-        return None
+        return 0
     if gpu.memory_gb + _EPS < config.checkpoint_memory_gb:                   # (4)
-        return None
+        return 0
     spot = math.floor((budget - gpu.on_demand_usd_per_hour) / gpu.spot_usd_per_hour + _EPS)  # (1)
-    spot = min(spot, _quota_count(catalog, gpu, Market.SPOT))               # (3)
-    return _plan(catalog, config, gpu, spot + 1, None, 0)
+    return min(spot, _quota_count(catalog, gpu, Market.SPOT)) + 1            # (3)
 
 
-def _tiering(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, cpu: InstanceSpec,
-             budget: float) -> Plan | None:
-    max_cpu = min(math.floor(budget / cpu.on_demand_usd_per_hour + _EPS),  # (1) with n = 0
-                  _quota_count(catalog, cpu, Market.ON_DEMAND))            # (3)
+def _tier_sizes(catalog: Catalog, config: DeepVMConfig, cpu: InstanceSpec, budget: float
+                ) -> np.ndarray:
+    """Feasible checkpoint-tier sizes m of ``cpu`` by (1) with n = 0, (3), (4) and (6)."""
+    max_cpu = min(math.floor(budget / cpu.on_demand_usd_per_hour + _EPS),
+                  _quota_count(catalog, cpu, Market.ON_DEMAND))               # (1), (3)
     if config.checkpoint_memory_gb > 0:
         need = config.checkpoint_memory_gb / cpu.memory_gb if cpu.memory_gb > 0 else math.inf
-        min_cpu = max(1, math.ceil(need - _EPS))                           # (4), (6)
+        min_cpu = max(1, math.ceil(need - _EPS)) if math.isfinite(need) else max_cpu + 1  # (4)
     else:
-        min_cpu = 1                                                        # (6)
-    if min_cpu > max_cpu:
-        return None
-    m = np.arange(min_cpu, max_cpu + 1)
+        min_cpu = 1                                                          # (6)
+    return np.arange(min_cpu, max_cpu + 1)
+
+
+def _tier_max_nodes(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, cpu: InstanceSpec,
+                    budget: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each feasible tier size m, the largest n of ``gpu`` it allows (arrays m, n)."""
+    m = _tier_sizes(catalog, config, cpu, budget)
     by_budget = np.floor((budget - m * cpu.on_demand_usd_per_hour) / gpu.spot_usd_per_hour + _EPS)
-    n = np.minimum(by_budget, _quota_count(catalog, gpu, Market.SPOT))     # (1), (2)
+    n = np.minimum(by_budget, _quota_count(catalog, gpu, Market.SPOT))        # (1), (2)
     if config.stream_gbps > 0:
         n = np.minimum(n, np.floor(m * cpu.network_gbps / config.stream_gbps + _EPS))  # (5)
-    if n.max(initial=0) < 1:
+    return m, n.astype(np.int64)
+
+
+def _best_nodes(config: DeepVMConfig, gpu: InstanceSpec, max_nodes: int, spot_offset: int) -> int:
+    """The n in 1..max_nodes of highest objective (feasibility is monotone in n, so every n up
+    to the largest feasible one is feasible); ties go to the smaller, cheaper n."""
+    nodes = np.arange(1, max_nodes + 1)
+    values = _objective(config, gpu, nodes, nodes - spot_offset)
+    return int(nodes[int(np.argmax(np.round(values, 9)))])
+
+
+def _objective(config: DeepVMConfig, gpu: InstanceSpec, nodes: np.ndarray, spot_nodes: np.ndarray
+               ) -> np.ndarray:
+    scaling = scaling_for(gpu, config.fits)
+    effective = gpu.relative_flops / max(gpu.gpus, 1) * scaling.speedup(nodes * max(gpu.gpus, 1))
+    if config.revocation is None:
+        return effective
+    return effective * config.revocation.productive_fraction(spot_nodes, config.overhead)
+
+
+def _single_anchor(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec,
+                   budget: float) -> Plan | None:
+    max_nodes = _anchor_max_nodes(catalog, config, gpu, budget)
+    if max_nodes < 1:
         return None
-    best_n = int(n.max())
-    # Fewest CPU nodes reaching the largest n: the cheapest way to get the best E.
-    best_m = int(m[np.argmax(n == best_n)])
-    return _plan(catalog, config, gpu, best_n, cpu, best_m)
+    return _plan(catalog, config, gpu, _best_nodes(config, gpu, max_nodes, 1), None, 0)
+
+
+def _tiering(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, budget: float
+             ) -> Plan | None:
+    tiers = {cpu.name: _tier_max_nodes(catalog, config, gpu, cpu, budget)
+             for cpu in catalog.cpu_types}
+    max_nodes = max((int(n.max(initial=0)) for _m, n in tiers.values()), default=0)
+    if max_nodes < 1:
+        return None
+    nodes = _best_nodes(config, gpu, max_nodes, 0)
+    # The cheapest tier (type j, fewest m) that supports the chosen n.
+    options = []
+    for cpu in catalog.cpu_types:
+        m, n = tiers[cpu.name]
+        fits = np.flatnonzero(n >= nodes)
+        if len(fits):
+            count = int(m[fits[0]])
+            options.append((count * cpu.on_demand_usd_per_hour, cpu.name, cpu, count))
+    _cost, _name, cpu, count = min(options, key=lambda option: option[:2])
+    return _plan(catalog, config, gpu, nodes, cpu, count)
 
 
 def _candidates(catalog: Catalog, config: DeepVMConfig, budget: float) -> list[Plan]:
@@ -168,10 +231,9 @@ def _candidates(catalog: Catalog, config: DeepVMConfig, budget: float) -> list[P
             if plan is not None:
                 plans.append(plan)
         if "tiering" in config.architectures:
-            tiered = [p for cpu in catalog.cpu_types
-                      if (p := _tiering(catalog, config, gpu, cpu, budget)) is not None]
-            if tiered:
-                plans.append(min(tiered, key=_rank_key))
+            plan = _tiering(catalog, config, gpu, budget)
+            if plan is not None:
+                plans.append(plan)
     return plans
 
 
@@ -181,18 +243,16 @@ def _cheapest_plan(catalog: Catalog, config: DeepVMConfig) -> Plan | None:
                     for spec in catalog.instances) * 64
     options = []
     for gpu in catalog.gpu_types:
-        if "single-anchor" in config.architectures and _single_anchor(
-                catalog, config, gpu, unlimited) is not None:
+        if "single-anchor" in config.architectures and _anchor_max_nodes(
+                catalog, config, gpu, unlimited) >= 1:
             options.append(_plan(catalog, config, gpu, 1, None, 0))
-        if "tiering" in config.architectures:
-            for cpu in catalog.cpu_types:
-                plan = _tiering(catalog, config, gpu, cpu, unlimited)
-                if plan is not None:
-                    need = max(1, math.ceil(config.checkpoint_memory_gb / cpu.memory_gb - _EPS)
-                               if cpu.memory_gb > 0 else 1)
-                    if config.stream_gbps > 0 and cpu.network_gbps < config.stream_gbps:
-                        need = max(need, math.ceil(config.stream_gbps / cpu.network_gbps - _EPS))
-                    options.append(_plan(catalog, config, gpu, 1, cpu, need))
+        if "tiering" not in config.architectures:
+            continue
+        for cpu in catalog.cpu_types:
+            m, n = _tier_max_nodes(catalog, config, gpu, cpu, unlimited)
+            fits = np.flatnonzero(n >= 1)
+            if len(fits):
+                options.append(_plan(catalog, config, gpu, 1, cpu, int(m[fits[0]])))
     return min(options, key=lambda p: (p.usd_per_hour, p.describe()), default=None)
 
 
@@ -213,7 +273,8 @@ def advise_deepvm(catalog: Catalog, config: DeepVMConfig) -> Advice:
             f"budget ${config.budget_usd_per_hour:g}/h is below the cheapest plan; closest: "
             f"{closest.describe()} ({closest.architecture}) at ${closest.usd_per_hour:.4f}/h")
     best = plans[0]
-    reason = (f"highest effective FLOPS ({best.value:.0f} = {best.metrics['speedup']:.2f}x "
+    reason = (f"highest {best.objective.replace('_', ' ')} ({best.value:.0f}; "
+              f"{best.metrics['speedup']:.2f}x "
               f"speedup of {best.metrics['gpu_nodes']:.0f} nodes) within "
               f"${config.budget_usd_per_hour:g}/h")
     if len(plans) > 1:
