@@ -14,11 +14,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Debian packages the tests need (a real etcd server for the runtime's store tests).
+# Debian packages the tests need (a real etcd server for the runtime's store tests; `ip` from
+# iproute2 for the network-namespace hosts).
 system-deps:
-	@command -v etcd >/dev/null 2>&1 || { \
+	@{ command -v etcd && command -v ip; } >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq etcd-server >/dev/null; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq etcd-server iproute2 >/dev/null; }
 
 run: setup
 	$(BIN)/liveput trace generate --nodes 32 --hours 12 --seed 0 -o out/default-trace.csv
