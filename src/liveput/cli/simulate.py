@@ -1,9 +1,158 @@
-"""`liveput simulate` command."""
+"""`liveput simulate`: replay a trace with every policy, print a table, write JSON and a report."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+from rich.table import Table
+
+from liveput.cli.output import console, err_console, progress, to_json
+from liveput.errors import LiveputError
+from liveput.perf import load_profile
+from liveput.sim import DEFAULT_POLICIES, SimulationConfig, default_trace, simulate
+from liveput.sim.engine import DEFAULT_MODEL
+from liveput.sim.sweep import SWEEP_MODELS, default_sweep_traces, sweep
+from liveput.traces import IntervalTrace, read_trace
+
+TRACE_HELP = ("Trace file (events CSV, count JSON, count CSV, text); repeat with --sweep. "
+              "Default: the project's own generated 12-hour, 32-instance trace.")
+
+
+def _names(text: str, what: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise LiveputError(f"--{what} is empty; give comma-separated names")
+    return names
+
+
+def _load(path: Path, interval_s: float, start_hour: float | None,
+          end_hour: float | None) -> IntervalTrace:
+    trace = read_trace(path)
+    if start_hour is not None or end_hour is not None:
+        start_s = 0.0 if start_hour is None else start_hour * 3600.0
+        trace = trace.slice(start_s, None if end_hour is None else end_hour * 3600.0)
+    if trace.end_s <= 0:
+        raise LiveputError(f"trace {path} is empty: it spans no time")
+    return trace.resample(interval_s)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write then rename: an interrupted run never leaves a half-written file behind.
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
+
+
+def _fraction(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: SimulationConfig,
+             json_path: Path | None, report: Path | None) -> None:
+    from liveput.report import SUMMARY_HEADER, summary_rows, write_report
+
+    profile = load_profile(model)
+    total = len(trace) * (len(policies) + ("ideal" not in policies))
+    with progress() as bar:
+        task = bar.add_task("simulating", total=total)
+
+        def step(policy: str, interval: int) -> None:
+            bar.update(task, advance=1, description=f"simulating {policy}")
+
+        result = simulate(trace, profile, policies, config, on_step=step)
+    view = Table(title=f"{model} on {trace.name}: {trace.hours:.2f} h, "
+                       f"{config.interval_s:g}-s intervals")
+    for column in SUMMARY_HEADER:
+        view.add_column(column, justify="left" if column == "policy" else "right",
+                        no_wrap=column == "policy")
+    for row in summary_rows(result):
+        view.add_row(*row)
+    console.print(view)
+    if json_path is not None:
+        _write(json_path, to_json(result.to_json()) + "\n")
+        err_console.print(f"wrote {json_path}")
+    if report is not None:
+        page = write_report(result, report)
+        err_console.print(f"wrote {page} and its PNGs")
+
+
+def _run_sweep(traces: list[IntervalTrace], models: list[str], policies: list[str],
+               config: SimulationConfig, json_path: Path | None) -> None:
+    with progress() as bar:
+        task = bar.add_task("sweep", total=len(models) * len(traces))
+        rows = sweep(models, traces, policies, config,
+                     on_cell=lambda model, trace: bar.update(task, advance=1,
+                                                             description=f"{model} on {trace}"))
+    view = Table(title="samples relative to reactive / to ideal")
+    view.add_column("model")
+    view.add_column("trace")
+    for policy in policies:
+        view.add_column(policy, justify="right")
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    for row in rows:
+        cells.setdefault((row.model, row.trace), {})[row.policy] = (
+            f"{_fraction(row.vs_reactive, 2)} / {_fraction(row.vs_ideal)}")
+    for (model, trace), values in cells.items():
+        view.add_row(model, trace, *(values.get(policy, "-") for policy in policies))
+    console.print(view)
+    if json_path is not None:
+        _write(json_path, to_json({"interval_s": config.interval_s,
+                                   "rows": [row.__dict__ for row in rows]}) + "\n")
+        err_console.print(f"wrote {json_path}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add the `simulate` command to the root app (filled in by its issue)."""
+    """Add the `simulate` command to the root app."""
+
+    @app.command("simulate")
+    def simulate_command(
+        traces: list[Path] = typer.Option(None, "--trace", help=TRACE_HELP),
+        model: str = typer.Option(DEFAULT_MODEL, "--model",
+                                  help="Built-in model or profile .json (comma-separated with "
+                                       "--sweep)."),
+        policies: str = typer.Option(",".join(DEFAULT_POLICIES), "--policies",
+                                     help="Comma-separated policies to compare."),
+        objective: str = typer.Option("throughput", "--objective",
+                                      help="What liveput optimizes: throughput or cost."),
+        interval: float = typer.Option(60.0, "--interval", help="Interval length, seconds."),
+        horizon: int = typer.Option(12, "--horizon", help="Intervals looked ahead."),
+        on_demand: int = typer.Option(0, "--on-demand",
+                                      help="On-demand instances held besides the spot ones."),
+        seed: int = typer.Option(0, "--seed", help="Seed of when losses fall and which go."),
+        start_hour: float | None = typer.Option(None, "--start-hour",
+                                                help="Replay the trace from this hour on."),
+        end_hour: float | None = typer.Option(None, "--end-hour",
+                                              help="Replay the trace up to this hour."),
+        json_path: Path | None = typer.Option(None, "--json", help="Write the results as JSON."),
+        report: Path | None = typer.Option(None, "--report",
+                                           help="Write an HTML report and its PNGs here."),
+        run_sweep: bool = typer.Option(False, "--sweep",
+                                       help="Run the models x traces x policies matrix "
+                                            "(default models: "
+                                            + ",".join(SWEEP_MODELS) + "; default traces: one "
+                                            "generated per market regime)."),
+    ) -> None:
+        """Replay an availability trace with each policy: samples, dollars, and why."""
+        config = SimulationConfig(interval_s=interval, horizon=horizon, objective=objective,
+                                  num_on_demand=on_demand, seed=seed)
+        names = _names(policies, "policies")
+        if run_sweep:
+            if report is not None:
+                raise LiveputError("--report shows one simulation; drop it with --sweep")
+            loaded = ([_load(path, interval, start_hour, end_hour) for path in traces]
+                      if traces else default_sweep_traces(interval))
+            models = (_names(model, "model") if model != DEFAULT_MODEL
+                      else list(SWEEP_MODELS))
+            _run_sweep(loaded, models, names, config, json_path)
+            return
+        if traces and len(traces) > 1:
+            raise LiveputError("several --trace files need --sweep")
+        if traces:
+            trace = _load(traces[0], interval, start_hour, end_hour)
+        else:
+            if start_hour is not None or end_hour is not None:
+                raise LiveputError("--start-hour and --end-hour need a --trace")
+            trace = default_trace(interval)
+        _run_one(trace, model, names, config, json_path, report)

@@ -219,6 +219,15 @@ class LiveputOptimizer:
             alternatives=alternatives,
         )
 
+    def migration_s(self, current: Configuration | None, target: Configuration | None,
+                    num_instances: int) -> float:
+        """Seconds to move from ``current`` to ``target`` on ``num_instances`` instances."""
+        begin = 0 if current is None else self._index.get(
+            (current.data_parallel, current.pipeline_stages), 0)
+        end = 0 if target is None else self._index.get(
+            (target.data_parallel, target.pipeline_stages), 0)
+        return float(self._migration_matrix(max(num_instances, 1))[begin, end])
+
     def recover(self, start: Configuration | None, num_available: int, remaining_s: float,
                 num_on_demand: int = 0) -> PlanDecision:
         """The configuration for the rest of an interval, right after a loss.

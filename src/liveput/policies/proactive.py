@@ -63,7 +63,17 @@ class LiveputPolicy(Policy):
             return self._recover(observation)
         plan = self.optimizer.decide(observation.current, observation.num_available,
                                      self.forecast(observation), observation.num_on_demand)
-        return Decision(plan.configuration, migration=plan.migration, downtime_s=plan.migration_s,
+        room = observation.num_available + observation.num_on_demand
+        chosen, migration, seconds = plan.configuration, plan.migration, plan.migration_s
+        if chosen is not None and chosen.num_instances > room:
+            # The plan starts with a configuration that only fits later; now, run the best
+            # alternative that fits (or nothing), at the cost of reaching it.
+            fitting = next((a for a in plan.alternatives if a.configuration is None
+                            or a.configuration.num_instances <= room), None)
+            chosen = None if fitting is None else fitting.configuration
+            migration = "none" if chosen is None else fitting.migration
+            seconds = self.optimizer.migration_s(observation.current, chosen, room)
+        return Decision(chosen, migration=migration, downtime_s=seconds,
                         expected_samples=plan.expected_samples)
 
     def _recover(self, observation: Observation) -> Decision:

@@ -1,14 +1,15 @@
 """``reactive``: the throughput-optimized baseline of the Parcae paper, and Varuna's morphing.
 
-Model: the job always wants the best configuration for the instances it has. It reacts only to
-what already happened:
+Model: the job always wants the best configuration for the instances it has, and it reacts to
+every change of that count after the fact, as both systems do (a membership change relaunches
+every worker):
 
-- when a preemption takes an instance the configuration uses, the job stops; it restarts right
-  away (the cloud's notice leaves time to save a checkpoint, so no work is rolled back) into the
-  best configuration for the survivors, paying ``checkpoint save + restart + checkpoint load``;
-- when an interval starts with a count whose best configuration differs from the one running (new
-  instances arrived, or a loss left spares it can now use), it does the same restart;
-- losing an idle spare changes nothing.
+- when a preemption takes instances, the job stops and restarts right away (the cloud's notice
+  leaves time to save a checkpoint, so no work is rolled back) into the best configuration for
+  the survivors, paying ``checkpoint save + restart + checkpoint load``; the save and load move
+  the whole model's state through the checkpoint storage;
+- when an interval starts with more instances than the job was last configured for (new ones
+  have booted), it does the same restart to use them.
 
 Nothing is forecast and no migration is cheaper than a restart: that is what it costs to be
 reactive.
@@ -29,12 +30,15 @@ class ReactivePolicy(Policy):
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)
         self.lookup = ConfigurationLookup(context)
+        self.configured_for: int | None = None
 
     def decide(self, observation: Observation) -> Decision:
         current = observation.current
-        hit = observation.event == "preemption" and bool(observation.lost_slots)
-        target = self.lookup.best_for(observation.num_available + observation.num_on_demand)
-        if target == current and not hit:
+        available = observation.num_available + observation.num_on_demand
+        target = self.lookup.best_for(available)
+        changed = available != self.configured_for
+        self.configured_for = available
+        if target == current and not changed:
             return Decision(current, expected_samples=self.lookup.throughput(current)
                             * observation.remaining_s)
         if target is None:

@@ -1,0 +1,126 @@
+"""The report's figures, one PNG each, from a :class:`SimulationResult`:
+
+- ``available.png``: spot instances available at the start of each interval;
+- ``configurations.png``: each policy's configuration over time (instances used, D x P, one
+  panel per policy, annotated with D x P where the pipeline depth changes);
+- ``samples.png``: cumulative samples trained by each policy;
+- ``cost.png``: cumulative dollars paid by each policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
+
+from liveput.sim.result import SimulationResult  # noqa: E402
+
+COLORS = {"liveput": "#1f5f9e", "liveput-oracle": "#6aa6d8", "reactive": "#c0392b",
+          "bamboo": "#8e44ad", "checkpoint": "#d68910", "on-demand": "#27ae60", "ideal": "#555555"}
+
+
+def _hours(result: SimulationResult, length: int) -> np.ndarray:
+    return np.arange(length + 1) * result.interval_s / 3600.0
+
+
+def _color(name: str) -> str:
+    return COLORS.get(name, "#34495e")
+
+
+def _single(title: str) -> tuple[plt.Figure, plt.Axes]:
+    figure, axis = plt.subplots(figsize=(10, 3.6), dpi=110)
+    axis.set_title(title)
+    axis.set_xlabel("time (hours)")
+    axis.grid(alpha=0.3)
+    return figure, axis
+
+
+def _finish(figure: plt.Figure, axis: plt.Axes) -> plt.Figure:
+    axis.set_ylim(bottom=0)
+    figure.tight_layout()
+    return figure
+
+
+def _available(result: SimulationResult) -> plt.Figure:
+    figure, axis = _single(f"available instances: {result.trace}")
+    run = next(iter(result.runs.values()))
+    hours = _hours(result, len(run.available))
+    counts = np.append(run.available, run.available[-1])
+    axis.step(hours, counts, where="post", color="#1f5f9e", lw=1.3)
+    axis.fill_between(hours, counts, step="post", alpha=0.15, color="#1f5f9e")
+    axis.set_ylabel("spot instances")
+    return _finish(figure, axis)
+
+
+def _cumulative(result: SimulationResult, field: str, label: str, title: str) -> plt.Figure:
+    figure, axis = _single(title)
+    for name, run in result.runs.items():
+        values = getattr(run, field)
+        hours = _hours(result, len(values))[1:]
+        axis.plot(hours, values, label=name, color=_color(name), lw=1.5,
+                  ls="--" if name == "ideal" else "-")
+    axis.set_ylabel(label)
+    axis.legend(fontsize=8, ncols=4, loc="upper left")
+    return _finish(figure, axis)
+
+
+def _samples(result: SimulationResult) -> plt.Figure:
+    return _cumulative(result, "cumulative_samples", "samples trained", "cumulative samples")
+
+
+def _cost(result: SimulationResult) -> plt.Figure:
+    return _cumulative(result, "cumulative_cost_usd", "dollars", "cumulative cost")
+
+
+def _configurations(result: SimulationResult) -> plt.Figure:
+    names = list(result.runs)
+    figure, axes = plt.subplots(len(names), 1, figsize=(10, 1.35 * len(names) + 0.8), dpi=110,
+                                sharex=True, squeeze=False)
+    for axis, name in zip(axes[:, 0], names, strict=True):
+        run = result.runs[name]
+        hours = _hours(result, len(run.available))
+        used = run.data_parallel * run.pipeline_stages
+        axis.step(hours, np.append(run.available, run.available[-1]), where="post",
+                  color="#bbbbbb", lw=1.0)
+        axis.step(hours, np.append(used, used[-1]), where="post", color=_color(name), lw=1.5)
+        changes = np.flatnonzero(np.diff(np.concatenate(([-1], run.pipeline_stages))) != 0)
+        for index in changes[:40]:
+            if run.pipeline_stages[index] > 0:
+                axis.annotate(f"{run.data_parallel[index]}x{run.pipeline_stages[index]}",
+                              (hours[index], used[index]), fontsize=6, color=_color(name),
+                              xytext=(1, 2), textcoords="offset points")
+        axis.set_ylabel(name, fontsize=8, rotation=0, ha="right", va="center")
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+    axes[0, 0].set_title("configuration over time: instances used (D x P where the depth "
+                         "changes); grey: available")
+    axes[-1, 0].set_xlabel("time (hours)")
+    figure.tight_layout()
+    return figure
+
+
+FIGURES: dict[str, Callable[[SimulationResult], plt.Figure]] = {
+    "available": _available,
+    "configurations": _configurations,
+    "samples": _samples,
+    "cost": _cost,
+}
+"""Each figure of the report, by file stem."""
+
+
+def write_figures(result: SimulationResult, directory: str | Path) -> dict[str, Path]:
+    """Write every figure as PNG into ``directory``; returns their paths by name."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for name, draw in FIGURES.items():
+        figure = draw(result)
+        paths[name] = directory / f"{name}.png"
+        figure.savefig(paths[name])
+        plt.close(figure)
+    return paths
