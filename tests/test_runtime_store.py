@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from torch.distributed import PrefixStore
 from runtime_fixtures import EtcdServer, NetnsHosts, etcd_server, etcd_url, free_port, netns_hosts  # noqa: F401
 
 from liveput.errors import LiveputError
@@ -219,6 +220,11 @@ def test_tcp_clients_share_the_hosted_state(tcp_host: TCPStoreBackend) -> None:
     assert tcp_host.get("plan") == b"D=2,P=3"
     assert tcp_host.compare_and_set("plan", b"D=2,P=3", b"D=1,P=6")
     assert client.get("plan") == b"D=1,P=6"
+    # The raw TCPStore is there for torch.distributed (process groups), in its own key space.
+    pg_store = PrefixStore("pg/0", tcp_host.torch_store)
+    pg_store.set("rank0", "addr")
+    assert client.get_prefix("pg/0/") == {"pg/0/rank0": b"addr"}  # foreign values come back raw
+    del pg_store  # the hosted server lives while anything holds the torch store
     tcp_host.close()
     with pytest.raises(LiveputError, match=tcp_host.url):
         client.get("plan")  # the coordinator hosting the store is gone

@@ -51,6 +51,9 @@ class Store(ABC):
     the store's URL.
     """
 
+    url: str = "memory://"
+    """Where the store is (``tcp://HOST:PORT``, ``etcd://HOST:PORT``, ``memory://``), for messages."""
+
     @abstractmethod
     def get(self, key: str) -> bytes | None:
         """The value under ``key``, or ``None`` if absent."""
@@ -108,6 +111,10 @@ def _check_value(value: bytes) -> bytes:
     return bytes(value)
 
 
+def _format_url(scheme: str, host_name: str, port: int) -> str:
+    return f"{scheme}://[{host_name}]:{port}" if ":" in host_name else f"{scheme}://{host_name}:{port}"
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -139,14 +146,15 @@ def _parse_counter(key: str, raw: bytes | None) -> int:
 class MemoryStore(Store):
     """A thread-safe in-memory store: the fake for unit tests (not shared across processes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
         self._closed = False
 
     def _check_open(self) -> None:
         if self._closed:
-            raise LiveputError("store memory:// is closed")
+            raise LiveputError(f"store {self.url} is closed")
 
     def get(self, key: str) -> bytes | None:
         _check_key(key)
@@ -203,7 +211,7 @@ class MemoryStore(Store):
                     return self._data[key]
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise LiveputError(f"timed out after {timeout_s:g} s waiting for key {key!r} in memory://")
+                    raise LiveputError(f"timed out after {timeout_s:g} s waiting for key {key!r} in {self.url}")
                 self._cond.wait(left)
 
     def close(self) -> None:
@@ -247,11 +255,11 @@ class TCPStoreBackend(Store):
         import torch.distributed as dist
 
         self._timeout_s = float(timeout_s)
-        self.url = f"tcp://{host_name}:{port}"
+        self.url = _format_url("tcp", host_name, port)
         listen_fd = None
         if host:
             listen_fd, port = self._listen(host_name, port)
-            self.url = f"tcp://{host_name}:{port}"
+            self.url = _format_url("tcp", host_name, port)
         try:
             self._store: Any = dist.TCPStore(
                 host_name,
@@ -283,6 +291,15 @@ class TCPStoreBackend(Store):
             raise LiveputError(f"store {self.url}: cannot listen: {exc}") from None
         bound_port = sock.getsockname()[1]
         return sock.detach(), bound_port
+
+    @property
+    def torch_store(self) -> Any:
+        """The underlying ``torch.distributed.TCPStore`` (e.g. under a ``PrefixStore`` for process
+        groups). Its raw values are not this class's encoded ones: keep the key spaces apart. A
+        hosted server keeps running until every reference to it is gone, :meth:`close` included."""
+        if self._store is None:
+            raise LiveputError(f"store {self.url} is closed")
+        return self._store
 
     def _call(self, fn: Callable[[Any], _T]) -> _T:
         store = self._store
@@ -384,7 +401,7 @@ class EtcdStore(Store):
     def __init__(self, host_name: str, port: int, *, timeout_s: float = 30.0) -> None:
         import etcd3gw
 
-        self.url = f"etcd://{host_name}:{port}"
+        self.url = _format_url("etcd", host_name, port)
         self._timeout_s = float(timeout_s)
         self._exceptions = etcd3gw.exceptions
         self._client: Any = etcd3gw.Etcd3Client(host=host_name, port=port, timeout=self._timeout_s)
@@ -496,6 +513,7 @@ class SignedStore(Store):
         if not isinstance(token, str) or not token:
             raise LiveputError("job token must be a non-empty string")
         self._inner = inner
+        self.url = inner.url
         self._secret = hashlib.sha256(b"liveput-store-token\x00" + token.encode()).digest()
 
     def _mac(self, key: str, value: bytes) -> bytes:
@@ -572,7 +590,7 @@ def _open_memory(url: str, host: bool, timeout_s: float) -> Store:
     with _MEMORY_LOCK:
         store = _MEMORY_STORES.get(name)
         if store is None or store._closed:
-            store = _MEMORY_STORES[name] = MemoryStore()
+            store = _MEMORY_STORES[name] = MemoryStore(url)
         return store
 
 
