@@ -31,7 +31,7 @@ from liveput.errors import LiveputError
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
+_T = TypeVar("_T")  # what a wrapped backend call returns
 
 __all__ = [
     "Store",
@@ -120,16 +120,18 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _poll_until(deadline: float, probe: Callable[[], _T | None]) -> _T | None:
-    """Call ``probe`` with a growing pause (5 ms to 50 ms) until it returns non-None or time is up."""
+def _wait_by_polling(store: Store, key: str, timeout_s: float) -> bytes:
+    """``store.get(key)`` with a growing pause (5 ms to 50 ms) until the key exists or time is up."""
+    _check_key(key)
+    deadline = time.monotonic() + timeout_s
     pause_s = 0.005
     while True:
-        found = probe()
-        if found is not None:
-            return found
+        value = store.get(key)
+        if value is not None:
+            return value
         left = deadline - time.monotonic()
         if left <= 0:
-            return None
+            raise LiveputError(f"timed out after {timeout_s:g} s waiting for key {key!r} in {store.url}")
         time.sleep(min(pause_s, left))
         pause_s = min(pause_s * 2, 0.05)
 
@@ -363,11 +365,8 @@ class TCPStoreBackend(Store):
         raise LiveputError(f"store {self.url}: add on {key!r} kept losing races")
 
     def wait_for(self, key: str, timeout_s: float) -> bytes:
-        _check_key(key)
-        raw = _poll_until(time.monotonic() + timeout_s, lambda: self._raw_get(key))
-        if raw is None:
-            raise LiveputError(f"timed out after {timeout_s:g} s waiting for key {key!r} in {self.url}")
-        return _tcp_decode(raw)
+        # TCPStore.wait would hold the client's socket (and every other thread) for the whole wait.
+        return _wait_by_polling(self, key, timeout_s)
 
     def close(self) -> None:
         # Dropping the last reference stops a hosted server and closes the client socket.
@@ -481,11 +480,7 @@ class EtcdStore(Store):
         raise LiveputError(f"store {self.url}: add on {key!r} kept losing races")
 
     def wait_for(self, key: str, timeout_s: float) -> bytes:
-        _check_key(key)
-        value = _poll_until(time.monotonic() + timeout_s, lambda: self.get(key))
-        if value is None:
-            raise LiveputError(f"timed out after {timeout_s:g} s waiting for key {key!r} in {self.url}")
-        return value
+        return _wait_by_polling(self, key, timeout_s)
 
     def close(self) -> None:
         if not self._closed:
