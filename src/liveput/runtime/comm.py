@@ -21,14 +21,20 @@ _HEADER = 8
 
 
 def _make_group(store: dist.Store, prefix: str, rank: int, size: int,
-                device: torch.device, timeout_s: float) -> dist.ProcessGroup:
+                device: torch.device, timeout_s: float, host: str | None) -> dist.ProcessGroup:
     timeout = datetime.timedelta(seconds=timeout_s)
     scoped = dist.PrefixStore(prefix, store)
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(scoped, rank, size, options)
-    return dist.ProcessGroupGloo(scoped, rank, size, timeout)
+    if host is None:
+        return dist.ProcessGroupGloo(scoped, rank, size, timeout)
+    # Bind gloo to the instance's own address, not whatever the machine's hostname resolves to.
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    return dist.ProcessGroupGloo(scoped, rank, size, options)
 
 
 @dataclass
@@ -45,14 +51,16 @@ class Groups:
     @classmethod
     def build(cls, store: dist.Store, generation: int, rank: int, world_size: int,
               stage_ranks: list[int] | None, device: torch.device,
-              timeout_s: float = 60.0) -> Groups:
-        """``stage_ranks``: world ranks holding this rank's stage (its replicas, itself included)."""
-        world = _make_group(store, f"g{generation}/world/", rank, world_size, device, timeout_s)
+              timeout_s: float = 60.0, host: str | None = None) -> Groups:
+        """``stage_ranks``: world ranks holding this rank's stage (its replicas, itself included);
+        ``host``: the address to bind (None: gloo's default)."""
+        world = _make_group(store, f"g{generation}/world/", rank, world_size, device, timeout_s,
+                            host)
         stage = None
         if stage_ranks is not None and len(stage_ranks) > 1:
             name = "-".join(map(str, stage_ranks))
             stage = _make_group(store, f"g{generation}/stage/{name}/", stage_ranks.index(rank),
-                                len(stage_ranks), device, timeout_s)
+                                len(stage_ranks), device, timeout_s, host)
         return cls(world, rank, stage, device)
 
     # --- point to point ---------------------------------------------------------------------

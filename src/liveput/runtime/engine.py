@@ -155,7 +155,7 @@ class Engine:
             if len(world) > 1:
                 groups = Groups.build(self.rendezvous(plan, rank), plan.generation, rank,
                                       len(world), stage_ranks, self.device,
-                                      self.config.comm_timeout_s)
+                                      self.config.comm_timeout_s, plan.hosts.get(self.instance))
             if plan.restore_step is not None:
                 self._restore(plan, needed)
                 self.last_applied = plan.restore_step

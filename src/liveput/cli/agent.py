@@ -1,0 +1,75 @@
+"""`liveput agent` (one per instance) and `liveput coordinator` (one per job), for real machines."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from liveput.errors import LiveputError
+
+
+def _token(token: str | None) -> str:
+    token = token or os.environ.get("LIVEPUT_TOKEN")
+    if not token:
+        raise LiveputError("a job token is required: --token or LIVEPUT_TOKEN")
+    return token
+
+
+def agent(
+    coordinator: str = typer.Option(None, "--coordinator", help="HOST:PORT of the coordinator's "
+                                    "store (tcp://); or give --store."),
+    store: str = typer.Option(None, "--store", help="Store URL (tcp://H:P or etcd://H:P)."),
+    token: str = typer.Option(None, "--token", help="Job token (or LIVEPUT_TOKEN)."),
+    instance: int = typer.Option(None, "--instance", help="Instance id (default: from the "
+                                 "emulator's environment, else assigned by the store)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address other instances reach this "
+                             "one at."),
+    notices: str = typer.Option("aws,gcp,sigterm", "--notices", help="Preemption notice "
+                                "sources: aws, gcp, sigterm, emulator."),
+) -> None:
+    """Run this instance's agent: join the job, train, follow plans, leave on preemption."""
+    from liveput.runtime.launch import run_agent
+
+    if (coordinator is None) == (store is None):
+        raise LiveputError("give exactly one of --coordinator HOST:PORT and --store URL")
+    url = store or f"tcp://{coordinator}"
+    sources = [s.strip() for s in notices.split(",") if s.strip()]
+    state = run_agent(url, _token(token), instance, host, sources)
+    typer.echo(f"agent finished: {state.value}", err=True)
+
+
+def coordinator(
+    listen: str = typer.Option("127.0.0.1:29400", "--listen", help="HOST:PORT to host the "
+                               "store on (tcp://); ignored with --store."),
+    store: str = typer.Option(None, "--store", help="Use this store instead (etcd://H:P)."),
+    token: str = typer.Option(None, "--token", help="Job token (or LIVEPUT_TOKEN)."),
+    model: str = typer.Option("tiny-gpt", "--model", help="Built-in job or module:function."),
+    steps: int = typer.Option(200, "--steps", min=1, help="Steps to train."),
+    checkpoint_dir: str = typer.Option("liveput-checkpoints", "--checkpoint-dir",
+                                       help="Directory or fsspec URL every instance reaches."),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0),
+    capacity: int = typer.Option(8, "--capacity", min=1, help="Most instances available."),
+    interval_s: float = typer.Option(60.0, "--interval", help="Seconds between decisions."),
+) -> None:
+    """Run the coordinator: host the store, decide configurations, publish plans."""
+    from liveput.runtime.coordinator import CoordinatorConfig
+    from liveput.runtime.job import resolve_job
+    from liveput.runtime.launch import JobSpec, run_coordinator
+    from liveput.runtime.store import open_store
+
+    job = resolve_job(model)
+    handle = open_store(store or f"tcp://{listen}", host=store is None, token=_token(token))
+    try:
+        run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every),
+                        CoordinatorConfig(num_steps=steps, num_micro_batches=job.num_micro_batches,
+                                          capacity=capacity, interval_s=interval_s,
+                                          policy_interval_s=interval_s))
+    finally:
+        handle.close()
+    typer.echo("job done", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("agent")(agent)
+    app.command("coordinator")(coordinator)

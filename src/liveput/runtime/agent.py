@@ -1,0 +1,170 @@
+"""The agent: one per instance. Joins, heartbeats, reports its preemption notice, trains, migrates.
+
+States (:class:`AgentState`) and their transitions::
+
+    JOINING --registered--> WAITING
+    WAITING --a plan names it--> MIGRATING      WAITING --job done--> DONE
+    WAITING --noticed, in no plan--> LEFT
+    MIGRATING --has a slot--> TRAINING          MIGRATING --spare, or a peer failed--> WAITING
+    TRAINING --fenced or a peer failed--> WAITING
+    TRAINING --last step applied--> DONE
+
+A notice does not stop training by itself: the agent reports it at once (``notice/<id>``) and keeps
+going until the coordinator's next plan, which moves its layers away while it is still alive;
+then it leaves. The cloud's SIGKILL may come first; the plan after that restores what was lost.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import threading
+from dataclasses import dataclass
+
+from liveput.errors import LiveputError
+from liveput.runtime import protocol
+from liveput.runtime.clock import Clock, MonotonicClock
+from liveput.runtime.engine import Ending, Engine
+from liveput.runtime.notices import Notice, NoticeMonitor, NoticeWatcher
+from liveput.runtime.store import Store
+
+LOG = logging.getLogger(__name__)
+
+
+class AgentState(enum.Enum):
+    """Where an agent is in its life (module docstring: transitions)."""
+
+    JOINING = "joining"
+    WAITING = "waiting"
+    MIGRATING = "migrating"
+    TRAINING = "training"
+    DONE = "done"
+    LEFT = "left"
+
+
+_TRANSITIONS = {
+    AgentState.JOINING: {AgentState.WAITING},
+    AgentState.WAITING: {AgentState.MIGRATING, AgentState.DONE, AgentState.LEFT},
+    AgentState.MIGRATING: {AgentState.TRAINING, AgentState.WAITING, AgentState.DONE},
+    AgentState.TRAINING: {AgentState.WAITING, AgentState.DONE},
+}
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of an agent."""
+
+    instance: int
+    """This instance's id (unique in the job)."""
+    host: str = "127.0.0.1"
+    """Address the other instances reach this one at."""
+    heartbeat_s: float = 0.5
+    """Seconds between heartbeats."""
+    poll_s: float = 0.1
+    """Seconds between looks at the store while waiting for a plan."""
+
+    def __post_init__(self) -> None:
+        if self.instance < 0:
+            raise LiveputError(f"agent: instance id must be >= 0, got {self.instance}")
+        if self.heartbeat_s <= 0 or self.poll_s <= 0:
+            raise LiveputError("agent: heartbeat and poll intervals must be positive")
+
+
+class Agent:
+    """Runs one instance's part of the job until the job is done or the instance leaves."""
+
+    def __init__(self, config: AgentConfig, store: Store, engine: Engine,
+                 watchers: list[NoticeWatcher] | None = None, clock: Clock | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.engine = engine
+        self.clock = clock or MonotonicClock()
+        self.state = AgentState.JOINING
+        self.notice: Notice | None = None
+        self._stop = threading.Event()
+        self._monitor = NoticeMonitor(watchers, self._on_notice, 0.2) if watchers else None
+        self._heartbeat = threading.Thread(target=self._beat, name="liveput-heartbeat",
+                                           daemon=True)
+
+    def _move(self, state: AgentState) -> None:
+        if state not in _TRANSITIONS.get(self.state, set()):
+            raise LiveputError(f"agent {self.config.instance}: no transition "
+                               f"{self.state.value} -> {state.value}")
+        LOG.info("agent %d: %s -> %s", self.config.instance, self.state.value, state.value)
+        self.state = state
+        self.store.set(f"state/{self.config.instance}", state.value.encode())
+
+    def _on_notice(self, notice: Notice) -> None:
+        self.notice = notice
+        self.store.set(f"notice/{self.config.instance}", notice.to_json().encode())
+
+    def _beat(self) -> None:
+        key = f"hb/{self.config.instance}"
+        while not self._stop.wait(self.config.heartbeat_s):
+            try:
+                self.store.add(key, 1)
+            except LiveputError as error:  # the store may be restarting; keep trying
+                LOG.warning("agent %d: heartbeat failed: %s", self.config.instance, error)
+
+    def join(self) -> None:
+        """Register with the job (the store refuses values not signed with the job token)."""
+        member = {"host": self.config.host}
+        self.store.set(f"members/{self.config.instance}", json.dumps(member).encode())
+        self.store.add(f"hb/{self.config.instance}", 1)
+        self._heartbeat.start()
+        if self._monitor is not None:
+            self._monitor.start()
+        self._move(AgentState.WAITING)
+
+    def _next_plan(self, after: int) -> protocol.RuntimePlan | None:
+        """Wait for a plan newer than generation ``after`` that names this instance."""
+        while not self._stop.is_set():
+            try:
+                if self.store.get("job/done") is not None:
+                    return None
+                raw = self.store.get("plan/current")
+                if raw is not None and int(raw) > after:
+                    plan = protocol.load_plan(self.store, int(raw))
+                    if plan is not None and self.config.instance in plan.slots:
+                        return plan
+                    after = int(raw) if plan is not None else after
+                if self.notice is not None and after >= 0:
+                    return None
+            except LiveputError as error:
+                LOG.warning("agent %d: store: %s", self.config.instance, error)
+            self.clock.sleep(self.config.poll_s)
+        return None
+
+    def run(self) -> AgentState:
+        """Join, then follow plans; the final state (DONE or LEFT)."""
+        if self.state is AgentState.JOINING:
+            self.join()
+        generation = -1
+        try:
+            while True:
+                plan = self._next_plan(generation)
+                if plan is None:
+                    final = AgentState.DONE if self.notice is None else AgentState.LEFT
+                    if self.store.get("job/done") is not None:
+                        final = AgentState.DONE
+                    self._move(final)
+                    return final
+                generation = plan.generation
+                self._move(AgentState.MIGRATING)
+                if plan.slots[self.config.instance] is not None:
+                    self._move(AgentState.TRAINING)
+                result = self.engine.run_generation(plan)
+                if result.ending is Ending.FINISHED:
+                    self._move(AgentState.DONE)
+                    return AgentState.DONE
+                self._move(AgentState.WAITING)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.close()
+        if self.engine.checkpointer is not None:
+            self.engine.checkpointer.close()

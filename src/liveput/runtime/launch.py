@@ -1,0 +1,123 @@
+"""Starting the runtime's processes: an agent on an instance, a coordinator on one machine.
+
+The coordinator publishes the job's spec in the store (``job/spec``: the job's name, the
+checkpoint directory, K); an agent needs only the store's address and the job token, and learns
+everything else from there. Every value the agents read is signed with the token
+(:class:`~liveput.runtime.store.SignedStore`), so an agent without it is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from liveput.errors import LiveputError
+from liveput.runtime.agent import Agent, AgentConfig, AgentState
+from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.cloud import INSTANCE_ID_ENV, NOTICE_FILE_ENV
+from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+from liveput.runtime.engine import Engine, EngineConfig
+from liveput.runtime.job import resolve_job
+from liveput.runtime.notices import (AwsNoticeWatcher, EmulatorNoticeWatcher, GcpNoticeWatcher,
+                                     NoticeWatcher, SignalNoticeWatcher)
+from liveput.runtime.rendezvous import StoreRendezvous
+from liveput.runtime.store import Store, open_store
+
+LOG = logging.getLogger(__name__)
+NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What every agent must agree on, published by the coordinator."""
+
+    job: str
+    """Built-in job name or ``module:function`` returning a :class:`liveput.Job`."""
+    checkpoint_dir: str
+    """Local directory or fsspec URL of the checkpoints (every agent must reach it)."""
+    checkpoint_every: int = 10
+    """K: checkpoint every K steps."""
+    device: str = "cpu"
+    """``cpu`` or ``cuda`` (each agent uses its first GPU)."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 0:
+            raise LiveputError("checkpoint_every must be >= 0")
+
+
+def publish_spec(store: Store, spec: JobSpec) -> None:
+    store.set("job/spec", json.dumps(asdict(spec)).encode())
+
+
+def instance_id_from_env() -> int | None:
+    """The emulator's ``i-0007`` -> 7 (None outside the emulator)."""
+    text = os.environ.get(INSTANCE_ID_ENV)
+    if not text:
+        return None
+    digits = re.sub(r"\D", "", text)
+    if not digits:
+        raise LiveputError(f"{INSTANCE_ID_ENV}={text!r} holds no instance number")
+    return int(digits)
+
+
+def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:
+    """Watchers for the named notice sources (``emulator`` only when the emulator set us up)."""
+    unknown = set(sources) - set(NOTICE_SOURCES)
+    if unknown:
+        raise LiveputError(f"unknown notice source(s) {', '.join(sorted(unknown))}; "
+                           f"known: {', '.join(NOTICE_SOURCES)}")
+    watchers: list[NoticeWatcher] = []
+    factories = {"aws": AwsNoticeWatcher, "gcp": GcpNoticeWatcher,
+                 "sigterm": lambda: SignalNoticeWatcher((signal.SIGTERM,))}
+    for source in sources:
+        if source == "emulator":
+            notice_file = os.environ.get(NOTICE_FILE_ENV)
+            if notice_file:
+                watchers.append(EmulatorNoticeWatcher(Path(notice_file)))
+        else:
+            watchers.append(factories[source]())
+    return watchers
+
+
+def run_agent(store_url: str, token: str, instance: int | None = None, host: str = "127.0.0.1",
+              notices: list[str] | None = None, timeout_s: float = 60.0) -> AgentState:
+    """Run this instance's agent until the job is done or the instance leaves."""
+    torch.set_num_threads(1)  # one instance, one core's worth: instances share this machine
+    store = open_store(store_url, token=token, timeout_s=timeout_s)
+    try:
+        spec = JobSpec(**json.loads(store.wait_for("job/spec", timeout_s)))
+        if instance is None:
+            instance = instance_id_from_env()
+        if instance is None:
+            instance = store.add("ids/next", 1) + 10_000
+        watchers = notice_watchers(notices if notices is not None else ["sigterm", "emulator"])
+        job = resolve_job(spec.job)
+        device = "cuda" if spec.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+        engine = Engine(job, instance, store, StoreRendezvous(store, host, timeout_s),
+                        Checkpointer(store, spec.checkpoint_dir),
+                        EngineConfig(checkpoint_every=spec.checkpoint_every, device=device),
+                        token=token.encode())
+        agent = Agent(AgentConfig(instance=instance, host=host), store, engine, watchers)
+        return agent.run()
+    finally:
+        store.close()
+
+
+def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
+                    profile=None) -> Coordinator:  # noqa: ANN001 - ModelProfile or None
+    """Publish the job and run the control loop until the job is done."""
+    from liveput.runtime.planning import profile_job
+
+    publish_spec(store, spec)
+    if profile is None:
+        profile = profile_job(resolve_job(spec.job))
+    coordinator = Coordinator(store, profile, config)
+    coordinator.run()
+    return coordinator
