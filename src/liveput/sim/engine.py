@@ -182,6 +182,8 @@ class _Job:
         self.samples += gained
 
     def bill(self, spot_instance_s: float, seconds: float) -> None:
+        """Pay ``spot_instance_s`` spot instance-seconds and ``seconds`` of the on-demand
+        instances held now."""
         self.cost_usd += (spot_instance_s * self.spot_usd_per_s
                           + self.num_on_demand * seconds * self.on_demand_usd_per_s)
 
@@ -221,6 +223,7 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
     num_intervals = len(trace)
     data_parallel = np.zeros(num_intervals, dtype=np.int64)
     stages = np.zeros(num_intervals, dtype=np.int64)
+    on_demand = np.zeros(num_intervals, dtype=np.int64)
     cumulative_samples = np.zeros(num_intervals)
     cumulative_cost = np.zeros(num_intervals)
     for t in range(num_intervals):
@@ -234,6 +237,7 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
         job.apply(decision, available, start_s)
         data_parallel[t] = job.current.data_parallel if job.current else 0
         stages[t] = job.current.pipeline_stages if job.current else 0
+        on_demand[t] = job.num_on_demand
         released = min(decision.release, available - job.spot_in_use())
         held = available - max(released, 0)
         before = job.samples
@@ -250,7 +254,6 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
             # Lost instances were held until the loss (released spares sit last in the order).
             lost_held = int(np.sum(lost_positions < held))
             job.bill(held * hit_s + (held - lost_held) * (interval_s - hit_s), hit_s)
-            on_demand_before = job.num_on_demand
             event = Observation(
                 time_s=start_s + hit_s, interval_index=t, interval_s=interval_s,
                 history=observation.history, num_available=available - num_lost,
@@ -259,8 +262,7 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
                 lost_spares=lost_spares, remaining_s=interval_s - hit_s)
             job.apply(decider.decide(event), available - num_lost, start_s + hit_s)
             job.run(interval_s - hit_s)
-            job.cost_usd += ((job.num_on_demand - on_demand_before) * (interval_s - hit_s)
-                             * job.on_demand_usd_per_s)
+            job.bill(0.0, interval_s - hit_s)
         if job.samples < before or job.debt_s < -1e-9:
             raise InvariantError(f"interval {t}: samples decreased or negative debt")
         cumulative_samples[t] = job.samples
@@ -280,6 +282,7 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
         available=trace.count.copy(),
         data_parallel=data_parallel,
         pipeline_stages=stages,
+        on_demand=on_demand,
         cumulative_samples=cumulative_samples,
         cumulative_cost_usd=cumulative_cost,
     )

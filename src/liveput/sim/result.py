@@ -32,6 +32,8 @@ class PolicyRun:
     """D chosen at the start of each interval (0: nothing runs)."""
     pipeline_stages: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """P chosen at the start of each interval (0: nothing runs)."""
+    on_demand: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """On-demand instances held at the start of each interval."""
     cumulative_samples: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Samples trained by the end of each interval."""
     cumulative_cost_usd: np.ndarray = field(default_factory=lambda: np.zeros(0))
