@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import signal
 import sys
 import textwrap
 import time
@@ -43,11 +43,12 @@ def make_trace(initial: int, changes: list[tuple[float, int, int]], end_s: float
 
 
 def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (dead, waiting to be reaped)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 @pytest.fixture
@@ -300,3 +301,26 @@ def test_launch_failure_names_the_instance(tmp_path: Path) -> None:
     cloud = EmulatedCloud(trace, command_launcher([str(tmp_path / "no-such-agent")]), ManualClock(), tmp_path)
     with pytest.raises(LiveputError, match="could not launch i-0000"):
         cloud.start()
+
+
+def test_a_victim_that_dies_on_its_notice_still_counts_as_preempted(
+    tmp_path: Path, clouds: list[EmulatedCloud]
+) -> None:
+    # `sleep` has no SIGUSR1 handler, so the notice signal ends it (as it would an agent still
+    # starting up); the preemption is still recorded, at its time, not as an exit.
+    trace = make_trace(1, [(60.0, 0, 1)], end_s=120.0)
+    clock = ManualClock()
+    cloud = EmulatedCloud(trace, SLEEPER, clock, tmp_path, time_scale=10, notice_lead_s=30)
+    clouds.append(cloud)
+    cloud.start()
+    pid = cloud.instances()["i-0000"]
+    clock.set(3.0)
+    assert [e.kind for e in cloud.step()] == [NOTICE]
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cloud.step() == [] and set(cloud.instances()) == {"i-0000"}
+    clock.set(6.0)
+    (kill,) = cloud.step()
+    assert (kill.kind, kill.trace_time_s, kill.detail) == (KILL, 60.0, f"already exited (code {-signal.SIGUSR1})")
+    assert cloud.preemptions == 1 and not [e for e in cloud.events if e.kind is EXIT]

@@ -72,7 +72,7 @@ class CloudEventKind(str, Enum):
     KILL = "kill"
     """An instance was preempted (its process SIGKILLed)."""
     EXIT = "exit"
-    """An instance's process ended by itself (not preempted)."""
+    """An instance's process ended by itself before any notice (not a preemption)."""
 
 
 @dataclass(frozen=True)
@@ -395,20 +395,25 @@ class EmulatedCloud(Cloud):
         )
 
     def _kill(self, time_s: float, instance_id: str) -> None:
-        inst = self._live.pop(instance_id, None)
-        if inst is None:
-            return  # exited by itself before its preemption (recorded as an exit)
-        inst.process.kill()
-        try:
-            inst.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            log.warning("instance %s (pid %d) survived SIGKILL for 10 s", instance_id, inst.process.pid)
-        self._record(CloudEvent(CloudEventKind.KILL, instance_id, time_s, self.clock.now_s(), inst.process.pid))
+        inst = self._live.pop(instance_id)
+        code = inst.process.poll()
+        detail = "" if code is None else f"already exited (code {code})"
+        if code is None:
+            inst.process.kill()
+            try:
+                inst.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.warning("instance %s (pid %d) survived SIGKILL for 10 s", instance_id, inst.process.pid)
+        event = CloudEvent(CloudEventKind.KILL, instance_id, time_s, self.clock.now_s(), inst.process.pid, detail=detail)
+        self._record(event)
 
     def _reap(self) -> None:
         now = self.trace_time_s
         for instance_id, inst in list(self._live.items()):
-            code = inst.process.poll()
+            # A noticed instance that is gone before its kill (say it exited on the notice, or the
+            # notice signal caught it before it installed a handler) still counts as preempted,
+            # at its kill time.
+            code = None if inst.doomed else inst.process.poll()
             if code is None:
                 continue
             del self._live[instance_id]
