@@ -16,6 +16,7 @@ A missing ``etcd`` or ``ip`` fails the test loudly; nothing here skips.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import shutil
@@ -49,6 +50,13 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # A test run killed hard must not leave an etcd behind on a shared machine. (The signal comes
+    # when the starting *thread* ends: start etcd from a thread that outlives it.)
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -94,7 +102,9 @@ class EtcdServer:
         ]  # fmt: skip
         log_path = self.data_dir.parent / "etcd.log"
         with open(log_path, "ab") as log_file:
-            self.process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                argv, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
         deadline = time.monotonic() + ETCD_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -192,7 +192,7 @@ class MemoryStore(Store):
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         with self._cond:
             self._check_open()
-            return {k: v for k, v in self._data.items() if k.startswith(prefix)}
+            return {k: v for k, v in sorted(self._data.items()) if k.startswith(prefix)}
 
     def add(self, key: str, amount: int) -> int:
         _check_key(key)
@@ -399,10 +399,12 @@ class EtcdStore(Store):
 
     def __init__(self, host_name: str, port: int, *, timeout_s: float = 30.0) -> None:
         import etcd3gw
+        import requests
 
         self.url = _format_url("etcd", host_name, port)
         self._timeout_s = float(timeout_s)
         self._exceptions = etcd3gw.exceptions
+        self._request_error = requests.exceptions.RequestException
         self._client: Any = etcd3gw.Etcd3Client(host=host_name, port=port, timeout=self._timeout_s)
         self._closed = False
         self._post("maintenance/status", {})
@@ -411,7 +413,12 @@ class EtcdStore(Store):
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         if self._closed:
             raise LiveputError(f"store {self.url} is closed")
-        transient = (self._exceptions.ConnectionFailedError, self._exceptions.ConnectionTimeoutError)
+        # Connection-level failures only: a request etcd answered with an error is not retried.
+        transient = (
+            self._exceptions.ConnectionFailedError,
+            self._exceptions.ConnectionTimeoutError,
+            self._request_error,
+        )
         deadline = time.monotonic() + self._timeout_s
         pause_s = 0.05
         while True:
