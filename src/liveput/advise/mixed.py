@@ -70,6 +70,9 @@ def _max_gpus(catalog: Catalog, budget: float) -> int:
 def advise_mixed(catalog: Catalog, config: MixedConfig) -> Advice:
     """The best Tiering cluster of any mix of GPU types, solved as a MILP."""
     deep = config.deepvm
+    if deep.revocation is not None:
+        raise LiveputError("the mixed-type MILP maximizes effective FLOPS; it does not model "
+                           "revocations (drop --revocation or --mixed)")
     gpus, cpus = catalog.gpu_types, catalog.cpu_types
     if not gpus or not cpus:
         raise LiveputError(f"catalog {catalog.name}: a mixed tiering plan needs GPU and CPU types")
