@@ -207,6 +207,11 @@ def test_unreachable_stores_name_their_url() -> None:
         open_store(f"etcd://127.0.0.1:{port}", timeout_s=0.5)
 
 
+def test_tcp_host_on_a_busy_port_says_so(tcp_host: TCPStoreBackend) -> None:
+    with pytest.raises(LiveputError, match=f"store {tcp_host.url}: cannot listen: .*in use"):
+        open_store(tcp_host.url, host=True)
+
+
 def test_tcp_host_listens_only_on_the_address_asked(tcp_host: TCPStoreBackend) -> None:
     # 127.0.0.2 is loopback too; a server bound to every interface would answer there.
     with pytest.raises(LiveputError, match="unreachable"):

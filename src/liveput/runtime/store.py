@@ -283,13 +283,16 @@ class TCPStoreBackend(Store):
         # The TCPStore server binds every interface by default; handing it our own socket keeps it on
         # the address asked for.
         try:
-            infos = socket.getaddrinfo(host_name, port, type=socket.SOCK_STREAM)
-            family, _, _, _, address = infos[0]
+            family, _, _, _, address = socket.getaddrinfo(host_name, port, type=socket.SOCK_STREAM)[0]
             sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:
+            raise LiveputError(f"store {self.url}: cannot listen: {exc}") from None
+        try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
             sock.listen(512)
         except OSError as exc:
+            sock.close()
             raise LiveputError(f"store {self.url}: cannot listen: {exc}") from None
         bound_port = sock.getsockname()[1]
         return sock.detach(), bound_port
