@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import textwrap
@@ -166,6 +167,43 @@ def test_cas_race_has_exactly_one_winner_and_no_lost_updates(store: Store) -> No
     assert sorted(wins) == [False] * (threads - 1) + [True]
     assert store.get("count") == str(threads * 10).encode()
     assert sorted(added) == list(range(1, threads * 10 + 1))
+
+
+def test_random_operations_match_the_reference_model(store: Store) -> None:
+    # A dict is the specification; 300 random operations over a few keys must agree with it.
+    rng = random.Random(11)
+    keys = ["a", "a/b", "a/c", "b", "ab"]
+    values = [b"", b"0", b"7", b"x", b"\x00\xff", b"v" * 9]
+    model: dict[str, bytes] = {}
+    for step in range(300):
+        op, key, value = rng.randrange(6), rng.choice(keys), rng.choice(values)
+        where = f"step {step}: op {op} on {key!r}"
+        if op == 0:
+            store.set(key, value)
+            model[key] = value
+        elif op == 1:
+            expected = rng.choice([None, model.get(key), rng.choice(values)])
+            swapped = store.compare_and_set(key, expected, value)
+            assert swapped == (model.get(key) == expected), where
+            if swapped:
+                model[key] = value
+        elif op == 2:
+            store.delete(key)
+            model.pop(key, None)
+        elif op == 3:
+            prefix = rng.choice(["", "a", "a/", "b", "z"])
+            assert store.get_prefix(prefix) == {k: v for k, v in model.items() if k.startswith(prefix)}, where
+        elif op == 4:
+            current = model.get(key, b"0")
+            if current.lstrip(b"-").isdigit():
+                amount = rng.choice([-3, -1, 1, 2, 5])
+                assert store.add(key, amount) == int(current) + amount, where
+                model[key] = str(int(current) + amount).encode()
+            else:
+                with pytest.raises(LiveputError, match="not an integer"):
+                    store.add(key, 1)
+        else:
+            assert store.get(key) == model.get(key), where
 
 
 # -- opening by URL ------------------------------------------------------------------------------------
