@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom
+from scipy.special import comb
 
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
@@ -121,6 +121,8 @@ class LiveputOptimizer:
         self._index = {(d, p): i for i, (d, p) in enumerate(zip(self.data_parallel, self.stages))}
         self._after: dict[tuple[int, int], np.ndarray] = {}
         self._migration: dict[int, np.ndarray] = {}
+        self._per_count_cache: dict[tuple[int, int, float], np.ndarray] = {}
+        self._binomial_cache: dict[int, np.ndarray] = {}
 
     # --- tables ---------------------------------------------------------------------------
     def _after_losses(self, max_spot: int, num_on_demand: int) -> np.ndarray:
@@ -143,6 +145,35 @@ class LiveputOptimizer:
             self._after[key] = after
         return self._after[key]
 
+    def _per_count(self, max_spot: int, num_on_demand: int, rate: float) -> np.ndarray:
+        """``per_count[n, c]``: expected samples/s of c on n spot instances in an interval where
+        each is preempted with probability ``rate`` (half the interval at full speed, half with
+        the survivors), cached by rate (horizon steps often share it)."""
+        key = (max_spot, num_on_demand, rate)
+        cached = self._per_count_cache.get(key)
+        if cached is not None:
+            return cached
+        after = self._after_losses(max_spot, num_on_demand)
+        n = np.arange(max_spot + 1)
+        binomials = self._binomials(max_spot)
+        # Bin(k; n, rate) for every n and k (exact binomials; 0 where k > n).
+        with np.errstate(invalid="ignore"):
+            weights = binomials * rate ** n[None, :] * (1.0 - rate) ** np.clip(
+                n[:, None] - n[None, :], 0, None)
+        degraded = np.einsum("nk,nck->nc", weights[:, 1:], after[:, :, 1:])
+        no_loss = weights[:, :1]
+        per_count = self.throughput[None, :] * (no_loss + (1 - no_loss) / 2) + degraded / 2
+        if len(self._per_count_cache) > 512:
+            self._per_count_cache.clear()
+        self._per_count_cache[key] = per_count
+        return per_count
+
+    def _binomials(self, max_spot: int) -> np.ndarray:
+        if max_spot not in self._binomial_cache:
+            n = np.arange(max_spot + 1)
+            self._binomial_cache[max_spot] = comb(n[:, None], n[None, :])
+        return self._binomial_cache[max_spot]
+
     def _migration_matrix(self, num_instances: int) -> np.ndarray:
         if num_instances not in self._migration:
             self._migration[num_instances] = migration_seconds(
@@ -161,7 +192,6 @@ class LiveputOptimizer:
             raise LiveputError("instance counts must be >= 0")
         interval_s = self.config.interval_s
         max_spot = max(num_available, forecast.capacity)
-        after = self._after_losses(max_spot, num_on_demand)
         rewards = np.zeros((horizon, len(self.sizes)))
         for h in range(horizon):
             if h == 0:
@@ -174,11 +204,8 @@ class LiveputOptimizer:
                 point = max(float(forecast.point[h - 1]), 1.0)
             step = min(h, forecast.horizon - 1)
             rate = float(np.clip(forecast.expected_preempted[step] / max(point, 1.0), 0.0, 1.0))
+            per_count = self._per_count(max_spot, num_on_demand, rate)
             n = np.arange(max_spot + 1)
-            weights = binom.pmf(np.arange(max_spot + 1)[None, :], n[:, None], rate)
-            degraded = np.einsum("nk,nck->nc", weights[:, 1:], after[:, :, 1:])
-            no_loss = weights[:, :1]
-            per_count = self.throughput[None, :] * (no_loss + (1 - no_loss) / 2) + degraded / 2
             fits = self.sizes[None, :] <= n[:, None] + num_on_demand
             rewards[h] = interval_s * (pmf @ (per_count * fits))
         start = 0 if current is None else self._index.get(

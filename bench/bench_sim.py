@@ -1,0 +1,52 @@
+"""Simulator: every policy on a 12-hour trace (target under 20 s), and the fractions of ideal on
+the p3 trace against the figures of Parcae's artifact (when ``../shared/traces`` is there)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from liveput.perf import load_profile
+from liveput.sim import DEFAULT_POLICIES, default_trace, simulate
+from liveput.traces import read_trace
+
+TARGET_S = 20.0
+P3_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "aws-p3-32node.events.csv"
+# Parcae's artifact on the p3 trace (60-s intervals): (predictor, truth, reactive) of ideal.
+PARCAE = {"gpt-1.5b": (None, 0.866, 0.939, 0.778), "gpt-6.7b": (8.47, 0.854, 0.921, 0.487)}
+
+
+def _fractions(trace, model: str) -> dict[str, float]:
+    result = simulate(trace, load_profile(model), list(DEFAULT_POLICIES))
+    return {name: result.fraction_of_ideal(name) or 0.0 for name in result.runs}
+
+
+def main() -> None:
+    trace = default_trace()
+    profile = load_profile("gpt-1.5b")
+    start = time.perf_counter()
+    result = simulate(trace, profile, list(DEFAULT_POLICIES))
+    elapsed = time.perf_counter() - start
+    print(f"all {len(DEFAULT_POLICIES)} policies, gpt-1.5b, {trace.hours:.0f}-h trace "
+          f"({len(trace)} intervals): {elapsed:.1f} s (target {TARGET_S:.0f} s, ratio "
+          f"{elapsed / TARGET_S:.2f})")
+    print("  " + "  ".join(f"{name}={result.fraction_of_ideal(name):.3f}"
+                           for name in result.runs))
+    if not P3_TRACE.is_file():
+        print(f"(no {P3_TRACE}: skipping the comparison with Parcae's figures)")
+        return
+    p3 = read_trace(P3_TRACE)
+    for model, (hours, predicted, truth, reactive) in PARCAE.items():
+        part = p3 if hours is None else p3.slice(0, hours * 3600)
+        ours = _fractions(part.resample(60), model)
+        print(f"p3 trace, {model}, {part.hours:.2f} h: liveput {ours['liveput']:.3f} vs Parcae "
+              f"{predicted} (ratio {ours['liveput'] / predicted:.3f}); oracle "
+              f"{ours['liveput-oracle']:.3f} vs {truth}; liveput / oracle "
+              f"{ours['liveput'] / ours['liveput-oracle']:.3f} (target 0.9); reactive "
+              f"{ours['reactive']:.3f} vs {reactive} (|diff| "
+              f"{abs(ours['reactive'] - reactive):.3f}, target <= 0.1); bamboo "
+              f"{ours['bamboo']:.3f}, checkpoint {ours['checkpoint']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
