@@ -25,6 +25,7 @@ run: setup
 	$(BIN)/liveput trace generate --nodes 32 --hours 12 --seed 0 -o out/default-trace.csv
 	$(BIN)/liveput trace stats out/default-trace.csv
 	$(BIN)/liveput trace plot out/default-trace.csv -o out/default-trace.png
+	$(BIN)/liveput simulate --json out/simulation.json --report out/report
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q
