@@ -121,6 +121,12 @@ def register(app: typer.Typer) -> None:
         on_demand: int = typer.Option(0, "--on-demand",
                                       help="On-demand instances held besides the spot ones."),
         seed: int = typer.Option(0, "--seed", help="Seed of when losses fall and which go."),
+        spot_price: float | None = typer.Option(
+            None, "--spot-price", help="$ per spot instance-hour (default: the trace's, else the "
+                                       "model's instance type)."),
+        on_demand_price: float | None = typer.Option(
+            None, "--on-demand-price", help="$ per on-demand instance-hour (default: the "
+                                            "model's instance type)."),
         start_hour: float | None = typer.Option(None, "--start-hour",
                                                 help="Replay the trace from this hour on."),
         end_hour: float | None = typer.Option(None, "--end-hour",
@@ -136,6 +142,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Replay an availability trace with each policy: samples, dollars, and why."""
         config = SimulationConfig(interval_s=interval, horizon=horizon, objective=objective,
+                                  spot_price_usd_per_hour=spot_price,
+                                  on_demand_price_usd_per_hour=on_demand_price,
                                   num_on_demand=on_demand, seed=seed)
         names = _names(policies, "policies")
         if run_sweep:

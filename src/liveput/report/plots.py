@@ -89,8 +89,11 @@ def _configurations(result: SimulationResult) -> plt.Figure:
                   color="#bbbbbb", lw=1.0)
         axis.step(hours, np.append(used, used[-1]), where="post", color=_color(name), lw=1.5)
         changes = np.flatnonzero(np.diff(np.concatenate(([-1], run.pipeline_stages))) != 0)
-        for index in changes[:40]:
-            if run.pipeline_stages[index] > 0:
+        spacing_h = hours[-1] / 24  # at most about 24 labels a panel, so they stay legible
+        last_h = -np.inf
+        for index in changes:
+            if run.pipeline_stages[index] > 0 and hours[index] - last_h >= spacing_h:
+                last_h = hours[index]
                 axis.annotate(f"{run.data_parallel[index]}x{run.pipeline_stages[index]}",
                               (hours[index], used[index]), fontsize=6, color=_color(name),
                               xytext=(1, 2), textcoords="offset points")
