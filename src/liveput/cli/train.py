@@ -2,11 +2,61 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
 
 from liveput.cli import agent as agent_commands
+from liveput.cli.output import err_console, print_json, progress, to_json
+
+
+def train(
+    model: str = typer.Option("tiny-gpt", "--model", help="Built-in job or module:function."),
+    workers: int = typer.Option(8, "--workers", min=1, help="Instances requested."),
+    trace_path: Path = typer.Option(None, "--trace", help="Trace file to replay (default: a "
+                                    "generated 5-minute trace for --workers)."),
+    time_scale: float = typer.Option(30.0, "--time-scale", help="Trace seconds per wall second."),
+    steps: int = typer.Option(100, "--steps", min=1, help="Steps to train."),
+    store: str = typer.Option(None, "--store", help="Store URL (default: a TCPStore here)."),
+    checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
+                                       help="Checkpoint directory or fsspec URL."),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0),
+    notice_lead_s: float = typer.Option(120.0, "--notice-lead", help="Notice lead, trace s."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated trace and the victims."),
+    json_path: Path = typer.Option(None, "--json", help="Write the summary here and the "
+                                   "per-step log beside it (.jsonl)."),
+) -> None:
+    """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
+    from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
+    from liveput.traces import generate_trace, read_trace
+
+    config = LocalTrainingConfig(
+        model=model, workers=workers, steps=steps, time_scale=time_scale,
+        notice_lead_s=notice_lead_s, store_url=store, checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every, seed=seed)
+    trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)
+    with progress(transient=False) as bar:
+        task = bar.add_task("starting", total=steps)
+
+        def show(update: Progress) -> None:
+            loss = "-" if update.loss is None else f"{update.loss:.3f}"
+            bar.update(task, completed=update.step, description=(
+                f"step {update.step} loss {loss} {update.configuration} "
+                f"instances {update.instances} plans {update.events}"))
+
+        result = run_local_training(config, trace, show)
+    summary = result.summary()
+    if json_path is not None:
+        json_path.write_text(to_json(summary) + "\n")
+        log_path = json_path.with_suffix(".jsonl")
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in result.steps))
+        err_console.print(f"wrote {json_path} and {log_path}")
+    else:
+        print_json(summary)
 
 
 def register(app: typer.Typer) -> None:
     """Add `train`, `agent` and `coordinator` to the root app."""
+    app.command("train")(train)
     agent_commands.register(app)

@@ -94,6 +94,8 @@ class Coordinator:
         self._seen: dict[int, float] = {}
         self._beats: dict[int, bytes] = {}
         self._failure_seen_s: float | None = None
+        self.available: list[int] = []
+        """Instances available at the last tick (alive, not noticed)."""
         self.started_s = self.clock.now_s()
         self._next_interval_s = self.started_s
         self.plan = protocol.current_plan(store)
@@ -222,6 +224,7 @@ class Coordinator:
             return False
         members, dead, noticed = self._observe(now)
         available = sorted(i for i in members if i not in dead and i not in noticed)
+        self.available = available
         plan = self.plan
         interval_due = now >= self._next_interval_s
         if interval_due:

@@ -217,7 +217,8 @@ class Engine:
                     step=step, generation=plan.generation,
                     first_sample=step * self.job.global_batch_size,
                     num_samples=self.job.global_batch_size, loss=loss,
-                    data_parallel=plan.data_parallel, pipeline_stages=plan.pipeline_stages))
+                    data_parallel=plan.data_parallel, pipeline_stages=plan.pipeline_stages,
+                    committed_unix_s=time.time()))
             every = self.config.checkpoint_every
             if every and (step + 1) % every == 0 and position.pipeline == 0 and self.checkpointer:
                 self.checkpointer.save_async(plan.epoch, step, layers, self.job.num_layers)

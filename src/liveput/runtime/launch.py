@@ -15,6 +15,7 @@ import re
 import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,13 +23,16 @@ from liveput.errors import LiveputError
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.cloud import INSTANCE_ID_ENV, NOTICE_FILE_ENV
-from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.engine import Engine, EngineConfig
 from liveput.runtime.job import resolve_job
 from liveput.runtime.notices import (AwsNoticeWatcher, EmulatorNoticeWatcher, GcpNoticeWatcher,
                                      NoticeWatcher, SignalNoticeWatcher)
 from liveput.runtime.rendezvous import StoreRendezvous
 from liveput.runtime.store import Store, open_store
+
+if TYPE_CHECKING:
+    from liveput.perf.types import ModelProfile
+    from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 
 LOG = logging.getLogger(__name__)
 NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
@@ -111,8 +115,10 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
 
 
 def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
-                    profile=None) -> Coordinator:  # noqa: ANN001 - ModelProfile or None
+                    profile: ModelProfile | None = None) -> Coordinator:
     """Publish the job and run the control loop until the job is done."""
+    # Imported here: agents import this module and need none of the deciding code.
+    from liveput.runtime.coordinator import Coordinator
     from liveput.runtime.planning import profile_job
 
     publish_spec(store, spec)

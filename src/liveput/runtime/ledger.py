@@ -16,7 +16,7 @@ from liveput.runtime.store import Store
 
 
 @dataclass
-class LedgerReport:
+class LedgerReport:  # noqa: D101 - documented per field
     """What the ledger proves."""
 
     exactly_once: bool
@@ -25,8 +25,8 @@ class LedgerReport:
     """Committed steps undone by checkpoint restores (and redone)."""
     restores: int
     """Checkpoint restores."""
-    losses: list[float] = field(default_factory=list)
-    """Loss of each step of the final lineage, in step order."""
+    records: list[dict] = field(default_factory=list)
+    """The ledger record of each step of the final lineage, in step order."""
     problems: list[str] = field(default_factory=list)
     """What is wrong, when ``exactly_once`` is false."""
 
@@ -68,4 +68,4 @@ def verify_ledger(store: Store, global_batch_size: int, num_steps: int) -> Ledge
         problems.append(f"steps never applied: {missing[:5]}")
     return LedgerReport(
         exactly_once=not problems, steps_rolled_back=rolled_back, restores=len(restores),
-        losses=[applied[s]["loss"] for s in sorted(applied)], problems=problems)
+        records=[applied[s] for s in sorted(applied)], problems=problems)

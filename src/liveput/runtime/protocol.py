@@ -181,6 +181,8 @@ class LedgerRecord:
     loss: float
     data_parallel: int
     pipeline_stages: int
+    committed_unix_s: float
+    """Wall-clock time of the commit (for logs; instances' clocks may differ slightly)."""
 
 
 def record_step(store: Store, epoch: int, record: LedgerRecord) -> None:

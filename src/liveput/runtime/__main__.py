@@ -1,0 +1,42 @@
+"""``python -m liveput.runtime --store URL``: a lean agent entry point for launchers.
+
+The same as ``liveput agent --store URL`` (the token from ``LIVEPUT_TOKEN``), without importing
+the whole CLI: an emulated cloud starts many of these at once on a small machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from liveput.errors import LiveputError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m liveput.runtime")
+    parser.add_argument("--store", required=True, help="store URL")
+    parser.add_argument("--host", default="127.0.0.1", help="address peers reach this one at")
+    parser.add_argument("--instance", type=int, default=None, help="instance id")
+    parser.add_argument("--notices", default="sigterm,emulator", help="notice sources")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from liveput.runtime.launch import run_agent
+
+    try:
+        token = os.environ.get("LIVEPUT_TOKEN")
+        if not token:
+            raise LiveputError("LIVEPUT_TOKEN is not set")
+        run_agent(args.store, token, args.instance, args.host,
+                  [s for s in args.notices.split(",") if s])
+    except LiveputError as error:
+        sys.stderr.write(f"error: {error}\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""``liveput train``: the coordinator, agents and an emulated cloud, all on this machine.
+
+The coordinator hosts the store (a TCPStore on 127.0.0.1 unless ``store_url`` names another) and
+runs its control loop in this process; the emulated cloud replays the trace time-scaled, starting
+one agent process per instance (``liveput agent``), noticing then SIGKILLing them as the trace
+says. One decision interval is one trace minute, i.e. ``60 / time_scale`` wall seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from liveput.errors import LiveputError
+from liveput.runtime.clock import MonotonicClock
+from liveput.runtime.cloud import EmulatedCloud, command_launcher
+from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+from liveput.runtime.job import resolve_job
+from liveput.runtime.launch import JobSpec, publish_spec
+from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.planning import profile_job
+from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
+from liveput.traces import IntervalTrace, Trace
+
+LOG = logging.getLogger(__name__)
+MIGRATION_KINDS = ("intra-stage", "inter-stage", "pipeline", "checkpoint-restore")
+
+
+@dataclass(frozen=True)
+class LocalTrainingConfig:
+    """Settings of a local training run."""
+
+    model: str = "tiny-gpt"
+    """Built-in job or ``module:function``."""
+    workers: int = 8
+    """Instances requested (the trace is generated or scaled for this many)."""
+    steps: int = 100
+    """Steps to train."""
+    time_scale: float = 30.0
+    """Trace seconds per wall second."""
+    notice_lead_s: float = 120.0
+    """Preemption notice lead in trace seconds (AWS 120, GCP 30)."""
+    store_url: str | None = None
+    """Store URL (default: a TCPStore hosted here on a free loopback port)."""
+    checkpoint_dir: str | None = None
+    """Checkpoint directory or fsspec URL (default: a temporary directory)."""
+    checkpoint_every: int = 10
+    """K: checkpoint every K steps."""
+    timeout_s: float = 900.0
+    """Give up after this many wall seconds."""
+    seed: int = 0
+    """Seed of the emulated cloud's choice of victims."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.steps < 1:
+            raise LiveputError("train: --workers and --steps must be >= 1")
+        if self.time_scale <= 0 or self.notice_lead_s < 0 or self.timeout_s <= 0:
+            raise LiveputError("train: --time-scale must be positive and the notice lead >= 0")
+
+
+@dataclass
+class TrainingResult:
+    """What a local run did (the ``--json`` document)."""
+
+    steps_completed: int
+    samples: int
+    initial_loss: float | None
+    final_loss: float | None
+    preemptions: int
+    allocations: int
+    migrations: dict[str, int]
+    steps_rolled_back: int
+    exactly_once: bool
+    wall_s: float
+    steps: list[dict] = field(default_factory=list)
+    """Per-step records (the JSONL log), not in the JSON summary."""
+    events: list[dict] = field(default_factory=list)
+    """The coordinator's plans (time, reason, kind, configuration)."""
+
+    def summary(self) -> dict:
+        data = {k: v for k, v in self.__dict__.items() if k not in ("steps", "events")}
+        data["plans"] = self.events
+        return data
+
+
+@dataclass
+class Progress:
+    """What the progress bar shows."""
+
+    step: int
+    loss: float | None
+    configuration: str
+    instances: int
+    events: int
+
+
+def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace,
+                       on_progress: Callable[[Progress], None] | None = None) -> TrainingResult:
+    """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done."""
+    started = time.monotonic()
+    token = secrets.token_hex(16)
+    job = resolve_job(config.model)
+    with tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch:
+        checkpoint_dir = config.checkpoint_dir or str(Path(scratch) / "checkpoints")
+        if config.store_url is None:
+            hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
+            url = hosted.url
+            store: Store = SignedStore(hosted, token)
+        else:
+            url = config.store_url
+            store = open_store(url, host=url.startswith("tcp://"), token=token)
+        cloud = None
+        try:
+            publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every))
+            profile = profile_job(job)
+            interval_s = 60.0 / config.time_scale
+            coordinator = Coordinator(store, profile, CoordinatorConfig(
+                num_steps=config.steps, num_micro_batches=job.num_micro_batches,
+                interval_s=interval_s, policy_interval_s=60.0,
+                heartbeat_timeout_s=max(3.0, 2 * interval_s), capacity=config.workers,
+                initial_workers=max(1, _initial_count(trace)), start_grace_s=20.0))
+            environment = {**os.environ, "LIVEPUT_TOKEN": token}
+            launcher = command_launcher(
+                [sys.executable, "-m", "liveput.runtime", "--store", url,
+                 "--notices", "sigterm,emulator"], env=environment, log_dir=Path(scratch))
+            notice_dir = Path(scratch) / "notices"
+            notice_dir.mkdir()
+            cloud = EmulatedCloud(trace, launcher, MonotonicClock(), notice_dir,
+                                  time_scale=config.time_scale,
+                                  notice_lead_s=config.notice_lead_s, seed=config.seed)
+            cloud.start_background()
+            while coordinator.tick():
+                if on_progress is not None:
+                    on_progress(_progress(store, coordinator))
+                if time.monotonic() - started > config.timeout_s:
+                    raise LiveputError(f"train: not done after {config.timeout_s:g} s")
+                time.sleep(coordinator.config.tick_s)
+            if on_progress is not None:
+                on_progress(_progress(store, coordinator))
+            report = verify_ledger(store, job.global_batch_size, config.steps)
+            stats = {k.rsplit("/", 1)[1]: int(v)
+                     for k, v in store.get_prefix("stats/migrations/").items()}
+            events = [json.loads(v) for _, v in sorted(
+                store.get_prefix("events/").items(), key=lambda kv: int(kv[0].split("/")[1]))]
+            losses = [r["loss"] for r in report.records]
+            return TrainingResult(
+                steps_completed=len(report.records),
+                samples=len(report.records) * job.global_batch_size,
+                initial_loss=losses[0] if losses else None,
+                final_loss=losses[-1] if losses else None,
+                preemptions=cloud.preemptions, allocations=cloud.allocations,
+                migrations={kind: stats.get(kind, 0) for kind in MIGRATION_KINDS},
+                steps_rolled_back=report.steps_rolled_back, exactly_once=report.exactly_once,
+                wall_s=round(time.monotonic() - started, 2), steps=report.records, events=events)
+        finally:
+            if cloud is not None:
+                _wait_agents(cloud)
+            store.close()
+
+
+def _initial_count(trace: Trace | IntervalTrace) -> int:
+    return int(trace.initial_count if isinstance(trace, Trace) else trace.count[0])
+
+
+def _wait_agents(cloud: EmulatedCloud, grace_s: float = 15.0) -> None:
+    """Let finished agents exit by themselves, then stop the cloud (which kills the rest)."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and cloud.instances:
+        time.sleep(0.2)
+    cloud.close()
+
+
+def _progress(store: Store, coordinator: Coordinator) -> Progress:
+    plan = coordinator.plan
+    loss = None
+    if plan is not None and coordinator.committed >= 0:
+        raw = store.get(f"ledger/{plan.epoch}/{coordinator.committed}")
+        loss = json.loads(raw)["loss"] if raw else None
+    return Progress(
+        step=coordinator.committed + 1, loss=loss,
+        configuration="-" if plan is None else f"{plan.data_parallel}x{plan.pipeline_stages}",
+        instances=len(coordinator.available),
+        events=0 if plan is None else plan.generation)
