@@ -3,6 +3,7 @@ of every advise command on a 100-type catalog (target: under 1 s each)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -111,9 +112,6 @@ def main() -> None:
         print(f"  {name:22s} {seconds * 1e3:8.1f} ms (target {TARGET_S:g} s, ratio "
               f"{seconds / TARGET_S:.3f})")
     with tempfile.TemporaryDirectory() as folder:
-        from liveput.advise.catalog import Market  # noqa: F401  (catalog JSON below)
-        import json
-
         path = Path(folder) / "catalog.json"
         path.write_text(json.dumps({"instances": [
             {"name": s.name, "type": s.family, "vCPU": s.vcpus, "memory": s.memory_gb,
