@@ -15,6 +15,8 @@ Model:
   inter-stage migration, or the pipeline is re-partitioned), chosen by
   :meth:`LiveputOptimizer.recover`. A stage that lost every replica has lost its state: the job
   restores from its checkpoint.
+- *Objective* ``cost``: the optimizer maximizes samples per dollar and the policy stops its idle
+  spares for the interval (they are not billed; the simulator keeps them available).
 """
 
 from __future__ import annotations
@@ -74,7 +76,16 @@ class LiveputPolicy(Policy):
             migration = "none" if chosen is None else fitting.migration
             seconds = self.optimizer.migration_s(observation.current, chosen, room)
         return Decision(chosen, migration=migration, downtime_s=seconds,
-                        expected_samples=plan.expected_samples)
+                        expected_samples=plan.expected_samples,
+                        release=self._spares(chosen, observation))
+
+    def _spares(self, chosen: Configuration | None, observation: Observation) -> int:
+        """Idle spot instances to stop for the interval: under the ``cost`` objective (which
+        prices only the instances a configuration uses), every spare."""
+        if self.context.objective != "cost":
+            return 0
+        used = 0 if chosen is None else chosen.num_instances
+        return max(observation.num_available - max(used - observation.num_on_demand, 0), 0)
 
     def _recover(self, observation: Observation) -> Decision:
         current = observation.current
@@ -85,7 +96,8 @@ class LiveputPolicy(Policy):
         plan = self.optimizer.recover(start, observation.num_available, observation.remaining_s,
                                       observation.num_on_demand)
         return Decision(plan.configuration, migration=plan.migration, downtime_s=plan.migration_s,
-                        expected_samples=plan.expected_samples)
+                        expected_samples=plan.expected_samples,
+                        release=self._spares(plan.configuration, observation))
 
 
 @POLICIES.register("liveput-oracle")
