@@ -14,7 +14,15 @@ from liveput.policies.base import (
     PolicyContext,
     make_policy,
 )
-from liveput.policies import bamboo, checkpoint, ideal, on_demand, proactive, reactive  # noqa: E402,F401,I001
+# Registration of the built-in policies (after the names above: they import them).
+from liveput.policies import (  # noqa: E402,F401,I001
+    bamboo,
+    checkpoint,
+    ideal,
+    on_demand,
+    proactive,
+    reactive,
+)
 
 __all__ = [
     "POLICIES",

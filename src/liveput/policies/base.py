@@ -120,7 +120,8 @@ class Decision:
         if self.downtime_s < 0 or self.rollback_s < 0 or self.checkpoint_s < 0:
             raise LiveputError("decision: downtime, rollback and checkpoint seconds must be >= 0")
         if not 0.0 <= self.throughput_factor <= 1.0:
-            raise LiveputError(f"decision: throughput factor {self.throughput_factor} not in [0, 1]")
+            raise LiveputError(
+                f"decision: throughput factor {self.throughput_factor} not in [0, 1]")
         if self.num_instances_used is not None and (
                 self.configuration is None
                 or not 0 <= self.num_instances_used <= self.configuration.num_instances):
