@@ -201,3 +201,26 @@ def test_mixed_milp_is_never_worse_than_the_best_single_type_tiering() -> None:
         mixed = advise_mixed(catalog, MixedConfig(config)).plans[0]
         assert mixed.value >= single.value - 1e-6
         assert mixed.usd_per_hour <= budget + 1e-9
+
+
+def test_the_closest_plan_of_a_too_small_budget_is_the_cheapest_feasible_one() -> None:
+    rng = np.random.default_rng(21)
+    checked = 0
+    for _ in range(40):
+        catalog = _random_catalog(rng, int(rng.integers(1, 4)), int(rng.integers(1, 3)))
+        config = DeepVMConfig(0.01, checkpoint_gb=float(rng.choice([0.0, 2.0, 9.0])))
+        message = ""
+        try:
+            advise_deepvm(catalog, config)
+        except LiveputError as error:
+            message = str(error)
+        if "closest" not in message:
+            continue
+        price = float(message.rsplit("$", 1)[1].split("/h")[0])
+        # The named price buys a plan; a cent less buys none.
+        assert advise_deepvm(catalog, DeepVMConfig(
+            price + 1e-4, checkpoint_gb=config.checkpoint_gb)).plans[0].usd_per_hour <= price + 1e-4
+        with pytest.raises(LiveputError, match="below the cheapest plan"):
+            advise_deepvm(catalog, DeepVMConfig(price - 0.01, checkpoint_gb=config.checkpoint_gb))
+        checked += 1
+    assert checked >= 20

@@ -238,21 +238,27 @@ def _candidates(catalog: Catalog, config: DeepVMConfig, budget: float) -> list[P
 
 
 def _cheapest_plan(catalog: Catalog, config: DeepVMConfig) -> Plan | None:
-    """The cheapest feasible plan whatever the budget (what a too-small budget is closest to)."""
-    unlimited = sum(spec.on_demand_usd_per_hour + spec.spot_usd_per_hour
-                    for spec in catalog.instances) * 64
+    """The cheapest plan whatever the budget (what a too-small budget is closest to): one GPU
+    node, and for Tiering the fewest CPU nodes meeting (3)-(6)."""
     options = []
     for gpu in catalog.gpu_types:
         if "single-anchor" in config.architectures and _anchor_max_nodes(
-                catalog, config, gpu, unlimited) >= 1:
+                catalog, config, gpu, gpu.on_demand_usd_per_hour) >= 1:
             options.append(_plan(catalog, config, gpu, 1, None, 0))
-        if "tiering" not in config.architectures:
+        if "tiering" not in config.architectures or _quota_count(catalog, gpu, Market.SPOT) < 1:
             continue
         for cpu in catalog.cpu_types:
-            m, n = _tier_max_nodes(catalog, config, gpu, cpu, unlimited)
-            fits = np.flatnonzero(n >= 1)
-            if len(fits):
-                options.append(_plan(catalog, config, gpu, 1, cpu, int(m[fits[0]])))
+            need = 1.0                                                       # (6)
+            if config.checkpoint_memory_gb > 0:
+                need = max(need, config.checkpoint_memory_gb / cpu.memory_gb
+                           if cpu.memory_gb > 0 else math.inf)              # (4)
+            if config.stream_gbps > 0:
+                need = max(need, config.stream_gbps / cpu.network_gbps
+                           if cpu.network_gbps > 0 else math.inf)           # (5)
+            if math.isfinite(need):
+                count = math.ceil(need - _EPS)
+                if count <= _quota_count(catalog, cpu, Market.ON_DEMAND):   # (3)
+                    options.append(_plan(catalog, config, gpu, 1, cpu, count))
     return min(options, key=lambda p: (p.usd_per_hour, p.describe()), default=None)
 
 

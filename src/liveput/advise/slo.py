@@ -89,6 +89,13 @@ class SLOProblem:
     vcpu_quota: dict[str, int] = field(default_factory=dict)
     """Spot vCPU quota by family."""
 
+    def __post_init__(self) -> None:
+        if not self.types:
+            raise LiveputError("an SLO problem needs at least one worker type")
+        names = [t.name for t in self.types]
+        if len(set(names)) != len(names):
+            raise LiveputError(f"worker types repeat a name: {names}")
+
 
 def worker_type(spec: InstanceSpec, profile: ModelProfile, reference_flops_per_gpu: float
                 ) -> WorkerType | None:
@@ -154,14 +161,20 @@ def _score(counts: np.ndarray, types: list[WorkerType], problem: SLOProblem, con
 
 
 @dataclass(frozen=True)
-class _Scored:
+class ScoredCluster:
+    """One cluster the search scored."""
+
     counts: dict[str, int]
+    """Workers per type name (types with none left out)."""
     hours: float
+    """H(x): hours to the target loss."""
     usd_per_hour: float
+    """Workers' and parameter server's price per hour."""
     cost: float
+    """Dollars to the target loss; inf when a constraint fails."""
 
 
-def search(problem: SLOProblem, config: SLOConfig) -> list[_Scored]:
+def search(problem: SLOProblem, config: SLOConfig) -> list[ScoredCluster]:
     """Every scored cluster the chosen search visits (feasible or not), deduplicated."""
     types = list(problem.types)
     upper = []
@@ -173,7 +186,7 @@ def search(problem: SLOProblem, config: SLOConfig) -> list[_Scored]:
     speed = np.array([t.batch for t in types]) / one.iteration_s
     order = list(np.argsort(-speed, kind="stable"))
     width = len(types) if config.search == "exact" else min(config.window_types, len(types))
-    seen: dict[tuple[tuple[str, int], ...], _Scored] = {}
+    seen: dict[tuple[tuple[str, int], ...], ScoredCluster] = {}
     for start in range(len(types) - width + 1):
         window = order[start:start + width]
         counts = _box([upper[i] for i in window], config.max_workers)
@@ -183,11 +196,11 @@ def search(problem: SLOProblem, config: SLOConfig) -> list[_Scored]:
         for row, h, u, c in zip(counts, hours, usd, cost):
             key = tuple((types[i].name, int(k)) for i, k in zip(window, row) if k > 0)
             if key not in seen:
-                seen[key] = _Scored(dict(key), float(h), float(u), float(c))
+                seen[key] = ScoredCluster(dict(key), float(h), float(u), float(c))
     return list(seen.values())
 
 
-def _plan(scored: _Scored, config: SLOConfig, ps_name: str) -> Plan:
+def _plan(scored: ScoredCluster, config: SLOConfig, ps_name: str) -> Plan:
     items = [InstanceCount(name, count, Market.SPOT) for name, count in scored.counts.items()]
     if ps_name:
         items.append(InstanceCount(ps_name, 1, Market.ON_DEMAND, "ps"))
