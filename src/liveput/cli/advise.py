@@ -194,7 +194,7 @@ def slo(
     chosen = load_catalog(catalog)
     if types:
         names = [name.strip() for name in types.split(",") if name.strip()]
-        chosen = chosen.subset(sorted({*names, ps_type}, key=names.__contains__, reverse=True))
+        chosen = chosen.subset(names + ([ps_type] if ps_type not in names else []))
     loss = _floats(loss_params, 5, "--loss-params") if loss_params else None
     problem, ps = problem_from_catalog(chosen, load_profile(model), ps_type, loss)
     config = SLOConfig(target_loss, deadline_hours, search=search, max_workers=max_workers,
