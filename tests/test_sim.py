@@ -174,3 +174,13 @@ def test_checkpoint_rollback_costs_the_work_since_the_last_checkpoint() -> None:
     assert checkpoint.samples < reactive.samples
     assert checkpoint_save_s(context, configuration) == pytest.approx(
         MigrationCostModel().checkpoint_save_s(float(GPT.layer_state_bytes().sum())))
+
+
+def test_the_cost_objective_buys_samples_cheaper() -> None:
+    trace = generate_trace(32, 1.5, seed=7).resample(60)
+    fast = simulate_policy(trace, GPT, "liveput", FAST)
+    cheap = simulate_policy(trace, GPT, "liveput",
+                            SimulationConfig(predictor="persistence", objective="cost"))
+    assert cheap.usd_per_1k_samples < fast.usd_per_1k_samples
+    assert cheap.cost_usd < fast.cost_usd
+    assert fast.samples > cheap.samples
