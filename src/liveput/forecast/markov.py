@@ -29,6 +29,8 @@ DEFICIT_BINS = np.array([1, 2, 4, 8, 16, 10**9])
 def _size_distribution(sizes: np.ndarray, limit: int, mean_prior: float = 2.0) -> np.ndarray:
     """pmf over 1..limit of burst sizes: observed sizes plus a geometric prior of weight 1."""
     weights = np.zeros(limit + 1)
+    if limit < 1:
+        return weights  # no room for a burst
     if len(sizes):
         counts = np.bincount(np.clip(sizes, 1, limit), minlength=limit + 1)
         weights += counts[: limit + 1]
@@ -81,31 +83,29 @@ class MarkovPredictor(Predictor):
                                          (allocated[recent_mask] > 0).sum(), recent_mask.sum(),
                                          overall)
         size = capacity + 1
-        matrix = np.zeros((size, size))
-        for n in range(size):
-            # Distribution after losses: stay with 1 - p_pre, else lose L (capped at n).
-            after_loss = np.zeros(size)
-            after_loss[n] += 1 - p_pre
-            if n > 0:
-                lost = loss[1:].copy()
-                capped = np.zeros(n + 1)
-                capped[1 : min(n, len(lost)) + 1] = lost[: min(n, len(lost))]
-                capped[n] += lost[n:].sum()
-                after_loss[n - np.arange(n + 1)] += p_pre * capped
-            else:
-                after_loss[0] += p_pre
-            # Then allocations, driven by the deficit left.
-            for m in np.flatnonzero(after_loss):
-                room = capacity - m
-                if room <= 0:
-                    matrix[n, m] += after_loss[m]
-                    continue
-                p_alloc = p_alloc_bins[np.searchsorted(DEFICIT_BINS, room)]
-                granted = np.zeros(room + 1)
-                granted[1:] = gain[1 : room + 1]
-                granted[room] += gain[room + 1 :].sum()
-                matrix[n, m] += after_loss[m] * (1 - p_alloc)
-                matrix[n, m + np.arange(room + 1)] += after_loss[m] * p_alloc * granted
+        # Losses first: L[n, n - l] (stay with 1 - p_pre, else lose l, capped at n).
+        losses = np.zeros((size, size))
+        losses[np.arange(size), np.arange(size)] = 1 - p_pre
+        losses[0, 0] += p_pre
+        for n in range(1, size):
+            capped = np.zeros(n + 1)
+            capped[1:] = loss[1 : n + 1]
+            capped[n] += loss[n + 1 :].sum()
+            losses[n, n - np.arange(n + 1)] += p_pre * capped
+        # Then allocations, driven by the deficit left: G[m, m + g].
+        grants = np.zeros((size, size))
+        for m in range(size):
+            room = capacity - m
+            if room <= 0:
+                grants[m, m] = 1.0
+                continue
+            p_alloc = p_alloc_bins[np.searchsorted(DEFICIT_BINS, room)]
+            granted = np.zeros(room + 1)
+            granted[1:] = gain[1 : room + 1]
+            granted[room] += gain[room + 1 :].sum()
+            grants[m, m] = 1 - p_alloc
+            grants[m, m + np.arange(room + 1)] += p_alloc * granted
+        matrix = losses @ grants
         self._loss_mean = p_pre * np.array(
             [np.dot(np.arange(1, n + 1), loss[1 : n + 1]) + n * loss[n + 1 :].sum()
              for n in range(size)])

@@ -1,0 +1,199 @@
+"""Predictors: the contract, no look-ahead, scores against persistence, the auto mixture, CLI."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from liveput.cli.main import main
+from liveput.errors import LiveputError
+from liveput.forecast import PREDICTORS, make_predictor
+from liveput.forecast.auto import AutoPredictor
+from liveput.forecast.backtest import backtest, walk_forward
+from liveput.forecast.base import crps
+from liveput.forecast.markov import MarkovPredictor
+from liveput.forecast.persistence import PersistencePredictor
+from liveput.forecast.statistical import ArimaPredictor
+from liveput.traces import IntervalTrace, generate_trace, read_trace
+
+
+def _interval_trace(counts: list[int], name: str = "t") -> IntervalTrace:
+    counts_array = np.asarray(counts, dtype=np.int64)
+    deltas = np.diff(counts_array, append=counts_array[-1])
+    return IntervalTrace(name, 60.0, counts_array, np.maximum(-deltas, 0), np.maximum(deltas, 0))
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> IntervalTrace:
+    capacity = draw(st.integers(1, 12))
+    steps = draw(st.lists(st.integers(-3, 3), min_size=1, max_size=80))
+    count = draw(st.integers(0, capacity))
+    counts = [count]
+    for step in steps:
+        count = int(np.clip(count + step, 0, capacity))
+        counts.append(count)
+    return _interval_trace(counts)
+
+
+@settings(max_examples=25, deadline=None)
+@given(history=histories(), horizon=st.integers(1, 6), method=st.sampled_from(
+    ["persistence", "markov", "ets", "auto"]))
+def test_every_forecast_is_a_distribution_over_counts(history: IntervalTrace, horizon: int,
+                                                      method: str) -> None:
+    capacity = history.max_count
+    forecast = make_predictor(method).forecast(history, horizon, capacity)
+    assert forecast.horizon == horizon
+    assert forecast.pmf.shape == (horizon, capacity + 1)
+    assert np.allclose(forecast.pmf.sum(axis=1), 1.0)
+    assert (forecast.pmf >= -1e-12).all()
+    assert ((forecast.point >= 0) & (forecast.point <= capacity)).all()
+    assert (forecast.expected_preempted >= 0).all()
+    low, high = forecast.quantile(0.1), forecast.quantile(0.9)
+    assert (low <= high).all()
+
+
+@pytest.mark.parametrize("method", ["persistence", "markov", "arima", "ets", "auto"])
+def test_no_look_ahead(method: str) -> None:
+    """A forecast at t depends on counts up to t only, not on the current interval's events
+    (unknown at its start) nor on anything later."""
+    trace = generate_trace(16, 3, seed=4).resample(60)
+    now = 120
+    history = trace.head(now + 1)
+    altered_count = history.count.copy()
+    altered = IntervalTrace(
+        "t", 60.0, altered_count,
+        np.concatenate((history.preempted[:-1], [history.count[-1]])),  # everything lost in t
+        np.concatenate((history.allocated[:-1], [0])),
+    )
+    first = make_predictor(method).forecast(history, 6, 16)
+    second = make_predictor(method).forecast(altered, 6, 16)
+    assert np.allclose(first.point, second.point)
+    assert np.allclose(first.pmf, second.pmf)
+
+
+def test_persistence_is_the_last_count_with_its_own_errors() -> None:
+    history = _interval_trace([5, 5, 6, 6, 6, 4, 4, 4, 4, 4])
+    forecast = PersistencePredictor().forecast(history, 3, 8)
+    assert list(forecast.point) == [4.0, 4.0, 4.0]
+    # One-step errors seen: +1, -2 and seven zeros -> mass at 5 and 2 beside the bulk at 4.
+    assert forecast.pmf[0, 5] > 0 and forecast.pmf[0, 2] > 0
+    assert forecast.pmf[0].argmax() == 4
+
+
+def test_crps_equals_its_energy_form() -> None:
+    """CRPS(F, y) = E|X - y| - E|X - X'| / 2 for an integer distribution."""
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        pmf = rng.dirichlet(np.ones(9))
+        truth = int(rng.integers(0, 9))
+        support = np.arange(9)
+        energy = pmf @ np.abs(support - truth) - 0.5 * pmf @ np.abs(
+            support[:, None] - support[None, :]) @ pmf
+        assert crps(pmf[None, :], np.array([truth]))[0] == pytest.approx(energy)
+
+
+def test_markov_learns_recoveries_after_dips() -> None:
+    """Every dip of 3 is refilled one interval later: the Markov model forecasts the recovery,
+    persistence cannot."""
+    counts = []
+    for _ in range(40):
+        counts += [10, 10, 10, 7]
+    trace = _interval_trace(counts + [10])
+    scores = backtest(trace, ["persistence", "markov"], horizon=2, warmup=40)
+    assert scores["markov"].mae[0] < 0.8 * scores["persistence"].mae[0]
+    matrix = MarkovPredictor().transition_matrix(trace, 10)
+    assert np.allclose(matrix.sum(axis=1), 1.0)
+
+
+def test_auto_mixture_weight_minimizes_crps_like_brute_force() -> None:
+    trace = generate_trace(24, 6, seed=11, regime="volatile").resample(60)
+    auto, persistence, markov = AutoPredictor(replay=0), PersistencePredictor(), MarkovPredictor()
+    horizon, start = 3, 30
+    made = []
+    for now in range(start, len(trace) - 1):
+        history = trace.head(now + 1)
+        auto.forecast(history, horizon, 24)
+        made.append((persistence.forecast(history, horizon, 24).pmf[0],
+                     markov.forecast(history, horizon, 24).pmf[0], int(trace.count[now + 1])))
+    # Step 1 of the forecasts scored so far (the last one is not scored yet).
+    scored = made[:-1][-auto.window:]
+    grid = np.linspace(0, 1, 201)
+    totals = [sum(crps((w * m + (1 - w) * p)[None, :], np.array([y]))[0] for p, m, y in scored)
+              for w in grid]
+    assert auto.mixture_weights()[0] == pytest.approx(grid[int(np.argmin(totals))], abs=0.01)
+
+
+@pytest.mark.parametrize("seed, regime", [(1, "default"), (2, "volatile"), (3, "calm")])
+def test_auto_is_never_worse_than_persistence_and_sharper(seed: int, regime: str) -> None:
+    trace = generate_trace(32, 12, seed=seed, regime=regime).resample(60)
+    scores = backtest(trace, ["persistence", "auto"], horizon=12, warmup=60)
+    assert scores["auto"].mae_mean <= 1.01 * scores["persistence"].mae_mean
+    assert scores["auto"].crps_mean < scores["persistence"].crps_mean
+
+
+def test_auto_beats_persistence_on_the_p3_trace(shared_traces: Path) -> None:
+    trace = read_trace(shared_traces / "aws-p3-32node.events.csv").resample(60)
+    scores = backtest(trace, ["persistence", "auto"], horizon=12, warmup=60)
+    assert scores["auto"].mae_mean < scores["persistence"].mae_mean
+    assert scores["auto"].crps_mean < 0.99 * scores["persistence"].crps_mean
+
+
+def test_a_model_that_fails_to_fit_falls_back_to_persistence(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*_: object) -> None:
+        raise np.linalg.LinAlgError("singular matrix")
+
+    monkeypatch.setattr(ArimaPredictor, "_predict", broken)
+    history = generate_trace(16, 2, seed=2).resample(60)
+    with caplog.at_level(logging.WARNING):
+        forecast = ArimaPredictor().forecast(history, 4, 16)
+    assert list(forecast.point) == [float(history.count[-1])] * 4
+    assert "falling back to persistence" in caplog.text
+
+
+@pytest.mark.parametrize("method", PREDICTORS.names())
+def test_bad_requests_are_clear_errors(method: str) -> None:
+    history = _interval_trace([3, 3, 4])
+    with pytest.raises(LiveputError, match="horizon must be >= 1"):
+        make_predictor(method).forecast(history, 0, 4)
+    with pytest.raises(LiveputError, match="at least 1 intervals of history"):
+        make_predictor(method).forecast(history.head(0), 3, 4)
+    with pytest.raises(LiveputError, match="fewer than the warm-up"):
+        walk_forward(history, method, horizon=2, warmup=60)
+
+
+def test_backtest_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.csv"
+    assert main(["trace", "generate", "--nodes", "12", "--hours", "2", "--seed", "3",
+                 "-o", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["predict", "backtest", str(path), "--horizon", "4", "--methods", "markov,auto",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["interval_s"] == 60 and result["horizon"] == 4
+    assert result["default_method"] == "auto"
+    assert set(result["methods"]) == {"persistence", "markov", "auto"}
+    persistence = result["methods"]["persistence"]
+    assert persistence["mae_ratio_to_persistence"] == pytest.approx(1.0)
+    assert len(persistence["mae"]) == 4
+    assert persistence["mae_mean"] == pytest.approx(np.mean(persistence["mae"]))
+
+
+def test_predict_cli_errors_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.csv"
+    main(["trace", "generate", "--nodes", "8", "--hours", "2", "--seed", "1", "-o", str(path)])
+    capsys.readouterr()
+    assert main(["predict", "backtest", str(path), "--methods", "oracle"]) == 2
+    assert "unknown predictor 'oracle'" in capsys.readouterr().err
+    assert main(["predict", "backtest", str(path), "--warmup", "500"]) == 2
+    error = capsys.readouterr().err
+    assert "fewer than the warm-up" in error and error.count("\n") == 1
+    png = tmp_path / "forecast.png"
+    assert main(["predict", "plot", str(path), "--horizon", "6", "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
