@@ -7,8 +7,6 @@ from pathlib import Path
 import typer
 
 from liveput.cli.output import console
-from liveput.perf.profile_io import write_profile
-from liveput.perf.profiler import profile_model, resolve_target
 
 
 def register(app: typer.Typer) -> None:
@@ -24,6 +22,10 @@ def register(app: typer.Typer) -> None:
         output: Path = typer.Option(..., "-o", "--output", help="Profile JSON to write."),
     ) -> None:
         """Measure forward, backward and optimizer time of every layer; write a profile."""
+        # torch is imported here, not at start-up, so that every other command starts fast.
+        from liveput.perf.profile_io import write_profile
+        from liveput.perf.profiler import profile_model, resolve_target
+
         measured = profile_model(resolve_target(model), micro_batch, device, repeats)
         write_profile(measured, output)
         console.print(f"wrote {output}: {measured.num_layers} layers, "
