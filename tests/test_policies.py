@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -164,20 +166,30 @@ def test_recovery_is_the_best_configuration_for_the_rest_of_the_interval() -> No
         assert plan.configuration.num_instances <= available
 
 
-def test_liveput_regroups_survivors_cheaply_and_restores_a_lost_stage() -> None:
+def test_liveput_regroups_survivors_and_salvages_a_lost_stage_within_the_notice() -> None:
     policy = make_policy("liveput", CONTEXT)
     running = Configuration(2, 8)
     regroup = policy.decide(observe(16, running, 30.0, event="preemption",
                                     lost_slots=((1, 3),), remaining_s=30.0, counts=[17]))
     assert regroup.configuration is not None
     assert regroup.downtime_s < 10.0  # no restart: survivors regroup or re-partition
-    wiped = policy.decide(observe(14, running, 30.0, event="preemption",
-                                  lost_slots=((0, 3), (1, 3)), remaining_s=30.0, counts=[16]))
-    # Stage 3 lost both replicas: its state comes back from the checkpoint (a restore), or the
-    # rest of the interval is not worth it.
-    assert wiped.migration in ("checkpoint-restore", "none")
-    if wiped.configuration is not None:
-        assert wiped.downtime_s >= CONTEXT.costs.restart_s(14)
+    wiped = dict(event="preemption", lost_slots=((0, 3), (1, 3)), remaining_s=40.0,
+                 counts=[16])
+    # Stage 3 lost both replicas; during the 120-s notice its state leaves the dying instances:
+    # a transfer and a rebuild, no checkpoint.
+    salvaged = policy.decide(observe(14, running, 20.0, **wiped))
+    stage_bytes = float(GPT.layer_state_bytes().sum()) / 8
+    assert salvaged.configuration is not None
+    assert salvaged.migration in ("inter-stage", "pipeline")
+    assert salvaged.downtime_s <= (CONTEXT.costs.rebuild_s(14)
+                                   + CONTEXT.costs.transfer_s(stage_bytes) + 1e-9)
+    # Without a notice the state comes back from the checkpoint (or the rest of the interval is
+    # not worth a restore).
+    deaf = make_policy("liveput", replace(CONTEXT, preemption_notice_s=0.0))
+    restored = deaf.decide(observe(14, running, 20.0, **wiped))
+    assert restored.migration in ("checkpoint-restore", "none")
+    if restored.configuration is not None:
+        assert restored.downtime_s >= CONTEXT.costs.restart_s(14)
 
 
 def test_the_oracle_forecasts_the_true_future() -> None:

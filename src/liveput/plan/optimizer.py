@@ -256,27 +256,43 @@ class LiveputOptimizer:
         return float(self._migration_matrix(max(num_instances, 1))[begin, end])
 
     def recover(self, start: Configuration | None, num_available: int, remaining_s: float,
-                num_on_demand: int = 0) -> PlanDecision:
+                num_on_demand: int = 0, salvage_stages: int | None = None) -> PlanDecision:
         """The configuration for the rest of an interval, right after a loss.
 
         ``start`` is what the survivors form without moving state (the complete pipelines they
-        regroup into; None when a stage lost every replica, so its state must come from the
-        checkpoint). Each candidate c that fits ``num_available + num_on_demand`` is worth
-        ``thr(c) * max(0, remaining_s - mig(start, c))`` samples; the best one is chosen (the next
-        interval's decision looks ahead again).
+        regroup into; None when a stage lost every replica). Each candidate c that fits
+        ``num_available + num_on_demand`` is worth ``thr(c) * max(0, remaining_s - mig(start,
+        c))`` samples; the best one is chosen (the next interval's decision looks ahead again).
+
+        A stage that lost every replica has its state only on the leaving instances. With
+        ``salvage_stages`` (the depth P of the configuration that was hit) they send it out
+        during the cloud's preemption notice: reaching depth P again costs a rebuild plus one
+        stage's state (``mig((1, P), (D', P))``, and for D' = 1 the same rebuild and transfer),
+        another depth a re-partition from P. Without it the state comes from the checkpoint
+        (``mig(nothing, c)``).
         """
         if num_available < 0 or num_on_demand < 0 or remaining_s < 0:
             raise LiveputError("instance counts and remaining time must be >= 0")
+        instances = max(num_available + num_on_demand, 1)
         begin = 0 if start is None else self._index.get(
             (start.data_parallel, start.pipeline_stages), 0)
-        migration = self._migration_matrix(max(num_available + num_on_demand, 1))[begin]
+        migration = self._migration_matrix(instances)[begin]
+        salvaged = self._index.get((1, salvage_stages or 0)) if start is None else None
+        if salvaged is not None:
+            migration = self._migration_matrix(instances)[salvaged].copy()
+            stage_bytes = float(self.profile.layer_state_bytes().sum()) / salvage_stages
+            migration[salvaged] = (self.costs.rebuild_s(instances)
+                                   + self.costs.transfer_s(stage_bytes))
         fits = self.sizes <= num_available + num_on_demand
         value = np.where(fits, self.throughput * np.clip(remaining_s - migration, 0.0, None), 0.0)
         choice = int(np.argmax(value))
         if value[choice] <= value[begin] and fits[begin]:
             choice = begin
-        kind = migration_kind(self.data_parallel[begin], self.stages[begin],
+        origin = begin if salvaged is None else salvaged
+        kind = migration_kind(self.data_parallel[origin], self.stages[origin],
                               self.data_parallel[choice], self.stages[choice])
+        if salvaged is not None and choice == salvaged:
+            kind = "inter-stage"
         return PlanDecision(self._configuration(choice), kind, float(migration[choice]),
                             float(value[choice]), ())
 

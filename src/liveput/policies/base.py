@@ -156,6 +156,9 @@ class PolicyContext:
     """Instances the ``on-demand`` policy rents on-demand (the budget it is compared at)."""
     predictor: str = "auto"
     """Predictor used by forecasting policies."""
+    preemption_notice_s: float = 120.0
+    """Warning the cloud gives before it preempts an instance (AWS: 120 s, GCP: 30 s; 0: none):
+    policies that listen to it may move state off a leaving instance meanwhile."""
     seed: int = 0
     """Seed of any randomness inside a policy."""
 
@@ -166,6 +169,8 @@ class PolicyContext:
             raise LiveputError("policy context: capacity and on-demand budget must be >= 0")
         if min(self.spot_price_usd_per_hour, self.on_demand_price_usd_per_hour) < 0:
             raise LiveputError("policy context: prices must be >= 0")
+        if self.preemption_notice_s < 0:
+            raise LiveputError("policy context: the preemption notice must be >= 0")
 
     @property
     def max_instances(self) -> int:

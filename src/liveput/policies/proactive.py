@@ -13,8 +13,10 @@ Model:
   complete pipelines they can form (``D - max_j losses_j``, an intra-stage migration) or move to
   whatever configuration trains most in the rest of the interval (spares fill a stage by an
   inter-stage migration, or the pipeline is re-partitioned), chosen by
-  :meth:`LiveputOptimizer.recover`. A stage that lost every replica has lost its state: the job
-  restores from its checkpoint.
+  :meth:`LiveputOptimizer.recover`. A stage that lost every replica still has its state on the
+  leaving instances during the cloud's preemption notice (Parcae's agents listen to it): when one
+  stage's state can be sent within the notice, it moves to a spare or a re-partitioned pipeline
+  (rebuild + transfer); otherwise the job restores from its checkpoint.
 - *Objective* ``cost``: the optimizer maximizes samples per dollar and the policy stops its idle
   spares for the interval (they are not billed; the simulator keeps them available).
 """
@@ -33,7 +35,7 @@ from liveput.policies.base import (
     Policy,
     PolicyContext,
 )
-from liveput.policies.common import surviving_pipelines
+from liveput.policies.common import stage_state_bytes, surviving_pipelines
 
 
 @POLICIES.register("liveput")
@@ -93,8 +95,15 @@ class LiveputPolicy(Policy):
         if current is not None and observation.lost_slots:
             survivors = surviving_pipelines(current, observation.lost_slots)
             start = Configuration(survivors, current.pipeline_stages) if survivors > 0 else None
+        salvage = None
+        if start is None and current is not None:
+            # Every replica of a stage is leaving: its state can still be sent out during the
+            # notice, when the transfer fits in it.
+            stage_bytes = stage_state_bytes(self.context, current.pipeline_stages)
+            if self.context.costs.transfer_s(stage_bytes) <= self.context.preemption_notice_s:
+                salvage = current.pipeline_stages
         plan = self.optimizer.recover(start, observation.num_available, observation.remaining_s,
-                                      observation.num_on_demand)
+                                      observation.num_on_demand, salvage_stages=salvage)
         return Decision(plan.configuration, migration=plan.migration, downtime_s=plan.migration_s,
                         expected_samples=plan.expected_samples,
                         release=self._spares(plan.configuration, observation))

@@ -29,6 +29,10 @@ class SimulationConfig:
     """Seed of the within-interval randomness (when losses fall, which instances are lost)."""
     predictor: str = "auto"
     """Predictor of the ``liveput`` policy."""
+    preemption_notice_s: float = 120.0
+    """Warning before a preemption, seconds (AWS: 120; GCP: 30; 0: none), for the policies that
+    listen to it (``liveput`` moves a lost stage's state off the leaving instances; ``reactive``
+    saves its checkpoint)."""
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -42,5 +46,8 @@ class SimulationConfig:
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise LiveputError(f"simulation {name} must be >= 0, got {value}")
+        if not self.preemption_notice_s >= 0:
+            raise LiveputError(
+                f"preemption notice must be >= 0 s, got {self.preemption_notice_s}")
         if self.num_on_demand < 0:
             raise LiveputError(f"on-demand instances must be >= 0, got {self.num_on_demand}")

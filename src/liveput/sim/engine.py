@@ -120,6 +120,7 @@ def make_context(trace: IntervalTrace, profile: ModelProfile,
         capacity=capacity,
         on_demand_budget=budget,
         predictor=config.predictor,
+        preemption_notice_s=config.preemption_notice_s,
         seed=config.seed,
     )
 
