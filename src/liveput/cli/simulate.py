@@ -85,17 +85,18 @@ def _run_sweep(traces: list[IntervalTrace], models: list[str], policies: list[st
         rows = sweep(models, traces, policies, config,
                      on_cell=lambda model, trace: bar.update(task, advance=1,
                                                              description=f"{model} on {trace}"))
-    view = Table(title="samples relative to reactive / to ideal")
-    view.add_column("model")
-    view.add_column("trace")
-    for policy in policies:
-        view.add_column(policy, justify="right")
-    cells: dict[tuple[str, str], dict[str, str]] = {}
-    for row in rows:
-        cells.setdefault((row.model, row.trace), {})[row.policy] = (
-            f"{_fraction(row.vs_reactive, 2)} / {_fraction(row.vs_ideal)}")
-    for (model, trace), values in cells.items():
-        view.add_row(model, trace, *(values.get(policy, "-") for policy in policies))
+    view = Table(title="samples relative to reactive and to ideal")
+    for column in ("model", "trace", "policy", "samples", "x reactive", "of ideal", "$ / 1k"):
+        view.add_column(column, justify="left" if column in ("model", "trace", "policy")
+                        else "right", no_wrap=column != "trace")
+    for index, row in enumerate(rows):
+        last = index + 1 == len(rows) or (rows[index + 1].model, rows[index + 1].trace) != (
+            row.model, row.trace)
+        view.add_row(row.model, row.trace.removeprefix("generated-"), row.policy,
+                     f"{row.samples:,.0f}", _fraction(row.vs_reactive, 2),
+                     _fraction(row.vs_ideal),
+                     "-" if row.samples <= 0 else f"{row.cost_usd / row.samples * 1000:.3f}",
+                     end_section=last)
     console.print(view)
     if json_path is not None:
         _write(json_path, to_json({"interval_s": config.interval_s,
