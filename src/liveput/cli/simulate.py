@@ -128,6 +128,9 @@ def register(app: typer.Typer) -> None:
         on_demand_price: float | None = typer.Option(
             None, "--on-demand-price", help="$ per on-demand instance-hour (default: the "
                                             "model's instance type)."),
+        notice: float = typer.Option(120.0, "--preemption-notice",
+                                     help="Seconds of warning before a preemption (AWS 120, "
+                                          "GCP 30, 0: none)."),
         start_hour: float | None = typer.Option(None, "--start-hour",
                                                 help="Replay the trace from this hour on."),
         end_hour: float | None = typer.Option(None, "--end-hour",
@@ -145,7 +148,8 @@ def register(app: typer.Typer) -> None:
         config = SimulationConfig(interval_s=interval, horizon=horizon, objective=objective,
                                   spot_price_usd_per_hour=spot_price,
                                   on_demand_price_usd_per_hour=on_demand_price,
-                                  num_on_demand=on_demand, seed=seed)
+                                  num_on_demand=on_demand, seed=seed,
+                                  preemption_notice_s=notice)
         names = _names(policies, "policies")
         if run_sweep:
             if report is not None:
