@@ -66,8 +66,13 @@ def test_cost_is_every_instance_hour_held_at_its_price() -> None:
     result = simulate(trace, GPT, ["ideal", "reactive", "on-demand"], config)
     assert result.runs["ideal"].cost_usd == pytest.approx(10 * 0.9 * 1.0)
     assert result.runs["reactive"].cost_usd == pytest.approx(10 * 0.9 * 1.0)
-    # On-demand rents the mean spot count (10) at the on-demand price and releases the spot ones.
-    assert result.runs["on-demand"].cost_usd == pytest.approx(10 * 3.0 * 1.0)
+    # On-demand runs the best configuration for the mean spot count (10), rents exactly its
+    # instances at the on-demand price, and releases the spot ones.
+    configuration, _ = best(10)
+    assert result.runs["on-demand"].cost_usd == pytest.approx(
+        configuration.num_instances * 3.0 * 1.0)
+    starved = simulate(flat_trace(5, 10), GPT, ["on-demand"], config).runs["on-demand"]
+    assert starved.samples == 0.0 and starved.cost_usd == 0.0  # nothing fits 5: nothing rented
     run = result.runs["ideal"]
     assert run.usd_per_1k_samples == pytest.approx(run.cost_usd / run.samples * 1000)
     assert np.all(np.diff(run.cumulative_cost_usd) > 0)

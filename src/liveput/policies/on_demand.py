@@ -1,10 +1,11 @@
 """``on-demand``: the same instance budget rented on-demand instead of spot.
 
-Model: the job rents ``context.on_demand_budget`` on-demand instances (the simulator sets it to
-the spot job's mean available count plus any on-demand instances held, so both hold the same
-instance-hours on average), runs the best configuration for them from the start (paying one launch:
-a restart and a checkpoint load) and is never preempted; it releases every spot instance, so it
-pays only the on-demand price."""
+Model: the job's budget is ``context.on_demand_budget`` instances (the simulator sets it to the
+spot job's mean available count plus any on-demand instances held, so both hold about the same
+instance-hours). It runs the best configuration for that budget from the start (paying one launch:
+a restart and a checkpoint load), renting on-demand exactly the instances the configuration uses
+(none when no configuration fits the budget: nothing is trained and nothing paid), is never
+preempted, and releases every spot instance, so it pays only the on-demand price."""
 
 from __future__ import annotations
 
@@ -31,6 +32,6 @@ class OnDemandPolicy(Policy):
             migration="checkpoint-restore" if launch else "none",
             downtime_s=restart_s(self.context, target) if launch else 0.0,
             release=observation.num_available,
-            num_on_demand=self.context.on_demand_budget,
+            num_on_demand=0 if target is None else target.num_instances,
             expected_samples=self.lookup.throughput(target) * observation.remaining_s,
         )
