@@ -53,6 +53,9 @@ class CoordinatorConfig:
     """Seconds between two observations of the store."""
     heartbeat_timeout_s: float = 3.0
     """An instance whose heartbeat has not moved for this long is dead."""
+    suspect_after_s: float = 1.5
+    """When planning after a loss, an instance silent this long is counted as lost too
+    (instances killed together are not all detected at the same tick)."""
     initial_workers: int = 1
     """Instances to wait for before the first plan (or ``start_grace_s``, whichever first)."""
     start_grace_s: float = 10.0
@@ -94,6 +97,7 @@ class Coordinator:
         self._seen: dict[int, float] = {}
         self._beats: dict[int, bytes] = {}
         self._failure_seen_s: float | None = None
+        self._finish_seen_s: float | None = None
         self.available: list[int] = []
         """Instances available at the last tick (alive, not noticed)."""
         self.started_s = self.clock.now_s()
@@ -239,8 +243,13 @@ class Coordinator:
             return True
         self.committed = protocol.last_committed(self.store, plan.generation, self.committed + 1)
         if self.committed + 1 >= self.config.num_steps:
-            self.store.set("job/done", str(self.committed).encode())
-            return False
+            # The last stage records the step just after applying it: give it a moment.
+            self._finish_seen_s = self._finish_seen_s or now
+            recorded = self.store.get(f"ledger/{plan.epoch}/{self.committed}") is not None
+            if recorded or now - self._finish_seen_s > self.config.heartbeat_timeout_s:
+                self.store.set("job/done", str(self.committed).encode())
+                return False
+            return True
         working = {i for i, s in plan.slots.items() if s is not None}
         lost = working & (dead | noticed)
         fenced = protocol.step_outcome(self.store, plan.generation,
@@ -251,11 +260,15 @@ class Coordinator:
             self._failure_seen_s = self._failure_seen_s or now
             failed = now - self._failure_seen_s > self.config.heartbeat_timeout_s
         if lost or fenced or failed:
-            lost_slots = tuple(sorted(plan.slots[i] for i in lost))
+            suspects = {i for i in plan.slots
+                        if now - self._seen.get(i, now) > self.config.suspect_after_s}
+            gone = (dead | noticed | suspects) & set(plan.slots)
+            available = [i for i in available if i not in suspects]
+            lost_slots = tuple(sorted(plan.slots[i] for i in gone & working))
             target = self._decide(now, len(available), "preemption", lost_slots)
             if target is None:
                 return True
-            self._replan(target, (dead | noticed) & set(plan.slots), available, members, noticed,
+            self._replan(target, gone, available, members, noticed,
                          "loss" if lost else "failure" if failed else "recovery")
         elif interval_due:
             target = self._decide(now, len(available), "interval")

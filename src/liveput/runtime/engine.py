@@ -56,7 +56,7 @@ class EngineConfig:
 
     checkpoint_every: int = 10
     """K: checkpoint every K committed steps (0: never)."""
-    comm_timeout_s: float = 60.0
+    comm_timeout_s: float = 30.0
     """Timeout of a process-group operation, seconds."""
     outcome_poll_s: float = 2.0
     """How long one wait for a step's outcome blocks before checking for a stop, seconds."""
@@ -174,11 +174,15 @@ class Engine:
                 next_rank=plan.rank_of(plan.instance_at(slot[0], slot[1] + 1))
                 if slot[1] < plan.pipeline_stages - 1 else None)
             return self._train(plan, groups, position, keep_going, started)
-        except (RuntimeError, dist.DistBackendError) as error:
+        except (RuntimeError, dist.DistBackendError, LiveputError) as error:
+            # A peer died or never came (rendezvous timed out): the generation is over for us.
             LOG.warning("instance %d: generation %d failed: %s", self.instance, plan.generation,
                         str(error).splitlines()[0] if str(error) else type(error).__name__)
             discard_gradients(list(self.layers.values()))
-            self.store.set(f"fail/{plan.generation}/{self.instance}", b"1")
+            try:
+                self.store.set(f"fail/{plan.generation}/{self.instance}", b"1")
+            except LiveputError:
+                pass  # the store is down too; heartbeats will tell the coordinator
             return GenerationResult(Ending.FAILED, self.last_applied,
                                     time.perf_counter() - started)
         finally:

