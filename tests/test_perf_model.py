@@ -37,14 +37,71 @@ def _fit(model: str) -> tuple[float, int, int]:
     return mape, misses, len(counts)
 
 
+# The issue's targets: MAPE <= 15% and every instance count's pick within 5% of the measured
+# best. Where a model misses them the bound is the figure achieved, and the reason is a property
+# of the measurements, tested below: GPT-1.5B's three misses are P = 8 vs 9 and 12 vs 13 (the
+# engine's per-block cut counts the LM head as a block, which this profile does not have);
+# BERT-large's two are single measured dips ((6, 3) and (8, 2) run at half their neighbours);
+# ResNet-152's table is not a function of any partition (test below).
 @pytest.mark.parametrize("model, max_mape, max_misses", [
-    ("gpt-1.5b", 0.06, 3), ("gpt-6.7b", 0.10, 0), ("bert-large", 0.15, 2),
+    ("gpt-1.5b", 0.15, 3), ("gpt-6.7b", 0.15, 0), ("bert-large", 0.15, 2),
+    ("resnet152", 0.51, 3), ("vgg19", 0.15, 0),
 ])
 def test_estimator_reproduces_the_measured_table(model: str, max_mape: float,
                                                  max_misses: int) -> None:
     mape, misses, _ = _fit(model)
     assert mape <= max_mape
     assert misses <= max_misses
+
+
+def test_gpt_fits_stay_as_tight_as_before() -> None:
+    """The simulator is tuned against the GPT figures: they must not drift."""
+    assert _fit("gpt-1.5b")[0] <= 0.045
+    assert _fit("gpt-6.7b")[0] <= 0.075
+
+
+def test_vgg19_uniform_cut_reproduces_the_measured_dip_in_depth() -> None:
+    """Measured VGG-19 runs at about half speed for P = 5..7 against P = 4 and P = 8: a uniform
+    cut of its 46 modules then crosses the 112 x 112 x 128 activation between stages."""
+    measured = measured_table()["vgg19"]
+    table = estimate_configs(load_profile("vgg19"), 32)
+    grid = table.throughput_grid(32)
+    truth = {(int(d), int(p)): s for d, p, s in
+             zip(measured.data_parallel, measured.pipeline_stages, measured.samples_per_s)}
+    for data_parallel in (2, 3, 4):
+        for slow in (5, 6, 7):
+            if (data_parallel, slow) not in truth:
+                continue
+            for fast in (4, 8):
+                assert truth[(data_parallel, slow)] < 0.7 * truth[(data_parallel, fast)]
+                assert grid[data_parallel, slow] < 0.7 * grid[data_parallel, fast]
+
+
+def test_resnet152_table_is_not_a_function_of_the_partition() -> None:
+    """Why ResNet-152 misses 15%: give every depth P its own free slot time (the most any
+    partition, by parameters, compute or layer count, could change), plus free all-reduce and
+    fixed costs, and the best fit still errs by more than 25%, because the same P measures 2-3x
+    apart across D: (1, 6) = 128 samples/s but (2, 6) = 621; (3, 6) = 333 but (4, 6) = 1221."""
+    from scipy.optimize import least_squares
+
+    measured = measured_table()["resnet152"]
+    data_parallel, stages = measured.data_parallel, measured.pipeline_stages
+    depths = np.unique(stages)
+    column = np.searchsorted(depths, stages)
+    micro = measured.global_batch_size / (data_parallel * measured.micro_batch_size)
+    ring = 2 * (data_parallel - 1) / data_parallel
+
+    def relative_errors(log_x: np.ndarray) -> np.ndarray:
+        x = np.exp(log_x)
+        slot_s, allreduce_s, fixed_s = x[:len(depths)], x[-2], x[-1]
+        iteration_s = (micro + stages - 1) * slot_s[column] + ring * allreduce_s + fixed_s
+        return measured.global_batch_size / iteration_s / measured.samples_per_s - 1
+
+    best = min(
+        float(np.mean(np.abs(relative_errors(least_squares(relative_errors, start).x))))
+        for start in (np.full(len(depths) + 2, value) for value in (-4.0, -2.0, 0.0))
+    )
+    assert best > 0.25
 
 
 def test_published_minimum_depths_hold() -> None:
@@ -63,18 +120,23 @@ def test_gpt15_out_of_memory_reason_below_six_stages() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(times=st.lists(st.floats(0.1, 10.0), min_size=2, max_size=14), depth=st.integers(1, 6))
-def test_partition_is_optimal_against_brute_force(times: list[float], depth: int) -> None:
+@given(times=st.lists(st.floats(0.1, 10.0), min_size=2, max_size=14), depth=st.integers(1, 6),
+       method=st.sampled_from(["compute", "parameters"]))
+def test_partition_is_optimal_against_brute_force(times: list[float], depth: int,
+                                                  method: str) -> None:
     from itertools import combinations
 
     from liveput.perf.types import LayerProfile, ModelProfile
 
     depth = min(depth, len(times))
-    layers = tuple(LayerProfile(f"l{i}", t, 0.0, 0.0, 1, 1, 1) for i, t in enumerate(times))
+    # Under "parameters" the weights are parameter counts; under "compute", layer times.
+    layers = tuple(LayerProfile(f"l{i}", t, 0.0, 0.0, int(t * 1000), 1, 1)
+                   for i, t in enumerate(times))
+    weights = [t if method == "compute" else int(t * 1000) for t in times]
     profile = ModelProfile("x", load_profile("gpt-1.5b").instance_type, layers, 8, 1)
-    bounds = partition_layers(profile, depth)
+    bounds = partition_layers(profile, depth, method)
     assert bounds[0] == 0 and bounds[-1] == len(times) and (np.diff(bounds) >= 1).all()
-    prefix = np.concatenate(([0.0], np.cumsum(times)))
+    prefix = np.concatenate(([0.0], np.cumsum(weights)))
 
     def worst(cuts: tuple[int, ...]) -> float:
         edges = (0, *cuts, len(times))
@@ -82,8 +144,37 @@ def test_partition_is_optimal_against_brute_force(times: list[float], depth: int
 
     best = min(worst(c) for c in combinations(range(1, len(times)), depth - 1))
     assert worst(tuple(bounds[1:-1])) == pytest.approx(best)
-    table = partition_table(profile, depth)
-    assert table.max_stage_time_s[depth] == pytest.approx(best)
+    table = partition_table(profile, depth, method)
+    if method == "compute":
+        assert table.max_stage_time_s[depth] == pytest.approx(best)
+        assert (partition_layers(profile, depth) == bounds).all()  # the default for a profile
+
+
+@given(num_layers=st.integers(1, 60), depth=st.integers(1, 60))
+def test_uniform_partition_gives_every_stage_the_floor_and_the_last_the_rest(
+        num_layers: int, depth: int) -> None:
+    from liveput.perf.types import LayerProfile, ModelProfile
+
+    depth = min(depth, num_layers)
+    layers = tuple(LayerProfile(f"l{i}", 1.0, 0.0, 0.0, 1, 1, 1) for i in range(num_layers))
+    profile = ModelProfile("x", load_profile("gpt-1.5b").instance_type, layers, 8, 1)
+    sizes = np.diff(partition_layers(profile, depth, "uniform"))
+    assert len(sizes) == depth and sizes.sum() == num_layers
+    assert (sizes[:-1] == num_layers // depth).all() and sizes[-1] >= num_layers // depth
+
+
+def test_partition_methods_by_model_and_bad_method() -> None:
+    vgg = load_profile("vgg19")
+    assert (partition_layers(vgg, 5) == partition_layers(vgg, 5, "uniform")).all()
+    assert (partition_layers(vgg, 5) == [0, 9, 18, 27, 36, 46]).all()
+    table = partition_table(vgg, 8)
+    assert table.max_boundary_bytes[1] == 0
+    # The largest activation crossing a cut at P = 5 is conv.3's 112 x 112 x 128 output, fp16,
+    # micro-batch 32; at P = 8 no cut passes through the 112 x 112 block.
+    assert partition_table(vgg, 5).max_boundary_bytes[5] == 112 * 112 * 128 * 32 * 2
+    assert table.max_boundary_bytes[8] < 112 * 112 * 128 * 32 * 2
+    with pytest.raises(LiveputError, match="unknown partition method 'greedy'"):
+        partition_layers(vgg, 4, "greedy")
 
 
 def test_more_pipelines_never_lose_throughput_for_gpt() -> None:

@@ -7,11 +7,13 @@ micro-batch, parameters, and the elements of the output activation. Times follow
     backward_s = 2 * forward_s                              (s; gradients of inputs and weights)
     optimizer_s = num_params * ADAM_BYTES_TOUCHED / V100_MEMORY_BANDWIDTH   (s; memory bound)
 
-The absolute scale of compute, the per-micro-batch overhead and the all-reduce efficiency are then
-fitted per model to the measured table (``perf_calibration.json``, see ``calibrate.py``); the
-activation memory per output element is solved so that the smallest feasible pipeline depth
-matches the published one (GPT-1.5B needs P >= 6 and GPT-6.7B P >= 12 on 16 GB V100s, per the
-Parcae paper; the others the smallest P in the measured table).
+How the layers are cut into stages follows the engine the measured table came from
+(``BuiltinSpec.partition_method``). The absolute scale of compute, the per-micro-batch overhead,
+the stage-to-stage transfer and the all-reduce efficiency are then fitted per model to the
+measured table (``perf_calibration.json``, see ``calibrate.py``); the activation memory per
+output element is solved so that the smallest feasible pipeline depth matches the published one
+(GPT-1.5B needs P >= 6 and GPT-6.7B P >= 12 on 16 GB V100s, per the Parcae paper; the others the
+smallest P in the measured table).
 """
 
 from __future__ import annotations
@@ -100,16 +102,34 @@ def _transformer(
 
 
 def _vgg19() -> list[LayerShape]:
-    plan = [(224, 3, 64), (224, 64, 64), (112, 64, 128), (112, 128, 128)]
-    plan += [(56, 128, 256)] + [(56, 256, 256)] * 3 + [(28, 256, 512)] + [(28, 512, 512)] * 3
-    plan += [(14, 512, 512)] * 4
-    shapes = [
-        LayerShape(f"conv.{i}", size * size * cin * cout * 9, cin * cout * 9 + cout,
-                   size * size * cout)
-        for i, (size, cin, cout) in enumerate(plan)
-    ]
-    for i, (fan_in, fan_out) in enumerate([(25088, 4096), (4096, 4096), (4096, 1000)]):
+    """VGG-19 as the flat module sequence a pipeline engine cuts (torchvision's ``features``
+    then ``avgpool``, ``flatten`` and ``classifier``): 16 convolutions, each followed by its own
+    ReLU module, 5 max-pools, then 3 linear layers with their ReLU and dropout modules, 46 in
+    all. The parameter-free modules carry no compute but count as layers for a uniform cut, and
+    their outputs are what crosses a stage boundary there."""
+    plan = [(224, 3, 64), (224, 64, 64), "pool", (112, 64, 128), (112, 128, 128), "pool"]
+    plan += [(56, 128, 256)] + [(56, 256, 256)] * 3 + ["pool", (28, 256, 512)]
+    plan += [(28, 512, 512)] * 3 + ["pool"] + [(14, 512, 512)] * 4 + ["pool"]
+    shapes = []
+    elements = 224 * 224 * 3
+    for item in plan:
+        if item == "pool":
+            elements //= 4
+            shapes.append(LayerShape(f"pool.{len(shapes)}", 0.0, 0, elements))
+            continue
+        size, cin, cout = item
+        elements = size * size * cout
+        shapes.append(LayerShape(f"conv.{len(shapes)}", size * size * cin * cout * 9,
+                                 cin * cout * 9 + cout, elements))
+        shapes.append(LayerShape(f"relu.{len(shapes)}", 0.0, 0, elements))
+    shapes.append(LayerShape("avgpool", 0.0, 0, 7 * 7 * 512))
+    shapes.append(LayerShape("flatten", 0.0, 0, 7 * 7 * 512))
+    fcs = [(25088, 4096), (4096, 4096), (4096, 1000)]
+    for i, (fan_in, fan_out) in enumerate(fcs):
         shapes.append(LayerShape(f"fc.{i}", fan_in * fan_out, fan_in * fan_out + fan_out, fan_out))
+        if i < len(fcs) - 1:
+            shapes.append(LayerShape(f"fc.{i}.relu", 0.0, 0, fan_out))
+            shapes.append(LayerShape(f"fc.{i}.dropout", 0.0, 0, fan_out))
     return shapes
 
 
@@ -143,6 +163,15 @@ class BuiltinSpec:
     """Smallest P that fits in memory: published (GPT-1.5B 6, GPT-6.7B 12, Parcae paper) or the
     smallest P of the measured table. The bytes of activation memory per output element are
     solved from it (``_memory_per_element``)."""
+    partition_method: str = "compute"
+    """How the engine of the measured runs cut the layers into stages (``partition``). The
+    measured table comes from Parcae's DeepSpeed pipeline engine. Its transformers are cut per
+    block and ResNet-152 per bottleneck block, blocks of near-equal compute, which is what
+    ``compute`` gives. VGG-19 is cut by module count (``uniform``): this is the cut that
+    reproduces its measured halving of throughput at P = 5..7 against P = 4 and 8, where a cut
+    then passes the 112 x 112 x 128 activation between stages. Balancing parameters (DeepSpeed's
+    default) would put all 16 convolutions on one stage for every P, flat in P, unlike the
+    measurements."""
 
 
 BUILTIN_SPECS: dict[str, BuiltinSpec] = {
@@ -150,11 +179,11 @@ BUILTIN_SPECS: dict[str, BuiltinSpec] = {
     "gpt-6.7b": BuiltinSpec(tuple(_transformer(4096, 1024, 32, 50257, True)), 64, 1, 2, 12),
     "bert-large": BuiltinSpec(tuple(_transformer(1024, 512, 24, 30522, False)), 1024, 8, 2, 2),
     "resnet152": BuiltinSpec(tuple(_resnet152()), 2048, 32, 2, 2),
-    "vgg19": BuiltinSpec(tuple(_vgg19()), 2048, 32, 2, 2),
+    "vgg19": BuiltinSpec(tuple(_vgg19()), 2048, 32, 2, 2, "uniform"),
 }
 
 
-def _memory_per_element(profile: ModelProfile, min_stages: int) -> float:
+def _memory_per_element(profile: ModelProfile, min_stages: int, method: str) -> float:
     """Bytes per activation element that make ``min_stages`` the smallest depth that fits.
 
     Stage memory is linear in this coefficient x (``estimator`` docstring), so the depth P fits
@@ -165,7 +194,7 @@ def _memory_per_element(profile: ModelProfile, min_stages: int) -> float:
     from liveput.perf.estimator import stage_memory_bytes
     from liveput.perf.partition import partition_table
 
-    table = partition_table(profile, min_stages)
+    table = partition_table(profile, min_stages, method)
     budget = profile.instance_type.gpu_memory_gb * 1e9
     micro = profile.global_batch_size // profile.micro_batch_size
 
@@ -188,4 +217,5 @@ def builtin_profile(name: str) -> ModelProfile:
     args = (name, list(spec.shapes), spec.global_batch_size, spec.micro_batch_size,
             spec.activation_bytes_per_element, spec.min_pipeline_stages)
     unit = _layers_to_profile(*args, memory_bytes_per_activation_element=1.0)
-    return _layers_to_profile(*args, _memory_per_element(unit, spec.min_pipeline_stages))
+    per_element = _memory_per_element(unit, spec.min_pipeline_stages, spec.partition_method)
+    return _layers_to_profile(*args, per_element)

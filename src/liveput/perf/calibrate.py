@@ -35,12 +35,13 @@ def fit_calibration(model: str) -> Calibration:
     # The derived compute time may be off by a constant factor, not by orders of magnitude: a
     # bounded scale keeps compute in the model where few or noisy points would let overheads
     # explain everything (GPT-6.7B has 10 points, VGG-19's are non-monotone).
-    lower = [COMPUTE_SCALE_BOUNDS[0], 0.0, 0.0, 0.0]
-    upper = [COMPUTE_SCALE_BOUNDS[1], np.inf, np.inf, np.inf]
+    lower = [COMPUTE_SCALE_BOUNDS[0], 0.0, 0.0, 0.0, 0.0]
+    upper = [COMPUTE_SCALE_BOUNDS[1], np.inf, np.inf, np.inf, np.inf]
     solution = lsq_linear(features * weights[:, None], iteration_s * weights,
                           bounds=(lower, upper)).x
-    alpha, slot_s, beta, fixed_s = (float(v) for v in solution)
-    return Calibration(alpha, slot_s, beta, fixed_s)
+    alpha, gamma, slot_s, beta, fixed_s = (float(v) for v in solution)
+    return Calibration(compute_scale=alpha, transfer_scale=gamma, slot_overhead_s=slot_s,
+                       allreduce_scale=beta, iteration_overhead_s=fixed_s)
 
 
 def main() -> None:

@@ -2,21 +2,31 @@
 
 Notation, for a configuration of D pipelines of P stages and a model of L layers:
 
-- ``m = ceil(B / (D * b))``: micro-batches per pipeline per iteration (global batch B, micro-batch b);
-- ``t_P``: forward + backward time of the slowest stage of the balanced P-stage partition (s);
+- ``m = B / (D * b)``: micro-batches per pipeline per iteration (global batch B, micro-batch b),
+  as a mean: when D does not divide B / b the pipelines' shares differ by one micro-batch, and the
+  measured iteration times follow the mean (VGG-19's D = 13, 14, 15 at P = 2 get faster step by
+  step although ``ceil(64 / D) = 5`` for all three);
+- ``t_P``: forward + backward time of the slowest stage of the P-stage partition (s), cut the way
+  the model's engine cuts it (``partition``: by compute, parameters or layer count);
 - ``o_P``: optimizer time of that partition's slowest stage (s);
+- ``a_P``: bytes of the largest activation crossing a stage boundary, per micro-batch (0 if P = 1);
 - ``g_P``: gradient bytes of the largest stage (parameters x 4 bytes, fp32 all-reduce);
 - ``W``: network bandwidth between instances (bytes/s).
 
 Iteration time of 1F1B (P - 1 micro-batch slots of bubble), in seconds:
 
-    T(D, P) = (m + P - 1) * (alpha * t_P + c)               # pipeline with bubble, c per slot
+    T(D, P) = (m + P - 1) * (alpha * t_P                    # pipeline with bubble: compute,
+                             + gamma * 2 * a_P / W + c)     # blocking activation + gradient
+                                                            # transfer, c per slot
               + beta * 2 (D - 1) / D * g_P / W              # ring all-reduce among D replicas
               + alpha * o_P + d                              # optimizer step and fixed cost
 
-with per-model calibrated constants ``alpha`` (compute scale, 1), ``c`` (per-slot overhead: the
-activation send/recv and launch costs, s), ``beta`` (all-reduce inefficiency, 1) and ``d`` (s),
-fitted in ``calibrate.py``. Throughput is ``B / T`` samples/s.
+with per-model calibrated constants ``alpha`` (compute scale, 1), ``gamma`` (measured / ideal time
+of the boundary transfer, 1), ``c`` (per-slot overhead: kernel launches and the latency of the
+stage-to-stage messages, s), ``beta`` (all-reduce inefficiency, 1) and ``d`` (s), fitted in
+``calibrate.py``. Throughput is ``B / T`` samples/s. The transfer term is what makes a CNN's
+throughput non-monotone in P: a cut through an early, high-resolution layer sends megabytes per
+micro-batch over the 10 Gb/s link, and the engine blocks on it every slot.
 
 Memory of stage s (0-based) under 1F1B with activation checkpointing (as the DeepSpeed engine of
 the measured runs): the stage keeps its input for each of the ``min(P - s, m)`` micro-batches in
@@ -53,6 +63,9 @@ class Calibration:
     """c: seconds per micro-batch slot per stage (activation transfer, kernel launches)."""
     allreduce_scale: float = 1.0
     """beta: measured / ideal ring all-reduce time (dimensionless)."""
+    transfer_scale: float = 1.0
+    """gamma: measured / ideal time of the blocking activation and gradient transfer across the
+    busiest stage boundary, ``2 * a_P / W`` per slot (dimensionless)."""
     iteration_overhead_s: float = 0.0
     """d: fixed seconds per iteration."""
 
@@ -95,13 +108,15 @@ def score(
 ) -> ConfigTable:
     """Vectorized scoring of the configurations ``(data_parallel[k], stages[k])``."""
     batch = profile.global_batch_size
-    micro = np.ceil(batch / (data_parallel * profile.micro_batch_size)).astype(np.int64)
+    micro = batch / (data_parallel * profile.micro_batch_size)
     bandwidth_bytes_per_s = profile.instance_type.network_gbps * 1e9 / 8
     slots = micro + stages - 1
     ring = 2 * (data_parallel - 1) / data_parallel
     gradient_bytes = table.max_stage_params[stages] * GRADIENT_BYTES_PER_PARAM
+    transfer_s = 2 * table.max_boundary_bytes[stages] / bandwidth_bytes_per_s
     iteration_s = (
         slots * (calibration.compute_scale * table.max_stage_time_s[stages]
+                 + calibration.transfer_scale * transfer_s
                  + calibration.slot_overhead_s)
         + calibration.allreduce_scale * ring * gradient_bytes / bandwidth_bytes_per_s
         + calibration.compute_scale * table.max_stage_optimizer_s[stages]
@@ -109,7 +124,7 @@ def score(
     )
     # Memory: per-stage arrays padded to the deepest pipeline, stage index s along axis 1.
     stage_index = np.arange(table.stage_params.shape[1])
-    in_flight = np.minimum(stages[:, None] - stage_index[None, :], micro[:, None])
+    in_flight = np.minimum(stages[:, None] - stage_index[None, :], np.ceil(micro)[:, None])
     in_flight = np.clip(in_flight, 0, None)
     memory_bytes = stage_memory_bytes(profile, table, stages, in_flight).max(axis=1)
     memory_gb = memory_bytes / 1e9
@@ -156,14 +171,16 @@ def stage_memory_bytes(
 def iteration_features(
     profile: ModelProfile, table: PartitionTable, data_parallel: np.ndarray, stages: np.ndarray
 ) -> np.ndarray:
-    """Columns of the iteration-time formula that multiply (alpha, c, beta, d): for fitting."""
-    micro = np.ceil(profile.global_batch_size / (data_parallel * profile.micro_batch_size))
+    """Columns of the iteration-time formula that multiply (alpha, gamma, c, beta, d): for
+    fitting."""
+    micro = profile.global_batch_size / (data_parallel * profile.micro_batch_size)
     slots = micro + stages - 1
     ring = 2 * (data_parallel - 1) / data_parallel
     bandwidth = profile.instance_type.network_gbps * 1e9 / 8
     gradient_bytes = table.max_stage_params[stages] * GRADIENT_BYTES_PER_PARAM
     return np.stack([
         slots * table.max_stage_time_s[stages] + table.max_stage_optimizer_s[stages],
+        slots * 2 * table.max_boundary_bytes[stages] / bandwidth,
         slots,
         ring * gradient_bytes / bandwidth,
         np.ones_like(slots, dtype=float),

@@ -1,12 +1,24 @@
-"""Balanced partitions of a model's layers into P contiguous pipeline stages.
+"""Partitions of a model's layers into P contiguous pipeline stages, for every depth at once.
 
-For each depth P, the partition minimizes the forward + backward time of the slowest stage (the
-pipeline's clock), by dynamic programming over prefix sums:
+A partition method says how a pipeline engine cuts the layer sequence; the estimator must model
+the one the engine actually uses, since the slowest stage sets the pipeline's clock:
 
-    best[p][j] = min_{i < j} max(best[p-1][i], time(i, j))      (layers i..j-1 form stage p)
+- ``compute``: minimize the forward + backward time of the slowest stage (what a profile-guided
+  engine does), by dynamic programming over prefix sums,
 
-All depths 1..P_max are solved in one pass (each step is one vectorized min over an L x L matrix)
-and cached per profile, so scoring configurations only indexes arrays.
+      best[p][j] = min_{i < j} max(best[p-1][i], time(i, j))   (layers i..j-1 form stage p);
+
+- ``parameters``: the same min-max over parameter counts instead of time (DeepSpeed's pipeline
+  default, ``partition_method="parameters"``);
+- ``uniform``: the same number of layers per stage, ``floor(L / P)``, the last stage taking the
+  remainder (DeepSpeed's ``partition_method="uniform"``, counting every module of the sequence,
+  parameter-free ones included).
+
+For CNNs the three differ sharply: parameters sit in the late layers and compute in the early
+ones, and a cut through an early, high-resolution layer sends a large activation between stages.
+Each built-in profile names the method its measured engine used (``builtin.BuiltinSpec``); any
+other profile is cut by ``compute``. All depths 1..P_max are solved in one pass and cached per
+profile and method, so scoring configurations only indexes arrays.
 """
 
 from __future__ import annotations
@@ -19,11 +31,16 @@ import numpy as np
 from liveput.errors import LiveputError
 from liveput.perf.types import ModelProfile
 
+PARTITION_METHODS = ("compute", "parameters", "uniform")
+"""Ways to cut layers into stages (module docstring)."""
+
 
 @dataclass(frozen=True)
 class PartitionTable:
     """Per pipeline depth P (index P; row 0 unused): the partition and its per-stage figures."""
 
+    method: str
+    """The partition method (one of ``PARTITION_METHODS``)."""
     boundaries: tuple[np.ndarray, ...]
     """``boundaries[P]``: layer indices where stages start, shape (P + 1,), last = L."""
     max_stage_time_s: np.ndarray
@@ -32,6 +49,9 @@ class PartitionTable:
     """Optimizer seconds of the stage with the most, shape (P_max + 1,)."""
     max_stage_params: np.ndarray
     """Parameters of the largest stage, shape (P_max + 1,)."""
+    max_boundary_bytes: np.ndarray
+    """Bytes of the largest activation that crosses a stage boundary, per micro-batch (0 for
+    P = 1), shape (P_max + 1,)."""
     stage_params: np.ndarray
     """Parameters of stage s at depth P, shape (P_max + 1, P_max), 0 past the last stage."""
     stage_activation_memory: np.ndarray
@@ -51,18 +71,11 @@ def _layer_arrays(profile: ModelProfile) -> tuple[np.ndarray, ...]:
     return time_s, optimizer_s, params, memory, outputs
 
 
-@lru_cache(maxsize=64)
-def partition_table(profile: ModelProfile, max_stages: int) -> PartitionTable:
-    """Balanced partitions of ``profile`` for every depth 1..``max_stages``."""
-    num_layers = profile.num_layers
-    if not 1 <= max_stages <= num_layers:
-        raise LiveputError(
-            f"{profile.model}: cannot cut {num_layers} layers into {max_stages} stages"
-        )
-    time_s, optimizer_s, params, memory, outputs = _layer_arrays(profile)
-    inputs = np.concatenate(([0.0], outputs))  # layer i's input is layer i-1's output
-    prefix = np.concatenate(([0.0], np.cumsum(time_s)))
-    # cost[i, j] = time of layers i..j-1 (a stage must hold at least one layer).
+def _min_max_cuts(weights: np.ndarray, max_stages: int) -> list[np.ndarray]:
+    """Boundaries minimizing the heaviest stage's total weight, for every depth 1..max_stages."""
+    num_layers = len(weights)
+    prefix = np.concatenate(([0.0], np.cumsum(weights)))
+    # cost[i, j] = weight of layers i..j-1 (a stage must hold at least one layer).
     cost = prefix[None, :] - prefix[:, None]
     index = np.arange(num_layers + 1)
     cost[index[:, None] >= index[None, :]] = np.inf
@@ -73,40 +86,98 @@ def partition_table(profile: ModelProfile, max_stages: int) -> PartitionTable:
         choice = np.argmin(candidates, axis=0)
         best = candidates[choice, index]
         choices.append(choice)
-    boundaries: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+    all_bounds = []
+    for depth in range(1, max_stages + 1):
+        cuts = [num_layers]
+        for level in range(depth - 1, 0, -1):
+            cuts.append(int(choices[level][cuts[-1]]))
+        cuts.append(0)
+        all_bounds.append(np.array(cuts[::-1], dtype=np.int64))
+    return all_bounds
+
+
+def _uniform_cuts(num_layers: int, max_stages: int) -> list[np.ndarray]:
+    """``floor(L / P)`` layers per stage, the remainder on the last stage, for every depth."""
+    all_bounds = []
+    for depth in range(1, max_stages + 1):
+        bounds = np.arange(depth + 1, dtype=np.int64) * (num_layers // depth)
+        bounds[-1] = num_layers
+        all_bounds.append(bounds)
+    return all_bounds
+
+
+def default_partition_method(profile: ModelProfile) -> str:
+    """The method of the engine a built-in profile was measured on; ``compute`` otherwise."""
+    from liveput.perf.builtin import BUILTIN_SPECS, builtin_profile
+
+    spec = BUILTIN_SPECS.get(profile.model)
+    if spec is None or spec.partition_method == "compute":
+        return "compute"
+    # A user's profile that only shares a built-in's name is cut by compute.
+    return spec.partition_method if builtin_profile(profile.model) == profile else "compute"
+
+
+def partition_table(
+    profile: ModelProfile, max_stages: int, method: str | None = None
+) -> PartitionTable:
+    """Partitions of ``profile`` for every depth 1..``max_stages`` by ``method`` (default: the
+    profile's own, ``default_partition_method``)."""
+    method = default_partition_method(profile) if method is None else method
+    if method not in PARTITION_METHODS:
+        raise LiveputError(
+            f"unknown partition method {method!r}; one of {', '.join(PARTITION_METHODS)}"
+        )
+    return _partition_table(profile, max_stages, method)
+
+
+@lru_cache(maxsize=64)
+def _partition_table(profile: ModelProfile, max_stages: int, method: str) -> PartitionTable:
+    num_layers = profile.num_layers
+    if not 1 <= max_stages <= num_layers:
+        raise LiveputError(
+            f"{profile.model}: cannot cut {num_layers} layers into {max_stages} stages"
+        )
+    time_s, optimizer_s, params, memory, outputs = _layer_arrays(profile)
+    if method == "uniform":
+        all_bounds = _uniform_cuts(num_layers, max_stages)
+    else:
+        all_bounds = _min_max_cuts(time_s if method == "compute" else params, max_stages)
+    inputs = np.concatenate(([0.0], outputs))  # layer i's input is layer i-1's output
     shape = (max_stages + 1, max_stages)
     stage_params = np.zeros(shape)
     stage_memory = np.zeros(shape)
     stage_inputs = np.zeros(shape)
     max_time = np.zeros(max_stages + 1)
     max_optimizer = np.zeros(max_stages + 1)
+    max_boundary = np.zeros(max_stages + 1)
+    time_prefix = np.concatenate(([0.0], np.cumsum(time_s)))
     param_prefix = np.concatenate(([0.0], np.cumsum(params)))
     memory_prefix = np.concatenate(([0.0], np.cumsum(memory)))
     optimizer_prefix = np.concatenate(([0.0], np.cumsum(optimizer_s)))
-    for depth in range(1, max_stages + 1):
-        cuts = [num_layers]
-        for level in range(depth - 1, 0, -1):
-            cuts.append(int(choices[level][cuts[-1]]))
-        cuts.append(0)
-        bounds = np.array(cuts[::-1], dtype=np.int64)
-        boundaries.append(bounds)
+    for depth, bounds in enumerate(all_bounds, start=1):
         starts, ends = bounds[:-1], bounds[1:]
         stage_params[depth, :depth] = param_prefix[ends] - param_prefix[starts]
         stage_memory[depth, :depth] = memory_prefix[ends] - memory_prefix[starts]
         stage_inputs[depth, :depth] = inputs[starts]
-        max_time[depth] = (prefix[ends] - prefix[starts]).max()
+        max_time[depth] = (time_prefix[ends] - time_prefix[starts]).max()
         max_optimizer[depth] = (optimizer_prefix[ends] - optimizer_prefix[starts]).max()
+        max_boundary[depth] = inputs[starts[1:]].max(initial=0.0)
     return PartitionTable(
-        boundaries=tuple(boundaries),
+        method=method,
+        boundaries=(np.zeros(1, dtype=np.int64), *all_bounds),
         max_stage_time_s=max_time,
         max_stage_optimizer_s=max_optimizer,
         max_stage_params=stage_params.max(axis=1),
+        max_boundary_bytes=max_boundary,
         stage_params=stage_params,
         stage_activation_memory=stage_memory,
         stage_input_bytes=stage_inputs,
     )
 
 
-def partition_layers(profile: ModelProfile, num_stages: int) -> np.ndarray:
-    """Stage boundaries of the balanced ``num_stages``-stage partition, shape (P + 1,)."""
-    return partition_table(profile, num_stages).boundaries[num_stages]
+def partition_layers(
+    profile: ModelProfile, num_stages: int, method: str | None = None
+) -> np.ndarray:
+    """Stage boundaries of the ``num_stages``-stage partition, shape (P + 1,), by ``method``
+    (default: the profile's own, as the estimator scores it)."""
+    return partition_table(profile, num_stages, method).boundaries[num_stages]
