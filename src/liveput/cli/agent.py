@@ -50,7 +50,12 @@ def coordinator(
                                        help="Directory or fsspec URL every instance reaches."),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0),
     capacity: int = typer.Option(8, "--capacity", min=1, help="Most instances available."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Instances to wait for before "
+                                "the first plan (at most --start-grace seconds)."),
+    start_grace_s: float = typer.Option(30.0, "--start-grace", help="Longest wait, seconds."),
     interval_s: float = typer.Option(60.0, "--interval", help="Seconds between decisions."),
+    heartbeat_timeout_s: float = typer.Option(3.0, "--heartbeat-timeout",
+                                              help="Seconds of silence before an agent is dead."),
 ) -> None:
     """Run the coordinator: host the store, decide configurations, publish plans."""
     from liveput.runtime.coordinator import CoordinatorConfig
@@ -64,7 +69,9 @@ def coordinator(
         run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every),
                         CoordinatorConfig(num_steps=steps, num_micro_batches=job.num_micro_batches,
                                           capacity=capacity, interval_s=interval_s,
-                                          policy_interval_s=interval_s))
+                                          policy_interval_s=interval_s, initial_workers=workers,
+                                          start_grace_s=start_grace_s,
+                                          heartbeat_timeout_s=heartbeat_timeout_s))
     finally:
         handle.close()
     typer.echo("job done", err=True)

@@ -106,6 +106,8 @@ class Coordinator:
         self.committed = -1 if self.plan is None else protocol.last_committed(
             store, self.plan.generation, self.plan.start_step)
         if self.plan is not None:
+            # Recovered: learn who is alive (a heartbeat timeout) before deciding anything new.
+            self._next_interval_s = self.started_s + config.heartbeat_timeout_s
             LOG.info("coordinator recovered: generation %d, committed step %d",
                      self.plan.generation, self.committed)
 
@@ -279,5 +281,10 @@ class Coordinator:
 
     def run(self) -> None:
         """Tick until the job is done."""
-        while self.tick():
+        while True:
+            try:
+                if not self.tick():
+                    return
+            except LiveputError as error:  # the store is restarting: observe again later
+                LOG.warning("coordinator: %s", error)
             self.clock.sleep(self.config.tick_s)

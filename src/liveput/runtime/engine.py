@@ -208,7 +208,13 @@ class Engine:
                 flat, parameters = flat_gradients(layers, loss)
                 groups.allreduce_stage(flat)
                 loss = unflatten_gradients(flat, parameters)
-            protocol.vote_commit(self.store, plan.generation, step, plan.num_working)
+            try:
+                protocol.vote_commit(self.store, plan.generation, step, plan.num_working)
+            except LiveputError:
+                # The store failed mid-vote: whether our add counted is unknown. Ask the
+                # coordinator to fence the step; the fence's atomic add then decides for all.
+                self._retry(lambda: self.store.set(
+                    f"fail/{plan.generation}/{self.instance}", b"vote"))
             if self._wait_outcome(plan.generation, step) != protocol.COMMITTED:
                 discard_gradients(layers)
                 result.ending = Ending.FENCED
@@ -217,12 +223,13 @@ class Engine:
             self.last_applied = step
             if position.is_last:
                 result.losses[step] = loss
-                protocol.record_step(self.store, plan.epoch, LedgerRecord(
+                record = LedgerRecord(
                     step=step, generation=plan.generation,
                     first_sample=step * self.job.global_batch_size,
                     num_samples=self.job.global_batch_size, loss=loss,
                     data_parallel=plan.data_parallel, pipeline_stages=plan.pipeline_stages,
-                    committed_unix_s=time.time()))
+                    committed_unix_s=time.time())
+                self._retry(lambda: protocol.record_step(self.store, plan.epoch, record))
             every = self.config.checkpoint_every
             if every and (step + 1) % every == 0 and position.pipeline == 0 and self.checkpointer:
                 self.checkpointer.save_async(plan.epoch, step, layers, self.job.num_layers)
@@ -231,6 +238,18 @@ class Engine:
         if result.ending is Ending.FINISHED and position.pipeline == 0 and self.checkpointer:
             self.checkpointer.save_now("final", layers)
         return result
+
+    def _retry(self, action: Callable[[], object], timeout_s: float = 120.0) -> None:
+        """Run a store write that must happen, through a store outage of up to ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                action()
+                return
+            except LiveputError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _wait_outcome(self, generation: int, step: int) -> bytes:
         key = protocol.done_key(generation, step)

@@ -1,0 +1,77 @@
+"""The control plane fails: the coordinator is killed and restarted, the etcd store restarts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
+                             final_parameters, reference_parameters)
+from runtime_fixtures import etcd_server, etcd_url  # noqa: F401 - pytest fixtures
+
+from liveput.runtime.job import resolve_job
+from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.store import open_store
+
+STEPS = 100
+
+
+def start_coordinator(url: str, checkpoint_dir: Path, log: Path) -> subprocess.Popen:
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "LIVEPUT_TOKEN": TOKEN,
+           "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "liveput.cli.main", "-v", "coordinator", "--store", url,
+             "--model", JOB, "--steps", str(STEPS), "--workers", "3", "--capacity", "4",
+             "--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", "3",
+             "--interval", "1", "--heartbeat-timeout", "2"],
+            env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+
+
+def steps_recorded(store) -> int:  # noqa: ANN001
+    return len(store.get_prefix("ledger/"))
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_coordinator_restart_and_etcd_restart_lose_nothing(etcd_server, etcd_url, tmp_path):
+    store = open_store(etcd_url, token=TOKEN)
+    agents = AgentProcesses(etcd_url, tmp_path)
+    log = tmp_path / "coordinator.log"
+    coordinator = start_coordinator(etcd_url, tmp_path / "ckpt", log)
+    try:
+        for instance in range(3):
+            agents.start(instance)
+        wait_until(lambda: steps_recorded(store) >= 5, 90, "training")
+        # The coordinator dies; an agent dies while it is down; a new coordinator takes over.
+        coordinator.kill()
+        coordinator.wait(timeout=10)
+        agents.kill(2)
+        at_kill = steps_recorded(store)
+        coordinator = start_coordinator(etcd_url, tmp_path / "ckpt", log)
+        wait_until(lambda: steps_recorded(store) >= at_kill + 5, 90, "training after restart")
+        # The store itself restarts (same data) in the middle of training.
+        etcd_server.restart(down_s=1.0)
+        assert coordinator.wait(timeout=120) == 0, log.read_text()[-3000:]
+        codes = agents.wait_all(timeout_s=60)
+        assert codes[0] == 0 and codes[1] == 0, agents.log(0)[-2000:]
+        report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
+        assert report.exactly_once, report.problems
+        assert "coordinator recovered" in log.read_text()
+        assert_same_parameters(final_parameters(tmp_path / "ckpt", 4),
+                               reference_parameters(STEPS))
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+            coordinator.wait(timeout=10)
+        agents.close()
+        store.close()
