@@ -1,7 +1,23 @@
 """liveput: proactive, liveput-optimized DNN training on preemptible (spot) instances."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from liveput.errors import LiveputError
+
+if TYPE_CHECKING:
+    from liveput.runtime.job import Job
 
 __version__ = "0.1.0"
 
-__all__ = ["LiveputError", "__version__"]
+__all__ = ["Job", "LiveputError", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    # ``liveput.Job`` imports PyTorch: only when asked for, so the CLI starts fast.
+    if name == "Job":
+        from liveput.runtime.job import Job
+
+        return Job
+    raise AttributeError(f"module 'liveput' has no attribute {name!r}")

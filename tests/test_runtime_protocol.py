@@ -1,0 +1,125 @@
+"""Commit protocol, plans, ledger, job validation and agent states, on the in-memory store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import liveput
+from liveput.perf.costs import MigrationCostModel
+from liveput.plan.migration import Assignment, Slot, plan_migration
+from liveput.policies.base import Configuration
+from liveput.runtime import protocol
+from liveput.runtime.agent import Agent, AgentConfig, AgentState
+from liveput.runtime.job import replica_micro_batches, resolve_job
+from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.planning import PlanContext, profile_job, to_runtime_plan
+from liveput.runtime.store import MemoryStore
+
+
+def test_a_fenced_step_never_commits_and_a_committed_step_is_never_fenced():
+    store = MemoryStore()
+    protocol.vote_commit(store, 0, 5, 3)
+    protocol.vote_commit(store, 0, 5, 3)
+    assert protocol.fence(store, 0, 5, 3) == 5
+    protocol.vote_commit(store, 0, 5, 3)  # the late vote cannot complete it
+    assert protocol.step_outcome(store, 0, 5) == protocol.ABORTED
+    for _ in range(3):
+        protocol.vote_commit(store, 1, 7, 3)
+    assert protocol.step_outcome(store, 1, 7) == protocol.COMMITTED
+    assert protocol.fence(store, 1, 7, 3) == 8  # the fence moves past the committed step
+    assert protocol.last_committed(store, 1, 7) == 7
+
+
+def test_the_fence_decides_a_vote_whose_writer_died_before_marking_it():
+    store = MemoryStore()
+    for _ in range(2):
+        store.add(protocol.commit_key(0, 3), 1)  # all voted, nobody wrote the outcome
+    assert protocol.fence(store, 0, 3, 2) == 4
+    assert protocol.step_outcome(store, 0, 3) == protocol.COMMITTED
+
+
+def test_plan_survives_the_store_as_json():
+    plan = protocol.RuntimePlan(3, 1, 10, 50, 2, 2, [0, 2, 4], {0: (0, 0), 1: (0, 1), 5: None},
+                                {0: "10.0.0.1", 1: "10.0.0.2", 5: "10.0.0.6"},
+                                [protocol.Transfer(2, 5, 1)], "inter-stage", None)
+    again = protocol.RuntimePlan.from_json(plan.to_json())
+    assert again == plan
+    assert again.world == [0, 1, 5] and again.rank_of(5) == 2 and again.num_working == 2
+
+
+@pytest.fixture(scope="module")
+def small_profile():
+    return profile_job(resolve_job("tiny-gpt-small"), repeats=1)
+
+
+def test_a_noticed_instance_sends_its_layers_instead_of_a_checkpoint_restore(small_profile):
+    running = Assignment({0: Slot(0, 0), 1: Slot(0, 1)}, 2)
+    migration = plan_migration(small_profile, MigrationCostModel(), running, {1}, [2],
+                               Configuration(1, 2))
+    assert migration.kind == "checkpoint-restore"  # the planner counts noticed instances as gone
+    context = PlanContext(4, 0, 30, 100, {}, latest_checkpoint=20, stages_before=2)
+    proactive = to_runtime_plan(small_profile, migration, context, {2: [1], 3: [1]})
+    assert proactive.kind == "inter-stage" and proactive.restore_step is None
+    assert {t.source for t in proactive.transfers} == {1} and proactive.slots[1] is None
+    reactive = to_runtime_plan(small_profile, migration, context)
+    assert reactive.kind == "checkpoint-restore" and reactive.restore_step == 20
+    assert reactive.start_step == 21 and reactive.epoch == 1 and reactive.transfers == []
+
+
+def _record(store, epoch: int, step: int, batch: int = 8, first: int | None = None) -> None:
+    protocol.record_step(store, epoch, protocol.LedgerRecord(
+        step, 0, step * batch if first is None else first, batch, 1.0, 1, 1, 0.0))
+
+
+def test_the_ledger_proves_exactly_once_across_a_restore_and_catches_mistakes():
+    store = MemoryStore()
+    for step in range(6):
+        _record(store, 0, step)
+    protocol.record_restore(store, 1, committed=5, restored_to=3)
+    for step in range(4, 8):
+        _record(store, 1, step)
+    report = verify_ledger(store, 8, 8)
+    assert report.exactly_once and report.steps_rolled_back == 2 and report.restores == 1
+    assert [r["step"] for r in report.records] == list(range(8))
+    assert not verify_ledger(store, 8, 9).exactly_once  # step 8 never applied
+    _record(store, 1, 9, first=0)  # a gap, and samples of another step
+    problems = verify_ledger(store, 8, 10).problems
+    assert any("do not follow" in p for p in problems)
+    assert any("samples of another step" in p for p in problems)
+
+
+def test_job_is_validated_with_one_line_errors():
+    job = resolve_job("tiny-gpt-small")
+    with pytest.raises(liveput.LiveputError, match="multiple of micro_batch_size"):
+        liveput.Job(layers=job.layers, dataset=job.dataset, loss_fn=job.loss_fn,
+                    optimizer=job.optimizer, global_batch_size=10, micro_batch_size=4)
+    with pytest.raises(liveput.LiveputError, match="non-empty sequence"):
+        liveput.Job(layers=[], dataset=job.dataset, loss_fn=job.loss_fn,
+                    optimizer=job.optimizer, global_batch_size=8)
+    with pytest.raises(liveput.LiveputError, match="unknown job"):
+        resolve_job("no-such-model")
+    # Every micro-batch of a step goes to exactly one pipeline, whatever D.
+    for d in range(1, 5):
+        ranges = [replica_micro_batches(4, d, p) for p in range(d)]
+        assert sorted(j for r in ranges for j in r) == [0, 1, 2, 3]
+    ids = [list(job.sample_ids(3, j)) for j in range(job.num_micro_batches)]
+    assert sum(ids, []) == list(range(24, 32))
+
+
+def test_agent_refuses_an_undocumented_state_transition():
+    store = MemoryStore()
+    agent = Agent(AgentConfig(instance=0), store, engine=None)  # type: ignore[arg-type]
+    with pytest.raises(liveput.LiveputError, match="no transition joining -> training"):
+        agent._move(AgentState.TRAINING)
+    agent._move(AgentState.WAITING)
+    assert store.get("state/0") == b"waiting"
+
+
+def test_train_cli_rejects_bad_input_in_one_line(capsys):
+    from liveput.cli.main import main
+
+    assert main(["train", "--time-scale", "0", "--steps", "1"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: train: --time-scale")
