@@ -39,6 +39,7 @@ def test_report_is_one_self_contained_page_plus_the_pngs(tmp_path: Path) -> None
         assert base64.b64decode(encoded) == png
     assert "src=\"http" not in text and "<script" not in text
     assert "reactive" in text and f"{result.runs['reactive'].samples:,.0f}" in text
+    assert "on every change of the count" in text  # each policy's model, in one line
 
 
 def test_cli_json_schema(small_trace: Path, tmp_path: Path,

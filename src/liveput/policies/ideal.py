@@ -11,7 +11,7 @@ from liveput.policies.common import ConfigurationLookup
 
 @POLICIES.register("ideal")
 class IdealPolicy(Policy):
-    """Best configuration for every count, free moves."""
+    """Best configuration for every count with free moves: the upper bound."""
 
     name = "ideal"
 

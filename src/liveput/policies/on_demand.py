@@ -15,7 +15,7 @@ from liveput.policies.common import ConfigurationLookup, restart_s
 
 @POLICIES.register("on-demand")
 class OnDemandPolicy(Policy):
-    """A fixed on-demand cluster."""
+    """The same instance budget rented on-demand: never preempted, on-demand price."""
 
     name = "on-demand"
 

@@ -111,7 +111,7 @@ class LiveputPolicy(Policy):
 
 @POLICIES.register("liveput-oracle")
 class OraclePolicy(LiveputPolicy):
-    """``liveput`` with the true future as its forecast (an upper bound of forecasting)."""
+    """``liveput`` with the true future as its forecast (what perfect forecasting would give)."""
 
     name = "liveput-oracle"
 

@@ -23,7 +23,7 @@ from liveput.policies.common import ConfigurationLookup, checkpoint_save_s, rest
 
 @POLICIES.register("reactive")
 class ReactivePolicy(Policy):
-    """Restart into the best configuration on every change that matters."""
+    """Restart (save, relaunch, load) into the best configuration on every change of the count."""
 
     name = "reactive"
 

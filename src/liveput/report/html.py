@@ -7,6 +7,7 @@ import base64
 import html
 from pathlib import Path
 
+from liveput.policies import POLICIES
 from liveput.report.plots import write_figures
 from liveput.sim.result import SimulationResult
 
@@ -24,6 +25,7 @@ th, td { padding: 4px 10px; border-bottom: 1px solid #ddd; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 img { max-width: 100%; }
 figcaption { color: #555; font-size: 90%; }
+dt { font-weight: bold; } dd { margin: 0 0 0.5em 1.5em; }
 """
 
 
@@ -50,6 +52,12 @@ SUMMARY_HEADER = ["policy", "samples", "of ideal", "cost ($)", "$ / 1k samples",
                   "reconfigurations", "downtime (min)"]
 
 
+def policy_summaries(result: SimulationResult) -> dict[str, str]:
+    """Each policy's one-line model (the first line of its class docstring)."""
+    return {name: (POLICIES.get(name).__doc__ or "").strip().splitlines()[0]
+            for name in result.runs if name in POLICIES}
+
+
 def write_report(result: SimulationResult, directory: str | Path) -> Path:
     """Write ``index.html`` and the PNGs into ``directory``; returns the page's path."""
     directory = Path(directory)
@@ -64,6 +72,8 @@ def write_report(result: SimulationResult, directory: str | Path) -> Path:
         sections.append(
             f'<figure><img alt="{name}" src="data:image/png;base64,{encoded}">'
             f"<figcaption>{html.escape(CAPTIONS.get(name, name))}</figcaption></figure>")
+    models = "".join(f"<dt>{html.escape(name)}</dt><dd>{html.escape(text)}</dd>"
+                     for name, text in policy_summaries(result).items())
     title = f"liveput simulation: {result.model} on {result.trace}"
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -73,6 +83,7 @@ def write_report(result: SimulationResult, directory: str | Path) -> Path:
 same preemptions at the same times; "of ideal" is its samples over the best configuration for
 every count with free moves (the upper bound).</p>
 <table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>
+<dl>{models}</dl>
 {''.join(sections)}
 </body></html>
 """
