@@ -270,15 +270,15 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
         cumulative_cost[t] = job.cost_usd
         if on_step is not None:
             on_step(t)
-    samples = job.samples
+    samples = float(job.samples)
     logger.info("%s on %s: %.0f samples, $%.2f", policy, trace.name, samples, job.cost_usd)
     return PolicyRun(
         policy=policy,
         samples=samples,
-        cost_usd=job.cost_usd,
-        usd_per_1k_samples=job.cost_usd / samples * 1000 if samples > 0 else float("inf"),
+        cost_usd=float(job.cost_usd),
+        usd_per_1k_samples=float(job.cost_usd) / samples * 1000 if samples > 0 else float("inf"),
         reconfigurations=job.reconfigurations,
-        downtime_s=job.downtime_s,
+        downtime_s=float(job.downtime_s),
         interval_s=interval_s,
         available=trace.count.copy(),
         data_parallel=data_parallel,
@@ -307,12 +307,11 @@ def simulate(trace: IntervalTrace, profile: ModelProfile, policies: Sequence[str
     for name in [*names, *(["ideal"] if "ideal" not in names else [])]:
         step = None if on_step is None else (lambda t, name=name: on_step(name, t))
         runs[name] = simulate_policy(trace, profile, name, config, context, step)
-    ideal = runs["ideal"].samples
     return SimulationResult(
         trace=trace.name,
         model=profile.model,
         interval_s=config.interval_s,
         hours=trace.hours,
         runs={name: runs[name] for name in names},
-        ideal_samples=ideal,
+        ideal_samples=runs["ideal"].samples,
     )

@@ -77,7 +77,7 @@ class SimulationResult:
         """The policy's samples over ``ideal``'s (None when ideal trains nothing)."""
         if not self.ideal_samples:
             return None
-        return self.runs[policy].samples / self.ideal_samples
+        return float(self.runs[policy].samples / self.ideal_samples)
 
     def to_json(self) -> dict:
         """The ``--json`` document of ``liveput simulate``."""
