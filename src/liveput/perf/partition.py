@@ -12,7 +12,13 @@ the one the engine actually uses, since the slowest stage sets the pipeline's cl
   default, ``partition_method="parameters"``);
 - ``uniform``: the same number of layers per stage, ``floor(L / P)``, the last stage taking the
   remainder (DeepSpeed's ``partition_method="uniform"``, counting every module of the sequence,
-  parameter-free ones included).
+  parameter-free ones included);
+- ``transformer``: a quota of transformer blocks (layers named ``block.*``) per stage, counting
+  the output head as one more block on the last stage: ``floor((n + 1) / P)`` each, the remainder
+  one more on each stage from the second-to-last backwards; a stage ends at the block that fills
+  its quota, and the last stage holds the rest (the per-block cut of Megatron-DeepSpeed GPT,
+  ``partition_method="type:transformer"``). With n = 48 it gives 7 blocks to a stage at P = 8
+  but 6 at P = 9, 5 at P = 12 but 4 at P = 13, where a compute-balanced cut gives the same.
 
 For CNNs the three differ sharply: parameters sit in the late layers and compute in the early
 ones, and a cut through an early, high-resolution layer sends a large activation between stages.
@@ -31,7 +37,7 @@ import numpy as np
 from liveput.errors import LiveputError
 from liveput.perf.types import ModelProfile
 
-PARTITION_METHODS = ("compute", "parameters", "uniform")
+PARTITION_METHODS = ("compute", "parameters", "uniform", "transformer")
 """Ways to cut layers into stages (module docstring)."""
 
 
@@ -106,6 +112,29 @@ def _uniform_cuts(num_layers: int, max_stages: int) -> list[np.ndarray]:
     return all_bounds
 
 
+def _transformer_cuts(
+    is_block: np.ndarray, time_s: np.ndarray, max_stages: int
+) -> list[np.ndarray]:
+    """Per-stage block quotas with the head as one more block (module docstring), every depth.
+    Where the quotas would leave a stage empty (a profile without a head layer, cut deeper than
+    half its blocks), that depth is cut by compute instead."""
+    num_layers = len(is_block)
+    blocks_so_far = np.cumsum(is_block)
+    num_blocks = int(blocks_so_far[-1])
+    by_compute = _min_max_cuts(time_s, max_stages)
+    all_bounds = []
+    for depth in range(1, max_stages + 1):
+        quota = np.full(depth, (num_blocks + 1) // depth)
+        extra = (num_blocks + 1) % depth
+        quota[depth - 1 - extra:depth - 1] += 1
+        # Stage k ends right after the layer where the running block count reaches its quota.
+        ends = np.searchsorted(blocks_so_far, np.cumsum(quota)[:-1]) + 1
+        bounds = np.concatenate(([0], ends, [num_layers])).astype(np.int64)
+        empty = quota[0] == 0 or (np.diff(bounds) < 1).any()
+        all_bounds.append(by_compute[depth - 1] if empty else bounds)
+    return all_bounds
+
+
 def default_partition_method(profile: ModelProfile) -> str:
     """The method of the engine a built-in profile was measured on; ``compute`` otherwise."""
     from liveput.perf.builtin import BUILTIN_SPECS, builtin_profile
@@ -140,6 +169,9 @@ def _partition_table(profile: ModelProfile, max_stages: int, method: str) -> Par
     time_s, optimizer_s, params, memory, outputs = _layer_arrays(profile)
     if method == "uniform":
         all_bounds = _uniform_cuts(num_layers, max_stages)
+    elif method == "transformer":
+        is_block = np.array([layer.name.startswith("block.") for layer in profile.layers])
+        all_bounds = _transformer_cuts(is_block.astype(np.int64), time_s, max_stages)
     else:
         all_bounds = _min_max_cuts(time_s if method == "compute" else params, max_stages)
     inputs = np.concatenate(([0.0], outputs))  # layer i's input is layer i-1's output
