@@ -8,10 +8,11 @@ import numpy as np
 
 from liveput.perf import estimate_configs, load_profile
 from liveput.perf.measured import measured_table
+from liveput.perf.partition import default_partition_method
 
 
 def main() -> None:
-    print(f"{'model':12s} {'MAPE':>7s} {'target':>7s} {'picks within 5%':>16s}")
+    print(f"{'model':12s} {'MAPE':>7s} {'target':>7s} {'picks within 5%':>16s} {'cut':>9s}")
     for model, measured in measured_table().items():
         table = estimate_configs(load_profile(model), 32)
         lookup = {(int(d), int(p)): s for d, p, s in
@@ -27,7 +28,9 @@ def main() -> None:
             options = [k for k in truth if k[0] * k[1] <= count]
             pick = max(options, key=lambda k: (lookup[k], -k[1]))
             good += truth[pick] >= 0.95 * max(truth[k] for k in options)
-        print(f"{model:12s} {mape * 100:6.1f}% {'15%':>7s} {good:>9d}/{len(counts)}")
+        method = default_partition_method(load_profile(model))
+        print(f"{model:12s} {mape * 100:6.1f}% {'15%':>7s} {good:>9d}/{len(counts):<6d} "
+              f"{method:>9s}")
     profile = load_profile("gpt-1.5b")
     estimate_configs(profile, 64)
     runs = []
