@@ -21,6 +21,7 @@ from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint
 from liveput.runtime.engine import Engine, EngineConfig, GenerationResult
 from liveput.runtime.job import Job
 from liveput.runtime.planning import PlanContext, assignment_of, to_runtime_plan
+from liveput.runtime.rendezvous import StoreRendezvous
 from liveput.runtime.store import MemoryStore
 
 
@@ -40,6 +41,9 @@ class ThreadCluster:
     """Settings of every engine."""
     token: bytes = b"in-process"
     """Signs layer transfers."""
+    tcp_rendezvous: bool = False
+    """Meet through a TCPStore hosted by each generation's rank 0 and gloo over loopback sockets
+    (as processes do), instead of one in-memory c10d store."""
 
     def __post_init__(self) -> None:
         self.store = MemoryStore()
@@ -52,9 +56,11 @@ class ThreadCluster:
 
     def engine(self, instance: int) -> Engine:
         if instance not in self.engines:
-            self.engines[instance] = Engine(self.job, instance, self.store,
-                                            lambda plan, rank: self.c10d, self.checkpointer,
-                                            self.engine_config, token=self.token)
+            rendezvous = StoreRendezvous(self.store, "127.0.0.1") if self.tcp_rendezvous \
+                else (lambda plan, rank: self.c10d)
+            self.engines[instance] = Engine(self.job, instance, self.store, rendezvous,
+                                            self.checkpointer, self.engine_config,
+                                            token=self.token)
         return self.engines[instance]
 
     def migrate(self, target: Configuration, preempted: set[int], allocated: list[int],

@@ -145,6 +145,8 @@ def tiny_gpt_job(config: TinyGPTJobConfig | None = None) -> Job:
 
 
 JOBS.register("tiny-gpt")(lambda: tiny_gpt_job())
+JOBS.register("tiny-gpt-32")(lambda: tiny_gpt_job(TinyGPTJobConfig(
+    global_batch_size=32, micro_batch_size=8)))  # the batch `load_profile("tiny-gpt")` measures
 JOBS.register("tiny-gpt-small")(lambda: tiny_gpt_job(TinyGPTJobConfig(
     num_blocks=2, d_model=64, seq_len=32, global_batch_size=8, micro_batch_size=2,
     learning_rate=0.05, sgd=True, corpus_bytes=200_000)))

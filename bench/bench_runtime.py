@@ -1,0 +1,181 @@
+"""Runtime: per-sample overhead at (1, 1), downtime of each migration kind and of a restart,
+and measured samples/s at (1, 2) and (2, 1) against the performance model's estimates.
+
+Targets: overhead <= 10 % of a plain PyTorch loop; intra-stage downtime <= 0.2 of a restart;
+measured throughput within 25 % of ``estimate_configs(load_profile("tiny-gpt"), ...)``.
+Instances are one core each (``torch.set_num_threads(1)``), as in ``liveput train``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from liveput.perf import estimate_configs, load_profile, partition_layers
+from liveput.policies.base import Configuration
+from liveput.runtime import protocol
+from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.engine import Engine, EngineConfig
+from liveput.runtime.inprocess import ThreadCluster
+from liveput.runtime.job import Job, resolve_job
+from liveput.runtime.launch import JobSpec, publish_spec
+from liveput.runtime.planning import profile_job
+from liveput.runtime.store import SignedStore, TCPStoreBackend
+
+TOKEN = "bench-token"
+
+
+def _plain_loop(job: Job, steps: int) -> float:
+    """Seconds per step of a plain PyTorch loop: one model, one optimizer, the whole batch."""
+    model = nn.Sequential(*[__import__("copy").deepcopy(layer) for layer in job.layers])
+    optimizer = job.optimizer(list(model.parameters()))
+    times = []
+    for step in range(steps):
+        start = time.perf_counter()
+        first = step * job.global_batch_size
+        pairs = [job.dataset[i] for i in range(first, first + job.global_batch_size)]
+        inputs, targets = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        loss = job.loss_fn(model(inputs), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times[2:])[len(times[2:]) // 2]
+
+
+def _runtime_loop(job: Job, steps: int, directory: str) -> float:
+    """Seconds per step of the runtime at (1, 1): signed TCP store, commit protocol, ledger,
+    checkpoints every 10 steps."""
+    hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
+    store = SignedStore(hosted, TOKEN)
+    try:
+        engine = Engine(job, 0, store, lambda plan, rank: None, Checkpointer(store, directory),
+                        EngineConfig(checkpoint_every=10))
+        plan = protocol.RuntimePlan(0, 0, 0, steps + 1, 1, 1, [0, job.num_layers], {0: (0, 0)},
+                                    {0: "127.0.0.1"}, [], "start", protocol.FRESH_START)
+        protocol.fence(store, 0, steps, 1)
+        engine.run_generation(plan)
+        engine.checkpointer.close()
+        records = sorted((json.loads(v)["committed_unix_s"] for v in
+                          store.get_prefix("ledger/").values()))
+    finally:
+        store.close()
+    gaps = [b - a for a, b in zip(records[2:], records[3:], strict=False)]
+    return sorted(gaps)[len(gaps) // 2]
+
+
+def overhead(job: Job, directory: str) -> None:
+    steps = 16
+    plain_s = _plain_loop(job, steps)
+    runtime_s = _runtime_loop(job, steps, directory)
+    ratio = runtime_s / plain_s
+    print(f"per-sample time at (1,1): plain loop {plain_s / job.global_batch_size * 1e3:.2f} ms, "
+          f"runtime {runtime_s / job.global_batch_size * 1e3:.2f} ms; overhead "
+          f"{(ratio - 1) * 100:+.1f} % (target <= 10 %): {'PASS' if ratio <= 1.10 else 'FAIL'}")
+
+
+def downtimes(job: Job, directory: str) -> dict[str, float]:
+    """Seconds from a generation's start to its first step, per migration kind: rendezvous on a
+    TCPStore, gloo groups over loopback, layers sent peer to peer or loaded from the checkpoint
+    (instances are threads of this process; detection and planning are not included)."""
+    cluster = ThreadCluster(job, profile_job(job, repeats=1), directory, end_step=1000,
+                            engine_config=EngineConfig(checkpoint_every=2), tcp_rendezvous=True)
+    script = [(Configuration(2, 2), set(), [0, 1, 2, 3], 2),
+              (Configuration(1, 2), {3}, [], 4),
+              (Configuration(2, 2), set(), [4, 5], 6),
+              (Configuration(1, 4), set(), [], 8)]
+    measured = {}
+    for target, preempted, allocated, until in script:
+        results = cluster.migrate(target, preempted, allocated, until)
+        measured[cluster.plan.kind] = max(r.setup_s for i, r in results.items()
+                                          if cluster.plan.slots[i] is not None)
+    lost = cluster.plan.instance_at(0, 3)
+    results = cluster.migrate(Configuration(1, 2), {lost}, [], 10)
+    measured[cluster.plan.kind] = max(r.setup_s for i, r in results.items()
+                                      if cluster.plan.slots[i] is not None)
+    cluster.checkpointer.close()
+    return measured
+
+
+def _agents(url: str, instances: list[int], log_dir: Path) -> list[subprocess.Popen]:
+    env = {**os.environ, "LIVEPUT_TOKEN": TOKEN}
+    return [subprocess.Popen([sys.executable, "-m", "liveput.runtime", "--store", url,
+                              "--instance", str(i)], env=env,
+                             stdout=open(log_dir / f"agent-{i}.log", "wb"),  # noqa: SIM115
+                             stderr=subprocess.STDOUT) for i in instances]
+
+
+def _process_run(job_name: str, configuration: Configuration, steps: int, directory: str,
+                 restore_step: int = protocol.FRESH_START) -> tuple[float, list[float]]:
+    """Fresh agent processes run ``configuration``; (seconds from spawn to the first step's
+    start, seconds per step)."""
+    job = resolve_job(job_name)
+    hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
+    store = SignedStore(hosted, TOKEN)
+    d, p = configuration.data_parallel, configuration.pipeline_stages
+    bounds = [int(b) for b in partition_layers(load_profile("tiny-gpt"), p)]
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    slots = {i: (i // p, i % p) for i in range(d * p)}
+    plan = protocol.RuntimePlan(0, 0, restore_step + 1, restore_step + 1 + steps, d, p, bounds,
+                                slots, {i: "127.0.0.1" for i in slots}, [],
+                                "checkpoint-restore", restore_step)
+    publish_spec(store, JobSpec(job_name, directory, checkpoint_every=0))
+    protocol.publish_plan(store, plan)
+    spawned = time.time()
+    processes = _agents(hosted.url, list(slots), Path(directory))
+    try:
+        for process in processes:
+            process.wait(timeout=300)
+        records = sorted(json.loads(v)["committed_unix_s"]
+                         for v in store.get_prefix("ledger/").values())
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        store.close()
+    gaps = [b - a for a, b in zip(records, records[1:], strict=False)]
+    step_s = sorted(gaps[1:])[len(gaps[1:]) // 2]
+    return records[0] - step_s - spawned, gaps
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="liveput-bench-") as tmp:
+        job = resolve_job("tiny-gpt")
+        overhead(job, f"{tmp}/overhead")
+        measured = downtimes(job, f"{tmp}/ckpt")
+        restart_s, _ = _process_run("tiny-gpt", Configuration(1, 2), 3, f"{tmp}/ckpt",
+                                    restore_step=9)
+        print("downtime (s), generation start to first step, same run:")
+        for kind, seconds in measured.items():
+            print(f"  {kind:<20} {seconds:7.3f}   {seconds / restart_s:5.3f} of a restart")
+        print(f"  {'restart (processes)':<20} {restart_s:7.3f}   (spawn, import, rendezvous, "
+              "checkpoint load)")
+        ratio = measured.get("intra-stage", float("nan")) / restart_s
+        print(f"intra-stage / restart = {ratio:.3f} (target <= 0.2): "
+              f"{'PASS' if ratio <= 0.2 else 'FAIL'}")
+        table = estimate_configs(load_profile("tiny-gpt"), 2)
+        for configuration in (Configuration(1, 2), Configuration(2, 1)):
+            _, gaps = _process_run("tiny-gpt-32", configuration, 10, f"{tmp}/thr{configuration}")
+            step_s = sorted(gaps[2:])[len(gaps[2:]) // 2]
+            measured_rate = 32 / step_s
+            row = [k for k in range(len(table.data_parallel))
+                   if (table.data_parallel[k], table.pipeline_stages[k])
+                   == (configuration.data_parallel, configuration.pipeline_stages)][0]
+            estimate = float(table.samples_per_s[row])
+            error = measured_rate / estimate - 1
+            print(f"samples/s at {configuration}: measured {measured_rate:.1f}, estimated "
+                  f"{estimate:.1f}, error {error * 100:+.1f} % (target within 25 %): "
+                  f"{'PASS' if abs(error) <= 0.25 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()
