@@ -99,3 +99,16 @@ def test_cli_empty_trace_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixtu
     path.write_text("time,count\n")
     assert main(["simulate", "--trace", str(path)]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_cli_says_when_the_trace_is_too_small_and_still_simulates(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "four.csv"
+    path.write_text("time,count\n0,4\n600,4\n")
+    out = tmp_path / "result.json"
+    assert main(["simulate", "--trace", str(path), "--policies", "reactive,liveput",
+                 "--json", str(out)]) == 0
+    assert "needs 6 instances at least (the trace has at most 4)" in capsys.readouterr().err
+    document = json.loads(out.read_text())
+    assert document["policies"]["liveput"]["samples"] == 0
+    assert document["policies"]["reactive"]["cost_usd"] > 0

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import typer
 from rich.table import Table
 
 from liveput.cli.output import console, err_console, progress, to_json
 from liveput.errors import LiveputError
-from liveput.perf import load_profile
+from liveput.perf import ModelProfile, estimate_configs, load_profile
 from liveput.sim import DEFAULT_POLICIES, SimulationConfig, default_trace, simulate
 from liveput.sim.engine import DEFAULT_MODEL
 from liveput.sim.sweep import SWEEP_MODELS, default_sweep_traces, sweep
@@ -49,11 +50,30 @@ def _fraction(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _warn_if_too_small(trace: IntervalTrace, profile: ModelProfile, num_on_demand: int) -> None:
+    """Say so when the trace has fewer instances than the model's smallest configuration."""
+    # Look beyond the trace's count, so the message can say how many instances it would take.
+    table = estimate_configs(profile, max(trace.max_count + num_on_demand, 64))
+    sizes = (table.data_parallel * table.pipeline_stages)[table.feasible]
+    smallest = int(sizes.min()) if len(sizes) else None
+    counts = trace.count + num_on_demand
+    if smallest is None or counts.max() < smallest:
+        need = "more than 64 instances" if smallest is None else (
+            f"{smallest} instances at least")
+        err_console.print(f"warning: {profile.model} needs {need} (the trace has at most "
+                          f"{int(counts.max())}): nothing trains; simulating anyway", soft_wrap=True)
+    elif (counts < smallest).any():
+        short = int(np.sum(counts < smallest))
+        err_console.print(f"note: {short} of {len(counts)} intervals have fewer than the {smallest} "
+                          f"instances {profile.model} needs: nothing trains in them", soft_wrap=True)
+
+
 def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: SimulationConfig,
              json_path: Path | None, report: Path | None) -> None:
     from liveput.report import SUMMARY_HEADER, summary_rows, write_report
 
     profile = load_profile(model)
+    _warn_if_too_small(trace, profile, config.num_on_demand)
     total = len(trace) * (len(policies) + ("ideal" not in policies))
     with progress() as bar:
         task = bar.add_task("simulating", total=total)
