@@ -61,11 +61,13 @@ def _warn_if_too_small(trace: IntervalTrace, profile: ModelProfile, num_on_deman
         need = "more than 64 instances" if smallest is None else (
             f"{smallest} instances at least")
         err_console.print(f"warning: {profile.model} needs {need} (the trace has at most "
-                          f"{int(counts.max())}): nothing trains; simulating anyway", soft_wrap=True)
+                          f"{int(counts.max())}): nothing trains; simulating anyway",
+                          soft_wrap=True)
     elif (counts < smallest).any():
         short = int(np.sum(counts < smallest))
-        err_console.print(f"note: {short} of {len(counts)} intervals have fewer than the {smallest} "
-                          f"instances {profile.model} needs: nothing trains in them", soft_wrap=True)
+        err_console.print(f"note: {short} of {len(counts)} intervals have fewer than the "
+                          f"{smallest} instances {profile.model} needs: nothing trains in them",
+                          soft_wrap=True)
 
 
 def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: SimulationConfig,
