@@ -33,10 +33,9 @@ from liveput.policies.base import (
     Configuration,
     Decision,
     Observation,
-    Policy,
     PolicyContext,
 )
-from liveput.policies.common import ConfigurationLookup, restart_s, stage_state_bytes
+from liveput.policies.common import LookupPolicy, restart_s, stage_state_bytes
 
 DEGRADED_SPEED = 0.5
 """Throughput of a pipeline whose instance runs two stages, relative to normal."""
@@ -65,14 +64,13 @@ def adjacent_loss(configuration: Configuration, lost_slots: tuple[tuple[int, int
 
 
 @POLICIES.register("bamboo")
-class BambooPolicy(Policy):
+class BambooPolicy(LookupPolicy):
     """Redundant computation: absorb scattered losses, restart on adjacent ones."""
 
     name = "bamboo"
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)
-        self.lookup = ConfigurationLookup(context)
         table = context.table
         memory_limit_gb = context.profile.instance_type.gpu_memory_gb
         total_bytes = float(context.profile.layer_state_bytes().sum())

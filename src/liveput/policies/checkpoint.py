@@ -27,10 +27,9 @@ from liveput.policies.base import (
     Configuration,
     Decision,
     Observation,
-    Policy,
     PolicyContext,
 )
-from liveput.policies.common import ConfigurationLookup, checkpoint_save_s, restart_s
+from liveput.policies.common import LookupPolicy, checkpoint_save_s, restart_s
 
 PRIOR_PREEMPTIONS_PER_INSTANCE_HOUR = 0.5
 """Prior preemption rate of the MTBF estimate (the p3 trace measured 0.61, the v100 one 0.54)."""
@@ -39,14 +38,13 @@ PRIOR_WEIGHT_INSTANCE_S = 3600.0
 
 
 @POLICIES.register("checkpoint")
-class CheckpointPolicy(Policy):
+class CheckpointPolicy(LookupPolicy):
     """Fixed configuration, periodic checkpoints, restart and roll back on every loss."""
 
     name = "checkpoint"
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)
-        self.lookup = ConfigurationLookup(context)
         self.configuration: Configuration | None = None
         self.trained_since_checkpoint_s = 0.0
         self.running_since_s: float | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from liveput.policies.base import Configuration, PolicyContext
+from liveput.policies.base import Configuration, Policy, PolicyContext
 
 
 class ConfigurationLookup:
@@ -30,6 +30,14 @@ class ConfigurationLookup:
         if configuration is None:
             return 0.0
         return float(self.grid[configuration.data_parallel, configuration.pipeline_stages])
+
+
+class LookupPolicy(Policy):
+    """A policy that looks configurations up in the context's table (``self.lookup``)."""
+
+    def __init__(self, context: PolicyContext) -> None:
+        super().__init__(context)
+        self.lookup = ConfigurationLookup(context)
 
 
 def stage_state_bytes(context: PolicyContext, pipeline_stages: int) -> float:

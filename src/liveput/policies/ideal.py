@@ -5,19 +5,15 @@ policies are reported as a fraction of its samples."""
 
 from __future__ import annotations
 
-from liveput.policies.base import POLICIES, Decision, Observation, Policy, PolicyContext
-from liveput.policies.common import ConfigurationLookup
+from liveput.policies.base import POLICIES, Decision, Observation
+from liveput.policies.common import LookupPolicy
 
 
 @POLICIES.register("ideal")
-class IdealPolicy(Policy):
+class IdealPolicy(LookupPolicy):
     """Best configuration for every count with free moves: the upper bound."""
 
     name = "ideal"
-
-    def __init__(self, context: PolicyContext) -> None:
-        super().__init__(context)
-        self.lookup = ConfigurationLookup(context)
 
     def decide(self, observation: Observation) -> Decision:
         best = self.lookup.best_for(observation.num_available + observation.num_on_demand)

@@ -9,19 +9,18 @@ preempted, and releases every spot instance, so it pays only the on-demand price
 
 from __future__ import annotations
 
-from liveput.policies.base import POLICIES, Decision, Observation, Policy, PolicyContext
-from liveput.policies.common import ConfigurationLookup, restart_s
+from liveput.policies.base import POLICIES, Decision, Observation, PolicyContext
+from liveput.policies.common import LookupPolicy, restart_s
 
 
 @POLICIES.register("on-demand")
-class OnDemandPolicy(Policy):
+class OnDemandPolicy(LookupPolicy):
     """The same instance budget rented on-demand: never preempted, on-demand price."""
 
     name = "on-demand"
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)
-        self.lookup = ConfigurationLookup(context)
         self.configuration = self.lookup.best_for(context.on_demand_budget)
 
     def decide(self, observation: Observation) -> Decision:

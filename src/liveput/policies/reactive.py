@@ -17,19 +17,18 @@ reactive.
 
 from __future__ import annotations
 
-from liveput.policies.base import POLICIES, Decision, Observation, Policy, PolicyContext
-from liveput.policies.common import ConfigurationLookup, checkpoint_save_s, restart_s
+from liveput.policies.base import POLICIES, Decision, Observation, PolicyContext
+from liveput.policies.common import LookupPolicy, checkpoint_save_s, restart_s
 
 
 @POLICIES.register("reactive")
-class ReactivePolicy(Policy):
+class ReactivePolicy(LookupPolicy):
     """Restart (save, relaunch, load) into the best configuration on every change of the count."""
 
     name = "reactive"
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)
-        self.lookup = ConfigurationLookup(context)
         self.configured_for: int | None = None
 
     def decide(self, observation: Observation) -> Decision:
