@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from liveput.errors import LiveputError
-
-OBJECTIVES = ("throughput", "cost")
+from liveput.plan.optimizer import OBJECTIVES
 
 
 @dataclass(frozen=True)
