@@ -49,6 +49,8 @@ _TRANSITIONS = {
     AgentState.MIGRATING: {AgentState.TRAINING, AgentState.WAITING, AgentState.DONE},
     AgentState.TRAINING: {AgentState.WAITING, AgentState.DONE},
 }
+"""Allowed moves. MIGRATING covers rebuilding groups and moving layers; a spare, or an instance
+whose migration failed, goes back to WAITING without training."""
 
 
 @dataclass(frozen=True)
@@ -152,9 +154,8 @@ class Agent:
                     return final
                 generation = plan.generation
                 self._move(AgentState.MIGRATING)
-                if plan.slots[self.config.instance] is not None:
-                    self._move(AgentState.TRAINING)
-                result = self.engine.run_generation(plan)
+                result = self.engine.run_generation(
+                    plan, on_training=lambda: self._move(AgentState.TRAINING))
                 if result.ending is Ending.FINISHED:
                     self._move(AgentState.DONE)
                     return AgentState.DONE

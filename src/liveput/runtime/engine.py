@@ -139,8 +139,10 @@ class Engine:
         self.layers = kept
 
     # --- one generation ---------------------------------------------------------------------
-    def run_generation(self, plan: RuntimePlan,
-                       keep_going: Callable[[], bool] = lambda: True) -> GenerationResult:
+    def run_generation(self, plan: RuntimePlan, keep_going: Callable[[], bool] = lambda: True,
+                       on_training: Callable[[], None] = lambda: None) -> GenerationResult:
+        """Execute ``plan`` for this instance; ``on_training`` is called once its state is in
+        place, before the first step."""
         started = time.perf_counter()
         slot = plan.slots.get(self.instance)
         world = plan.world
@@ -173,6 +175,7 @@ class Engine:
                 if slot[1] > 0 else None,
                 next_rank=plan.rank_of(plan.instance_at(slot[0], slot[1] + 1))
                 if slot[1] < plan.pipeline_stages - 1 else None)
+            on_training()
             return self._train(plan, groups, position, keep_going, started)
         except (RuntimeError, dist.DistBackendError, LiveputError) as error:
             # A peer died or never came (rendezvous timed out): the generation is over for us.
