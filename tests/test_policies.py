@@ -203,3 +203,15 @@ def test_the_oracle_forecasts_the_true_future() -> None:
     assert forecast.point[:4].tolist() == [20, 18, 18, 25]
     assert forecast.point[4:].tolist() == [25] * (CONTEXT.horizon - 4)
     assert forecast.expected_preempted[:3].tolist() == [0, 2, 0]
+
+
+def test_a_change_during_a_reactive_restart_queues_a_full_morph() -> None:
+    reactive = make_policy("reactive", CONTEXT)
+    launch = reactive.decide(observe(20, None))
+    running = launch.configuration
+    hit = reactive.decide(observe(18, running, 10.0, event="preemption", lost_slots=((0, 0),),
+                                  remaining_s=50.0))
+    # The launch had launch.downtime_s - 10 s to go; then save, restart and load in turn.
+    assert hit.downtime_s == pytest.approx(launch.downtime_s - 10.0
+                                           + checkpoint_save_s(CONTEXT, running)
+                                           + restart_s(CONTEXT, hit.configuration))

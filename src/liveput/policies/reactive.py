@@ -9,7 +9,11 @@ every worker):
   the survivors, paying ``checkpoint save + restart + checkpoint load``; the save and load move
   the whole model's state through the checkpoint storage;
 - when an interval starts with more instances than the job was last configured for (new ones
-  have booted), it does the same restart to use them.
+  have booted), it does the same restart to use them;
+- a restart in progress cannot be cut short: the workers learn the new membership only when
+  their rendezvous and load complete (or time out), so a change during a restart starts the next
+  morph when the current one ends, and a morph always begins with a checkpoint (Varuna's
+  procedure: checkpoint, then relaunch), so every change pays save + restart + load in turn.
 
 Nothing is forecast and no migration is cheaper than a restart: that is what it costs to be
 reactive.
@@ -30,6 +34,7 @@ class ReactivePolicy(LookupPolicy):
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)
         self.configured_for: int | None = None
+        self.busy_until_s = 0.0
 
     def decide(self, observation: Observation) -> Decision:
         current = observation.current
@@ -40,11 +45,15 @@ class ReactivePolicy(LookupPolicy):
         if target == current and not changed:
             return Decision(current, expected_samples=self.lookup.throughput(current)
                             * observation.remaining_s)
+        now = observation.time_s
         if target is None:
+            self.busy_until_s = now
             return Decision(None, migration="restart" if current is not None else "none")
         seconds = restart_s(self.context, target)
+        seconds += max(self.busy_until_s - now, 0.0)
         if current is not None:
             seconds += checkpoint_save_s(self.context, current)
+        self.busy_until_s = now + seconds
         return Decision(target, migration="restart", downtime_s=seconds,
                         expected_samples=self.lookup.throughput(target)
                         * max(observation.remaining_s - seconds, 0.0))

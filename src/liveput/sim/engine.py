@@ -5,10 +5,12 @@ preempted[t]`` lost and ``a = allocated[t]`` granted during it, ``o`` on-demand 
 
 1. *Decide.* The policy sees an :class:`Observation` (history ``trace.head(t + 1)``, ``n``, the
    running configuration, ``o``; the true future only for oracle policies) and returns a
-   :class:`Decision`. The simulator checks it (``|c| <= n + o``) and adds its downtime (migration,
-   restart, checkpoint save) and rollback (work to re-do) to the job's *debt* of lost seconds.
-2. *Run.* Training time first pays the debt (a debt larger than the interval carries over), then
-   trains at ``thr(c) * throughput_factor`` samples/s.
+   :class:`Decision`. The simulator checks it (``|c| <= n + o``). Its downtime (migration,
+   restart) is the time to reach its configuration: it replaces what is left of an earlier move
+   when the decision moves again (that move is abandoned) and is dropped when nothing runs; a
+   checkpoint save adds a pause; a rollback adds work to re-do, which is never dropped.
+2. *Run.* Training time first finishes the move, then re-does rolled-back work (either may carry
+   over to later intervals), then trains at ``thr(c) * throughput_factor`` samples/s.
 3. *Preemptions take effect at their time.* The k losses of the interval fall together at one
    time ``u * T`` with ``u`` uniform in (0, 1) (the measured traces lose instances in bursts that
    share a timestamp; an interval trace keeps only the counts, so the time is drawn). Which
@@ -126,7 +128,8 @@ def make_context(trace: IntervalTrace, profile: ModelProfile,
 
 
 class _Job:
-    """The simulated job: its running configuration, lost-time debt, samples and dollars."""
+    """The simulated job: its running configuration, time still lost to a move and to re-done
+    work, samples and dollars."""
 
     def __init__(self, context: PolicyContext, num_on_demand: int) -> None:
         self.grid = context.table.throughput_grid(context.max_instances)
@@ -136,7 +139,8 @@ class _Job:
         self.used = 0
         self.num_on_demand = num_on_demand
         self.factor = 1.0
-        self.debt_s = 0.0
+        self.moving_s = 0.0
+        self.redo_s = 0.0
         self.samples = 0.0
         self.cost_usd = 0.0
         self.downtime_s = 0.0
@@ -163,18 +167,25 @@ class _Job:
                     or self.grid[chosen.data_parallel, chosen.pipeline_stages] <= 0):
                 raise InvariantError(f"configuration {chosen} is not feasible for this model")
         self.reconfigurations += int(chosen != self.current or decision.downtime_s > 0)
-        lost = decision.downtime_s + decision.rollback_s + decision.checkpoint_s
-        self.debt_s += lost
+        if chosen is None:
+            self.moving_s = 0.0
+        elif chosen != self.current or decision.downtime_s > 0:
+            self.moving_s = decision.downtime_s
+        self.moving_s += decision.checkpoint_s
+        self.redo_s += decision.rollback_s
         self.current = chosen
         self.used = used
         self.factor = decision.throughput_factor
 
     def run(self, seconds: float) -> None:
-        """Train for ``seconds`` of wall time, paying the debt first."""
+        """Train for ``seconds`` of wall time, after the move and the re-done work."""
         if self.current is None:
             return
-        paid = min(self.debt_s, seconds)
-        self.debt_s -= paid
+        moving = min(self.moving_s, seconds)
+        redo = min(self.redo_s, seconds - moving)
+        self.moving_s -= moving
+        self.redo_s -= redo
+        paid = moving + redo
         self.downtime_s += paid
         rate = self.grid[self.current.data_parallel, self.current.pipeline_stages] * self.factor
         gained = rate * (seconds - paid)
@@ -264,8 +275,8 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
             job.apply(decider.decide(event), available - num_lost, start_s + hit_s)
             job.run(interval_s - hit_s)
             job.bill(0.0, interval_s - hit_s)
-        if job.samples < before or job.debt_s < -1e-9:
-            raise InvariantError(f"interval {t}: samples decreased or negative debt")
+        if job.samples < before or min(job.moving_s, job.redo_s) < -1e-9:
+            raise InvariantError(f"interval {t}: samples decreased or negative lost time")
         cumulative_samples[t] = job.samples
         cumulative_cost[t] = job.cost_usd
         if on_step is not None:
