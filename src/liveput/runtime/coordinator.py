@@ -53,6 +53,9 @@ class CoordinatorConfig:
     """Seconds between two observations of the store."""
     heartbeat_timeout_s: float = 3.0
     """An instance whose heartbeat has not moved for this long is dead."""
+    notice_settle_s: float = 0.5
+    """Notices that come together (a cloud preempting several instances) are gathered for this
+    long before planning, so that one migration handles them all."""
     suspect_after_s: float = 1.5
     """When planning after a loss, an instance silent this long is counted as lost too
     (instances killed together are not all detected at the same tick)."""
@@ -98,6 +101,7 @@ class Coordinator:
         self._beats: dict[int, bytes] = {}
         self._failure_seen_s: float | None = None
         self._finish_seen_s: float | None = None
+        self._notice_seen: dict[int, float] = {}
         self.available: list[int] = []
         """Instances available at the last tick (alive, not noticed)."""
         self.started_s = self.clock.now_s()
@@ -261,6 +265,11 @@ class Coordinator:
             # A peer failed but is not known dead yet: give heartbeats time to tell which.
             self._failure_seen_s = self._failure_seen_s or now
             failed = now - self._failure_seen_s > self.config.heartbeat_timeout_s
+        for instance in noticed:
+            self._notice_seen.setdefault(instance, now)
+        settling = any(now - self._notice_seen[i] < self.config.notice_settle_s for i in noticed)
+        if lost and lost <= noticed and settling and not (fenced or failed):
+            return True
         if lost or fenced or failed:
             suspects = {i for i in plan.slots
                         if now - self._seen.get(i, now) > self.config.suspect_after_s}
