@@ -2,7 +2,7 @@
 
 Stage p of pipeline d computes the micro-batches ``replica_micro_batches(M, D, d)`` of the step:
 all forwards (receiving activations from stage p - 1, sending to p + 1), then all backwards in
-reverse order (receiving gradients from p + 1, sending to p - 1). Sends are asynchronous and waited
+reverse order (with P = 1, one batch) (receiving gradients from p + 1, sending to p - 1). Sends are asynchronous and waited
 at the end, so no stage blocks on a send and the schedule cannot deadlock. The last stage scales
 each micro-batch's mean loss by ``micro / global`` so that the sum over all replicas (the stage
 all-reduce) is the gradient of the mean loss over the global batch, the same for every (D, P).
@@ -57,6 +57,8 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     layers' ``.grad``. Returns the replica's part of the step's loss (last stage; else 0)."""
     device = groups.device if groups is not None else torch.device("cpu")
     micro = replica_micro_batches(job.num_micro_batches, position.data_parallel, position.pipeline)
+    if position.is_first and position.is_last:
+        return _whole_replica(job, layers, micro, device, step)
     scale = job.micro_batch_size / job.global_batch_size
     kept: list[tuple[torch.Tensor | None, torch.Tensor]] = []
     sends = []
@@ -93,6 +95,18 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     for work in sends:
         work.wait()
     return loss_sum
+
+
+def _whole_replica(job: Job, layers: list[LayerState], micro: range, device: torch.device,
+                   step: int) -> float:
+    """Without a pipeline (P = 1) micro-batches buy nothing: the replica's samples go through in
+    one batch (the same mean loss, up to floating-point rounding)."""
+    batches = [job.micro_batch(step, j) for j in micro]
+    inputs = torch.cat([b[0] for b in batches]).to(device)
+    targets = torch.cat([b[1] for b in batches]).to(device)
+    loss = job.loss_fn(_forward(layers, inputs), targets) * (len(inputs) / job.global_batch_size)
+    loss.backward()
+    return float(loss.detach())
 
 
 def flat_gradients(layers: list[LayerState], extra: float) -> tuple[torch.Tensor, list]:
