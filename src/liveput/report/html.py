@@ -15,7 +15,7 @@ CAPTIONS = {
     "available": "Spot instances available at the start of each interval.",
     "configurations": "What each policy ran: instances used over time (grey: available).",
     "samples": "Samples trained so far: the policy that climbs fastest trains most.",
-    "cost": "Dollars paid so far for every instance-hour held.",
+    "cost": "Dollars paid so far for every instance-hour held, and what each 1,000 samples cost.",
 }
 
 STYLE = """

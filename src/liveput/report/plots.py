@@ -4,7 +4,7 @@
 - ``configurations.png``: each policy's configuration over time (instances used, D x P, one
   panel per policy, annotated with D x P where the pipeline depth changes);
 - ``samples.png``: cumulative samples trained by each policy;
-- ``cost.png``: cumulative dollars paid by each policy.
+- ``cost.png``: cumulative dollars paid by each policy, and dollars per 1,000 samples so far.
 """
 
 from __future__ import annotations
@@ -74,7 +74,31 @@ def _samples(result: SimulationResult) -> plt.Figure:
 
 
 def _cost(result: SimulationResult) -> plt.Figure:
-    return _cumulative(result, "cumulative_cost_usd", "dollars", "cumulative cost")
+    """Dollars paid so far (top) and dollars per 1,000 samples trained so far (bottom): spot
+    policies that hold the same instances pay the same, and differ in what they get for it."""
+    figure, (paid, rate) = plt.subplots(2, 1, figsize=(10, 6), dpi=110, sharex=True)
+    for name, run in result.runs.items():
+        hours = _hours(result, len(run.cumulative_cost_usd))[1:]
+        style = dict(label=name, color=_color(name), lw=1.5, ls="--" if name == "ideal" else "-")
+        paid.plot(hours, run.cumulative_cost_usd, **style)
+        trained = run.cumulative_samples > 0
+        rate.plot(hours[trained], run.cumulative_cost_usd[trained]
+                  / run.cumulative_samples[trained] * 1000, **style)
+    paid.set_title("cost: dollars paid so far, and per 1,000 samples trained so far")
+    paid.set_ylabel("dollars")
+    rate.set_ylabel("$ / 1k samples")
+    rate.set_xlabel("time (hours)")
+    paid.legend(fontsize=8, ncols=4, loc="upper left")
+    for axis in (paid, rate):
+        axis.grid(alpha=0.3)
+        axis.set_ylim(bottom=0)
+    top = max((float(np.percentile(run.cumulative_cost_usd[run.cumulative_samples > 0]
+                                   / run.cumulative_samples[run.cumulative_samples > 0], 50))
+               * 1000 for run in result.runs.values() if (run.cumulative_samples > 0).any()),
+              default=1.0)
+    rate.set_ylim(0, 3 * top)  # the first minutes of a run (few samples) would dwarf the rest
+    figure.tight_layout()
+    return figure
 
 
 def _configurations(result: SimulationResult) -> plt.Figure:
