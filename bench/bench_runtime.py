@@ -146,6 +146,35 @@ def _process_run(job_name: str, configuration: Configuration, steps: int, direct
     return records[0] - step_s - spawned, gaps
 
 
+_COMPUTE = """
+import time, torch
+torch.set_num_threads(1)
+from liveput.runtime.job import resolve_job
+from liveput.runtime.layer_state import fresh_layer
+from liveput.runtime.schedule import StagePosition, apply_step, compute_gradients
+job = resolve_job("tiny-gpt-32")
+layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+times = []
+for step in range(6):
+    start = time.perf_counter()
+    compute_gradients(job, layers, StagePosition(0, 0, 2, 1, None, None), None, step)
+    apply_step(layers)
+    times.append(time.perf_counter() - start)
+print(sorted(times[2:])[1])
+"""
+
+
+def core_contention() -> float:
+    """How much slower one instance computes when two run at once on this machine (1.0: the
+    two cores are independent, as the performance model assumes)."""
+    def run(copies: int) -> float:
+        processes = [subprocess.Popen([sys.executable, "-c", _COMPUTE], stdout=subprocess.PIPE,
+                                      text=True) for _ in range(copies)]
+        return max(float(p.communicate(timeout=300)[0]) for p in processes)
+
+    return run(2) / run(1)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="liveput-bench-") as tmp:
@@ -163,6 +192,9 @@ def main() -> None:
         print(f"intra-stage / restart = {ratio:.3f} (target <= 0.2): "
               f"{'PASS' if ratio <= 0.2 else 'FAIL'}")
         table = estimate_configs(load_profile("tiny-gpt"), 2)
+        contention = core_contention()
+        print(f"two instances at once compute {contention:.2f}x slower each than one alone on "
+              "this machine now (the model assumes 1.00x; other jobs share these cores)")
         for configuration in (Configuration(1, 2), Configuration(2, 1)):
             _, gaps = _process_run("tiny-gpt-32", configuration, 10, f"{tmp}/thr{configuration}")
             step_s = sorted(gaps[2:])[len(gaps[2:]) // 2]

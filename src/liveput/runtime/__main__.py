@@ -20,9 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address peers reach this one at")
     parser.add_argument("--instance", type=int, default=None, help="instance id")
     parser.add_argument("--notices", default="sigterm,emulator", help="notice sources")
-    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--verbose", action="store_true", help="log every step's timings")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from liveput.runtime.launch import run_agent
 

@@ -206,11 +206,14 @@ class Engine:
                 break
             if step == plan.start_step:
                 result.setup_s = time.perf_counter() - started
+            begin = time.perf_counter()
             loss = compute_gradients(self.job, layers, position, groups, step)
+            computed = time.perf_counter()
             if groups is not None and groups.stage is not None:
                 flat, parameters = flat_gradients(layers, loss)
                 groups.allreduce_stage(flat)
                 loss = unflatten_gradients(flat, parameters)
+            reduced = time.perf_counter()
             try:
                 protocol.vote_commit(self.store, plan.generation, step, plan.num_working)
             except LiveputError:
@@ -222,8 +225,12 @@ class Engine:
                 discard_gradients(layers)
                 result.ending = Ending.FENCED
                 break
+            committed = time.perf_counter()
             apply_step(layers)
             self.last_applied = step
+            LOG.debug("instance %d step %d: compute %.3f s, reduce %.3f s, commit %.3f s, "
+                      "apply %.3f s", self.instance, step, computed - begin, reduced - computed,
+                      committed - reduced, time.perf_counter() - committed)
             if position.is_last:
                 result.losses[step] = loss
                 record = LedgerRecord(
