@@ -136,3 +136,13 @@ def slow_small_job():  # noqa: ANN201 - a liveput.Job, resolved by agents as run
                                         corpus_bytes=200_000))
     job.dataset = _SlowWindows(job.dataset, 0.015)
     return job
+
+
+@POLICIES.register("test-fixed-1x2")
+class Fixed1x2(Policy):
+    """Wants (1, 2) whatever happens."""
+
+    name = "test-fixed-1x2"
+
+    def decide(self, observation: Observation) -> Decision:
+        return Decision(Configuration(1, 2))

@@ -95,3 +95,28 @@ def test_an_agent_without_the_job_token_is_refused(cluster, profile):
     assert intruder.wait(timeout=60) == 2
     assert "refused" in agents.log(9)
     assert store.get_prefix("members/") == {}
+
+
+def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profile, tmp_path):
+    store, agents = cluster
+    coordinator = Coordinator(store, profile, coordinator_config(policy="test-fixed-1x2",
+                                                                 initial_workers=3))
+    for instance in range(3):
+        agents.start(instance)
+    run_until(coordinator.tick, lambda: coordinator.committed >= 4, 60, "training at 1x2")
+    spare = next(i for i, s in coordinator.plan.slots.items() if s is None)
+    noticed = coordinator.plan.instance_at(0, 1)  # the only holder of stage 1
+    agents.processes[noticed].terminate()  # SIGTERM: its preemption notice
+    run_until(coordinator.tick, lambda: coordinator.plan.generation >= 1, 30, "the next plan")
+    plan = coordinator.plan
+    assert plan.kind == "inter-stage" and plan.restore_step is None
+    assert plan.slots[noticed] is None and plan.slots[spare] == (0, 1)
+    assert {t.source for t in plan.transfers} == {noticed}
+    while coordinator.tick():
+        pass
+    codes = agents.wait_all()
+    assert codes == {0: 0, 1: 0, 2: 0}
+    assert store.get(f"state/{noticed}") == b"left"
+    report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
+    assert report.exactly_once and report.restores == 0
+    assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))

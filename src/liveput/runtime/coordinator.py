@@ -181,7 +181,10 @@ class Coordinator:
 
     # --- acting -----------------------------------------------------------------------------
     def _replan(self, target: Configuration, preempted: set[int], available: list[int],
-                members: dict[int, dict], noticed: set[int], reason: str) -> None:
+                members: dict[int, dict], noticed: set[int], reason: str,
+                unreachable: frozenset[int] = frozenset()) -> None:
+        """``preempted``: instances of the running plan that are gone or going; of them, the
+        noticed ones not ``unreachable`` (dead or silent) still send their layers."""
         previous = self.plan
         start = 0
         if previous is not None:
@@ -195,7 +198,7 @@ class Coordinator:
                                    gone & in_plan, allocated, target)
         holders: dict[int, list[int]] = {}
         if previous is not None:
-            for instance in sorted(noticed & in_plan - preempted):
+            for instance in sorted((noticed & in_plan) - unreachable):
                 slot = previous.slots.get(instance)
                 if slot is not None:
                     for layer in previous.layers_of(slot[1]):
@@ -280,7 +283,8 @@ class Coordinator:
             if target is None:
                 return True
             self._replan(target, gone, available, members, noticed,
-                         "loss" if lost else "failure" if failed else "recovery")
+                         "loss" if lost else "failure" if failed else "recovery",
+                         frozenset(dead | suspects))
         elif interval_due:
             target = self._decide(now, len(available), "interval")
             current = Configuration(plan.data_parallel, plan.pipeline_stages)
