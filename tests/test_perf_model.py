@@ -38,14 +38,11 @@ def _fit(model: str) -> tuple[float, int, int]:
 
 
 # The issue's targets: MAPE <= 15% and every instance count's pick within 5% of the measured
-# best. Where a model misses them the bound is the figure achieved: GPT-1.5B's three misses are
-# P = 8 vs 9 and 12 vs 13, which the measured engine's per-block cut explains (it counts the LM
-# head as a block, test below) but liveput deploys the compute-balanced cut that its migration
-# planner nests (P = 8 -> 16 moves no layer); BERT-large's two are single measured dips ((6, 3)
-# and (8, 2) run at half their neighbours); ResNet-152's table is beyond any partition (test
-# below: no cut and no constants of the formula get under 18%).
+# best. Where a model misses them the bound is the figure achieved: BERT-large's two misses are
+# single measured dips ((6, 3) and (8, 2) run at half their neighbours); ResNet-152's table is
+# beyond any partition (test below: no cut and no constants of the formula get under 18%).
 @pytest.mark.parametrize("model, max_mape, max_misses", [
-    ("gpt-1.5b", 0.15, 3), ("gpt-6.7b", 0.15, 0), ("bert-large", 0.15, 2),
+    ("gpt-1.5b", 0.15, 0), ("gpt-6.7b", 0.15, 0), ("bert-large", 0.15, 2),
     ("resnet152", 0.51, 3), ("vgg19", 0.15, 0),
 ])
 def test_estimator_reproduces_the_measured_table(model: str, max_mape: float,
@@ -57,7 +54,7 @@ def test_estimator_reproduces_the_measured_table(model: str, max_mape: float,
 
 def test_gpt_fits_stay_as_tight_as_before() -> None:
     """The simulator is tuned against the GPT figures: they must not drift."""
-    assert _fit("gpt-1.5b")[0] <= 0.045
+    assert _fit("gpt-1.5b")[0] <= 0.02
     assert _fit("gpt-6.7b")[0] <= 0.075
 
 

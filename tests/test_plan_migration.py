@@ -72,7 +72,10 @@ def test_kinds_and_estimated_times() -> None:
     stage_bytes = profile.layer_state_bytes()[:6].sum()
     assert refill.kind == "inter-stage" and refill.bytes_moved == stage_bytes
     deeper = plan_migration(profile, COSTS, assignment, set(), [], Configuration(2, 16))
-    assert deeper.kind == "pipeline" and deeper.bytes_moved == 0  # halves of old stages
+    # Re-partition keeps layers where they are: only the few layers a new stage's cut moves
+    # across an old boundary travel (GPT's per-block cut does not nest 8 stages in 16).
+    assert deeper.kind == "pipeline" and deeper.bytes_restored == 0
+    assert 0 < deeper.bytes_moved <= 0.05 * profile.layer_state_bytes().sum()
     lost_stage = plan_migration(profile, COSTS, assignment, {0, 8, 16, 24}, [],
                                 Configuration(3, 8))
     assert lost_stage.kind == "checkpoint-restore" and lost_stage.bytes_restored == 3 * stage_bytes

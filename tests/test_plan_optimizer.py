@@ -147,7 +147,7 @@ def test_expected_preemptions_favour_shallower_pipelines() -> None:
     optimizer = LiveputOptimizer(PROFILE, table, COSTS, OptimizerConfig(horizon=4))
     counts = np.array([32, 32, 32])
     calm = Forecast.certain(counts, 32)
-    stormy = Forecast(counts.astype(float), calm.pmf, np.full(3, 3.0), np.full(3, 3.0))
+    stormy = Forecast(counts.astype(float), calm.pmf, np.full(3, 6.0), np.full(3, 6.0))
     best_d, best_p, _ = table.best_for(32)
     calm_decision = optimizer.decide(Configuration(4, 8), 32, calm)
     assert calm_decision.configuration == Configuration(best_d, best_p)
