@@ -552,7 +552,18 @@ class SignedStore(Store):
         self._inner.delete(key)
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
-        return {key: self._verify(key, raw) for key, raw in self._inner.get_prefix(prefix).items()}
+        """The signed values under ``prefix``; entries that do not verify are left out and logged.
+
+        A listing is a view (members, heartbeats, ledger) that anyone reaching the store could
+        otherwise poison: one forged entry must not hide the genuine ones.
+        """
+        verified = {}
+        for key, raw in self._inner.get_prefix(prefix).items():
+            try:
+                verified[key] = self._verify(key, raw)
+            except LiveputError as error:
+                log.warning("%s: %s; left out of the listing", self.url, error)
+        return verified
 
     def add(self, key: str, amount: int) -> int:
         _check_key(key)
