@@ -16,12 +16,14 @@ def train(
     workers: int = typer.Option(8, "--workers", min=1, help="Instances requested."),
     trace_path: Path = typer.Option(None, "--trace", help="Trace file to replay (default: a "
                                     "generated 5-minute trace for --workers)."),
-    time_scale: float = typer.Option(30.0, "--time-scale", help="Trace seconds per wall second."),
+    time_scale: float = typer.Option(2.0, "--time-scale", help="Trace seconds per wall second "
+                                     "(the default spreads a 5-minute trace over the run)."),
     steps: int = typer.Option(100, "--steps", min=1, help="Steps to train."),
     store: str = typer.Option(None, "--store", help="Store URL (default: a TCPStore here)."),
     checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
                                        help="Checkpoint directory or fsspec URL."),
-    checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0,
+                                         help="Steps between checkpoints (0: none)."),
     notice_lead_s: float = typer.Option(120.0, "--notice-lead", help="Notice lead, trace s."),
     seed: int = typer.Option(0, "--seed", help="Seed of the generated trace and the victims."),
     json_path: Path = typer.Option(None, "--json", help="Write the summary here and the "

@@ -44,7 +44,7 @@ class LocalTrainingConfig:
     """Instances requested (the trace is generated or scaled for this many)."""
     steps: int = 100
     """Steps to train."""
-    time_scale: float = 30.0
+    time_scale: float = 2.0
     """Trace seconds per wall second."""
     notice_lead_s: float = 120.0
     """Preemption notice lead in trace seconds (AWS 120, GCP 30)."""
