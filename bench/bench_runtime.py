@@ -117,7 +117,7 @@ def _process_run(job_name: str, configuration: Configuration, steps: int, direct
                  restore_step: int = protocol.FRESH_START) -> tuple[float, list[float]]:
     """Fresh agent processes run ``configuration``; (seconds from spawn to the first step's
     start, seconds per step)."""
-    job = resolve_job(job_name)
+    resolve_job(job_name)  # an unknown job fails before any process starts
     hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
     store = SignedStore(hosted, TOKEN)
     d, p = configuration.data_parallel, configuration.pipeline_stages

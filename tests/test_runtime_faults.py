@@ -3,7 +3,6 @@ a coordinator restart, an etcd restart, and a peer without the job token."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
-import torch
 
 import liveput
 from liveput.perf.costs import MigrationCostModel

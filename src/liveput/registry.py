@@ -6,7 +6,8 @@ implementation is one decorated class and the CLI lists what exists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import importlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from liveput.errors import LiveputError
@@ -47,3 +48,21 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def call_spec(spec: str, expected: type[T], kind: str, builtins: Iterable[str]) -> T:
+    """Call the user's ``module:function`` and check that it returns an ``expected``.
+
+    ``builtins`` names what the user could have given instead, for the error message.
+    """
+    if ":" not in spec:
+        raise LiveputError(f"unknown {kind} {spec!r}: give a built-in "
+                           f"({', '.join(sorted(builtins))}) or module:function")
+    module_name, function_name = spec.split(":", 1)
+    try:
+        made = getattr(importlib.import_module(module_name), function_name)()
+    except (ImportError, AttributeError) as error:
+        raise LiveputError(f"cannot load {kind} {spec}: {error}") from None
+    if not isinstance(made, expected):
+        raise LiveputError(f"{spec} must return a {expected.__module__}.{expected.__qualname__}")
+    return made

@@ -7,9 +7,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from liveput.cli.output import console, print_json, progress
+from liveput.cli.output import console, print_json, progress, require_png
 from liveput.cli.trace import END_HELP, FORMAT_HELP, START_HELP, load_trace
-from liveput.errors import LiveputError
 from liveput.forecast import DEFAULT_PREDICTOR, PREDICTORS
 from liveput.forecast.backtest import (
     BASELINE,
@@ -87,8 +86,7 @@ def plot_command(
     end_hour: float | None = typer.Option(None, "--end-hour", help=END_HELP),
 ) -> None:
     """Plot the h-step forecasts with their 10-90% interval against the true count."""
-    if output.suffix.lower() != ".png":
-        raise LiveputError(f"{output}: the plot is written as PNG; name the file *.png")
+    require_png(output)
     PREDICTORS.get(method)
     series = load_trace(trace, fmt, start_hour, end_hour).resample(interval)
     check_backtest(series, horizon, warmup)

@@ -7,8 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from liveput.cli.output import console, print_json
-from liveput.errors import LiveputError
+from liveput.cli.output import console, print_json, require_png
 from liveput.traces import REGIMES, Trace, generate_trace, read_trace, trace_stats, write_trace
 from liveput.traces.plot import plot_trace
 
@@ -76,7 +75,6 @@ def plot(
     end_hour: float | None = typer.Option(None, "--end-hour", help=END_HELP),
 ) -> None:
     """Plot available instances over time with preemption and allocation marks."""
-    if output.suffix.lower() != ".png":
-        raise LiveputError(f"{output}: the plot is written as PNG; name the file *.png")
+    require_png(output)
     plot_trace(load_trace(trace, fmt, start_hour, end_hour), output)
     console.print(f"wrote {output}")

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 import numpy as np  # noqa: E402
 
 from liveput.forecast.backtest import Walk  # noqa: E402
+from liveput.traces.plot import save_figure  # noqa: E402
 from liveput.traces.trace import IntervalTrace  # noqa: E402
 
 
@@ -45,9 +46,4 @@ def plot_forecasts(trace: IntervalTrace, walk: Walk, path: str | Path) -> Path:
     bottom.set_xlabel("steps ahead (h)")
     bottom.set_ylabel("MAE (instances)")
     bottom.grid(alpha=0.3, axis="y")
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)

@@ -9,7 +9,6 @@ record its parameters and output activation size; on CUDA, peak memory too.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from torch import nn
 
 from liveput.errors import LiveputError
 from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
+from liveput.registry import call_spec
 
 LOCAL_CPU = InstanceType("local-cpu", gpu_memory_gb=8.0, network_gbps=10.0,
                          spot_price_usd_per_hour=0.0, on_demand_price_usd_per_hour=0.0)
@@ -62,17 +62,7 @@ def resolve_target(spec: str) -> ProfileTarget:
     """A built-in name or ``module:function``."""
     if spec in TARGETS:
         return TARGETS[spec]()
-    if ":" not in spec:
-        raise LiveputError(f"unknown model {spec!r}: give a built-in ({', '.join(TARGETS)}) "
-                           "or module:function")
-    module_name, function_name = spec.split(":", 1)
-    try:
-        target = getattr(importlib.import_module(module_name), function_name)()
-    except (ImportError, AttributeError) as error:
-        raise LiveputError(f"cannot load {spec}: {error}") from None
-    if not isinstance(target, ProfileTarget):
-        raise LiveputError(f"{spec} must return a liveput.perf.profiler.ProfileTarget")
-    return target
+    return call_spec(spec, ProfileTarget, "model", TARGETS)
 
 
 def _sync(device: torch.device) -> None:

@@ -8,7 +8,6 @@ Built-in jobs are registered by name in :data:`JOBS`; a user's job is ``module:f
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,7 +15,7 @@ import torch
 from torch import nn
 
 from liveput.errors import LiveputError
-from liveput.registry import Registry
+from liveput.registry import Registry, call_spec
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -156,14 +155,4 @@ def resolve_job(spec: str) -> Job:
     """A built-in job by name or ``module:function`` returning a :class:`Job`."""
     if spec in JOBS:
         return JOBS.get(spec)()
-    if ":" not in spec:
-        raise LiveputError(f"unknown job {spec!r}: give a built-in ({', '.join(JOBS)}) "
-                           "or module:function")
-    module_name, function_name = spec.split(":", 1)
-    try:
-        job = getattr(importlib.import_module(module_name), function_name)()
-    except (ImportError, AttributeError) as error:
-        raise LiveputError(f"cannot load job {spec}: {error}") from None
-    if not isinstance(job, Job):
-        raise LiveputError(f"{spec} must return a liveput.Job")
-    return job
+    return call_spec(spec, Job, "job", JOBS.names())

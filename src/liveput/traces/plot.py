@@ -32,6 +32,11 @@ def plot_trace(trace: Trace, path: str | Path) -> Path:
     axis.set_ylim(bottom=0)
     axis.grid(alpha=0.3)
     axis.legend(loc="lower left", fontsize=8, ncols=3)
+    return save_figure(figure, path)
+
+
+def save_figure(figure: plt.Figure, path: str | Path) -> Path:
+    """Lay out ``figure``, write it as PNG to ``path`` (folders made) and free it."""
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
