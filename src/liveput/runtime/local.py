@@ -42,7 +42,7 @@ class LocalTrainingConfig:
     """Built-in job or ``module:function``."""
     workers: int = 8
     """Instances requested (the trace is generated or scaled for this many)."""
-    steps: int = 100
+    steps: int = 300
     """Steps to train."""
     time_scale: float = 2.0
     """Trace seconds per wall second."""
