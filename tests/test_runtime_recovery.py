@@ -51,18 +51,18 @@ def test_coordinator_restart_and_etcd_restart_lose_nothing(etcd_server, etcd_url
     try:
         for instance in range(3):
             agents.start(instance)
-        wait_until(lambda: steps_recorded(store) >= 5, 90, "training")
+        wait_until(lambda: steps_recorded(store) >= 5, 180, "training")
         # The coordinator dies; an agent dies while it is down; a new coordinator takes over.
         coordinator.kill()
         coordinator.wait(timeout=10)
         agents.kill(2)
         at_kill = steps_recorded(store)
         coordinator = start_coordinator(etcd_url, tmp_path / "ckpt", log)
-        wait_until(lambda: steps_recorded(store) >= at_kill + 5, 90, "training after restart")
+        wait_until(lambda: steps_recorded(store) >= at_kill + 5, 180, "training after restart")
         # The store itself restarts (same data) in the middle of training.
         etcd_server.restart(down_s=1.0)
-        assert coordinator.wait(timeout=120) == 0, log.read_text()[-3000:]
-        codes = agents.wait_all(timeout_s=60)
+        assert coordinator.wait(timeout=240) == 0, log.read_text()[-3000:]
+        codes = agents.wait_all(timeout_s=120)
         assert codes[0] == 0 and codes[1] == 0, agents.log(0)[-2000:]
         report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
         assert report.exactly_once, report.problems
