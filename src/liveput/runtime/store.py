@@ -271,6 +271,9 @@ class TCPStoreBackend(Store):
                 timedelta(seconds=self._timeout_s),
                 wait_for_workers=False,
                 master_listen_fd=listen_fd,
+                # The libuv server was seen spinning (all sys time) with a request unanswered
+                # after clients were SIGKILLed mid-job; the classic server has not.
+                use_libuv=False,
             )
         except RuntimeError as exc:
             if listen_fd is not None:
