@@ -35,11 +35,13 @@ class StoreRendezvous:
             listener = socket.create_server((self.host, 0))
             port = listener.getsockname()[1]
             # Handing c10d our socket keeps the server on this address only.
+            # The classic server, as the job's store (runtime/store.py says why).
             server = dist.TCPStore(self.host, port, len(plan.world), True, timeout,
-                                   wait_for_workers=False, master_listen_fd=listener.detach())
+                                   wait_for_workers=False, master_listen_fd=listener.detach(),
+                                   use_libuv=False)
             self._hosted[plan.generation] = server
             self.store.set(key, f"{self.host}:{server.port}".encode())
             return server
         address = self.store.wait_for(key, self.timeout_s).decode()
         host, port = address.rsplit(":", 1)
-        return dist.TCPStore(host, int(port), len(plan.world), False, timeout)
+        return dist.TCPStore(host, int(port), len(plan.world), False, timeout, use_libuv=False)
