@@ -86,12 +86,9 @@ def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: Simu
         result = simulate(trace, profile, policies, config, on_step=step)
     view = Table(title=f"{model} on {trace.name}: {trace.hours:.2f} h, "
                        f"{config.interval_s:g}-s intervals")
-    rows = summary_rows(result)
-    for index, column in enumerate(SUMMARY_HEADER):
-        # Values keep their full width on a narrow terminal; headers wrap instead.
-        view.add_column(column, justify="left" if column == "policy" else "right",
-                        min_width=max(len(row[index]) for row in rows), no_wrap=False)
-    for row in rows:
+    for column in SUMMARY_HEADER:
+        view.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
+    for row in summary_rows(result):
         view.add_row(*row)
     console.print(view)
     if json_path is not None:
