@@ -9,12 +9,14 @@ import typer
 from rich.table import Table
 
 from liveput.cli.output import console, err_console, progress, to_json
+from liveput.cli.trace import load_trace
 from liveput.errors import LiveputError
+from liveput.files import write_text_atomic
 from liveput.perf import ModelProfile, estimate_configs, load_profile
 from liveput.sim import DEFAULT_POLICIES, SimulationConfig, default_trace, simulate
 from liveput.sim.engine import DEFAULT_MODEL
 from liveput.sim.sweep import SWEEP_MODELS, default_sweep_traces, sweep
-from liveput.traces import IntervalTrace, read_trace
+from liveput.traces import IntervalTrace
 
 TRACE_HELP = ("Trace file (events CSV, count JSON, count CSV, text); repeat with --sweep. "
               "Default: the project's own generated 12-hour, 32-instance trace.")
@@ -29,21 +31,10 @@ def _names(text: str, what: str) -> list[str]:
 
 def _load(path: Path, interval_s: float, start_hour: float | None,
           end_hour: float | None) -> IntervalTrace:
-    trace = read_trace(path)
-    if start_hour is not None or end_hour is not None:
-        start_s = 0.0 if start_hour is None else start_hour * 3600.0
-        trace = trace.slice(start_s, None if end_hour is None else end_hour * 3600.0)
+    trace = load_trace(path, None, start_hour, end_hour)
     if trace.end_s <= 0:
         raise LiveputError(f"trace {path} is empty: it spans no time")
     return trace.resample(interval_s)
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write then rename: an interrupted run never leaves a half-written file behind.
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
 
 
 def _fraction(value: float | None, digits: int = 3) -> str:
@@ -92,7 +83,7 @@ def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: Simu
         view.add_row(*row)
     console.print(view)
     if json_path is not None:
-        _write(json_path, to_json(result.to_json()) + "\n")
+        write_text_atomic(json_path, to_json(result.to_json()) + "\n")
         err_console.print(f"wrote {json_path}")
     if report is not None:
         page = write_report(result, report)
@@ -120,7 +111,7 @@ def _run_sweep(traces: list[IntervalTrace], models: list[str], policies: list[st
                      end_section=last)
     console.print(view)
     if json_path is not None:
-        _write(json_path, to_json({"interval_s": config.interval_s,
+        write_text_atomic(json_path, to_json({"interval_s": config.interval_s,
                                    "rows": [row.__dict__ for row in rows]}) + "\n")
         err_console.print(f"wrote {json_path}")
 

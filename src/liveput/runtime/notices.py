@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import urllib.error
@@ -32,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 from liveput.errors import LiveputError
+from liveput.files import write_text_atomic
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.store import Store
 
@@ -240,10 +240,7 @@ class SignalNoticeWatcher(NoticeWatcher):
 
 def write_notice_file(path: Path, notice: Notice) -> None:
     """Write ``notice`` to ``path`` atomically (a reader never sees half a notice)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(notice.to_json())
-    os.replace(tmp, path)
+    write_text_atomic(path, notice.to_json())
 
 
 def read_notice_file(path: Path) -> Notice | None:

@@ -16,9 +16,7 @@ of an events trace form its initial state. Every error names the file and line.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from liveput.errors import LiveputError
+from liveput.files import write_text_atomic
 from liveput.traces.trace import Trace
 
 FORMATS = ("events", "json", "csv", "text")
@@ -272,12 +271,4 @@ def write_trace(trace: Trace, path: str | Path, fmt: str | None = None, gap_s: f
         text = _json_text(trace, gap_s)
     else:
         raise LiveputError(f"{path}: cannot write format {fmt!r}; writable: events, json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)
