@@ -61,6 +61,12 @@ class MarkovPredictor(Predictor):
 
     def transition_matrix(self, history: IntervalTrace, capacity: int) -> np.ndarray:
         """``M[n, n']`` learned from the known intervals of ``history``."""
+        return self._learn(history, capacity)[0]
+
+    def _learn(self, history: IntervalTrace,
+               capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(M, loss_mean, gain_mean)``: the transition matrix and, from each count, the
+        expected instances preempted and allocated in one interval."""
         start = max(0, len(history) - 1 - self.window)
         known = slice(start, len(history) - 1)  # the current interval's events are unknown
         counts = history.count[known]
@@ -106,25 +112,25 @@ class MarkovPredictor(Predictor):
             grants[m, m] = 1 - p_alloc
             grants[m, m + np.arange(room + 1)] += p_alloc * granted
         matrix = losses @ grants
-        self._loss_mean = p_pre * np.array(
+        loss_mean = p_pre * np.array(
             [np.dot(np.arange(1, n + 1), loss[1 : n + 1]) + n * loss[n + 1 :].sum()
              for n in range(size)])
-        self._gain_mean = (matrix * (np.arange(size)[None, :] - np.arange(size)[:, None])
-                           ).sum(axis=1) + self._loss_mean
-        return matrix
+        gain_mean = (matrix * (np.arange(size)[None, :] - np.arange(size)[:, None])
+                     ).sum(axis=1) + loss_mean
+        return matrix, loss_mean, gain_mean
 
     def forecast(self, history: IntervalTrace, horizon: int, capacity: int) -> Forecast:
         check_request(history, horizon)
         capacity = max(capacity, history.max_count)
-        matrix = self.transition_matrix(history, capacity)
+        matrix, loss_mean, gain_mean = self._learn(history, capacity)
         state = np.zeros(capacity + 1)
         state[int(history.count[-1])] = 1.0
         pmf = np.zeros((horizon, capacity + 1))
         preempted = np.zeros(horizon)
         allocated = np.zeros(horizon)
         for step in range(horizon):
-            preempted[step] = state @ self._loss_mean
-            allocated[step] = state @ self._gain_mean
+            preempted[step] = state @ loss_mean
+            allocated[step] = state @ gain_mean
             state = state @ matrix
             pmf[step] = state / state.sum()
         return Forecast(pmf_median(pmf), pmf, preempted, allocated, self.name)
