@@ -235,6 +235,10 @@ _TCP_ABSENT = b"\x00liveput-absent\x00"
 _CAS_MAX_ROUNDS = 10_000
 
 
+_TCP_INDEX = "__liveput_index__/"
+"""Namespace of the TCP backend's listing index (never listed itself)."""
+
+
 def _tcp_encode(value: bytes) -> bytes:
     return _TCP_TAG + os.urandom(_TCP_NONCE_BYTES) + value
 
@@ -249,8 +253,13 @@ class TCPStoreBackend(Store):
     """A store on ``torch.distributed.TCPStore``: no server to install; the coordinator hosts it.
 
     With ``host=True`` this process runs the server, listening on ``host_name:port`` only (port 0
-    picks a free one; see :attr:`port`). Prefix listing uses the TCPStore's ``list_keys``; the
-    server keeps everything in memory, so its data dies with the hosting process.
+    picks a free one; see :attr:`port`). The server keeps everything in memory, so its data dies
+    with the hosting process.
+
+    Prefix listing reads an index of the keys this contract has written, kept in the store itself:
+    the first writer of a key (an atomic ``add`` on its marker returns 1) appends it to an
+    append-only list (``count`` and one key per entry). ``TCPStore.list_keys`` is not used: it was
+    seen to hang forever, with the server spinning, after clients were SIGKILLed mid-job.
     """
 
     def __init__(self, host_name: str, port: int, *, host: bool = False, timeout_s: float = 30.0) -> None:
@@ -258,6 +267,8 @@ class TCPStoreBackend(Store):
 
         self._timeout_s = float(timeout_s)
         self.url = _format_url("tcp", host_name, port)
+        self._registered: set[str] = set()
+        self._index_keys: list[str] = []
         listen_fd = None
         if host:
             listen_fd, port = self._listen(host_name, port)
@@ -329,15 +340,28 @@ class TCPStoreBackend(Store):
         raw = self._raw_get(_check_key(key))
         return None if raw is None else _tcp_decode(raw)
 
+    def _register(self, key: str) -> None:
+        """Put ``key`` in the listing index once (see the class docstring)."""
+        if key in self._registered:
+            return
+        if self._call(lambda s: s.add(f"{_TCP_INDEX}seen/{key}", 1)) == 1:
+            entry = self._call(lambda s: s.add(f"{_TCP_INDEX}count", 1))
+            self._call(lambda s: s.set(f"{_TCP_INDEX}{entry}", key.encode()))
+        self._registered.add(key)
+
     def set(self, key: str, value: bytes) -> None:
         raw = _tcp_encode(_check_value(value))
         self._call(lambda s: s.set(_check_key(key), raw))
+        self._register(key)
 
     def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
         _check_key(key)
         new_raw = _tcp_encode(_check_value(value))
         if expected is None:
-            return self._swap(key, None, new_raw) == new_raw
+            swapped = self._swap(key, None, new_raw) == new_raw
+            if swapped:
+                self._register(key)
+            return swapped
         expected = bytes(expected)
         for _ in range(_CAS_MAX_ROUNDS):
             raw = self._raw_get(key)
@@ -352,9 +376,14 @@ class TCPStoreBackend(Store):
         self._call(lambda s: s.delete_key(_check_key(key)))
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
-        keys = self._call(lambda s: s.list_keys())
+        count = int(self._call(lambda s: s.add(f"{_TCP_INDEX}count", 0)))
+        while len(self._index_keys) < count:
+            entry = self._raw_get(f"{_TCP_INDEX}{len(self._index_keys) + 1}")
+            if entry is None:  # its writer is between counting and writing it: next time
+                break
+            self._index_keys.append(entry.decode())
         found: dict[str, bytes] = {}
-        for key in sorted(k for k in keys if k.startswith(prefix)):
+        for key in sorted({k for k in self._index_keys if k.startswith(prefix)}):
             raw = self._raw_get(key)
             if raw is not None:  # deleted since listed
                 found[key] = _tcp_decode(raw)
@@ -367,6 +396,8 @@ class TCPStoreBackend(Store):
             new = _parse_counter(key, None if raw is None else _tcp_decode(raw)) + int(amount)
             new_raw = _tcp_encode(str(new).encode("ascii"))
             if self._swap(key, raw, new_raw) == new_raw:
+                if raw is None:
+                    self._register(key)
                 return new
         raise LiveputError(f"store {self.url}: add on {key!r} kept losing races")
 
