@@ -35,7 +35,7 @@ class StoreRendezvous:
             listener = socket.create_server((self.host, 0))
             port = listener.getsockname()[1]
             # Handing c10d our socket keeps the server on this address only.
-            # The classic server, as the job's store (runtime/store.py says why).
+            # The classic server, as the job's store.
             server = dist.TCPStore(self.host, port, len(plan.world), True, timeout,
                                    wait_for_workers=False, master_listen_fd=listener.detach(),
                                    use_libuv=False)

@@ -282,8 +282,8 @@ class TCPStoreBackend(Store):
                 timedelta(seconds=self._timeout_s),
                 wait_for_workers=False,
                 master_listen_fd=listen_fd,
-                # The libuv server was seen spinning (all sys time) with a request unanswered
-                # after clients were SIGKILLed mid-job; the classic server has not.
+                # The classic server: a hang after clients were SIGKILLed was first blamed on the
+                # libuv one; it was list_keys (class docstring), but the classic server is kept.
                 use_libuv=False,
             )
         except RuntimeError as exc:
