@@ -43,13 +43,38 @@ def _fit(model: str) -> tuple[float, int, int]:
 # beyond any partition (test below: no cut and no constants of the formula get under 18%).
 @pytest.mark.parametrize("model, max_mape, max_misses", [
     ("gpt-1.5b", 0.15, 0), ("gpt-6.7b", 0.15, 0), ("bert-large", 0.15, 2),
-    ("resnet152", 0.51, 3), ("vgg19", 0.15, 0),
+    ("resnet152", 0.39, 3), ("vgg19", 0.15, 0),
 ])
 def test_estimator_reproduces_the_measured_table(model: str, max_mape: float,
                                                  max_misses: int) -> None:
     mape, misses, _ = _fit(model)
     assert mape <= max_mape
     assert misses <= max_misses
+
+
+def test_calibration_minimizes_throughput_mape() -> None:
+    """The fit recovers constants that generated the table exactly, beats both convex starts
+    on noisy rows, and the shipped constants are what the fit gives today."""
+    from dataclasses import asdict
+
+    from liveput.perf import calibrate
+    from liveput.perf.estimator import calibration_for
+
+    rng = np.random.default_rng(7)
+    features = np.abs(rng.normal(1.0, 0.5, size=(40, 5))) * [1, 0.1, 10, 0.5, 1]
+    truth = np.array([1.3, 0.8, 0.02, 0.6, 0.3])
+    exact_s = features @ truth
+    assert calibrate.throughput_mape(features, exact_s, calibrate.fit_constants(
+        features, exact_s)) < 1e-3
+    noisy_s = exact_s * np.exp(rng.standard_t(2, size=40) * 0.3)
+    fitted = calibrate.fit_constants(features, noisy_s)
+    for start in (calibrate._least_squares, calibrate._least_absolute):
+        assert calibrate.throughput_mape(features, noisy_s, fitted) <= \
+            calibrate.throughput_mape(features, noisy_s, start(features, noisy_s))
+    assert 0.5 <= fitted[0] <= 4 and (fitted >= 0).all()
+    for model in measured_table():
+        shipped, today = asdict(calibration_for(model)), asdict(calibrate.fit_calibration(model))
+        assert shipped == pytest.approx(today, rel=1e-3, abs=1e-6), model
 
 
 def test_gpt_fits_stay_as_tight_as_before() -> None:
