@@ -2,7 +2,8 @@
 and measured samples/s at (1, 2) and (2, 1) against the performance model's estimates.
 
 Targets: overhead <= 10 % of a plain PyTorch loop; intra-stage downtime <= 0.2 of a restart;
-measured throughput within 25 % of ``estimate_configs(load_profile("tiny-gpt"), ...)``.
+measured throughput within 25 % of the estimate from a fresh tiny-gpt profile (median of three
+rounds: the host's load moves single rounds).
 Instances are one core each (``torch.set_num_threads(1)``), as in ``liveput train``.
 """
 
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from liveput.perf import estimate_configs, load_profile, partition_layers
+from liveput.perf.profiler import profile_model, tiny_gpt_target
 from liveput.policies.base import Configuration
 from liveput.runtime import protocol
 from liveput.runtime.checkpoint import Checkpointer
@@ -191,23 +193,39 @@ def main() -> None:
         ratio = measured.get("intra-stage", float("nan")) / restart_s
         print(f"intra-stage / restart = {ratio:.3f} (target <= 0.2): "
               f"{'PASS' if ratio <= 0.2 else 'FAIL'}")
-        table = estimate_configs(load_profile("tiny-gpt"), 2)
+        profiler_rounds(tmp)
+
+
+def profiler_rounds(directory: str, rounds: int = 3) -> None:
+    """The profiler's estimates against runs of the real runtime at (1, 2) and (2, 1).
+
+    Each round profiles tiny-gpt afresh, runs both configurations as agent processes and
+    measures how much two instances slow each other on this machine's shared cores (the model
+    assumes they do not). On a shared 2-core VM one round can be off by the host's load alone,
+    so the verdict is on the median error over the rounds; every round is printed."""
+    errors: dict[Configuration, list[float]] = {}
+    for round_index in range(rounds):
+        table = estimate_configs(profile_model(tiny_gpt_target(), micro_batch_size=8), 2)
         contention = core_contention()
-        print(f"two instances at once compute {contention:.2f}x slower each than one alone on "
-              "this machine now (the model assumes 1.00x; other jobs share these cores)")
+        line = [f"round {round_index}: two at once {contention:.2f}x slower"]
         for configuration in (Configuration(1, 2), Configuration(2, 1)):
-            _, gaps = _process_run("tiny-gpt-32", configuration, 10, f"{tmp}/thr{configuration}")
+            _, gaps = _process_run("tiny-gpt-32", configuration, 10,
+                                   f"{directory}/thr{round_index}{configuration}")
             step_s = sorted(gaps[2:])[len(gaps[2:]) // 2]
             measured_rate = 32 / step_s
             row = [k for k in range(len(table.data_parallel))
                    if (table.data_parallel[k], table.pipeline_stages[k])
                    == (configuration.data_parallel, configuration.pipeline_stages)][0]
             estimate = float(table.samples_per_s[row])
-            error = measured_rate / estimate - 1
-            print(f"samples/s at {configuration}: measured {measured_rate:.1f}, estimated "
-                  f"{estimate:.1f}, error {error * 100:+.1f} % (target within 25 %): "
-                  f"{'PASS' if abs(error) <= 0.25 else 'FAIL'}")
-
+            errors.setdefault(configuration, []).append(measured_rate / estimate - 1)
+            line.append(f"{configuration} measured {measured_rate:.1f} estimated {estimate:.1f} "
+                        f"({errors[configuration][-1] * 100:+.1f} %)")
+        print("  " + "; ".join(line))
+    for configuration, values in errors.items():
+        median = sorted(values)[len(values) // 2]
+        print(f"samples/s at {configuration}: median error over {rounds} rounds "
+              f"{median * 100:+.1f} % (range {min(values) * 100:+.1f} to {max(values) * 100:+.1f}"
+              f" %; target within 25 %): {'PASS' if abs(median) <= 0.25 else 'FAIL'}")
 
 if __name__ == "__main__":
     main()
