@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from liveput.cli.output import console
+from liveput.cli.output import console, progress
 
 
 def register(app: typer.Typer) -> None:
@@ -17,7 +17,8 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option("tiny-gpt", "--model", help="Built-in name or module:function "
                                   "returning a liveput.perf.profiler.ProfileTarget."),
         micro_batch: int = typer.Option(8, "--micro-batch", help="Samples per micro-batch."),
-        device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+        device: str = typer.Option("auto", "--device",
+                                   help="cpu, cuda[:k], or auto: CUDA when present."),
         repeats: int = typer.Option(5, "--repeats", help="Timed passes per layer."),
         output: Path = typer.Option(..., "-o", "--output", help="Profile JSON to write."),
     ) -> None:
@@ -26,7 +27,11 @@ def register(app: typer.Typer) -> None:
         from liveput.perf.profile_io import write_profile
         from liveput.perf.profiler import profile_model, resolve_target
 
-        measured = profile_model(resolve_target(model), micro_batch, device, repeats)
+        target = resolve_target(model)
+        with progress() as bar:
+            task = bar.add_task(f"profiling {target.name}", total=len(target.layers))
+            measured = profile_model(target, micro_batch, device, repeats,
+                                     on_layer=lambda done, _: bar.update(task, completed=done))
         write_profile(measured, output)
         console.print(f"wrote {output}: {measured.num_layers} layers, "
                       f"{measured.num_params / 1e6:.2f} M parameters")

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from liveput.errors import LiveputError
+from liveput.files import write_text_atomic
 from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
 
 
@@ -15,7 +16,7 @@ def profile_to_dict(profile: ModelProfile) -> dict:
 
 
 def write_profile(profile: ModelProfile, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile_to_dict(profile), indent=2) + "\n")
+    write_text_atomic(path, json.dumps(profile_to_dict(profile), indent=2) + "\n")
 
 
 def read_profile(path: str | Path) -> ModelProfile:

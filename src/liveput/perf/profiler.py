@@ -78,7 +78,7 @@ def _allocated_bytes(device: torch.device) -> int:
 
 def profile_model(
     target: ProfileTarget, micro_batch_size: int = 8, device: str = "cpu", repeats: int = 5,
-    in_flight: int = 4,
+    in_flight: int = 4, on_layer: Callable[[int, int], None] | None = None,
 ) -> ModelProfile:
     """Measure every layer of ``target`` per micro-batch on ``device``.
 
@@ -87,7 +87,11 @@ def profile_model(
     backward. A layer's figure is the median over ``repeats`` passes (after a warm-up) divided
     by ``in_flight``: timing one cached input over and over measured up to 20% faster than the
     runtime computes, and single slow passes (a shared machine) must not move the profile.
+    ``device`` is ``cpu``, ``cuda[:k]`` or ``auto`` (CUDA when present); ``on_layer(done, total)``
+    reports progress.
     """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if micro_batch_size < 1 or repeats < 1 or in_flight < 1:
         raise LiveputError("profile: micro-batch, repeats and in-flight must be >= 1")
     torch_device = torch.device(device)
@@ -152,6 +156,8 @@ def profile_model(
         ))
         activations = [output.detach() for output in outputs]
         del outputs
+        if on_layer is not None:
+            on_layer(index + 1, len(target.layers))
     instance = LOCAL_CPU
     if torch_device.type == "cuda":
         properties = torch.cuda.get_device_properties(torch_device)
