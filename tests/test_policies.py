@@ -166,6 +166,16 @@ def test_recovery_is_the_best_configuration_for_the_rest_of_the_interval() -> No
         assert plan.configuration.num_instances <= available
 
 
+def test_optimizer_charges_a_restore_as_the_policies_do() -> None:
+    """A restore loads the whole checkpoint in both, whatever the depth."""
+    from liveput.policies.common import restart_s
+
+    d, p = np.array([0, 4, 2, 1]), np.array([0, 8, 16, 32])
+    seconds = migration_seconds(GPT, CONTEXT.costs, d, p, 32)
+    for k in range(1, len(d)):
+        assert seconds[0, k] == pytest.approx(restart_s(CONTEXT, Configuration(d[k], p[k])))
+
+
 def test_liveput_regroups_survivors_and_salvages_a_lost_stage_within_the_notice() -> None:
     policy = make_policy("liveput", CONTEXT)
     running = Configuration(2, 8)

@@ -10,7 +10,9 @@ Kinds (cheapest first), between the running (D, P) and a target (D', P') on n in
 - ``pipeline``: P' != P: layers are re-partitioned; each new stage goes to an instance that holds
   the most of its layers and receives only the missing ones, in parallel:
   ``rebuild_s(n) + transfer_s(max over new stages of missing bytes)``;
-- ``checkpoint-restore``: from nothing running: ``restart_s(n) + checkpoint_load_s(stage bytes)``.
+- ``checkpoint-restore``: from nothing running: ``restart_s(n) + checkpoint_load_s(model bytes)``:
+  the whole checkpoint comes through the storage's bandwidth, however many stages share it (as
+  the simulator's policies charge it, ``policies.common.restart_s``).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def migration_seconds(profile: ModelProfile, costs: CostModel, data_parallel: np
     restore = np.zeros(depth + 1)
     for p in unique_stages:
         stage_transfer[p] = costs.transfer_s(total_bytes / p)
-        restore[p] = costs.restart_s(num_instances) + costs.checkpoint_load_s(total_bytes / p)
+        restore[p] = costs.restart_s(num_instances) + costs.checkpoint_load_s(total_bytes)
         for q in unique_stages:
             if p != q:
                 repartition[p, q] = costs.transfer_s(_missing_bytes(profile, p, q))
