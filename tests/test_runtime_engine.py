@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from runtime_cluster import reference_parameters
 
@@ -72,3 +74,39 @@ def test_a_forged_layer_transfer_is_refused():
         decode_state(data, b"other")
     with pytest.raises(ValueError, match="not signed"):
         decode_state(data[32:], b"token")
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_micro=st.integers(1, 12), stages=st.integers(1, 8))
+def test_1f1b_completes_with_blocking_receives_and_bounds_activations(num_micro, stages):
+    """Every stage's order, run with receives that block until the peer's slot is done
+    (forward k on stage s needs forward k on s - 1; backward k needs backward k on s + 1),
+    finishes (no deadlock), runs each micro-batch's backward after its forward, and keeps at
+    most P - s micro-batches in flight on stage s."""
+    from liveput.runtime.schedule import BACKWARD, FORWARD, stage_order
+
+    orders = [stage_order(num_micro, stages, s) for s in range(stages)]
+    done = [set() for _ in range(stages)]
+    cursor = [0] * stages
+    while any(cursor[s] < len(orders[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            if cursor[s] == len(orders[s]):
+                continue
+            kind, k = orders[s][cursor[s]]
+            ready = ((kind == FORWARD and (s == 0 or (FORWARD, k) in done[s - 1]))
+                     or (kind == BACKWARD and (FORWARD, k) in done[s]
+                         and (s == stages - 1 or (BACKWARD, k) in done[s + 1])))
+            if ready:
+                done[s].add((kind, k))
+                cursor[s] += 1
+                progressed = True
+        assert progressed, "deadlock"
+    for s, order in enumerate(orders):
+        assert sorted(order) == sorted([(FORWARD, k) for k in range(num_micro)]
+                                       + [(BACKWARD, k) for k in range(num_micro)])
+        live = peak = 0
+        for kind, _ in order:
+            live += 1 if kind == FORWARD else -1
+            peak = max(peak, live)
+        assert peak == min(stages - s, num_micro)  # GPipe would keep all num_micro

@@ -1,15 +1,23 @@
-"""One training step of one pipeline stage: a GPipe schedule over the replica's micro-batches.
+"""One training step of one pipeline stage: a 1F1B schedule over the replica's micro-batches.
 
-Stage p of pipeline d computes the micro-batches ``replica_micro_batches(M, D, d)`` of the step:
-all forwards (receiving activations from stage p - 1, sending to p + 1), then all backwards in
-reverse order (with P = 1, one batch) (receiving gradients from p + 1, sending to p - 1). Sends are asynchronous and waited
-at the end, so no stage blocks on a send and the schedule cannot deadlock. The last stage scales
-each micro-batch's mean loss by ``micro / global`` so that the sum over all replicas (the stage
-all-reduce) is the gradient of the mean loss over the global batch, the same for every (D, P).
+Stage p (of P) of pipeline d computes the micro-batches ``replica_micro_batches(M, D, d)`` of the
+step. It runs ``w = min(P - 1 - p, m)`` forwards first (warm-up), then alternates one forward
+(receiving activations from stage p - 1, sending to p + 1) with one backward of its oldest
+micro-batch in flight (receiving gradients from p + 1, sending to p - 1), and ends with the
+backwards left. A stage so keeps at most ``P - p`` micro-batches' activations, where GPipe (all
+forwards, then all backwards) keeps all m; the bubble is the same ``P - 1`` slots. This is the
+schedule ``perf.estimator`` models. With P = 1 the replica's samples go through in one batch.
+
+Sends are asynchronous and waited at the end, and every receive waits only on work that an
+earlier slot of the schedule produced, so no stage blocks on a send and the schedule cannot
+deadlock. The last stage scales each micro-batch's mean loss by ``micro / global`` so that the
+sum over all replicas (the stage all-reduce) is the gradient of the mean loss over the global
+batch, the same for every (D, P).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +53,23 @@ class StagePosition:
         return self.next_rank is None
 
 
+FORWARD, BACKWARD = "forward", "backward"
+
+
+def stage_order(num_micro: int, pipeline_stages: int, stage: int) -> list[tuple[str, int]]:
+    """The 1F1B slots of one stage: ``(FORWARD | BACKWARD, k)``, k the replica's k-th
+    micro-batch; backwards run oldest first."""
+    warmup = min(pipeline_stages - 1 - stage, num_micro)
+    order: list[tuple[str, int]] = []
+    done = 0
+    for index in range(num_micro):
+        order.append((FORWARD, index))
+        if index >= warmup:
+            order.append((BACKWARD, done))
+            done += 1
+    return order + [(BACKWARD, index) for index in range(done, num_micro)]
+
+
 def _forward(layers: list[LayerState], x: torch.Tensor) -> torch.Tensor:
     for layer in layers:
         x = layer.module(x)
@@ -60,13 +85,14 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     if position.is_first and position.is_last:
         return _whole_replica(job, layers, micro, device, step)
     scale = job.micro_batch_size / job.global_batch_size
-    kept: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+    in_flight: deque[tuple[int, torch.Tensor | None, torch.Tensor]] = deque()
     sends = []
     loss_sum = 0.0
-    for j in micro:
+
+    def forward(j: int) -> None:
+        nonlocal loss_sum, sends
         if position.is_first:
-            inputs, targets = job.micro_batch(step, j)
-            x = inputs.to(device)
+            x = job.micro_batch(step, j)[0].to(device)
             source = None
         else:
             x = groups.recv_tensor(position.previous_rank, 2 * j)
@@ -75,23 +101,28 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
             source = x
         y = _forward(layers, x)
         if position.is_last:
-            if position.is_first:
-                target = targets
-            else:
-                target = job.micro_batch(step, j)[1]
-            loss = job.loss_fn(y, target.to(device)) * scale
+            loss = job.loss_fn(y, job.micro_batch(step, j)[1].to(device)) * scale
             loss_sum += float(loss.detach())
-            kept.append((source, loss))
+            in_flight.append((j, source, loss))
         else:
             sends += groups.isend_tensor(y, position.next_rank, 2 * j)
-            kept.append((source, y))
-    for j, (source, output) in zip(reversed(micro), reversed(kept), strict=True):
+            in_flight.append((j, source, y))
+
+    def backward() -> None:
+        nonlocal sends
+        j, source, output = in_flight.popleft()
         if position.is_last:
             output.backward()
         else:
             output.backward(groups.recv_tensor(position.next_rank, 2 * j + 1))
         if source is not None and source.grad is not None:
             sends += groups.isend_tensor(source.grad, position.previous_rank, 2 * j + 1)
+
+    for kind, index in stage_order(len(micro), position.pipeline_stages, position.stage):
+        if kind == FORWARD:
+            forward(micro[index])
+        else:
+            backward()
     for work in sends:
         work.wait()
     return loss_sum
