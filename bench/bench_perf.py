@@ -7,12 +7,14 @@ import time
 import numpy as np
 
 from liveput.perf import estimate_configs, load_profile
+from liveput.perf.calibrate import mape_floor
 from liveput.perf.measured import measured_table
 from liveput.perf.partition import default_partition_method
 
 
 def main() -> None:
-    print(f"{'model':12s} {'MAPE':>7s} {'target':>7s} {'picks within 5%':>16s} {'cut':>9s}")
+    print(f"{'model':12s} {'MAPE':>7s} {'target':>7s} {'floor':>7s} {'picks within 5%':>16s} "
+          f"{'cut':>11s}")
     for model, measured in measured_table().items():
         table = estimate_configs(load_profile(model), 32)
         lookup = {(int(d), int(p)): s for d, p, s in
@@ -29,8 +31,11 @@ def main() -> None:
             pick = max(options, key=lambda k: (lookup[k], -k[1]))
             good += truth[pick] >= 0.95 * max(truth[k] for k in options)
         method = default_partition_method(load_profile(model))
-        print(f"{model:12s} {mape * 100:6.1f}% {'15%':>7s} {good:>9d}/{len(counts):<6d} "
-              f"{method:>9s}")
+        floor = mape_floor(model)
+        print(f"{model:12s} {mape * 100:6.1f}% {'15%':>7s} {floor * 100:6.1f}% "
+              f"{good:>9d}/{len(counts):<6d} {method:>11s}")
+    print("floor: a lower bound on the MAPE of any cut with any constants of the formula on "
+          "the measured table (perf.calibrate.mape_floor)")
     profile = load_profile("gpt-1.5b")
     estimate_configs(profile, 64)
     runs = []

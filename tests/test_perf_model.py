@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from liveput.cli.main import main
 from liveput.errors import LiveputError
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile, partition_layers
+from liveput.perf.calibrate import mape_floor
 from liveput.perf.measured import measured_table
 from liveput.perf.partition import partition_table
 from liveput.perf.profiler import profile_model, tiny_gpt_target
@@ -100,53 +101,15 @@ def test_vgg19_uniform_cut_reproduces_the_measured_dip_in_depth() -> None:
                 assert grid[data_parallel, slow] < 0.7 * grid[data_parallel, fast]
 
 
-def _mape_lower_bound(model: str) -> float:
-    """A floor under the MAPE of *any* partition and constants of the estimator's formula.
-
-    At one depth P, whatever the cut and the constants, T(D, P) = slots(D) * s_P + ring(D) * A_P
-    + F_P with s_P > 0 and A_P, F_P >= 0 (compute, transfer and slot overhead are per slot; the
-    all-reduce scales with ring(D) = 2 (D - 1) / D; optimizer and fixed costs do not depend on
-    D). So for D' > D the predicted speed-up T(D) / T(D') lies between min(1, ring(D) /
-    ring(D')) and slots(D) / slots(D'). A measured speed-up q outside [lo, hi] forces the two
-    rows' absolute relative errors to sum to at least 1 - hi / q (or 1 - q / lo); summed over
-    disjoint pairs and divided by the row count, that bounds the MAPE from below.
-    """
-    measured = measured_table()[model]
-    data_parallel, stages = measured.data_parallel, measured.pipeline_stages
-    samples_per_s = measured.samples_per_s
-    micro = measured.global_batch_size / (data_parallel * measured.micro_batch_size)
-    slots = micro + stages - 1
-    ring = 2 * (data_parallel - 1) / data_parallel
-    forced = []
-    for i in range(len(stages)):
-        for j in range(len(stages)):
-            if stages[i] != stages[j] or data_parallel[j] <= data_parallel[i]:
-                continue
-            high = slots[i] / slots[j]
-            low = min(1.0, ring[i] / ring[j])
-            speedup = samples_per_s[j] / samples_per_s[i]
-            error = 1 - high / speedup if speedup > high else 1 - speedup / low if speedup < low \
-                else 0.0
-            if error > 0:
-                forced.append((error, i, j))
-    used: set[int] = set()
-    total = 0.0
-    for error, i, j in sorted(forced, reverse=True):
-        if i not in used and j not in used:
-            used |= {i, j}
-            total += error
-    return total / len(stages)
-
-
 def test_resnet152_table_is_beyond_any_partition() -> None:
     """Why ResNet-152 misses 15%: the same P measures 2-5x apart across D, more than any cut
     can explain, e.g. (1, 6) = 128 samples/s but (2, 6) = 621 (the formula allows at most
     69 / 37 = 1.9x), (2, 10) = 181 but (3, 10) = 803. No partition and no constants of this
     formula get below 18% MAPE; the other models' tables allow the target."""
-    assert _mape_lower_bound("resnet152") > 0.18
-    assert _fit("resnet152")[0] < 3 * _mape_lower_bound("resnet152")
+    assert mape_floor("resnet152") > 0.18
+    assert _fit("resnet152")[0] < 3 * mape_floor("resnet152")
     for model in ("gpt-1.5b", "gpt-6.7b", "bert-large", "vgg19"):
-        assert _mape_lower_bound(model) < 0.05
+        assert mape_floor(model) < 0.05
 
 
 def test_published_minimum_depths_hold() -> None:

@@ -104,6 +104,44 @@ def fit_calibration(model: str) -> Calibration:
                        allreduce_scale=beta, iteration_overhead_s=fixed_s)
 
 
+def mape_floor(model: str) -> float:
+    """A floor under the MAPE of *any* partition and constants of the estimator's formula.
+
+    At one depth P, whatever the cut and the constants, T(D, P) = slots(D) * s_P + ring(D) * A_P
+    + F_P with s_P > 0 and A_P, F_P >= 0 (compute, transfer and slot overhead are per slot; the
+    all-reduce scales with ring(D) = 2 (D - 1) / D; optimizer and fixed costs do not depend on
+    D). So for D' > D the predicted speed-up T(D) / T(D') lies between min(1, ring(D) /
+    ring(D')) and slots(D) / slots(D'). A measured speed-up q outside [lo, hi] forces the two
+    rows' absolute relative errors to sum to at least 1 - hi / q (or 1 - q / lo); summed over
+    disjoint pairs and divided by the row count, that bounds the MAPE from below.
+    """
+    measured = measured_table()[model]
+    data_parallel, stages = measured.data_parallel, measured.pipeline_stages
+    samples_per_s = measured.samples_per_s
+    micro = measured.global_batch_size / (data_parallel * measured.micro_batch_size)
+    slots = micro + stages - 1
+    ring = 2 * (data_parallel - 1) / data_parallel
+    forced = []
+    for i in range(len(stages)):
+        for j in range(len(stages)):
+            if stages[i] != stages[j] or data_parallel[j] <= data_parallel[i]:
+                continue
+            high = slots[i] / slots[j]
+            low = min(1.0, ring[i] / ring[j])
+            speedup = samples_per_s[j] / samples_per_s[i]
+            error = 1 - high / speedup if speedup > high else 1 - speedup / low if speedup < low \
+                else 0.0
+            if error > 0:
+                forced.append((error, i, j))
+    used: set[int] = set()
+    total = 0.0
+    for error, i, j in sorted(forced, reverse=True):
+        if i not in used and j not in used:
+            used |= {i, j}
+            total += error
+    return total / len(stages)
+
+
 def main() -> None:
     fitted = {model: asdict(fit_calibration(model)) for model in sorted(measured_table())}
     path = Path(__file__).resolve().parents[1] / "data" / "perf_calibration.json"
