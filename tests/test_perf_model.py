@@ -280,6 +280,23 @@ def test_cli_perf_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
         load_profile("gpt-99b")
 
 
+def test_profiler_counts_the_bytes_autograd_saves_for_the_backward() -> None:
+    import torch
+    from torch import nn
+
+    from liveput.perf.profiler import saved_for_backward_bytes
+
+    x = torch.randn(8, 1000, requires_grad=True)
+    # A linear layer keeps its input (its weight is a parameter, not an activation) ...
+    assert saved_for_backward_bytes(nn.Linear(1000, 1000), x) == 8 * 1000 * 4
+    # ... a ReLU after it keeps its output too; a tensor saved twice counts once.
+    assert saved_for_backward_bytes(nn.Sequential(nn.Linear(1000, 1000), nn.ReLU()), x) \
+        == 2 * 8 * 1000 * 4
+    assert saved_for_backward_bytes(nn.Sequential(nn.Linear(1000, 1000), nn.Tanh(), nn.Tanh()),
+                                    x) == 3 * 8 * 1000 * 4
+    assert saved_for_backward_bytes(nn.ReLU(), torch.randn(8, 1000)) == 0  # no graph, no saving
+
+
 def test_cli_profile_round_trip(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "tiny.json"
     assert main(["profile", "--model", "tiny-gpt", "--micro-batch", "4", "--repeats", "1",

@@ -5,7 +5,7 @@ an input batch and a loss: :class:`ProfileTarget`. Built-in: ``tiny-gpt``; a use
 ``module:function`` returning a ``ProfileTarget``. For each layer we time ``repeats`` passes of
 forwards and backwards of a few micro-batches in flight, as a pipeline stage runs them (after a
 warm-up), and one Adam step over its parameters, and record its parameters and output activation
-size; on CUDA, the memory its forwards keep for the backward too.
+size, and the bytes its forward keeps for the backward.
 """
 
 from __future__ import annotations
@@ -72,8 +72,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _allocated_bytes(device: torch.device) -> int:
-    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+def saved_for_backward_bytes(layer: nn.Module, source: torch.Tensor,
+                             loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int:
+    """Bytes that one forward of ``layer`` (and ``loss`` on its output) keeps for the backward:
+    the distinct storages autograd saves, parameters excluded. Measured the same way on every
+    device (the CPU allocator keeps no statistics)."""
+    parameters = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        output = layer(source)
+        if loss is not None:
+            loss(output)
+    return int(sum(storages.values()))
 
 
 def profile_model(
@@ -109,15 +126,12 @@ def profile_model(
             if source.is_floating_point():
                 source.requires_grad_(True)
         forwards, backwards, steps = [], [], []
-        saved_bytes = 0
         for attempt in range(repeats + 1):
             _sync(torch_device)
-            before_bytes = _allocated_bytes(torch_device)
             start = time.perf_counter()
             outputs = [layer(source) for source in sources]
             _sync(torch_device)
             middle = time.perf_counter()
-            saved_bytes = max(saved_bytes, _allocated_bytes(torch_device) - before_bytes)
             for output in outputs:
                 output.backward(torch.ones_like(output) / output.numel())
             _sync(torch_device)
@@ -145,10 +159,10 @@ def profile_model(
             forward_s += (time.perf_counter() - start) / 3
         num_params = sum(p.numel() for p in layer.parameters())
         activation_bytes = output.numel() * output.element_size()
-        # What the forwards left allocated (outputs and saved tensors), per micro-batch; the CPU
-        # allocator is not observable, and saved tensors are a few outputs' worth.
-        memory = (saved_bytes // in_flight if torch_device.type == "cuda"
-                  else 4 * activation_bytes)
+        is_last = index == len(target.layers) - 1
+        memory = saved_for_backward_bytes(
+            layer, sources[0], (lambda y: target.loss_fn(y, targets[:micro_batch_size].to(
+                torch_device))) if is_last else None)
         layers_out.append(LayerProfile(
             name=f"{type(layer).__name__.lower()}.{index}", forward_s=forward_s,
             backward_s=backward_s, optimizer_s=optimizer_s, num_params=num_params,
