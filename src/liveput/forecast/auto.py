@@ -2,23 +2,31 @@
 
 Members: persistence (``p``) and the Markov burst model (``m``). At every call both forecast; a
 forecast made at interval s is scored at step h once ``count[s + h]`` is known (walk-forward: no
-look-ahead). Scores are kept per step h over the last ``window`` origins.
+look-ahead). Scores are kept per step h over the last ``window`` origins (intervals).
 
 Distribution (CRPS-optimal mixture). The predictive CDF at step h is
 ``F = w_h F_m + (1 - w_h) F_p``. Its CRPS against an outcome y is quadratic in w:
 
     CRPS(w) = sum_k (w (F_m - F_p)(k) + (F_p - O_y)(k))^2 = w^2 A + 2 w B + C,
 
-with ``A = sum (F_m - F_p)^2``, ``B = sum (F_m - F_p)(F_p - O_y)``, ``O_y(k) = 1[k >= y]``. Summing
-A and B over the window gives the exact minimizer ``w_h = clip(-sum B / sum A, 0, 1)``; until
-``min_scored`` steps are scored, ``w_h = prior_weight``. (Gating the weight by the evidence rule
-below was tried and made it worse: a weight that flips between 0 and the fit adds noise.)
+with ``A = sum (F_m - F_p)^2``, ``B = sum (F_m - F_p)(F_p - O_y)``, ``O_y(k) = 1[k >= y]`` (sums
+over counts k, so A and B are in instances). Summing A and B over the window gives the exact
+minimizer ``w_h = clip(-sum B / sum A, 0, 1)``; until ``min_scored`` steps are scored,
+``w_h = prior_weight``. (Tried and worse: gating the weight by the evidence rule below, a cap or
+a pseudo-count prior on it, one weight per origin state, one weight pooled over the steps, and a
+weight maximizing a one-standard-error lower bound of the CRPS gain: on traces with a few
+zone-wide events the fit is noisy whichever way it is shrunk, and shrinking costs the gains on
+traces with structure.)
 
-Point (MAE). Most intervals see no change, and a forecast that drifts off the last value loses;
-so step h uses the Markov median only when its rolling paired error is better than persistence's
-with evidence (the evidence rule): with ``d = |e_m| - |e_p|`` over the window, ``mean(d) < -margin * mean(|e_p|)`` and
-``mean(d) / (std(d) / sqrt(n / h)) < -z`` (overlapping h-step forecasts share errors, hence the
-effective count ``n / h``). Otherwise it is persistence.
+Point (MAE). Most intervals see no change, and a forecast that drifts off the last value loses.
+The candidate point is the median of the mixture ``F`` itself (the MAE-optimal point under the
+predictive distribution; it moves off the last value only when the mixture as a whole says so,
+less often than the Markov median). Step h uses it only when its rolling paired error beats
+persistence's with evidence (the evidence rule): with ``d = |e_mix| - |e_p|`` over the window,
+``mean(d) < -margin * mean(|e_p|)`` and ``mean(d) / (std(d) / sqrt(n / h)) < -z``; overlapping
+h-step forecasts share errors, hence the effective count ``n / h``, and the test runs only once
+``n / h >= min_effective`` (30: the sample size at which the normal approximation of a mean is
+usual; fewer let early noise switch steps on). Otherwise the point is persistence's.
 
 The state assumes successive calls extend the same history; a call that does not (an earlier or
 altered history) resets it and replays the recent past walk-forward.
@@ -30,7 +38,7 @@ from collections import deque
 
 import numpy as np
 
-from liveput.forecast.base import PREDICTORS, Forecast, Predictor, check_request
+from liveput.forecast.base import PREDICTORS, Forecast, Predictor, check_request, pmf_median
 from liveput.forecast.markov import MarkovPredictor
 from liveput.forecast.persistence import PersistencePredictor
 from liveput.traces.trace import IntervalTrace
@@ -38,16 +46,19 @@ from liveput.traces.trace import IntervalTrace
 
 @PREDICTORS.register("auto")
 class AutoPredictor(Predictor):
-    """CRPS-optimal mixture of persistence and Markov; evidence-gated point (module docstring)."""
+    """CRPS-optimal mixture of persistence and Markov; evidence-gated mixture median as the point
+    (module docstring)."""
 
     name = "auto"
 
     def __init__(self, window: int = 720, margin: float = 0.01, z: float = 1.0,
-                 min_scored: int = 60, prior_weight: float = 0.5, replay: int = 180) -> None:
+                 min_scored: int = 60, prior_weight: float = 0.5, replay: int = 180,
+                 min_effective: int = 30) -> None:
         self.window = window
         self.margin = margin
         self.z = z
         self.min_scored = min_scored
+        self.min_effective = min_effective
         self.prior_weight = prior_weight
         self.replay = replay
         self.persistence = PersistencePredictor()
@@ -57,8 +68,10 @@ class AutoPredictor(Predictor):
     def _reset(self, horizon: int) -> None:
         self._horizon = horizon
         self._seen = np.zeros(0, dtype=np.int64)
-        self._made: dict[int, tuple[Forecast, Forecast]] = {}
-        # Per step h: paired absolute errors and the mixture's CRPS coefficients.
+        # Origin -> (persistence, Markov, mixture median) made there, until scored at every step.
+        self._made: dict[int, tuple[Forecast, Forecast, np.ndarray]] = {}
+        # Per step h: paired absolute errors (persistence, mixture median) and the mixture's CRPS
+        # coefficients.
         self._error_p = [deque(maxlen=self.window) for _ in range(horizon)]
         self._error_m = [deque(maxlen=self.window) for _ in range(horizon)]
         self._coef_a = [deque(maxlen=self.window) for _ in range(horizon)]
@@ -74,11 +87,11 @@ class AutoPredictor(Predictor):
         truth = int(counts[now])
         for made_at in list(self._made):
             step = now - made_at
-            persistence, markov = self._made[made_at]
+            persistence, markov, candidate = self._made[made_at]
             if 1 <= step <= self._horizon:
                 h = step - 1
                 self._error_p[h].append(abs(persistence.point[h] - truth))
-                self._error_m[h].append(abs(markov.point[h] - truth))
+                self._error_m[h].append(abs(candidate[h] - truth))
                 cdf_p = np.cumsum(persistence.pmf[h])
                 cdf_m = np.cumsum(markov.pmf[h])
                 observed = (np.arange(len(cdf_p)) >= truth).astype(float)
@@ -101,12 +114,12 @@ class AutoPredictor(Predictor):
             weights[h] = weight
         return weights
 
-    def markov_point_steps(self) -> np.ndarray:
-        """Steps whose point forecast comes from the Markov model (evidence rule)."""
+    def mixture_point_steps(self) -> np.ndarray:
+        """Steps whose point forecast is the mixture's median (evidence rule)."""
         chosen = np.zeros(self._horizon, dtype=bool)
         for h in range(self._horizon):
             n = len(self._error_p[h])
-            if n < self.min_scored:
+            if n < max(self.min_scored, self.min_effective * (h + 1)):
                 continue
             base = np.asarray(self._error_p[h])
             diff = np.asarray(self._error_m[h]) - base
@@ -124,13 +137,10 @@ class AutoPredictor(Predictor):
             # a fresh instance has rolling errors at once.
             for length in range(max(1, len(counts) - self.replay), len(counts)):
                 self._observe(history.head(length), horizon, capacity)
-        persistence, markov = self._observe(history, horizon, capacity)
-        weights = self.mixture_weights()[:, None]
-        width = max(persistence.pmf.shape[1], markov.pmf.shape[1])
-        pmf = weights * _widen(markov.pmf, width) + (1 - weights) * _widen(persistence.pmf, width)
-        use_markov = self.markov_point_steps()
-        point = np.where(use_markov, markov.point, persistence.point)
-        w = weights[:, 0]
+        persistence, markov, weights, pmf = self._observe(history, horizon, capacity)
+        use_mixture = self.mixture_point_steps()
+        point = np.where(use_mixture, self._made[len(counts) - 1][2], persistence.point)
+        w = weights
         return Forecast(
             point=point,
             pmf=pmf,
@@ -138,19 +148,23 @@ class AutoPredictor(Predictor):
             + (1 - w) * persistence.expected_preempted,
             expected_allocated=w * markov.expected_allocated
             + (1 - w) * persistence.expected_allocated,
-            method=f"auto(markov point at {int(use_markov.sum())}/{horizon} steps, "
+            method=f"auto(mixture point at {int(use_mixture.sum())}/{horizon} steps, "
                    f"weight {float(w.mean()):.2f})",
         )
 
     def _observe(self, history: IntervalTrace, horizon: int,
-                 capacity: int) -> tuple[Forecast, Forecast]:
+                 capacity: int) -> tuple[Forecast, Forecast, np.ndarray, np.ndarray]:
         counts = history.count
         self._seen = counts.copy()
         self._score(counts)
-        made = (self.persistence.forecast(history, horizon, capacity),
-                self.markov.forecast(history, horizon, capacity))
-        self._made[len(counts) - 1] = made
-        return made
+        persistence = self.persistence.forecast(history, horizon, capacity)
+        markov = self.markov.forecast(history, horizon, capacity)
+        weights = self.mixture_weights()
+        width = max(persistence.pmf.shape[1], markov.pmf.shape[1])
+        pmf = (weights[:, None] * _widen(markov.pmf, width)
+               + (1 - weights[:, None]) * _widen(persistence.pmf, width))
+        self._made[len(counts) - 1] = (persistence, markov, pmf_median(pmf))
+        return persistence, markov, weights, pmf
 
 
 def _significant(differences: np.ndarray, step_index: int, z: float) -> bool:

@@ -1,18 +1,36 @@
 """A Markov model of the spot market: preemption bursts and allocations that refill a deficit.
 
 Learned online from the history seen so far (nothing after the current interval). With ``n``
-instances of a capacity ``C`` (the instances requested), in one interval:
+instances of a capacity ``C`` (the instances requested), in one interval (probabilities are per
+interval, sizes in instances):
 
-- a preemption burst happens with probability ``p_pre`` and removes ``L`` instances, ``L`` drawn
-  from the observed burst sizes (at most n);
-- an allocation burst happens with probability ``p_alloc(C - n)`` and adds ``G`` instances, ``G``
-  drawn from the observed allocation sizes (at most C - n). ``p_alloc`` depends on the deficit
-  (outstanding requests are granted more often the more there are): estimated per deficit bin.
+- a preemption burst happens with probability ``p_pre``; it is a *wipe-out* (all ``n`` lost)
+  with probability ``pi_wipe``, else a partial burst of ``L`` instances, ``L ~ q_loss`` capped
+  at ``n``;
+- then an allocation burst happens with probability ``p_alloc(r)``, ``r = C - n'`` the room left
+  after the losses; it is a *refill* (all ``r`` granted) with probability ``pi_refill``, else a
+  partial grant ``G ~ q_gain`` capped at ``r``. ``p_alloc`` depends on the deficit (outstanding
+  requests are granted more often the more there are): estimated per deficit bin.
 
-Each probability is a Beta-smoothed frequency blended between the whole history and a recent
-window (``recent``, the market's current regime). This gives a transition matrix ``M[n, n']`` over
-counts; the predictive distribution is ``pmf_1 = M[n_now]``, ``pmf_{h+1} = pmf_h M``, its median
-the point forecast, and ``E[L]`` under ``pmf_h`` the expected preemptions.
+Zone-wide events. Spot capacity is often reclaimed and returned a whole zone at a time (a
+wipe-out of every instance, a refill of the whole deficit): those are not the tail of the partial
+sizes, so the share ``pi`` of whole bursts is learned apart. A burst that filled its room is
+ambiguous when partial bursts often reach it (a room of 1 or 2), so ``pi`` is fitted by EM on the
+mixture ``pi * 1[s = r] + (1 - pi) * q(s capped at r)`` with a Jeffreys prior Beta(1/2, 1/2);
+``q`` is the pmf of the partial sizes seen plus a geometric prior (mean 2 instances, weight of
+one burst).
+
+Rates. Each probability is a Beta-smoothed frequency blended between the whole history and a
+recent window (``recent`` intervals, the market's current regime), the window weighing
+``n_r / (n_r + k)``. For ``p_pre``, ``k = 30`` intervals (preemption regimes last hours and show
+in the window). Allocations can be rare (a wiped-out zone may wait hours), so for each
+``p_alloc`` bin ``k = max(30, m / p)``: the whole history, rate ``p``, weighs at least as much as
+``m = prior_events`` expected refills, and a quiet recent window means "no news", not "no more
+refills".
+
+This gives a transition matrix ``M[n, n']`` over counts; the predictive distribution is
+``pmf_1 = M[n_now]``, ``pmf_{h+1} = pmf_h M``, its median the point forecast, and ``E[L]`` under
+``pmf_h`` the expected preemptions.
 """
 
 from __future__ import annotations
@@ -41,11 +59,58 @@ def _size_distribution(sizes: np.ndarray, limit: int, mean_prior: float = 2.0) -
     return weights / weights.sum()
 
 
+def _whole_bursts(sizes: np.ndarray, rooms: np.ndarray, capacity: int,
+                  iterations: int = 20) -> tuple[np.ndarray, float]:
+    """``(partial, share)``: the pmf of partial burst sizes and the share of whole-zone bursts.
+
+    A burst of size ``s`` where at most ``r`` could change (the room) either takes the whole
+    room (probability ``share``) or is a partial burst of size drawn from ``partial`` and capped
+    at ``r``. A burst that filled its room is ambiguous when partial bursts often reach ``r``
+    (a room of 1 or 2 is filled by most bursts), so ``share`` is the maximum a-posteriori
+    mixture weight by EM, with a Jeffreys prior Beta(1/2, 1/2)."""
+    filled = sizes >= rooms
+    partial = _size_distribution(sizes[~filled], capacity)
+    reach = np.cumsum(partial[::-1])[::-1]  # reach[r] = P(partial size >= r)
+    partial_reach = reach[np.clip(rooms[filled], 0, capacity)]
+    share = 0.5
+    for _ in range(iterations):
+        whole = share / np.maximum(share + (1 - share) * partial_reach, 1e-12)
+        share = (float(whole.sum()) + 0.5) / (len(sizes) + 1.0)
+    return partial, share
+
+
+def _capped_sizes(partial: np.ndarray, whole: float, limit: int) -> np.ndarray:
+    """pmf over 0..limit of a burst's size where at most ``limit`` can change: the whole
+    ``limit`` with probability ``whole``, else a partial size capped at ``limit``."""
+    sizes = np.zeros(limit + 1)
+    if limit < 1:
+        return sizes
+    sizes[1:] = (1 - whole) * partial[1 : limit + 1]
+    sizes[limit] += whole + (1 - whole) * partial[limit + 1 :].sum()
+    return sizes
+
+
+MIN_PRIOR_TRIALS = 30
+"""Weight of the whole history against the recent window, in intervals, at the least."""
+
+
 def _blend(successes: float, trials: float, recent_successes: float, recent_trials: float,
-           prior: float) -> float:
+           prior: float, prior_events: float = 0.0) -> float:
+    """Probability per interval of an event: Beta-smoothed frequencies of the recent window and
+    of the whole history, weighted ``n_r / (n_r + k)``.
+
+    ``k`` (intervals) is ``MIN_PRIOR_TRIALS``, or, with ``prior_events = m > 0``, at least the
+    intervals in which the whole history's rate ``p`` expects ``m`` events: ``k = max(30, m / p)``.
+    Why: a regime of frequent events shows within a recent window, but two hours without a
+    refill are what a refill every two hours gives by chance 37% of the time; a fixed ``k`` would
+    read such a wait as a new regime and drop the refill probability, over-confident that a
+    wiped-out zone stays empty."""
     whole = (successes + prior) / (trials + 1)
     recent = (recent_successes + prior) / (recent_trials + 1)
-    weight = recent_trials / (recent_trials + 30)
+    prior_trials = float(MIN_PRIOR_TRIALS)
+    if prior_events > 0 and whole > 0:
+        prior_trials = max(prior_trials, prior_events / whole)
+    weight = recent_trials / (recent_trials + prior_trials)
     return float(weight * recent + (1 - weight) * whole)
 
 
@@ -55,9 +120,10 @@ class MarkovPredictor(Predictor):
 
     name = "markov"
 
-    def __init__(self, recent: int = 120, window: int = 2880) -> None:
+    def __init__(self, recent: int = 120, window: int = 2880, prior_events: float = 1.0) -> None:
         self.recent = recent
         self.window = window
+        self.prior_events = prior_events
 
     def transition_matrix(self, history: IntervalTrace, capacity: int) -> np.ndarray:
         """``M[n, n']`` learned from the known intervals of ``history``."""
@@ -75,8 +141,13 @@ class MarkovPredictor(Predictor):
         recent = slice(max(0, len(counts) - self.recent), len(counts))
         p_pre = _blend((preempted > 0).sum(), len(counts), (preempted[recent] > 0).sum(),
                        len(counts[recent]), 0.05)
-        loss = _size_distribution(preempted[preempted > 0], capacity)
-        gain = _size_distribution(allocated[allocated > 0], capacity)
+        # A burst that takes every instance (a wipe-out) or grants the whole room (a refill) is
+        # a zone-wide event, not the tail of the partial sizes: its share is learned apart.
+        took = preempted > 0
+        partial_loss, p_wipeout = _whole_bursts(preempted[took], counts[took], capacity)
+        gave = allocated > 0
+        room_after = capacity - (counts - preempted)  # losses first, then grants
+        partial_gain, p_refill = _whole_bursts(allocated[gave], room_after[gave], capacity)
         deficit = capacity - counts
         bins = np.searchsorted(DEFICIT_BINS, np.maximum(deficit, 0))
         p_alloc_bins = np.zeros(len(DEFICIT_BINS) + 1)
@@ -87,17 +158,15 @@ class MarkovPredictor(Predictor):
             recent_mask[: max(0, len(mask) - self.recent)] = False
             p_alloc_bins[index] = _blend((allocated[mask] > 0).sum(), mask.sum(),
                                          (allocated[recent_mask] > 0).sum(), recent_mask.sum(),
-                                         overall)
+                                         overall, self.prior_events)
         size = capacity + 1
         # Losses first: L[n, n - l] (stay with 1 - p_pre, else lose l, capped at n).
         losses = np.zeros((size, size))
         losses[np.arange(size), np.arange(size)] = 1 - p_pre
         losses[0, 0] += p_pre
+        loss_rows = [_capped_sizes(partial_loss, p_wipeout, n) for n in range(size)]
         for n in range(1, size):
-            capped = np.zeros(n + 1)
-            capped[1:] = loss[1 : n + 1]
-            capped[n] += loss[n + 1 :].sum()
-            losses[n, n - np.arange(n + 1)] += p_pre * capped
+            losses[n, n - np.arange(n + 1)] += p_pre * loss_rows[n]
         # Then allocations, driven by the deficit left: G[m, m + g].
         grants = np.zeros((size, size))
         for m in range(size):
@@ -106,15 +175,12 @@ class MarkovPredictor(Predictor):
                 grants[m, m] = 1.0
                 continue
             p_alloc = p_alloc_bins[np.searchsorted(DEFICIT_BINS, room)]
-            granted = np.zeros(room + 1)
-            granted[1:] = gain[1 : room + 1]
-            granted[room] += gain[room + 1 :].sum()
+            granted = _capped_sizes(partial_gain, p_refill, room)
             grants[m, m] = 1 - p_alloc
             grants[m, m + np.arange(room + 1)] += p_alloc * granted
         matrix = losses @ grants
-        loss_mean = p_pre * np.array(
-            [np.dot(np.arange(1, n + 1), loss[1 : n + 1]) + n * loss[n + 1 :].sum()
-             for n in range(size)])
+        loss_mean = p_pre * np.array([np.dot(np.arange(n + 1), row) for n, row in
+                                      enumerate(loss_rows)])
         gain_mean = (matrix * (np.arange(size)[None, :] - np.arange(size)[:, None])
                      ).sum(axis=1) + loss_mean
         return matrix, loss_mean, gain_mean
