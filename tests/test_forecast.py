@@ -111,6 +111,63 @@ def test_markov_learns_recoveries_after_dips() -> None:
     assert np.allclose(matrix.sum(axis=1), 1.0)
 
 
+def test_markov_learns_whole_zone_wipe_outs_apart_from_partial_bursts() -> None:
+    """Every preemption so far took all instances, from 4 or from 6: from 10 the Markov model
+    puts its loss mass on 0 (a wipe-out of the zone), not on 6 or 4 (a burst of a size seen); a
+    market of single losses keeps it on 9."""
+    wipe_outs = []
+    for _ in range(4):
+        wipe_outs += [4] * 20 + [0] * 5 + [6] * 20 + [0] * 5
+    singles = []
+    for _ in range(6):
+        singles += [10] * 20 + [9] * 5
+    for counts, lands in ((wipe_outs, 0), (singles, 9)):
+        matrix = MarkovPredictor().transition_matrix(_interval_trace(counts + [10]), 10)
+        loss = matrix[10, :10]  # mass of leaving 10 downwards, by where it lands
+        assert loss.argmax() == lands
+        assert loss[lands] > 0.7 * loss.sum()
+
+
+def test_markov_refill_probability_survives_a_quiet_wait() -> None:
+    """Refills of a wiped-out zone every 100 intervals, then 150 intervals at 0 without one.
+    Such a wait is what that rate gives by chance: the whole history, worth one expected refill
+    (~119 intervals) against the 120-interval recent window, keeps about half of its rate; a
+    prior worth a fixed 30 intervals reads the wait as a new regime and keeps a fifth."""
+    counts = []
+    for _ in range(8):
+        counts += [0] * 100 + [16] * 20
+    counts += [0] * 150
+    trace = _interval_trace(counts)
+    refill_rate = 8 / (8 * 100 + 150)  # refills per interval spent at 0
+    learned = 1 - MarkovPredictor().transition_matrix(trace, 16)[0, 0]
+    fixed_prior = 1 - MarkovPredictor(prior_events=0).transition_matrix(trace, 16)[0, 0]
+    assert learned > 0.4 * refill_rate
+    assert fixed_prior < 0.6 * learned
+
+
+def test_auto_beats_persistence_on_a_market_of_zone_wide_events() -> None:
+    """Rare wipe-outs of all 16 instances and refills (the v100-like regime)."""
+    trace = generate_trace(16, 12, seed=2, regime="v100-like").resample(60)
+    scores = backtest(trace, ["persistence", "auto"], horizon=12, warmup=60)
+    assert scores["auto"].mae_mean <= 1.01 * scores["persistence"].mae_mean
+    assert scores["auto"].crps_mean < scores["persistence"].crps_mean
+
+
+def test_auto_point_is_the_mixture_median_where_it_has_earned_it() -> None:
+    """Dips refilled one interval later: once enough paired errors show it, step 1 of auto's
+    point is the mixture's median (the recovery), not the last count."""
+    counts = []
+    for _ in range(60):
+        counts += [10, 10, 10, 7]
+    trace = _interval_trace(counts + [10])
+    scores = backtest(trace, ["persistence", "auto"], horizon=2, warmup=40)
+    assert scores["auto"].mae[0] < 0.8 * scores["persistence"].mae[0]
+    auto = AutoPredictor()
+    forecast = auto.forecast(trace.head(len(trace) - 1), 2, 10)  # now: a dip at 7
+    assert auto.mixture_point_steps()[0]
+    assert forecast.point[0] == 10.0
+
+
 def test_auto_mixture_weight_minimizes_crps_like_brute_force() -> None:
     trace = generate_trace(24, 6, seed=11, regime="volatile").resample(60)
     auto, persistence, markov = AutoPredictor(replay=0), PersistencePredictor(), MarkovPredictor()
