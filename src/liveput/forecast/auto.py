@@ -12,11 +12,11 @@ Distribution (CRPS-optimal mixture). The predictive CDF at step h is
 with ``A = sum (F_m - F_p)^2``, ``B = sum (F_m - F_p)(F_p - O_y)``, ``O_y(k) = 1[k >= y]`` (sums
 over counts k, so A and B are in instances). Summing A and B over the window gives the exact
 minimizer ``w_h = clip(-sum B / sum A, 0, 1)``; until ``min_scored`` steps are scored,
-``w_h = prior_weight``. (Tried and worse: gating the weight by the evidence rule below, a cap or
-a pseudo-count prior on it, one weight per origin state, one weight pooled over the steps, and a
-weight maximizing a one-standard-error lower bound of the CRPS gain: on traces with a few
-zone-wide events the fit is noisy whichever way it is shrunk, and shrinking costs the gains on
-traces with structure.)
+``w_h = prior_weight``. (Tried and no better on balance: gating the weight by the evidence rule
+below, a cap or a pseudo-count prior on it, one weight per origin state (at capacity, empty, in
+between), one weight pooled over the steps, and the weight maximizing a one-standard-error lower
+bound of the CRPS gain: on traces with a few zone-wide events the fit is noisy whichever way it
+is shrunk, and shrinking costs the gains on traces with structure.)
 
 Point (MAE). Most intervals see no change, and a forecast that drifts off the last value loses.
 The candidate point is the median of the mixture ``F`` itself (the MAE-optimal point under the

@@ -26,7 +26,10 @@ recent window (``recent`` intervals, the market's current regime), the window we
 in the window). Allocations can be rare (a wiped-out zone may wait hours), so for each
 ``p_alloc`` bin ``k = max(30, m / p)``: the whole history, rate ``p``, weighs at least as much as
 ``m = prior_events`` expected refills, and a quiet recent window means "no news", not "no more
-refills".
+refills". ("Whole history" is the last ``window`` intervals.) Not used: a refill rate that
+falls with the deficit's age, as in the real v100 trace (per 5-min interval about 0.1 in a
+deficit's first hour, 0.013 after five hours); as a per-step hazard ratio by age bin it scored
+worse on every trace tried, the shared ones included.
 
 This gives a transition matrix ``M[n, n']`` over counts; the predictive distribution is
 ``pmf_1 = M[n_now]``, ``pmf_{h+1} = pmf_h M``, its median the point forecast, and ``E[L]`` under
@@ -101,8 +104,8 @@ def _blend(successes: float, trials: float, recent_successes: float, recent_tria
 
     ``k`` (intervals) is ``MIN_PRIOR_TRIALS``, or, with ``prior_events = m > 0``, at least the
     intervals in which the whole history's rate ``p`` expects ``m`` events: ``k = max(30, m / p)``.
-    Why: a regime of frequent events shows within a recent window, but two hours without a
-    refill are what a refill every two hours gives by chance 37% of the time; a fixed ``k`` would
+    Why: a regime of frequent events shows within a recent window, but a window without a
+    refill is what a refill per window-length gives by chance 37% of the time (e^-1); a fixed ``k`` would
     read such a wait as a new regime and drop the refill probability, over-confident that a
     wiped-out zone stays empty."""
     whole = (successes + prior) / (trials + 1)
