@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+# The runtime's server fixtures (a real etcd, network-namespace hosts), shared by the test files.
+from runtime_fixtures import etcd_server, etcd_url, netns_hosts  # noqa: F401
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
                              final_parameters, reference_parameters)
-from runtime_fixtures import etcd_server, etcd_url  # noqa: F401 - pytest fixtures
 
 from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import verify_ledger

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from torch.distributed import PrefixStore
-from runtime_fixtures import EtcdServer, NetnsHosts, etcd_server, etcd_url, free_port, netns_hosts  # noqa: F401
+from runtime_fixtures import EtcdServer, NetnsHosts, free_port
 
 from liveput.errors import LiveputError
 from liveput.runtime.store import EtcdStore, MemoryStore, SignedStore, Store, TCPStoreBackend, open_store
