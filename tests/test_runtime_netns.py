@@ -23,7 +23,8 @@ def test_agents_on_separate_hosts_train_the_same_model(tmp_path):
             sys.executable, "-m", "liveput.cli.main", "-v", "coordinator", "--listen", store,
             "--model", "tiny-gpt-small", "--steps", str(STEPS), "--workers", "2",
             "--capacity", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
-            "--checkpoint-every", "5", "--interval", "1"], env=env, stdout=logs[0],
+            "--checkpoint-every", "5", "--interval", "1", "--start-grace", "120"], env=env,
+            stdout=logs[0],
             stderr=subprocess.STDOUT)]
         for index in (1, 2):
             processes.append(hosts.popen(index, [

@@ -116,6 +116,37 @@ def test_agent_refuses_an_undocumented_state_transition():
     assert store.get("state/0") == b"waiting"
 
 
+def test_agent_waits_through_a_store_outage_then_gives_up_with_an_error():
+    from liveput.runtime.clock import ManualClock
+
+    class Outage(MemoryStore):
+        """A store that is down from ``down_at`` reads on, and back up from ``up_at`` on."""
+
+        def __init__(self, down_at: int, up_at: int | None) -> None:
+            super().__init__()
+            self.reads, self.down_at, self.up_at = 0, down_at, up_at
+
+        def get(self, key: str) -> bytes | None:
+            self.reads += 1
+            if self.reads >= self.down_at and (self.up_at is None or self.reads < self.up_at):
+                raise liveput.LiveputError("store tcp://10.0.0.1:29400 failed: Broken pipe")
+            return super().get(key)
+
+    config = AgentConfig(instance=0, poll_s=1.0, store_outage_s=60.0)
+    # Down for 50 s (an etcd restart), then the job is done: the agent waited it out.
+    store = Outage(down_at=1, up_at=51)
+    store.set("job/done", b"19")
+    agent = Agent(config, store, engine=None, clock=ManualClock())  # type: ignore[arg-type]
+    assert agent._next_plan(-1) is None
+    # Gone for good (the embedded store's coordinator ended): one error after 60 s, not a hang.
+    clock = ManualClock()
+    agent = Agent(config, Outage(down_at=1, up_at=None), engine=None,  # type: ignore[arg-type]
+                  clock=clock)
+    with pytest.raises(liveput.LiveputError, match="unreachable for 61 s; is the coordinator gone"):
+        agent._next_plan(-1)
+    assert clock.now_s() == pytest.approx(61.0)
+
+
 def test_train_cli_rejects_bad_input_in_one_line(capsys):
     from liveput.cli.main import main
 

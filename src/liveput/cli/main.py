@@ -33,7 +33,7 @@ def _root(
 ) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
 

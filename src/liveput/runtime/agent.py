@@ -65,12 +65,16 @@ class AgentConfig:
     """Seconds between heartbeats."""
     poll_s: float = 0.1
     """Seconds between looks at the store while waiting for a plan."""
+    store_outage_s: float = 120.0
+    """Longest the store may stay unreachable while the agent waits for a plan, seconds: long
+    enough for an etcd restart; a store that stays gone (an embedded store whose coordinator
+    ended) then stops the agent with an error instead of a silent wait."""
 
     def __post_init__(self) -> None:
         if self.instance < 0:
             raise LiveputError(f"agent: instance id must be >= 0, got {self.instance}")
-        if self.heartbeat_s <= 0 or self.poll_s <= 0:
-            raise LiveputError("agent: heartbeat and poll intervals must be positive")
+        if self.heartbeat_s <= 0 or self.poll_s <= 0 or self.store_outage_s <= 0:
+            raise LiveputError("agent: heartbeat, poll and store-outage times must be positive")
 
 
 class Agent:
@@ -121,6 +125,7 @@ class Agent:
 
     def _next_plan(self, after: int) -> protocol.RuntimePlan | None:
         """Wait for a plan newer than generation ``after`` that names this instance."""
+        failing_since_s: float | None = None
         while not self._stop.is_set():
             try:
                 if self.store.get("job/done") is not None:
@@ -133,7 +138,15 @@ class Agent:
                     after = int(raw) if plan is not None else after
                 if self.notice is not None and after >= 0:
                     return None
+                failing_since_s = None
             except LiveputError as error:
+                now_s = self.clock.now_s()
+                failing_since_s = now_s if failing_since_s is None else failing_since_s
+                if now_s - failing_since_s > self.config.store_outage_s:
+                    raise LiveputError(
+                        f"agent {self.config.instance}: the store has been unreachable for "
+                        f"{now_s - failing_since_s:.0f} s; is the coordinator gone? ({error})"
+                    ) from None
                 LOG.warning("agent %d: store: %s", self.config.instance, error)
             self.clock.sleep(self.config.poll_s)
         return None
