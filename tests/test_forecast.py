@@ -98,13 +98,15 @@ def test_crps_equals_its_energy_form() -> None:
         assert crps(pmf[None, :], np.array([truth]))[0] == pytest.approx(energy)
 
 
+def _dip_trace(repeats: int) -> IntervalTrace:
+    """10 instances, and every fourth interval a dip of 3 that refills at the next."""
+    return _interval_trace([10, 10, 10, 7] * repeats + [10])
+
+
 def test_markov_learns_recoveries_after_dips() -> None:
     """Every dip of 3 is refilled one interval later: the Markov model forecasts the recovery,
     persistence cannot."""
-    counts = []
-    for _ in range(40):
-        counts += [10, 10, 10, 7]
-    trace = _interval_trace(counts + [10])
+    trace = _dip_trace(40)
     scores = backtest(trace, ["persistence", "markov"], horizon=2, warmup=40)
     assert scores["markov"].mae[0] < 0.8 * scores["persistence"].mae[0]
     matrix = MarkovPredictor().transition_matrix(trace, 10)
@@ -156,10 +158,7 @@ def test_auto_beats_persistence_on_a_market_of_zone_wide_events() -> None:
 def test_auto_point_is_the_mixture_median_where_it_has_earned_it() -> None:
     """Dips refilled one interval later: once enough paired errors show it, step 1 of auto's
     point is the mixture's median (the recovery), not the last count."""
-    counts = []
-    for _ in range(60):
-        counts += [10, 10, 10, 7]
-    trace = _interval_trace(counts + [10])
+    trace = _dip_trace(60)
     scores = backtest(trace, ["persistence", "auto"], horizon=2, warmup=40)
     assert scores["auto"].mae[0] < 0.8 * scores["persistence"].mae[0]
     auto = AutoPredictor()
