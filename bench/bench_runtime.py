@@ -205,7 +205,8 @@ def profiler_rounds(directory: str, rounds: int = 3) -> None:
     so the verdict is on the median error over the rounds; every round is printed."""
     errors: dict[Configuration, list[float]] = {}
     for round_index in range(rounds):
-        table = estimate_configs(profile_model(tiny_gpt_target(), micro_batch_size=8), 2)
+        grid = estimate_configs(profile_model(tiny_gpt_target(), micro_batch_size=8),
+                                2).throughput_grid(2)
         contention = core_contention()
         line = [f"round {round_index}: two at once {contention:.2f}x slower"]
         for configuration in (Configuration(1, 2), Configuration(2, 1)):
@@ -213,10 +214,7 @@ def profiler_rounds(directory: str, rounds: int = 3) -> None:
                                    f"{directory}/thr{round_index}{configuration}")
             step_s = sorted(gaps[2:])[len(gaps[2:]) // 2]
             measured_rate = 32 / step_s
-            row = [k for k in range(len(table.data_parallel))
-                   if (table.data_parallel[k], table.pipeline_stages[k])
-                   == (configuration.data_parallel, configuration.pipeline_stages)][0]
-            estimate = float(table.samples_per_s[row])
+            estimate = float(grid[configuration.data_parallel, configuration.pipeline_stages])
             errors.setdefault(configuration, []).append(measured_rate / estimate - 1)
             line.append(f"{configuration} measured {measured_rate:.1f} estimated {estimate:.1f} "
                         f"({errors[configuration][-1] * 100:+.1f} %)")
@@ -226,6 +224,7 @@ def profiler_rounds(directory: str, rounds: int = 3) -> None:
         print(f"samples/s at {configuration}: median error over {rounds} rounds "
               f"{median * 100:+.1f} % (range {min(values) * 100:+.1f} to {max(values) * 100:+.1f}"
               f" %; target within 25 %): {'PASS' if abs(median) <= 0.25 else 'FAIL'}")
+
 
 if __name__ == "__main__":
     main()

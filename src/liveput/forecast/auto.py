@@ -73,7 +73,7 @@ class AutoPredictor(Predictor):
         # Per step h: paired absolute errors (persistence, mixture median) and the mixture's CRPS
         # coefficients.
         self._error_p = [deque(maxlen=self.window) for _ in range(horizon)]
-        self._error_m = [deque(maxlen=self.window) for _ in range(horizon)]
+        self._error_mix = [deque(maxlen=self.window) for _ in range(horizon)]
         self._coef_a = [deque(maxlen=self.window) for _ in range(horizon)]
         self._coef_b = [deque(maxlen=self.window) for _ in range(horizon)]
 
@@ -91,7 +91,7 @@ class AutoPredictor(Predictor):
             if 1 <= step <= self._horizon:
                 h = step - 1
                 self._error_p[h].append(abs(persistence.point[h] - truth))
-                self._error_m[h].append(abs(candidate[h] - truth))
+                self._error_mix[h].append(abs(candidate[h] - truth))
                 cdf_p = np.cumsum(persistence.pmf[h])
                 cdf_m = np.cumsum(markov.pmf[h])
                 observed = (np.arange(len(cdf_p)) >= truth).astype(float)
@@ -122,7 +122,7 @@ class AutoPredictor(Predictor):
             if n < max(self.min_scored, self.min_effective * (h + 1)):
                 continue
             base = np.asarray(self._error_p[h])
-            diff = np.asarray(self._error_m[h]) - base
+            diff = np.asarray(self._error_mix[h]) - base
             if diff.mean() < -self.margin * base.mean() and _significant(diff, h, self.z):
                 chosen[h] = True
         return chosen
@@ -140,16 +140,15 @@ class AutoPredictor(Predictor):
         persistence, markov, weights, pmf = self._observe(history, horizon, capacity)
         use_mixture = self.mixture_point_steps()
         point = np.where(use_mixture, self._made[len(counts) - 1][2], persistence.point)
-        w = weights
         return Forecast(
             point=point,
             pmf=pmf,
-            expected_preempted=w * markov.expected_preempted
-            + (1 - w) * persistence.expected_preempted,
-            expected_allocated=w * markov.expected_allocated
-            + (1 - w) * persistence.expected_allocated,
+            expected_preempted=weights * markov.expected_preempted
+            + (1 - weights) * persistence.expected_preempted,
+            expected_allocated=weights * markov.expected_allocated
+            + (1 - weights) * persistence.expected_allocated,
             method=f"auto(mixture point at {int(use_mixture.sum())}/{horizon} steps, "
-                   f"weight {float(w.mean()):.2f})",
+                   f"weight {float(weights.mean()):.2f})",
         )
 
     def _observe(self, history: IntervalTrace, horizon: int,

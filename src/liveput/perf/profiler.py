@@ -155,19 +155,21 @@ def profile_model(
         forward_s, backward_s = statistics.median(forwards), statistics.median(backwards)
         optimizer_s = statistics.median(steps)
         output = outputs[0]
+        loss = None
         if index == len(target.layers) - 1:
             # The loss is part of the last layer's forward and backward.
+            micro_targets = targets[:micro_batch_size].to(torch_device)
+
+            def loss(y: torch.Tensor) -> torch.Tensor:
+                return target.loss_fn(y, micro_targets)
+
             start = time.perf_counter()
-            target.loss_fn(layer(sources[0]), targets[:micro_batch_size].to(torch_device)
-                           ).backward()
+            loss(layer(sources[0])).backward()
             _sync(torch_device)
             forward_s += (time.perf_counter() - start) / 3
         num_params = sum(p.numel() for p in layer.parameters())
         activation_bytes = output.numel() * output.element_size()
-        is_last = index == len(target.layers) - 1
-        memory = saved_for_backward_bytes(
-            layer, sources[0], (lambda y: target.loss_fn(y, targets[:micro_batch_size].to(
-                torch_device))) if is_last else None)
+        memory = saved_for_backward_bytes(layer, sources[0], loss)
         layers_out.append(LayerProfile(
             name=f"{type(layer).__name__.lower()}.{index}", forward_s=forward_s,
             backward_s=backward_s, optimizer_s=optimizer_s, num_params=num_params,

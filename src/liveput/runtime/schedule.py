@@ -90,7 +90,7 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     loss_sum = 0.0
 
     def forward(j: int) -> None:
-        nonlocal loss_sum, sends
+        nonlocal loss_sum
         if position.is_first:
             x = job.micro_batch(step, j)[0].to(device)
             source = None
@@ -105,18 +105,17 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
             loss_sum += float(loss.detach())
             in_flight.append((j, source, loss))
         else:
-            sends += groups.isend_tensor(y, position.next_rank, 2 * j)
+            sends.extend(groups.isend_tensor(y, position.next_rank, 2 * j))
             in_flight.append((j, source, y))
 
     def backward() -> None:
-        nonlocal sends
         j, source, output = in_flight.popleft()
         if position.is_last:
             output.backward()
         else:
             output.backward(groups.recv_tensor(position.next_rank, 2 * j + 1))
         if source is not None and source.grad is not None:
-            sends += groups.isend_tensor(source.grad, position.previous_rank, 2 * j + 1)
+            sends.extend(groups.isend_tensor(source.grad, position.previous_rank, 2 * j + 1))
 
     for kind, index in stage_order(len(micro), position.pipeline_stages, position.stage):
         if kind == FORWARD:
