@@ -17,6 +17,7 @@ from liveput.forecast import PREDICTORS, make_predictor
 from liveput.forecast.auto import AutoPredictor
 from liveput.forecast.backtest import backtest, walk_forward
 from liveput.forecast.base import crps
+from liveput.forecast.stoploss import StopLoss
 from liveput.forecast.markov import MarkovPredictor
 from liveput.forecast.persistence import PersistencePredictor
 from liveput.forecast.statistical import ArimaPredictor
@@ -142,9 +143,45 @@ def test_markov_refill_probability_survives_a_quiet_wait() -> None:
     trace = _interval_trace(counts)
     refill_rate = 8 / (8 * 100 + 150)  # refills per interval spent at 0
     learned = 1 - MarkovPredictor().transition_matrix(trace, 16)[0, 0]
-    fixed_prior = 1 - MarkovPredictor(prior_events=0).transition_matrix(trace, 16)[0, 0]
     assert learned > 0.4 * refill_rate
-    assert fixed_prior < 0.6 * learned
+    # The same comparison without the bins' pseudo-events, which lift both.
+    unshrunk = 1 - MarkovPredictor(bin_pseudo_events=0).transition_matrix(trace, 16)[0, 0]
+    fixed_prior = 1 - MarkovPredictor(prior_events=0, bin_pseudo_events=0).transition_matrix(
+        trace, 16)[0, 0]
+    assert fixed_prior < 0.6 * unshrunk
+
+
+def test_markov_preemption_rate_counts_only_intervals_with_instances() -> None:
+    """Empty half the time and, while full, wiped out once every 50 intervals: the wipe-out
+    probability from a full zone is about 1/50; counting the empty intervals as quiet trials
+    would halve it."""
+    counts = []
+    for _ in range(10):
+        counts += [16] * 50 + [0] * 50
+    matrix = MarkovPredictor().transition_matrix(_interval_trace(counts + [16]), 16)
+    assert 1 - matrix[16, 16] == pytest.approx(1 / 50, rel=0.25)
+
+
+def test_markov_does_not_rule_out_a_refill_it_has_not_seen_yet() -> None:
+    """Wiped out and empty for 200 intervals, never refilled so far: the chance of a refill in
+    the next 12 intervals is small but not zero (a zero would score an infinite log loss and a
+    large CRPS at the first refill)."""
+    counts = [16] * 30 + [0] * 200
+    matrix = MarkovPredictor().transition_matrix(_interval_trace(counts), 16)
+    leave_in_12 = 1 - np.linalg.matrix_power(matrix, 12)[0, 0]
+    assert 0.005 < leave_in_12 < 0.1
+
+
+def test_stop_loss_closes_once_behind_and_reopens_when_made_up() -> None:
+    rule = StopLoss(horizon=1, slack=0.1)
+    rule.settle(0, baseline_error=10.0, issued_error=10.0)
+    assert rule.open_steps()[0]
+    rule.settle(0, baseline_error=0.0, issued_error=2.0)  # 12 > 1.1 * 10
+    assert not rule.open_steps()[0]
+    rule.settle(0, baseline_error=10.0, issued_error=10.0)  # 22 <= 1.1 * 20
+    assert rule.open_steps()[0]
+    with pytest.raises(ValueError, match="slack"):
+        StopLoss(horizon=1, slack=-0.1)
 
 
 def test_auto_beats_persistence_on_a_market_of_zone_wide_events() -> None:

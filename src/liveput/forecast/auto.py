@@ -26,7 +26,11 @@ persistence's with evidence (the evidence rule): with ``d = |e_mix| - |e_p|`` ov
 ``mean(d) < -margin * mean(|e_p|)`` and ``mean(d) / (std(d) / sqrt(n / h)) < -z``; overlapping
 h-step forecasts share errors, hence the effective count ``n / h``, and the test runs only once
 ``n / h >= min_effective`` (30: the sample size at which the normal approximation of a mean is
-usual; fewer let early noise switch steps on). Otherwise the point is persistence's.
+usual; fewer let early noise switch steps on). Otherwise the point is persistence's. On top of
+the evidence rule, a stop-loss (``forecast.stoploss``): step h issues persistence's point whenever
+the points auto actually issued have, summed over all its history, more absolute error than
+``1 + slack`` times persistence's (``slack = 0.005``). The evidence rule looks at a rolling window
+and a market that changes can still fool it for a while; the stop-loss bounds what that costs.
 
 The state assumes successive calls extend the same history; a call that does not (an earlier or
 altered history) resets it and replays the recent past walk-forward.
@@ -35,10 +39,12 @@ altered history) resets it and replays the recent past walk-forward.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
 from liveput.forecast.base import PREDICTORS, Forecast, Predictor, check_request, pmf_median
+from liveput.forecast.stoploss import StopLoss
 from liveput.forecast.markov import MarkovPredictor
 from liveput.forecast.persistence import PersistencePredictor
 from liveput.traces.trace import IntervalTrace
@@ -53,7 +59,7 @@ class AutoPredictor(Predictor):
 
     def __init__(self, window: int = 720, margin: float = 0.01, z: float = 1.0,
                  min_scored: int = 60, prior_weight: float = 0.5, replay: int = 180,
-                 min_effective: int = 30) -> None:
+                 min_effective: int = 30, slack: float = 0.005) -> None:
         self.window = window
         self.margin = margin
         self.z = z
@@ -61,6 +67,7 @@ class AutoPredictor(Predictor):
         self.min_effective = min_effective
         self.prior_weight = prior_weight
         self.replay = replay
+        self.slack = slack
         self.persistence = PersistencePredictor()
         self.markov = MarkovPredictor()
         self._reset(0)
@@ -68,14 +75,15 @@ class AutoPredictor(Predictor):
     def _reset(self, horizon: int) -> None:
         self._horizon = horizon
         self._seen = np.zeros(0, dtype=np.int64)
-        # Origin -> (persistence, Markov, mixture median) made there, until scored at every step.
-        self._made: dict[int, tuple[Forecast, Forecast, np.ndarray]] = {}
+        # Origin -> what was made there, until scored at every step.
+        self._made: dict[int, _Made] = {}
         # Per step h: paired absolute errors (persistence, mixture median) and the mixture's CRPS
         # coefficients.
         self._error_p = [deque(maxlen=self.window) for _ in range(horizon)]
         self._error_mix = [deque(maxlen=self.window) for _ in range(horizon)]
         self._coef_a = [deque(maxlen=self.window) for _ in range(horizon)]
         self._coef_b = [deque(maxlen=self.window) for _ in range(horizon)]
+        self._stop_loss = StopLoss(horizon, self.slack)
 
     def _extends_seen(self, counts: np.ndarray, horizon: int) -> bool:
         seen = self._seen
@@ -87,17 +95,19 @@ class AutoPredictor(Predictor):
         truth = int(counts[now])
         for made_at in list(self._made):
             step = now - made_at
-            persistence, markov, candidate = self._made[made_at]
+            made = self._made[made_at]
             if 1 <= step <= self._horizon:
                 h = step - 1
-                self._error_p[h].append(abs(persistence.point[h] - truth))
-                self._error_mix[h].append(abs(candidate[h] - truth))
-                cdf_p = np.cumsum(persistence.pmf[h])
-                cdf_m = np.cumsum(markov.pmf[h])
+                error_p = abs(made.persistence.point[h] - truth)
+                self._error_p[h].append(error_p)
+                self._error_mix[h].append(abs(made.candidate[h] - truth))
+                cdf_p = np.cumsum(made.persistence.pmf[h])
+                cdf_m = np.cumsum(made.markov.pmf[h])
                 observed = (np.arange(len(cdf_p)) >= truth).astype(float)
                 gap = cdf_m - cdf_p
                 self._coef_a[h].append(float(gap @ gap))
                 self._coef_b[h].append(float(gap @ (cdf_p - observed)))
+                self._stop_loss.settle(h, error_p, abs(made.issued_point[h] - truth))
             if step >= self._horizon:
                 del self._made[made_at]
 
@@ -134,12 +144,26 @@ class AutoPredictor(Predictor):
         if not self._extends_seen(counts, horizon):
             self._reset(horizon)
             # Replay what the members would have forecast on the recent past, walk-forward, so
-            # a fresh instance has rolling errors at once.
+            # a fresh instance has rolling errors (and a stop-loss record) at once.
             for length in range(max(1, len(counts) - self.replay), len(counts)):
                 self._observe(history.head(length), horizon, capacity)
-        persistence, markov, weights, pmf = self._observe(history, horizon, capacity)
-        use_mixture = self.mixture_point_steps()
-        point = np.where(use_mixture, self._made[len(counts) - 1][2], persistence.point)
+        return self._observe(history, horizon, capacity)
+
+    def _observe(self, history: IntervalTrace, horizon: int, capacity: int) -> Forecast:
+        """Score what is due, then make (and remember) the forecast issued now."""
+        counts = history.count
+        self._seen = counts.copy()
+        self._score(counts)
+        persistence = self.persistence.forecast(history, horizon, capacity)
+        markov = self.markov.forecast(history, horizon, capacity)
+        width = max(persistence.pmf.shape[1], markov.pmf.shape[1])
+        pmf_p, pmf_m = _widen(persistence.pmf, width), _widen(markov.pmf, width)
+        weights = self.mixture_weights()
+        pmf = weights[:, None] * pmf_m + (1 - weights[:, None]) * pmf_p
+        candidate = pmf_median(pmf)
+        use_mixture = self.mixture_point_steps() & self._stop_loss.open_steps()
+        point = np.where(use_mixture, candidate, persistence.point)
+        self._made[len(counts) - 1] = _Made(persistence, markov, candidate, point)
         return Forecast(
             point=point,
             pmf=pmf,
@@ -151,19 +175,17 @@ class AutoPredictor(Predictor):
                    f"weight {float(weights.mean()):.2f})",
         )
 
-    def _observe(self, history: IntervalTrace, horizon: int,
-                 capacity: int) -> tuple[Forecast, Forecast, np.ndarray, np.ndarray]:
-        counts = history.count
-        self._seen = counts.copy()
-        self._score(counts)
-        persistence = self.persistence.forecast(history, horizon, capacity)
-        markov = self.markov.forecast(history, horizon, capacity)
-        weights = self.mixture_weights()
-        width = max(persistence.pmf.shape[1], markov.pmf.shape[1])
-        pmf = (weights[:, None] * _widen(markov.pmf, width)
-               + (1 - weights[:, None]) * _widen(persistence.pmf, width))
-        self._made[len(counts) - 1] = (persistence, markov, pmf_median(pmf))
-        return persistence, markov, weights, pmf
+
+@dataclass(frozen=True)
+class _Made:
+    """A forecast made at one origin, kept until every step is scored."""
+
+    persistence: Forecast
+    markov: Forecast
+    candidate: np.ndarray
+    """The mixture's median, whose errors the evidence rule tracks."""
+    issued_point: np.ndarray
+    """The point auto returned (the candidate where the evidence rule and the stop-loss allow)."""
 
 
 def _significant(differences: np.ndarray, step_index: int, z: float) -> bool:

@@ -26,12 +26,25 @@ recent window (``recent`` intervals, the market's current regime), the window we
 in the window). Allocations can be rare (a wiped-out zone may wait hours), so for each
 ``p_alloc`` bin ``k = max(30, m / p)``: the whole history, rate ``p``, weighs at least as much as
 ``m = prior_events`` expected refills, and a quiet recent window means "no news", not "no more
-refills". ("Whole history" is the last ``window`` intervals.) Not used: a refill rate that
+refills". ("Whole history" is the last ``window`` intervals.)
+
+Trials. A preemption can only happen with instances to lose, so ``p_pre`` counts only intervals
+with ``n > 0`` (a zone at zero for hours is no evidence of a calm market; counting those halved
+the rate on the v100 trace, which is empty half the time). An allocation can only happen with a
+deficit; the rate pooled over all deficits is ``(events + a) / (trials + 1)`` with
+``a = alloc_prior = 1/2`` (Jeffreys), so a zone that has not been refilled yet is not certain to
+stay empty. Each bin's rate is shrunk to the pooled one with ``c = max(1, b / pooled)``
+pseudo-trials, ``b = bin_pseudo_events = 1/2``: at least half an event's worth, where one
+pseudo-trial of a tiny pooled rate would add almost nothing and a bin holding most of the
+history (a zone that is either full or empty) would read no refills yet as "never".
+
+Not used: a refill rate that
 falls with the deficit's age, as in the real v100 trace (per 5-min interval about 0.1 in a
 deficit's first hour, 0.013 after five hours); as a per-step hazard ratio by age bin it made
 auto's CRPS worse on that very trace (ratio to persistence 0.948 against 0.941 on the whole trace
 at 300 s, 0.969 against 0.960 on its first 48 h at 60 s) and on the generated v100-like traces,
-though better on the p3-like ones.
+though better on the p3-like ones (measured before preemption trials counted only
+intervals with instances).
 
 This gives a transition matrix ``M[n, n']`` over counts; the predictive distribution is
 ``pmf_1 = M[n_now]``, ``pmf_{h+1} = pmf_h M``, its median the point forecast, and ``E[L]`` under
@@ -100,7 +113,7 @@ MIN_PRIOR_TRIALS = 30
 
 
 def _blend(successes: float, trials: float, recent_successes: float, recent_trials: float,
-           prior: float, prior_events: float = 0.0) -> float:
+           prior: float, prior_events: float = 0.0, pseudo_trials: float = 1.0) -> float:
     """Probability per interval of an event: Beta-smoothed frequencies of the recent window and
     of the whole history, weighted ``n_r / (n_r + k)``.
 
@@ -110,8 +123,8 @@ def _blend(successes: float, trials: float, recent_successes: float, recent_tria
     refill is what a refill per window-length gives by chance 37% of the time (e^-1); a fixed ``k`` would
     read such a wait as a new regime and drop the refill probability, over-confident that a
     wiped-out zone stays empty."""
-    whole = (successes + prior) / (trials + 1)
-    recent = (recent_successes + prior) / (recent_trials + 1)
+    whole = (successes + prior * pseudo_trials) / (trials + pseudo_trials)
+    recent = (recent_successes + prior * pseudo_trials) / (recent_trials + pseudo_trials)
     prior_trials = float(MIN_PRIOR_TRIALS)
     if prior_events > 0 and whole > 0:
         prior_trials = max(prior_trials, prior_events / whole)
@@ -125,7 +138,11 @@ class MarkovPredictor(Predictor):
 
     name = "markov"
 
-    def __init__(self, recent: int = 120, window: int = 2880, prior_events: float = 1.0) -> None:
+    def __init__(self, recent: int = 120, window: int = 2880, prior_events: float = 1.0,
+                 alloc_prior: float = 0.5,
+                 bin_pseudo_events: float = 0.5) -> None:
+        self.alloc_prior = alloc_prior
+        self.bin_pseudo_events = bin_pseudo_events
         self.recent = recent
         self.window = window
         self.prior_events = prior_events
@@ -144,8 +161,12 @@ class MarkovPredictor(Predictor):
         preempted = history.preempted[known]
         allocated = history.allocated[known]
         recent = slice(max(0, len(counts) - self.recent), len(counts))
-        p_pre = _blend((preempted > 0).sum(), len(counts), (preempted[recent] > 0).sum(),
-                       len(counts[recent]), 0.05)
+        # Only intervals with instances to lose are trials of a preemption (a zone at zero for
+        # hours is no evidence of a calm market).
+        exposed = counts > 0
+        p_pre = _blend((preempted[exposed] > 0).sum(), exposed.sum(),
+                       (preempted[recent][exposed[recent]] > 0).sum(), exposed[recent].sum(),
+                       0.05)
         # A burst that takes every instance (a wipe-out) or grants the whole room (a refill) is
         # a zone-wide event, not the tail of the partial sizes: its share is learned apart.
         took = preempted > 0
@@ -156,14 +177,16 @@ class MarkovPredictor(Predictor):
         deficit = capacity - counts
         bins = np.searchsorted(DEFICIT_BINS, np.maximum(deficit, 0))
         p_alloc_bins = np.zeros(len(DEFICIT_BINS) + 1)
-        overall = ((allocated > 0) & (deficit > 0)).sum() / max((deficit > 0).sum(), 1)
+        short = deficit > 0
+        overall = ((allocated[short] > 0).sum() + self.alloc_prior) / (short.sum() + 1.0)
         for index in range(len(DEFICIT_BINS)):
             mask = (bins == index) & (deficit > 0)
             recent_mask = mask.copy()
             recent_mask[: max(0, len(mask) - self.recent)] = False
             p_alloc_bins[index] = _blend((allocated[mask] > 0).sum(), mask.sum(),
                                          (allocated[recent_mask] > 0).sum(), recent_mask.sum(),
-                                         overall, self.prior_events)
+                                         overall, self.prior_events,
+                                         max(1.0, self.bin_pseudo_events / overall))
         size = capacity + 1
         # Losses first: L[n, n - l] (stay with 1 - p_pre, else lose l, capped at n).
         losses = np.zeros((size, size))
