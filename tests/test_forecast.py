@@ -247,7 +247,7 @@ def test_auto_is_never_worse_than_persistence_and_sharper(seed: int, regime: str
 def test_auto_distribution_stop_loss_bounds_a_market_that_shrank(shared_traces: Path) -> None:
     """The p3 trace at 300-s intervals: 77 forecasts, the last three hours in a market that
     shrank, where the Markov model keeps expecting refills. The CRPS stop-loss falls back to
-    persistence's distribution once auto is 2% behind; without it auto ends over 8% behind."""
+    persistence's distribution once auto is 5% behind; without it auto ends over 9% behind."""
     trace = read_trace(shared_traces / "aws-p3-32node.events.csv").resample(300)
     guarded = walk_forward(trace, "auto", 12, 60)
     baseline = walk_forward(trace, "persistence", 12, 60)
@@ -256,8 +256,8 @@ def test_auto_distribution_stop_loss_bounds_a_market_that_shrank(shared_traces: 
                   trace.count[t + 1 : t + 1 + steps])
              for t in baseline.origins if (steps := min(12, len(trace) - 1 - t))]
     total = float(np.nansum(baseline.crps))
-    assert float(np.nansum(guarded.crps)) < 1.06 * total
-    assert float(np.concatenate(loose).sum()) > 1.08 * total
+    assert float(np.nansum(guarded.crps)) < 1.07 * total
+    assert float(np.concatenate(loose).sum()) > 1.09 * total
 
 
 def test_auto_beats_persistence_on_the_p3_trace(shared_traces: Path) -> None:
