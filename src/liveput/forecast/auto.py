@@ -51,9 +51,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from liveput.forecast.base import PREDICTORS, Forecast, Predictor, check_request, crps, pmf_median
-from liveput.forecast.stoploss import StopLoss
 from liveput.forecast.markov import MarkovPredictor
 from liveput.forecast.persistence import PersistencePredictor
+from liveput.forecast.stoploss import StopLoss
 from liveput.traces.trace import IntervalTrace
 
 
@@ -68,7 +68,6 @@ class AutoPredictor(Predictor):
                  min_scored: int = 60, prior_weight: float = 0.5, replay: int = 180,
                  min_effective: int = 30, slack: float = 0.005,
                  crps_slack: float = 0.05) -> None:
-        self.crps_slack = crps_slack
         self.window = window
         self.margin = margin
         self.z = z
@@ -77,6 +76,7 @@ class AutoPredictor(Predictor):
         self.prior_weight = prior_weight
         self.replay = replay
         self.slack = slack
+        self.crps_slack = crps_slack
         self.persistence = PersistencePredictor()
         self.markov = MarkovPredictor()
         self._reset(0)
@@ -163,7 +163,7 @@ class AutoPredictor(Predictor):
         if not self._extends_seen(counts, horizon):
             self._reset(horizon)
             # Replay what the members would have forecast on the recent past, walk-forward, so
-            # a fresh instance has rolling errors (and a stop-loss record) at once.
+            # a fresh instance has rolling errors at once.
             for length in range(max(1, len(counts) - self.replay), len(counts)):
                 self._observe(history.head(length), horizon, capacity, issued=False)
         return self._observe(history, horizon, capacity, issued=True)
@@ -204,7 +204,7 @@ class _Made:
     persistence: Forecast
     markov: Forecast
     candidate: np.ndarray
-    """The mixture's median, whose errors the evidence rule tracks."""
+    """The median of the distribution returned, whose errors the evidence rule tracks."""
     issued_point: np.ndarray
     """The point auto returned (the candidate where the evidence rule and the stop-loss allow)."""
     issued_pmf: np.ndarray
