@@ -24,10 +24,11 @@ from liveput.forecast.statistical import ArimaPredictor
 from liveput.traces import IntervalTrace, generate_trace, read_trace
 
 
-def _interval_trace(counts: list[int], name: str = "t") -> IntervalTrace:
+def _interval_trace(counts: list[int], name: str = "t", interval_s: float = 60.0) -> IntervalTrace:
     counts_array = np.asarray(counts, dtype=np.int64)
     deltas = np.diff(counts_array, append=counts_array[-1])
-    return IntervalTrace(name, 60.0, counts_array, np.maximum(-deltas, 0), np.maximum(deltas, 0))
+    return IntervalTrace(name, interval_s, counts_array, np.maximum(-deltas, 0),
+                         np.maximum(deltas, 0))
 
 
 @st.composite
@@ -176,12 +177,10 @@ def test_markov_recent_window_is_a_span_of_time() -> None:
     """Preemptions every other interval, then 30 quiet intervals. At 300-s intervals the 2-hour
     recent window holds only the quiet ones, so the rate drops; at 60-s intervals it still holds
     90 busy ones."""
-    counts = np.array([10, 9] * 100 + [10] * 31)
-    deltas = np.diff(counts, append=counts[-1])
+    counts = [10, 9] * 100 + [10] * 31
     rates = {}
     for interval_s in (60.0, 300.0):
-        trace = IntervalTrace("t", interval_s, counts, np.maximum(-deltas, 0),
-                              np.maximum(deltas, 0))
+        trace = _interval_trace(counts, interval_s=interval_s)
         rates[interval_s] = 1 - MarkovPredictor().transition_matrix(trace, 10)[10, 10]
     assert rates[300.0] < 0.5 * rates[60.0]
 

@@ -118,17 +118,18 @@ class AutoPredictor(Predictor):
                 self._coef_a[h].append(float(gap @ gap))
                 self._coef_b[h].append(float(gap @ (cdf_p - observed)))
                 if made.issued:
-                    self._settle(h, truth, made)
+                    self._settle(h, truth, error_p, made)
             if step >= self._horizon:
                 del self._made[made_at]
 
-    def _settle(self, h: int, truth: int, made: _Made) -> None:
+    def _settle(self, h: int, truth: int, error_p: float, made: _Made) -> None:
         """Charge step h of a forecast auto returned to the stop-loss records."""
-        self._stop_loss.settle(h, abs(made.persistence.point[h] - truth),
-                               abs(made.issued_point[h] - truth))
-        truth_row = np.array([min(truth, made.issued_pmf.shape[1] - 1)])
-        self._crps_stop_loss.settle(h, float(crps(made.persistence.pmf[h : h + 1], truth_row)[0]),
-                                    float(crps(made.issued_pmf[h : h + 1], truth_row)[0]))
+        self._stop_loss.settle(h, error_p, abs(made.issued_point[h] - truth))
+        # Scored as the backtest scores it: the truth clipped to the forecast's support.
+        clipped = min(truth, made.issued_pmf.shape[1] - 1)
+        score_p, score_issued = crps(np.stack([made.persistence.pmf[h], made.issued_pmf[h]]),
+                                     np.array([clipped, clipped]))
+        self._crps_stop_loss.settle(h, float(score_p), float(score_issued))
 
     def mixture_weights(self) -> np.ndarray:
         """``w_h``: the Markov model's weight in the distribution at each step."""

@@ -42,12 +42,11 @@ pseudo-trials, ``b = bin_pseudo_events = 1/2``: at least half an event's worth, 
 pseudo-trial of a tiny pooled rate would add almost nothing and a bin holding most of the
 history (a zone that is either full or empty) would read no refills yet as "never".
 
-Not used: a refill rate that
-falls with the deficit's age, as in the real v100 trace (per 5-min interval about 0.1 in a
-deficit's first hour, 0.013 after five hours); as a per-step hazard ratio by age bin it made
-auto's CRPS worse on that very trace (ratio to persistence 0.948 against 0.941 on the whole trace
-at 300 s, 0.969 against 0.960 on its first 48 h at 60 s) and on the generated v100-like traces,
-though better on the p3-like ones (measured before preemption trials counted only
+Not used: a refill rate that falls with the deficit's age, as in the real v100 trace (per 5-min
+interval about 0.1 in a deficit's first hour, 0.013 after five hours); as a per-step hazard ratio
+by age bin it made auto's CRPS worse on that very trace (ratio to persistence 0.948 against 0.941
+on the whole trace at 300 s, 0.969 against 0.960 on its first 48 h at 60 s) and on the generated
+v100-like traces, though better on the p3-like ones (measured before preemption trials counted only
 intervals with instances).
 
 This gives a transition matrix ``M[n, n']`` over counts; the predictive distribution is
@@ -118,14 +117,14 @@ intervals (30 at 60-s intervals)."""
 
 
 def _blend(successes: float, trials: float, recent_successes: float, recent_trials: float,
-           prior: float, prior_events: float = 0.0, pseudo_trials: float = 1.0,
-           min_prior_trials: float = 30.0) -> float:
+           prior: float, prior_events: float = 0.0, pseudo_trials: float = 1.0, *,
+           min_prior_trials: float) -> float:
     """Probability per interval of an event: Beta-smoothed frequencies of the recent window and
     of the whole history, weighted ``n_r / (n_r + k)``.
 
     ``k`` (intervals) is ``min_prior_trials`` (``MIN_PRIOR_S`` of intervals), or, with
     ``prior_events = m > 0``, at least the intervals in which the whole history's rate ``p``
-    expects ``m`` events: ``k = max(30, m / p)``.
+    expects ``m`` events: ``k = max(min_prior_trials, m / p)``.
 
     Why: a regime of frequent events shows within a recent window, but a window without a refill is
     what a refill per window-length gives by chance 37% of the time (e^-1); a fixed ``k`` would
@@ -147,13 +146,12 @@ class MarkovPredictor(Predictor):
     name = "markov"
 
     def __init__(self, recent_s: float = 7200.0, window: int = 2880, prior_events: float = 1.0,
-                 alloc_prior: float = 0.5,
-                 bin_pseudo_events: float = 0.5) -> None:
-        self.alloc_prior = alloc_prior
-        self.bin_pseudo_events = bin_pseudo_events
+                 alloc_prior: float = 0.5, bin_pseudo_events: float = 0.5) -> None:
         self.recent_s = recent_s
         self.window = window
         self.prior_events = prior_events
+        self.alloc_prior = alloc_prior
+        self.bin_pseudo_events = bin_pseudo_events
 
     def transition_matrix(self, history: IntervalTrace, capacity: int) -> np.ndarray:
         """``M[n, n']`` learned from the known intervals of ``history``."""
@@ -191,14 +189,14 @@ class MarkovPredictor(Predictor):
         short = deficit > 0
         overall = ((allocated[short] > 0).sum() + self.alloc_prior) / (short.sum() + 1.0)
         for index in range(len(DEFICIT_BINS)):
-            mask = (bins == index) & (deficit > 0)
+            mask = (bins == index) & short
             recent_mask = mask.copy()
             recent_mask[: max(0, len(mask) - recent_intervals)] = False
             p_alloc_bins[index] = _blend((allocated[mask] > 0).sum(), mask.sum(),
                                          (allocated[recent_mask] > 0).sum(), recent_mask.sum(),
                                          overall, self.prior_events,
                                          max(1.0, self.bin_pseudo_events / overall),
-                                         min_prior)
+                                         min_prior_trials=min_prior)
         size = capacity + 1
         # Losses first: L[n, n - l] (stay with 1 - p_pre, else lose l, capped at n).
         losses = np.zeros((size, size))

@@ -40,7 +40,7 @@ class StopLoss:
         return self.issued <= (1 + self.slack) * self.baseline + 1e-9
 
     def settle(self, step_index: int, baseline_error: float, issued_error: float) -> None:
-        # Errors are losses of either kind: absolute error or CRPS, both in instances.
-        """Step ``step_index`` of an issued forecast was scored."""
+        """Step ``step_index`` of an issued forecast was scored; the errors are losses of either
+        kind (absolute error or CRPS, in instances)."""
         self.baseline[step_index] += baseline_error
         self.issued[step_index] += issued_error
