@@ -111,8 +111,8 @@ def _run_sweep(traces: list[IntervalTrace], models: list[str], policies: list[st
                      end_section=last)
     console.print(view)
     if json_path is not None:
-        write_text_atomic(json_path, to_json({"interval_s": config.interval_s,
-                                   "rows": [row.__dict__ for row in rows]}) + "\n")
+        summary = {"interval_s": config.interval_s, "rows": [row.__dict__ for row in rows]}
+        write_text_atomic(json_path, to_json(summary) + "\n")
         err_console.print(f"wrote {json_path}")
 
 
