@@ -8,7 +8,7 @@ DEFAULT_PREDICTOR = "auto"
 
 def make_predictor(name: str = DEFAULT_PREDICTOR, **options: object) -> Predictor:
     """A new predictor instance by name (``persistence``, ``arima``, ``ets``, ``markov``,
-    ``auto``)."""
+    ``markov-stationary``, ``auto``)."""
     return PREDICTORS.get(name)(**options)
 
 
