@@ -29,11 +29,11 @@ because its median trails a market that changed: with it, steps 9-12 on the p3 t
 1-1.5% better than persistence to 0.5-0.9% worse. Step h uses it only when its rolling paired
 error beats persistence's with evidence (the evidence rule): with ``d = |e_mix| - |e_p|`` over
 the window, ``mean(d) < -margin * mean(|e_p|)`` and ``mean(d) / (std(d) / sqrt(n / h)) < -z``;
-overlapping h-step forecasts share errors, hence the effective count ``n / h``, and the test runs only once
-``n / h >= min_effective`` (30: the sample size at which the normal approximation of a mean is
-usual; fewer let early noise switch steps on). Otherwise the point is persistence's. On top of
-the evidence rule, a stop-loss (``forecast.stoploss``): step h issues persistence's point whenever
-the points auto actually issued have, summed over all its history, more absolute error than
+overlapping h-step forecasts share errors, hence the effective count ``n / h``, and the test runs
+only once ``n / h >= min_effective`` (30: the sample size at which the normal approximation of a
+mean is usual; fewer let early noise switch steps on). Otherwise the point is persistence's. On
+top of the evidence rule, a stop-loss (``forecast.stoploss``): step h issues persistence's point
+whenever the points auto actually issued have, summed over all its history, more absolute error than
 ``1 + slack`` times persistence's (``slack = 0.005``). The evidence rule looks at a rolling window
 and a market that changes can still fool it for a while; the stop-loss bounds what that costs.
 The distribution has one too: step h's weight is 0 (persistence's distribution) whenever the
