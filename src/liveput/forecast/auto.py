@@ -193,12 +193,13 @@ class AutoPredictor(Predictor):
         width = max(forecast.pmf.shape[1] for forecast in [persistence, *members])
         pmf_p = _widen(persistence.pmf, width)
         pmf_members = np.stack([_widen(forecast.pmf, width) for forecast in members])
-        weights = self.mixture_weights() * self._crps_stop_loss.open_steps()[:, None]
+        open_steps = self._crps_stop_loss.open_steps()
+        weights = self.mixture_weights() * open_steps[:, None]
         pmf = pmf_p + np.einsum("hj,jhc->hc", weights, pmf_members - pmf_p[None])
         # The point candidate weighs persistence and the recent-regime Markov model only: the
         # stationary model's median trails a market that changed (on the p3 trace, steps 9-12 of
         # the point went from 1-1.5% better than persistence to 0.5-0.9% worse with it).
-        point_weight = self.mixture_weights([0])[:, 0] * self._crps_stop_loss.open_steps()
+        point_weight = self.mixture_weights([0])[:, 0] * open_steps
         candidate = pmf_median(pmf_p + point_weight[:, None] * (pmf_members[0] - pmf_p))
         use_mixture = self.mixture_point_steps() & self._stop_loss.open_steps()
         point = np.where(use_mixture, candidate, persistence.point)
@@ -249,7 +250,8 @@ class _Made:
     members: np.ndarray
     """The members' pmfs, shape (members, H, counts)."""
     candidate: np.ndarray
-    """The median of the distribution returned, whose errors the evidence rule tracks."""
+    """The median of persistence mixed with the recent-regime Markov model alone (the point
+    candidate), whose errors the evidence rule tracks."""
     issued_point: np.ndarray
     """The point auto returned (the candidate where the evidence rule and the stop-loss allow)."""
     issued_pmf: np.ndarray

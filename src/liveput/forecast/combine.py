@@ -35,6 +35,10 @@ def simplex_weights(gram: np.ndarray, linear: np.ndarray) -> np.ndarray:
     gram = np.asarray(gram, dtype=float)
     linear = np.asarray(linear, dtype=float)
     members = len(linear)
+    if members == 1:  # closed form of the enumeration below: -b / A clipped to [0, 1]
+        if gram[0, 0] != 0:
+            return np.clip(-linear / gram[0, 0], 0.0, 1.0)
+        return np.ones(1) if 2 * linear[0] < -1e-15 else np.zeros(1)
     best = np.zeros(members)
     best_value = 0.0
     for size in range(1, members + 1):
