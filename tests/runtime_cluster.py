@@ -14,6 +14,7 @@ import torch
 
 from liveput.policies.base import POLICIES, Configuration, Decision, Observation, Policy
 from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.coordinator import Coordinator
 from liveput.runtime.job import resolve_job
 from liveput.runtime.layer_state import fresh_layer
 from liveput.runtime.schedule import StagePosition, apply_step, compute_gradients
@@ -100,6 +101,25 @@ def run_until(tick: Callable[[], bool], condition: Callable[[], bool], timeout_s
         assert tick(), f"job ended before {what}"
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(tick_s)
+
+
+def run_to_end(coordinator: Coordinator, agents: AgentProcesses,
+               timeout_s: float = 200.0) -> None:
+    """Tick the coordinator (sleeping ``tick_s`` between ticks, as ``Coordinator.run`` does) until
+    the job is done; fail after ``timeout_s`` with the plan and the agents' last log lines.
+
+    A tick without a sleep would spin the test process and starve the agents of CPU on a small
+    machine, which is how a CI run once ran past the whole test's timeout."""
+    deadline = time.monotonic() + timeout_s
+    while coordinator.tick():
+        if time.monotonic() > deadline:
+            plan = coordinator.plan
+            tails = {i: agents.log(i).splitlines()[-8:] for i in agents.processes}
+            raise AssertionError(
+                f"job not done after {timeout_s:.0f} s: committed {coordinator.committed}, "
+                f"plan {plan.generation if plan else None} ({plan.kind if plan else None}), "
+                f"available {coordinator.available}; agents' last lines: {tails}")
+        time.sleep(coordinator.config.tick_s)
 
 
 @POLICIES.register("test-fixed-2x2")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
-                             final_parameters, reference_parameters, run_until)
+                             final_parameters, reference_parameters, run_to_end,
+                             run_until)
 
 from liveput.runtime import protocol
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
@@ -54,28 +55,27 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     coordinator = Coordinator(store, profile, coordinator_config(policy="test-fixed-2x2"))
     for instance in range(4):
         agents.start(instance)
-    run_until(coordinator.tick, lambda: coordinator.committed >= 4, 60, "training at 2x2")
+    run_until(coordinator.tick, lambda: coordinator.committed >= 4, 120, "training at 2x2")
     assert (coordinator.plan.data_parallel, coordinator.plan.pipeline_stages) == (2, 2)
     # One agent killed with no notice: the three others go on without it.
     victim = coordinator.plan.instance_at(1, 0)
     agents.start(4)  # a new instance, that joins while the job migrates away from the victim
     agents.kill(victim)
     generation = coordinator.plan.generation
-    run_until(coordinator.tick, lambda: coordinator.plan.generation > generation, 30,
+    run_until(coordinator.tick, lambda: coordinator.plan.generation > generation, 90,
               "a plan without the killed agent")
     assert victim not in coordinator.plan.slots
     # The next interval takes the joiner in (2x2 again).
     run_until(coordinator.tick, lambda: coordinator.plan.num_working == 4
               and 4 in coordinator.plan.slots and coordinator.committed
-              >= coordinator.plan.start_step + 3, 60, "the late joiner at work")
+              >= coordinator.plan.start_step + 3, 120, "the late joiner at work")
     # Both replicas of a stage die together: its state is gone, the checkpoint restores it.
     doomed = slot_holders(coordinator.plan, 1)
     assert len(doomed) == 2
     agents.kill(*doomed)
-    run_until(coordinator.tick, lambda: coordinator.plan.kind == "checkpoint-restore", 30,
+    run_until(coordinator.tick, lambda: coordinator.plan.kind == "checkpoint-restore", 90,
               "a checkpoint restore")
-    while coordinator.tick():
-        pass
+    run_to_end(coordinator, agents)
     codes = agents.wait_all()
     survivors = sorted(set(range(5)) - {victim, *doomed})
     assert all(codes[i] == 0 for i in survivors), [agents.log(i) for i in survivors]
@@ -102,17 +102,16 @@ def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profil
                                                                  initial_workers=3))
     for instance in range(3):
         agents.start(instance)
-    run_until(coordinator.tick, lambda: coordinator.committed >= 4, 60, "training at 1x2")
+    run_until(coordinator.tick, lambda: coordinator.committed >= 4, 120, "training at 1x2")
     spare = next(i for i, s in coordinator.plan.slots.items() if s is None)
     noticed = coordinator.plan.instance_at(0, 1)  # the only holder of stage 1
     agents.processes[noticed].terminate()  # SIGTERM: its preemption notice
-    run_until(coordinator.tick, lambda: coordinator.plan.generation >= 1, 30, "the next plan")
+    run_until(coordinator.tick, lambda: coordinator.plan.generation >= 1, 90, "the next plan")
     plan = coordinator.plan
     assert plan.kind == "inter-stage" and plan.restore_step is None
     assert plan.slots[noticed] is None and plan.slots[spare] == (0, 1)
     assert {t.source for t in plan.transfers} == {noticed}
-    while coordinator.tick():
-        pass
+    run_to_end(coordinator, agents)
     codes = agents.wait_all()
     assert codes == {0: 0, 1: 0, 2: 0}
     assert store.get(f"state/{noticed}") == b"left"

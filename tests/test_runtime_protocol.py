@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 
 import pytest
 
@@ -11,6 +13,7 @@ from liveput.plan.migration import Assignment, Slot, plan_migration
 from liveput.policies.base import Configuration
 from liveput.runtime import protocol
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
+from liveput.runtime.engine import Ending, Engine, EngineConfig
 from liveput.runtime.job import replica_micro_batches, resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import PlanContext, profile_job, to_runtime_plan
@@ -46,6 +49,27 @@ def test_plan_survives_the_store_as_json():
     again = protocol.RuntimePlan.from_json(plan.to_json())
     assert again == plan
     assert again.world == [0, 1, 5] and again.rank_of(5) == 2 and again.num_working == 2
+
+
+def test_the_last_instance_to_arrive_opens_the_plan_and_a_newer_plan_frees_the_waiters():
+    store = MemoryStore()
+    plan = protocol.RuntimePlan(4, 0, 10, 50, 1, 3, [0, 1, 2, 4], {0: (0, 0), 3: (0, 1), 7: (0, 2)},
+                                {i: "127.0.0.1" for i in (0, 3, 7)}, [], "intra-stage", None)
+    assert [protocol.arrive(store, plan) for _ in range(2)] == [False, False]
+    assert store.get(protocol.all_arrived_key(4)) is None
+    assert protocol.arrive(store, plan) is True
+    assert store.get(protocol.all_arrived_key(4)) == b"1"
+    # Instance 7 died after the plan was made: the two others wait for it, until plan 5 is out.
+    waiting = dataclasses.replace(plan, generation=5)
+    engine = Engine(resolve_job("tiny-gpt-small"), 0, store, rendezvous=None, checkpointer=None,
+                    config=EngineConfig(comm_timeout_s=60.0))
+    protocol.arrive(store, waiting)  # instance 3
+    store.set("plan/current", b"6")
+    started = time.monotonic()
+    result = engine.run_generation(waiting)
+    assert result.ending is Ending.FAILED
+    assert time.monotonic() - started < 10.0  # not the 60-s communication timeout
+    assert store.get("fail/5/0") == b"1" and store.get(protocol.all_arrived_key(5)) is None
 
 
 @pytest.fixture(scope="module")

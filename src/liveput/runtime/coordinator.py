@@ -261,6 +261,9 @@ class Coordinator:
             return True
         working = {i for i, s in plan.slots.items() if s is not None}
         lost = working & (dead | noticed)
+        stranded = (set(plan.slots) - working) & dead
+        if stranded and self.store.get(protocol.all_arrived_key(plan.generation)) is None:
+            lost |= stranded  # dead spares the others still wait for: the plan cannot start
         fenced = protocol.step_outcome(self.store, plan.generation,
                                        self.committed + 1) == protocol.ABORTED
         failed = bool(self.store.get_prefix(f"fail/{plan.generation}/"))

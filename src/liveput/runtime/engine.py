@@ -33,6 +33,8 @@ LOG = logging.getLogger(__name__)
 Rendezvous = Callable[[RuntimePlan, int], dist.Store]
 """``rendezvous(plan, rank)`` -> the c10d store the generation's process groups meet on."""
 _TRANSFER_TAG = 1 << 20
+_ARRIVAL_CHECK_S = 0.5
+"""How often a wait for the plan's other instances checks for a newer plan, seconds."""
 
 
 class Ending(enum.Enum):
@@ -155,6 +157,7 @@ class Engine:
         groups = None
         try:
             if len(world) > 1:
+                self._await_peers(plan)
                 groups = Groups.build(self.rendezvous(plan, rank), plan.generation, rank,
                                       len(world), stage_ranks, self.device,
                                       self.config.comm_timeout_s, plan.hosts.get(self.instance))
@@ -191,6 +194,32 @@ class Engine:
         finally:
             if groups is not None:
                 groups.close()
+
+    def _await_peers(self, plan: RuntimePlan) -> None:
+        """Wait until every instance of ``plan`` has arrived, before the process groups meet.
+
+        A plan may name an instance that died after the coordinator made it. gloo's rendezvous
+        would then block, in C++, for the whole ``comm_timeout_s``; this wait gives up as soon as
+        a newer plan is in force, so such a plan costs about one heartbeat timeout instead."""
+        if protocol.arrive(self.store, plan):
+            return
+        deadline = time.monotonic() + self.config.comm_timeout_s
+        while True:
+            try:
+                self.store.wait_for(protocol.all_arrived_key(plan.generation), _ARRIVAL_CHECK_S)
+                return
+            except LiveputError:
+                pass  # not everyone yet (or the store is restarting): is this plan still in force?
+            try:
+                newer = protocol.superseded(self.store, plan.generation)
+            except LiveputError:
+                newer = False
+            if newer:
+                raise LiveputError(f"plan {plan.generation} was superseded before all "
+                                   f"{len(plan.world)} instances arrived")
+            if time.monotonic() > deadline:
+                raise LiveputError(f"not all {len(plan.world)} instances of plan "
+                                   f"{plan.generation} arrived in {self.config.comm_timeout_s:g} s")
 
     def _train(self, plan: RuntimePlan, groups: Groups | None, position: StagePosition,
                keep_going: Callable[[], bool], started: float) -> GenerationResult:

@@ -9,6 +9,8 @@ Keys (all under the job's store):
 - ``ledger/<epoch>/<s>``: the record of a committed step; ``restore/<epoch>``: a checkpoint
   restore that opened restore epoch ``epoch``.
 - ``ckpt/<epoch>/<s>``: layers of checkpoint s saved so far; ``ckpt/latest``: the newest complete.
+- ``arrived/<g>``: how many instances of plan g have reached its start; ``arrived/<g>/all``: set
+  by the last of them (see :func:`arrive`).
 
 **Commit protocol** (a step's optimizer update is applied exactly once, or by nobody). After its
 gradients are reduced, each of the W working ranks of generation g does ``add(commit/g/s, 1)``.
@@ -160,6 +162,25 @@ def fence(store: Store, generation: int, step: int, num_working: int) -> int:
             continue
         store.compare_and_set(done_key(generation, step), None, ABORTED)
         return step
+
+
+def all_arrived_key(generation: int) -> str:
+    return f"arrived/{generation}/all"
+
+
+def arrive(store: Store, plan: RuntimePlan) -> bool:
+    """Count this instance in at plan ``plan``'s start; True if it was the last one of its world
+    (it then marks ``arrived/<g>/all``). Each instance arrives once per generation."""
+    if store.add(f"arrived/{plan.generation}", 1) < len(plan.world):
+        return False
+    store.set(all_arrived_key(plan.generation), b"1")
+    return True
+
+
+def superseded(store: Store, generation: int) -> bool:
+    """Whether a plan newer than ``generation`` is in force."""
+    raw = store.get("plan/current")
+    return raw is not None and int(raw) > generation
 
 
 def last_committed(store: Store, generation: int, from_step: int) -> int:
