@@ -16,6 +16,7 @@ is restored from the last checkpoint, which makes the migration a ``checkpoint-r
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,27 +114,49 @@ def plan_migration(
     survivors = [i for i in assignment.slots if i not in preempted] + list(allocated)
     if len(set(survivors)) != len(survivors):
         raise LiveputError("an allocated instance id is already in the assignment")
+    old_bounds = partition_layers(profile, stages_before) if stages_before > 0 else None
+    held = {i: _held_layers(assignment, old_bounds, i) for i in survivors}
+    return plan_from_holdings(profile, costs, held, target, assignment, stages_before,
+                              preempted, allocated)
+
+
+def plan_from_holdings(
+    profile: ModelProfile,
+    costs: CostModel,
+    held: Mapping[int, Collection[int]],
+    target: Configuration,
+    previous: Assignment | None = None,
+    stages_before: int = 0,
+    preempted: set[int] | frozenset[int] = frozenset(),
+    allocated: list[int] | None = None,
+) -> MigrationPlan:
+    """The cheapest plan to ``target`` for the instances of ``held`` (instance -> the layers it
+    holds, all at the step the target starts from), in the order given.
+
+    ``previous`` is the assignment that last ran (for the migration's kind; None: nothing ran)."""
+    survivors = list(held)
+    previous = previous or Assignment({}, 0)
     if target.num_instances > len(survivors):
         raise LiveputError(
             f"target {target} needs {target.num_instances} instances; {len(survivors)} survive")
     layer_bytes = profile.layer_state_bytes()
-    old_bounds = partition_layers(profile, stages_before) if stages_before > 0 else None
     new_bounds = partition_layers(profile, target.pipeline_stages)
-    held = np.zeros((len(survivors), profile.num_layers), dtype=bool)
+    holding = np.zeros((len(survivors), profile.num_layers), dtype=bool)
     for row, instance in enumerate(survivors):
-        layers = _held_layers(assignment, old_bounds, instance)
-        held[row, layers.start:layers.stop] = True
+        layers = [layer for layer in held[instance] if 0 <= layer < profile.num_layers]
+        holding[row, layers] = True
     slots = [Slot(d, s) for d in range(target.data_parallel)
              for s in range(target.pipeline_stages)]
     need = np.zeros((len(slots), profile.num_layers), dtype=bool)
     for column, slot in enumerate(slots):
         need[column, new_bounds[slot.stage]:new_bounds[slot.stage + 1]] = True
     # cost[i, j] = bytes slot j needs that instance i lacks (constraints 1-3 by construction).
-    missing = need[None, :, :] & ~held[:, None, :]
+    missing = need[None, :, :] & ~holding[:, None, :]
     cost = (missing * layer_bytes[None, None, :]).sum(axis=2)
     rows, columns = linear_sum_assignment(cost)
     new_slots: dict[int, Slot | None] = {instance: None for instance in survivors}
-    holders = {layer: list(np.flatnonzero(held[:, layer])) for layer in range(profile.num_layers)}
+    holders = {layer: list(np.flatnonzero(holding[:, layer]))
+               for layer in range(profile.num_layers)}
     load = np.zeros(len(survivors))
     transfers: list[LayerTransfer] = []
     received = np.zeros(len(survivors))
@@ -152,9 +175,9 @@ def plan_migration(
             received[row] += layer_bytes[layer]
     moved = sum(t.num_bytes for t in transfers if t.source != CHECKPOINT)
     restored = sum(t.num_bytes for t in transfers if t.source == CHECKPOINT)
-    old_running = stages_before > 0 and any(s is not None for s in assignment.slots.values())
-    kind = _kind(assignment, new_slots, stages_before, target, moved, restored, preempted,
-                 allocated, old_running)
+    old_running = stages_before > 0 and any(s is not None for s in previous.slots.values())
+    kind = _kind(previous, new_slots, stages_before, target, moved, restored, set(preempted),
+                 list(allocated or []), old_running)
     estimated_s = 0.0
     if kind != "none":
         estimated_s = costs.rebuild_s(target.num_instances)
@@ -164,7 +187,7 @@ def plan_migration(
             estimated_s += costs.checkpoint_load_s(float(restored))
     return MigrationPlan(
         target=target,
-        assignment=Assignment(new_slots, target.pipeline_stages, assignment.on_demand),
+        assignment=Assignment(new_slots, target.pipeline_stages, previous.on_demand),
         transfers=tuple(transfers),
         bytes_moved=int(moved),
         bytes_restored=int(restored),

@@ -24,10 +24,28 @@ LOG = logging.getLogger(__name__)
 LATEST = "ckpt/latest"
 
 
+def _order(raw: bytes | None) -> tuple[int, int]:
+    """(epoch, step) of a ``ckpt/latest`` value: a newer restore epoch always wins, since a
+    restore rolls training back below checkpoints of the epoch before."""
+    if raw is None:
+        return (-1, -1)
+    data = json.loads(raw)
+    return int(data.get("epoch", 0)), int(data["step"])
+
+
 def latest_checkpoint(store: Store) -> int | None:
-    """Step of the newest complete checkpoint, or None."""
+    """Step of the newest complete checkpoint of the current restore epoch's line, or None."""
     raw = store.get(LATEST)
-    return None if raw is None else int(json.loads(raw)["step"])
+    if raw is None:
+        return None
+    step = int(json.loads(raw)["step"])
+    return None if step < 0 else step
+
+
+def reset_latest(store: Store, epoch: int, step: int) -> None:
+    """A restore to ``step`` opens restore epoch ``epoch``: checkpoints of older epochs beyond
+    ``step`` no longer count (the job will redo those steps), whatever they finish writing."""
+    store.set(LATEST, json.dumps({"epoch": epoch, "step": step}).encode())
 
 
 class Checkpointer:
@@ -54,23 +72,29 @@ class Checkpointer:
     def _write(self, epoch: int, step: int, snapshot: list[tuple[int, dict]],
                num_layers: int) -> None:
         try:
+            if _order(self.store.get(LATEST))[0] > epoch:
+                return  # a restore rolled training back since: these steps will be redone
             self.fs.makedirs(f"{self.root}/step-{step}", exist_ok=True)
             for index, state in snapshot:
                 buffer = io.BytesIO()
                 torch.save(state, buffer)
-                with self.fs.open(self._path(step, index), "wb") as handle:
+                # Written aside then moved: a restore never reads a half-written layer file.
+                partial = f"{self._path(step, index)}.partial-{epoch}"
+                with self.fs.open(partial, "wb") as handle:
                     handle.write(buffer.getvalue())
+                self.fs.mv(partial, self._path(step, index))
             if self.store.add(f"ckpt/{epoch}/{step}", len(snapshot)) == num_layers:
-                self._mark_latest(step)
+                self._mark_latest(epoch, step)
         except Exception:  # noqa: BLE001 - a failed checkpoint only leaves the previous one latest
             LOG.exception("checkpoint of step %d failed", step)
 
-    def _mark_latest(self, step: int) -> None:
+    def _mark_latest(self, epoch: int, step: int) -> None:
         while True:
             raw = self.store.get(LATEST)
-            if raw is not None and int(json.loads(raw)["step"]) >= step:
+            if _order(raw) >= (epoch, step):
                 return
-            if self.store.compare_and_set(LATEST, raw, json.dumps({"step": step}).encode()):
+            value = json.dumps({"epoch": epoch, "step": step}).encode()
+            if self.store.compare_and_set(LATEST, raw, value):
                 LOG.info("checkpoint of step %d complete", step)
                 return
 

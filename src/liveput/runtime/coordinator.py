@@ -1,90 +1,43 @@
-"""The coordinator: the live control loop, one per job.
+"""The coordinator: the live control loop, one per job; it observes and acts, :mod:`decide` decides.
 
-Every ``tick_s`` it observes the store (members, heartbeats, notices, failures, the committed
-step). When a working instance is noticed, dies or a peer reports a failure, it asks the policy at
-once (event ``preemption``); at the start of every interval it asks the policy (event
-``interval``) with the forecast of the predictor behind it. When the answer differs from what runs,
-it plans the migration (:func:`liveput.plan.migration.plan_migration`), fences the running
-generation at the next step boundary (``protocol.fence``) and publishes the plan that starts there.
+Every ``tick_s`` it observes the store into a :class:`~liveput.runtime.decide.CoordinatorView`
+(members, heartbeats, notices, what each instance reports holding, failure reports, arrivals, the
+committed step, the newest plan and the newest that ran), asks :func:`~liveput.runtime.decide.decide`
+for an action and carries it out: for a new plan it fences the running generation at the next
+step boundary (``protocol.fence``), plans it with :func:`~liveput.runtime.planning.plan_generation`
+from what the instances hold, and publishes it.
 
-Everything it needs to go on is in the store (the current plan, the committed step, the interval
-history, the counters), so a restarted coordinator recovers and carries on: a generation that was
-fenced but whose successor was never published is simply planned again.
+Everything it needs to go on is in the store (the current plan, the committed step, which plans
+started, the interval history, the counters), so a restarted coordinator recovers and carries on: a
+generation that was fenced but whose successor was never published is simply planned again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from liveput.errors import LiveputError
-from liveput.perf.costs import MigrationCostModel
 from liveput.perf.estimator import estimate_configs
 from liveput.perf.types import ModelProfile
-from liveput.plan.migration import plan_migration
 from liveput.policies import Configuration, Observation, PolicyContext, make_policy
 from liveput.runtime import protocol
-from liveput.runtime.checkpoint import latest_checkpoint
+from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock, MonotonicClock
-from liveput.runtime.planning import PlanContext, assignment_of, to_runtime_plan
+from liveput.runtime.decide import (Action, ActionKind, CoordinatorConfig, CoordinatorView,
+                                    Member, decide)
+from liveput.runtime.planning import PlanContext, plan_generation
 from liveput.runtime.store import Store
 from liveput.traces.trace import IntervalTrace
 
 LOG = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CoordinatorConfig:
-    """Settings of the control loop."""
-
-    num_steps: int
-    """Steps to train (the job ends after step ``num_steps - 1``)."""
-    num_micro_batches: int
-    """M of the job: D is at most M."""
-    interval_s: float = 2.0
-    """Wall seconds between two interval decisions."""
-    policy_interval_s: float = 60.0
-    """What an interval stands for in the policy's cost and throughput model, seconds (an
-    emulated cloud replays trace time faster: ``interval_s * time_scale``)."""
-    tick_s: float = 0.2
-    """Seconds between two observations of the store."""
-    heartbeat_timeout_s: float = 3.0
-    """An instance whose heartbeat has not moved for this long is dead."""
-    notice_settle_s: float = 0.5
-    """Notices that come together (a cloud preempting several instances) are gathered for this
-    long before planning, so that one migration handles them all."""
-    suspect_after_s: float = 1.5
-    """When planning after a loss, an instance silent this long is counted as lost too
-    (instances killed together are not all detected at the same tick)."""
-    initial_workers: int = 1
-    """Instances to wait for before the first plan (or ``start_grace_s``, whichever first)."""
-    start_grace_s: float = 10.0
-    """Longest wait for ``initial_workers``, seconds."""
-    capacity: int = 8
-    """Instances requested from the cloud (the most that can ever be available)."""
-    policy: str = "liveput"
-    """Policy deciding the configuration (``liveput.policies``)."""
-    predictor: str = "persistence"
-    """Predictor behind a forecasting policy."""
-    horizon: int = 6
-    """Intervals looked ahead."""
-    costs: MigrationCostModel = field(default_factory=MigrationCostModel)
-    """Migration costs the policy plans with (calibrate from measured downtimes: docs)."""
-
-    def __post_init__(self) -> None:
-        if self.num_steps < 1 or self.num_micro_batches < 1:
-            raise LiveputError("coordinator: num_steps and num_micro_batches must be >= 1")
-        if min(self.interval_s, self.tick_s, self.heartbeat_timeout_s, self.policy_interval_s) <= 0:
-            raise LiveputError("coordinator: intervals and timeouts must be positive")
-        if self.capacity < 1 or self.initial_workers < 1:
-            raise LiveputError("coordinator: capacity and initial_workers must be >= 1")
+__all__ = ["Coordinator", "CoordinatorConfig"]
 
 
 class Coordinator:
-    """Observes, decides and publishes plans; state lives in the store."""
+    """Observes the store, asks :func:`decide`, publishes plans; state lives in the store."""
 
     def __init__(self, store: Store, profile: ModelProfile, config: CoordinatorConfig,
                  clock: Clock | None = None) -> None:
@@ -99,30 +52,60 @@ class Coordinator:
             capacity=config.capacity, predictor=config.predictor))
         self._seen: dict[int, float] = {}
         self._beats: dict[int, bytes] = {}
-        self._failure_seen_s: float | None = None
-        self._finish_seen_s: float | None = None
-        self._notice_seen: dict[int, float] = {}
+        self._first_seen: dict[str, float] = {}
+        """Clock time each observed thing (a failure, a notice, a plan) was first seen."""
+        self._plans: dict[int, protocol.RuntimePlan] = {}
+        self._holdings: dict[int, protocol.Holding] = {}
         self.available: list[int] = []
         """Instances available at the last tick (alive, not noticed)."""
+        self.status = "starting"
+        """What the job is doing, in words (the progress display shows it)."""
+        self.action: Action | None = None
+        """The last decision."""
         self.started_s = self.clock.now_s()
         self._next_interval_s = self.started_s
+        self._last_commit_s = self.started_s
+        self._stall_warned_s: float | None = None
         self.plan = protocol.current_plan(store)
-        self.committed = -1 if self.plan is None else protocol.last_committed(
-            store, self.plan.generation, self.plan.start_step)
+        self.started: protocol.RuntimePlan | None = None
+        self.committed = -1
+        self._planned_fence: tuple[int, int] | None = None
         if self.plan is not None:
+            raw = store.get("coord/started")
+            self.started = None if raw is None else self._load(int(raw))
+            self.committed = protocol.last_committed(store, self.plan.generation,
+                                                     self.plan.start_step)
             # Recovered: learn who is alive (a heartbeat timeout) before deciding anything new.
             self._next_interval_s = self.started_s + config.heartbeat_timeout_s
             LOG.info("coordinator recovered: generation %d, committed step %d",
                      self.plan.generation, self.committed)
 
     # --- observation ------------------------------------------------------------------------
-    def _members(self) -> dict[int, dict]:
-        return {int(k.split("/")[1]): json.loads(v)
-                for k, v in self.store.get_prefix("members/").items()}
+    def _load(self, generation: int) -> protocol.RuntimePlan | None:
+        if generation not in self._plans:
+            plan = protocol.load_plan(self.store, generation)
+            if plan is None:
+                return None
+            self._plans[generation] = plan
+        return self._plans[generation]
 
-    def _observe(self, now: float) -> tuple[dict[int, dict], set[int], set[int]]:
-        """Members, the dead ones and the noticed ones."""
-        members = self._members()
+    def _since(self, key: str, now: float) -> float:
+        return now - self._first_seen.setdefault(key, now)
+
+    def _held_point(self, holding: protocol.Holding) -> tuple[int, int]:
+        """(epoch, step) of a holding report's layers now: a report written while its
+        generation trains follows every step that generation commits."""
+        if holding.ending:
+            return holding.epoch, holding.step
+        plan = self.plan
+        if plan is not None and holding.generation == plan.generation:
+            return holding.epoch, max(holding.step, self.committed)
+        successor = self._load(holding.generation + 1)
+        if successor is None:
+            return -1, -2
+        return holding.epoch, max(holding.step, successor.start_step - 1)
+
+    def _members(self, now: float) -> dict[int, Member]:
         for key, raw in self.store.get_prefix("hb/").items():
             instance = int(key.split("/")[1])
             if self._beats.get(instance) != raw:
@@ -130,13 +113,84 @@ class Coordinator:
                 self._seen[instance] = now
         left = {int(k.split("/")[1]) for k, v in self.store.get_prefix("state/").items()
                 if v == b"left"}
-        dead = {i for i in members
-                if now - self._seen.setdefault(i, now) > self.config.heartbeat_timeout_s} | left
         noticed = {int(k.split("/")[1]) for k in self.store.get_prefix("notice/")}
-        for instance in (dead | noticed) & set(members):
-            if self.store.compare_and_set(f"lost/{instance}", None, b"1"):
+        holdings = self._holdings = protocol.holdings(self.store)
+        plan = self.plan
+        arrived = set() if plan is None else protocol.arrivals(self.store, plan.generation)
+        members = {}
+        for key, raw in self.store.get_prefix("members/").items():
+            instance = int(key.split("/")[1])
+            holding = holdings.get(instance)
+            epoch, step = (-1, -2) if holding is None else self._held_point(holding)
+            members[instance] = Member(
+                host=json.loads(raw).get("host", "127.0.0.1"),
+                heartbeat_age_s=now - self._seen.setdefault(instance, now),
+                noticed=instance in noticed, left=instance in left,
+                layers=() if holding is None else holding.layers, held_epoch=epoch,
+                held_step=step,
+                reported=-1 if holding is None or not holding.ending else holding.generation,
+                arrived=instance in arrived,
+                notice_age_s=self._since(f"notice/{instance}", now) if instance in noticed
+                else 0.0)
+        for instance, member in members.items():
+            gone = member.left or member.heartbeat_age_s > self.config.heartbeat_timeout_s
+            if (gone or member.noticed) and self.store.compare_and_set(
+                    f"lost/{instance}", None, b"1"):
                 self.store.add("stats/preemptions", 1)
-        return members, dead, noticed
+        return members
+
+    def _failed_in_row(self) -> int:
+        """Plans in a row, the newest last, that did not run."""
+        plan = self.plan
+        if plan is None:
+            return 0
+        oldest = -1 if self.started is None else self.started.generation
+        count = plan.generation - oldest - 1  # superseded before they ran
+        if plan.generation != oldest and self.store.get_prefix(f"fail/{plan.generation}/"):
+            count += 1
+        return max(0, count)
+
+    def observe(self) -> CoordinatorView:
+        """What the decision needs, read from the store."""
+        now = self.clock.now_s()
+        plan = self.plan
+        if plan is not None:  # first: members' holdings are read at this step
+            committed = protocol.last_committed(self.store, plan.generation,
+                                                max(self.committed + 1, plan.start_step))
+            if committed > self.committed:
+                self._last_commit_s = now
+            self.committed = committed
+        members = self._members(now)
+        interval_due = now >= self._next_interval_s
+        if interval_due:
+            self._next_interval_s = now + self.config.interval_s
+            self._record_interval(sum(1 for m in members.values() if not m.left and not m.noticed
+                                      and m.heartbeat_age_s <= self.config.heartbeat_timeout_s))
+        if plan is None:
+            return CoordinatorView(now - self.started_s, members, None, None, -1,
+                                   interval_due=interval_due)
+        committed = self.committed
+        all_arrived = self.store.get(protocol.all_arrived_key(plan.generation)) is not None
+        if all_arrived and committed >= plan.start_step and (
+                self.started is None or self.started.generation < plan.generation):
+            self.started = plan
+            protocol.mark_started(self.store, plan.generation)
+            self.store.set("coord/started", str(plan.generation).encode())
+        outcome = protocol.step_outcome(self.store, plan.generation, committed + 1)
+        fenced = outcome == protocol.ABORTED and \
+            self._planned_fence != (plan.generation, committed + 1)
+        failures = protocol.failures(self.store, plan.generation)
+        finishing = committed + 1 >= self.config.num_steps
+        return CoordinatorView(
+            now_s=now - self.started_s, members=members, plan=plan, started=self.started,
+            committed=committed, fenced=fenced, all_arrived=all_arrived,
+            plan_age_s=self._since(f"plan/{plan.generation}", now), failures=failures,
+            failure_age_s=self._since(f"fail/{plan.generation}", now) if failures else 0.0,
+            failed_in_row=self._failed_in_row(), latest_checkpoint=latest_checkpoint(self.store),
+            last_step_recorded=finishing and self.store.get(
+                f"ledger/{plan.epoch}/{committed}") is not None,
+            finish_age_s=self._since("finish", now) if finishing else 0.0,
+            interval_due=interval_due)
 
     def _history(self) -> IntervalTrace:
         counts = json.loads(self.store.get("coord/history") or b"[]") or [0]
@@ -145,7 +199,12 @@ class Coordinator:
         return IntervalTrace("runtime", self.config.policy_interval_s, count,
                              np.maximum(-change, 0), np.maximum(change, 0))
 
-    # --- deciding ---------------------------------------------------------------------------
+    def _record_interval(self, available: int) -> None:
+        counts = json.loads(self.store.get("coord/history") or b"[]")
+        counts.append(available)
+        self.store.set("coord/history", json.dumps(counts).encode())
+
+    # --- the policy, fitted to what is available (handed to the decision) --------------------
     def _fit(self, wanted: Configuration | None, num_instances: int) -> Configuration | None:
         """``wanted`` if it runs on ``num_instances``, else the fastest configuration that does."""
         limit = self.config.num_micro_batches
@@ -162,137 +221,122 @@ class Coordinator:
                 best, best_rate = Configuration(int(d), int(p)), float(rate)
         return best
 
-    def _decide(self, now: float, available: int, event: str,
-                lost_slots: tuple[tuple[int, int], ...] = ()) -> Configuration | None:
-        history = self._history()
-        current = None if self.plan is None else Configuration(self.plan.data_parallel,
-                                                               self.plan.pipeline_stages)
-        observation = Observation(
-            time_s=now - self.started_s, interval_index=len(history.count) - 1,
-            interval_s=self.config.policy_interval_s, history=history, num_available=available,
-            current=current, capacity=self.config.capacity, event=event, lost_slots=lost_slots,
-            remaining_s=self.config.policy_interval_s)
-        try:
-            wanted = self.policy.decide(observation).configuration
-        except LiveputError as error:
-            LOG.warning("policy %s failed (%s); keeping the fastest fit", self.config.policy, error)
-            wanted = None
-        return self._fit(wanted or current, available)
+    def _choose(self, view: CoordinatorView):  # noqa: ANN202 - a decide.Choose
+        def choose(available: int, event: str,
+                   lost_slots: tuple[tuple[int, int], ...]) -> Configuration | None:
+            history = self._history()
+            current = None if view.plan is None else Configuration(view.plan.data_parallel,
+                                                                   view.plan.pipeline_stages)
+            # Policies get time in policy seconds, as intervals are: one unit for both.
+            scale = self.config.policy_interval_s / self.config.interval_s
+            observation = Observation(
+                time_s=view.now_s * scale, interval_index=len(history.count) - 1,
+                interval_s=self.config.policy_interval_s, history=history,
+                num_available=available, current=current, capacity=self.config.capacity,
+                event=event, lost_slots=lost_slots, remaining_s=self.config.policy_interval_s)
+            try:
+                wanted = self.policy.decide(observation).configuration
+            except LiveputError as error:
+                LOG.warning("policy %s failed (%s); keeping the fastest fit",
+                            self.config.policy, error)
+                wanted = None
+            return self._fit(wanted or current, available)
+        return choose
 
     # --- acting -----------------------------------------------------------------------------
-    def _replan(self, target: Configuration, preempted: set[int], available: list[int],
-                members: dict[int, dict], noticed: set[int], reason: str,
-                unreachable: frozenset[int] = frozenset()) -> None:
-        """``preempted``: instances of the running plan that are gone or going; of them, the
-        noticed ones not ``unreachable`` (dead or silent) still send their layers."""
+    def _publish(self, action: Action, view: CoordinatorView) -> None:
         previous = self.plan
         start = 0
         if previous is not None:
             start = protocol.fence(self.store, previous.generation, self.committed + 1,
                                    previous.num_working)
+            self._planned_fence = (previous.generation, start)
             self.committed = start - 1
-        in_plan = set() if previous is None else set(previous.slots)
-        allocated = [i for i in available if i not in in_plan]
-        gone = preempted | (in_plan - set(available))
-        migration = plan_migration(self.profile, self.config.costs, assignment_of(previous),
-                                   gone & in_plan, allocated, target)
-        holders: dict[int, list[int]] = {}
-        if previous is not None:
-            for instance in sorted((noticed & in_plan) - unreachable):
-                slot = previous.slots.get(instance)
-                if slot is not None:
-                    for layer in previous.layers_of(slot[1]):
-                        holders.setdefault(layer, []).append(instance)
+        started = self.started
+        hosts = {i: m.host for i, m in view.members.items()}
         context = PlanContext(
             generation=0 if previous is None else previous.generation + 1,
             epoch=0 if previous is None else previous.epoch, start_step=start,
-            end_step=self.config.num_steps,
-            hosts={i: m.get("host", "127.0.0.1") for i, m in members.items()},
+            end_step=self.config.num_steps, hosts=hosts,
             latest_checkpoint=latest_checkpoint(self.store),
-            stages_before=0 if previous is None else previous.pipeline_stages)
-        plan = to_runtime_plan(self.profile, migration, context, holders)
+            stages_before=0 if started is None else started.pipeline_stages)
+        assert action.target is not None
+        # Steps may have committed between the observation and the fence: holdings are read
+        # again at the fenced step (a training instance's follow it; an ended one's may not).
+        point = (context.epoch, start - 1)
+        holdings = {i: held.layers for i in (*action.workers, *action.senders)
+                    if (held := self._holdings.get(i)) is not None and held.layers
+                    and self._held_point(held) == point}
+        plan = plan_generation(self.profile, self.config.costs, action.target, context,
+                               action.workers, holdings, action.senders, started,
+                               action.restore)
+        if plan.restore_step is not None and previous is not None:
+            held = {layer for layers in holdings.values() for layer in layers}
+            LOG.info("plan %d restores from %s: %s", plan.generation,
+                     "the initial weights" if plan.restore_step < 0 else
+                     f"step {plan.restore_step}",
+                     "forced after plans that failed" if action.restore else
+                     f"no current holder of layers "
+                     f"{sorted(set(range(self.profile.num_layers)) - held)} at step {start - 1} "
+                     f"(reported: { {i: m.held_step for i, m in view.members.items()} })")
         if plan.epoch != context.epoch:
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
+            reset_latest(self.store, plan.epoch, plan.restore_step)
             self.committed = plan.start_step - 1
         self.store.add(f"stats/migrations/{plan.kind}", 1)
         protocol.publish_plan(self.store, plan)
+        self._plans[plan.generation] = plan
         self.store.set(f"events/{plan.generation}", json.dumps({
-            "time_s": round(self.clock.now_s() - self.started_s, 3), "reason": reason,
+            "time_s": round(self.clock.now_s() - self.started_s, 3), "reason": action.reason,
             "kind": plan.kind, "configuration": f"{plan.data_parallel}x{plan.pipeline_stages}",
-            "start_step": plan.start_step, "instances": len(plan.slots)}).encode())
-        LOG.info("plan %d (%s): %s %dx%d from step %d", plan.generation, reason, plan.kind,
-                 plan.data_parallel, plan.pipeline_stages, plan.start_step)
+            "start_step": plan.start_step, "instances": len(plan.slots),
+            "suspects": sorted(action.suspects)}).encode())
+        LOG.info("plan %d (%s): %s %dx%d from step %d%s", plan.generation, action.reason,
+                 plan.kind, plan.data_parallel, plan.pipeline_stages, plan.start_step,
+                 f" without {sorted(action.suspects)}" if action.suspects else "")
         self.plan = plan
-        self._failure_seen_s = None
 
-    def _record_interval(self, available: int) -> None:
-        counts = json.loads(self.store.get("coord/history") or b"[]")
-        counts.append(available)
-        self.store.set("coord/history", json.dumps(counts).encode())
+    def _watch_stall(self, now: float) -> None:
+        """Say why no step commits, once per ``stall_warning_s``."""
+        stalled_s = now - self._last_commit_s
+        if stalled_s < self.config.stall_warning_s or self.plan is None:
+            self._stall_warned_s = None
+            return
+        if self._stall_warned_s is not None and \
+                now - self._stall_warned_s < self.config.stall_warning_s:
+            return
+        self._stall_warned_s = now
+        lines = []
+        for generation in range(max(0, self.plan.generation - 2), self.plan.generation + 1):
+            plan = self._load(generation)
+            reasons = {i: r.reason for i, r in protocol.failures(self.store, generation).items()}
+            if plan is not None:
+                lines.append(f"plan {generation} ({plan.kind} {plan.data_parallel}x"
+                             f"{plan.pipeline_stages} from step {plan.start_step}): "
+                             + ("; ".join(f"instance {i}: {r}" for i, r in sorted(reasons.items()))
+                                or "no failure reported"))
+        LOG.warning("no step committed for %.0f s (last committed %d; %s). %s", stalled_s,
+                    self.committed, self.status, " | ".join(lines))
 
     def tick(self) -> bool:
-        """One observation and, if needed, one decision; False once the job is done."""
-        now = self.clock.now_s()
+        """One observation and, if needed, one action; False once the job is done."""
         if self.store.get("job/done") is not None:
             return False
-        members, dead, noticed = self._observe(now)
-        available = sorted(i for i in members if i not in dead and i not in noticed)
-        self.available = available
-        plan = self.plan
-        interval_due = now >= self._next_interval_s
-        if interval_due:
-            self._next_interval_s = now + self.config.interval_s
-            self._record_interval(len(available))
-        if plan is None:
-            waited = now - self.started_s >= self.config.start_grace_s
-            if available and (len(available) >= self.config.initial_workers or waited):
-                target = self._decide(now, len(available), "interval")
-                if target is not None:
-                    self._replan(target, set(), available, members, noticed, "start")
-            return True
-        self.committed = protocol.last_committed(self.store, plan.generation, self.committed + 1)
-        if self.committed + 1 >= self.config.num_steps:
-            # The last stage records the step just after applying it: give it a moment.
-            self._finish_seen_s = self._finish_seen_s or now
-            recorded = self.store.get(f"ledger/{plan.epoch}/{self.committed}") is not None
-            if recorded or now - self._finish_seen_s > self.config.heartbeat_timeout_s:
-                self.store.set("job/done", str(self.committed).encode())
-                return False
-            return True
-        working = {i for i, s in plan.slots.items() if s is not None}
-        lost = working & (dead | noticed)
-        stranded = (set(plan.slots) - working) & dead
-        if stranded and self.store.get(protocol.all_arrived_key(plan.generation)) is None:
-            lost |= stranded  # dead spares the others still wait for: the plan cannot start
-        fenced = protocol.step_outcome(self.store, plan.generation,
-                                       self.committed + 1) == protocol.ABORTED
-        failed = bool(self.store.get_prefix(f"fail/{plan.generation}/"))
-        if failed and not lost and not fenced:
-            # A peer failed but is not known dead yet: give heartbeats time to tell which.
-            self._failure_seen_s = self._failure_seen_s or now
-            failed = now - self._failure_seen_s > self.config.heartbeat_timeout_s
-        for instance in noticed:
-            self._notice_seen.setdefault(instance, now)
-        settling = any(now - self._notice_seen[i] < self.config.notice_settle_s for i in noticed)
-        if lost and lost <= noticed and settling and not (fenced or failed):
-            return True
-        if lost or fenced or failed:
-            suspects = {i for i in plan.slots
-                        if now - self._seen.get(i, now) > self.config.suspect_after_s}
-            gone = (dead | noticed | suspects) & set(plan.slots)
-            available = [i for i in available if i not in suspects]
-            lost_slots = tuple(sorted(plan.slots[i] for i in gone & working))
-            target = self._decide(now, len(available), "preemption", lost_slots)
-            if target is None:
-                return True
-            self._replan(target, gone, available, members, noticed,
-                         "loss" if lost else "failure" if failed else "recovery",
-                         frozenset(dead | suspects))
-        elif interval_due:
-            target = self._decide(now, len(available), "interval")
-            current = Configuration(plan.data_parallel, plan.pipeline_stages)
-            if target is not None and target != current:
-                self._replan(target, set(), available, members, noticed, "interval")
+        view = self.observe()
+        self.available = sorted(i for i, m in view.members.items() if not m.left
+                                and not m.noticed
+                                and m.heartbeat_age_s <= self.config.heartbeat_timeout_s)
+        action = decide(view, self.config, self._choose(view))
+        if action.status != self.status:
+            LOG.info("coordinator: %s", action.status)
+        self.status = action.status
+        self.action = action
+        if action.kind is ActionKind.FINISH:
+            self.store.set("job/done", str(self.committed).encode())
+            return False
+        if action.kind is ActionKind.REPLAN:
+            self._publish(action, view)
+        self._watch_stall(self.clock.now_s())
         return True
 
     def run(self) -> None:

@@ -99,6 +99,17 @@ class Engine:
         self.device = torch.device(self.config.device)
         self.layers: dict[int, LayerState] = {}
         self.last_applied = protocol.FRESH_START
+        self.epoch = 0
+        """Restore epoch of the layers' values (with ``last_applied``: the point they are at)."""
+
+    def _report(self, generation: int, ending: str = "") -> None:
+        """Tell the coordinator what this instance holds (it plans from this, nothing else)."""
+        holding = protocol.Holding(generation, self.epoch, self.last_applied,
+                                   tuple(sorted(self.layers)), ending)
+        try:
+            protocol.report_holding(self.store, self.instance, holding)
+        except LiveputError:
+            pass  # the store is down; the coordinator then takes this instance to hold nothing
 
     # --- state movement ---------------------------------------------------------------------
     def _restore(self, plan: RuntimePlan, needed: range) -> None:
@@ -113,11 +124,16 @@ class Engine:
         self.layers = layers
 
     def _transfer(self, plan: RuntimePlan, groups: Groups, needed: range) -> None:
+        if (self.epoch, self.last_applied) != (plan.epoch, plan.start_step - 1):
+            # Layers of another point of training (this instance sat out plans that ran):
+            # never train on them nor send them.
+            self.layers = {}
         sends, buffers = [], []
         for tag, transfer in enumerate(plan.transfers):
             if transfer.source == self.instance:
                 if transfer.layer not in self.layers:
-                    raise LiveputError(f"instance {self.instance} holds no layer {transfer.layer}")
+                    raise LiveputError(f"instance {self.instance} holds no layer {transfer.layer} "
+                                       f"at step {plan.start_step - 1} (epoch {plan.epoch})")
                 data = encode_state(self.layers[transfer.layer].state_dict(), self.token)
                 works, buffer = groups.isend_bytes(data, plan.rank_of(transfer.destination),
                                                    _TRANSFER_TAG + tag)
@@ -126,19 +142,23 @@ class Engine:
         received = {}
         for tag, transfer in enumerate(plan.transfers):
             if transfer.destination == self.instance:
+                self._peer = transfer.source
                 data = groups.recv_bytes(plan.rank_of(transfer.source), _TRANSFER_TAG + tag)
                 layer = fresh_layer(self.job, transfer.layer, self.device)
                 layer.load_state_dict(decode_state(data, self.token, f"instance {transfer.source}"))
                 received[transfer.layer] = layer
+        self._peer = None
         for work in sends:
             work.wait()
-        kept = {i: self.layers[i] for i in needed if i in self.layers}
-        kept.update(received)
-        missing = [i for i in needed if i not in kept]
+        missing = [i for i in needed if i not in self.layers and i not in received]
         if missing:
             raise LiveputError(f"plan {plan.generation} leaves instance {self.instance} "
                                f"without layers {missing}")
-        self.layers = kept
+        # Layers this slot does not need are kept until the generation's first step: if the
+        # plan fails before, they are still current and may be sent by the next plan.
+        self.layers.update(received)
+        self.epoch = plan.epoch
+        self.last_applied = plan.start_step - 1
 
     # --- one generation ---------------------------------------------------------------------
     def run_generation(self, plan: RuntimePlan, keep_going: Callable[[], bool] = lambda: True,
@@ -155,6 +175,7 @@ class Engine:
                                  if s is not None and s[1] == slot[1])
         needed = plan.layers_of(slot[1]) if slot is not None else range(0)
         groups = None
+        self._peer = None
         try:
             if len(world) > 1:
                 self._await_peers(plan)
@@ -164,13 +185,16 @@ class Engine:
             if plan.restore_step is not None:
                 self._restore(plan, needed)
                 self.last_applied = plan.restore_step
+                self.epoch = plan.epoch
             else:
                 self._transfer(plan, groups, needed)
             if slot is None:
                 self.layers = {}
+                self._report(plan.generation, Ending.SPARE.value)
                 return GenerationResult(Ending.SPARE, self.last_applied,
                                         time.perf_counter() - started)
             self.last_applied = plan.start_step - 1
+            self._report(plan.generation)
             position = StagePosition(
                 pipeline=slot[0], stage=slot[1], data_parallel=plan.data_parallel,
                 pipeline_stages=plan.pipeline_stages,
@@ -179,16 +203,22 @@ class Engine:
                 next_rank=plan.rank_of(plan.instance_at(slot[0], slot[1] + 1))
                 if slot[1] < plan.pipeline_stages - 1 else None)
             on_training()
-            return self._train(plan, groups, position, keep_going, started)
+            result = self._train(plan, groups, position, keep_going, started, needed)
+            self._report(plan.generation, result.ending.value)
+            return result
         except (RuntimeError, dist.DistBackendError, LiveputError) as error:
             # A peer died or never came (rendezvous timed out): the generation is over for us.
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             LOG.warning("instance %d: generation %d failed: %s", self.instance, plan.generation,
-                        str(error).splitlines()[0] if str(error) else type(error).__name__)
+                        reason)
             discard_gradients(list(self.layers.values()))
+            peers = () if self._peer is None else (self._peer,)
             try:
-                self.store.set(f"fail/{plan.generation}/{self.instance}", b"1")
+                protocol.report_failure(self.store, plan.generation, self.instance,
+                                        protocol.FailureReport(reason[:300], peers))
             except LiveputError:
                 pass  # the store is down too; heartbeats will tell the coordinator
+            self._report(plan.generation, Ending.FAILED.value)
             return GenerationResult(Ending.FAILED, self.last_applied,
                                     time.perf_counter() - started)
         finally:
@@ -201,7 +231,7 @@ class Engine:
         A plan may name an instance that died after the coordinator made it. gloo's rendezvous
         would then block, in C++, for the whole ``comm_timeout_s``; this wait gives up as soon as
         a newer plan is in force, so such a plan costs about one heartbeat timeout instead."""
-        if protocol.arrive(self.store, plan):
+        if protocol.arrive(self.store, plan, self.instance):
             return
         deadline = time.monotonic() + self.config.comm_timeout_s
         while True:
@@ -222,8 +252,9 @@ class Engine:
                                    f"{plan.generation} arrived in {self.config.comm_timeout_s:g} s")
 
     def _train(self, plan: RuntimePlan, groups: Groups | None, position: StagePosition,
-               keep_going: Callable[[], bool], started: float) -> GenerationResult:
-        layers = [self.layers[i] for i in sorted(self.layers)]
+               keep_going: Callable[[], bool], started: float,
+               needed: range) -> GenerationResult:
+        layers = [self.layers[i] for i in needed]
         result = GenerationResult(Ending.FINISHED, self.last_applied)
         step = plan.start_step
         while step < plan.end_step:
@@ -243,13 +274,19 @@ class Engine:
                 groups.allreduce_stage(flat)
                 loss = unflatten_gradients(flat, parameters)
             reduced = time.perf_counter()
+            if len(self.layers) > len(needed):
+                # The generation is about to commit its first step: the layers kept in case it
+                # failed before are no longer current.
+                self.layers = {i: self.layers[i] for i in needed}
+                self._report(plan.generation)
             try:
                 protocol.vote_commit(self.store, plan.generation, step, plan.num_working)
             except LiveputError:
                 # The store failed mid-vote: whether our add counted is unknown. Ask the
                 # coordinator to fence the step; the fence's atomic add then decides for all.
-                self._retry(lambda: self.store.set(
-                    f"fail/{plan.generation}/{self.instance}", b"vote"))
+                self._retry(lambda: protocol.report_failure(
+                    self.store, plan.generation, self.instance,
+                    protocol.FailureReport("the store failed during the commit vote")))
             if self._wait_outcome(plan.generation, step) != protocol.COMMITTED:
                 discard_gradients(layers)
                 result.ending = Ending.FENCED

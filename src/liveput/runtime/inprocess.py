@@ -1,7 +1,8 @@
 """Several instances' engines in threads of one process: scripted migrations without processes.
 
 Used by the same-result tests and the runtime benchmark: each call to :meth:`ThreadCluster.migrate`
-plans with the real planner from the running plan to a target, fences the running generation
+plans with the coordinator's planning function (:func:`planning.plan_generation`, from the layers
+the engines really hold) to a target, fences the running generation
 where asked, and runs every instance of the new plan in its own thread (gloo over loopback).
 """
 
@@ -14,13 +15,12 @@ import torch.distributed as dist
 
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.types import ModelProfile
-from liveput.plan.migration import plan_migration
 from liveput.policies.base import Configuration
 from liveput.runtime import protocol
-from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint
+from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, reset_latest
 from liveput.runtime.engine import Engine, EngineConfig, GenerationResult
 from liveput.runtime.job import Job
-from liveput.runtime.planning import PlanContext, assignment_of, to_runtime_plan
+from liveput.runtime.planning import PlanContext, plan_generation
 from liveput.runtime.rendezvous import StoreRendezvous
 from liveput.runtime.store import MemoryStore
 
@@ -69,16 +69,21 @@ class ThreadCluster:
         previous = self.plan
         start = self.last_applied + 1
         self.checkpointer.flush()
-        migration = plan_migration(self.profile, MigrationCostModel(), assignment_of(previous),
-                                   preempted, allocated, target)
+        epoch = 0 if previous is None else previous.epoch
+        workers = [i for i in ([] if previous is None else previous.world)
+                   if i not in preempted] + list(allocated)
+        holdings = {i: tuple(self.engines[i].layers) for i in workers if i in self.engines
+                    and (self.engines[i].epoch, self.engines[i].last_applied) == (epoch, start - 1)}
         context = PlanContext(
             generation=0 if previous is None else previous.generation + 1,
-            epoch=0 if previous is None else previous.epoch, start_step=start,
+            epoch=epoch, start_step=start,
             end_step=self.end_step, hosts={}, latest_checkpoint=latest_checkpoint(self.store),
             stages_before=0 if previous is None else previous.pipeline_stages)
-        plan = to_runtime_plan(self.profile, migration, context)
+        plan = plan_generation(self.profile, MigrationCostModel(), target, context, workers,
+                               holdings, previous=previous)
         if plan.epoch != context.epoch:
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
+            reset_latest(self.store, plan.epoch, plan.restore_step)
         for instance in preempted:
             self.engines.pop(instance, None)
         if run_until < self.end_step:

@@ -10,13 +10,17 @@ committed after that checkpoint are redone: the rollback is counted.
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from liveput.perf.partition import partition_layers
 from liveput.perf.types import ModelProfile
-from liveput.plan.migration import CHECKPOINT, Assignment, MigrationPlan, Slot
+from liveput.plan.costs import CostModel
+from liveput.plan.migration import (CHECKPOINT, Assignment, MigrationPlan, Slot,
+                                    plan_from_holdings)
+from liveput.policies import Configuration
 from liveput.runtime.job import Job
 from liveput.runtime.protocol import FRESH_START, RuntimePlan, Transfer
 
@@ -49,9 +53,36 @@ def assignment_of(plan: RuntimePlan | None) -> Assignment:
                       plan.pipeline_stages)
 
 
+def plan_generation(profile: ModelProfile, costs: CostModel, target: Configuration,
+                    context: PlanContext, workers: Sequence[int],
+                    holdings: Mapping[int, Collection[int]],
+                    senders: Sequence[int] = (), previous: RuntimePlan | None = None,
+                    restore: bool = False) -> RuntimePlan:
+    """The plan of generation ``context.generation``: the coordinator's and the in-process
+    cluster's one planning function.
+
+    ``workers`` may take a slot; ``senders`` (noticed instances) may only send; ``holdings`` maps
+    each of them to the layers it holds at step ``context.start_step - 1`` of the current epoch
+    (what it reported, never what an earlier plan meant it to hold). ``previous`` is the plan that
+    last ran (for the migration's kind); ``restore`` takes every layer from the checkpoint."""
+    held = {i: tuple(holdings.get(i, ())) for i in workers}
+    ran = {} if previous is None else previous.slots
+    migration = plan_from_holdings(
+        profile, costs, held, target, assignment_of(previous),
+        0 if previous is None else previous.pipeline_stages,
+        preempted=set(ran) - set(workers), allocated=[i for i in workers if i not in ran])
+    noticed_holders: dict[int, list[int]] = {}
+    for instance in senders:
+        for layer in holdings.get(instance, ()):
+            noticed_holders.setdefault(layer, []).append(instance)
+    return to_runtime_plan(profile, migration, context, noticed_holders, restore)
+
+
 def to_runtime_plan(profile: ModelProfile, migration: MigrationPlan, context: PlanContext,
-                    noticed_holders: dict[int, list[int]] | None = None) -> RuntimePlan:
-    """``noticed_holders``: layer -> noticed (still alive) instances holding it."""
+                    noticed_holders: dict[int, list[int]] | None = None,
+                    restore: bool = False) -> RuntimePlan:
+    """``noticed_holders``: layer -> noticed (still alive) instances holding it; ``restore``:
+    every layer from the checkpoint whatever the instances hold."""
     noticed_holders = noticed_holders or {}
     transfers = []
     needs_checkpoint = False
@@ -66,7 +97,7 @@ def to_runtime_plan(profile: ModelProfile, migration: MigrationPlan, context: Pl
     restore_step = None
     start_step = context.start_step
     epoch = context.epoch
-    if needs_checkpoint or context.stages_before == 0:
+    if needs_checkpoint or restore or context.stages_before == 0:
         restore_step = FRESH_START if context.latest_checkpoint is None \
             else min(context.latest_checkpoint, context.start_step - 1)
         kind = "checkpoint-restore"

@@ -9,8 +9,13 @@ Keys (all under the job's store):
 - ``ledger/<epoch>/<s>``: the record of a committed step; ``restore/<epoch>``: a checkpoint
   restore that opened restore epoch ``epoch``.
 - ``ckpt/<epoch>/<s>``: layers of checkpoint s saved so far; ``ckpt/latest``: the newest complete.
-- ``arrived/<g>``: how many instances of plan g have reached its start; ``arrived/<g>/all``: set
-  by the last of them (see :func:`arrive`).
+- ``arrived/<g>``: how many instances of plan g have reached its start; ``arrived/<g>/<id>``: that
+  this one has; ``arrived/<g>/all``: set by the last of them (see :func:`arrive`).
+- ``started/<g>``: plan g started (every instance arrived and a step of it committed).
+- ``holds/<id>``: what an instance holds (:class:`Holding`), reported by its engine when a
+  generation's state is in place and when a generation ends for it.
+- ``fail/<g>/<id>``: instance id's generation g failed (:class:`FailureReport`).
+- ``coord/...``: the coordinator's own records (interval history).
 
 **Commit protocol** (a step's optimizer update is applied exactly once, or by nobody). After its
 gradients are reduced, each of the W working ranks of generation g does ``add(commit/g/s, 1)``.
@@ -168,13 +173,95 @@ def all_arrived_key(generation: int) -> str:
     return f"arrived/{generation}/all"
 
 
-def arrive(store: Store, plan: RuntimePlan) -> bool:
+def arrive(store: Store, plan: RuntimePlan, instance: int | None = None) -> bool:
     """Count this instance in at plan ``plan``'s start; True if it was the last one of its world
     (it then marks ``arrived/<g>/all``). Each instance arrives once per generation."""
+    if instance is not None:
+        store.set(f"arrived/{plan.generation}/{instance}", b"1")
     if store.add(f"arrived/{plan.generation}", 1) < len(plan.world):
         return False
     store.set(all_arrived_key(plan.generation), b"1")
     return True
+
+
+def arrivals(store: Store, generation: int) -> set[int]:
+    """Instances that have arrived at plan ``generation``'s start."""
+    return {int(key.rsplit("/", 1)[1]) for key in store.get_prefix(f"arrived/{generation}/")
+            if not key.endswith("/all")}
+
+
+def mark_started(store: Store, generation: int) -> None:
+    store.compare_and_set(f"started/{generation}", None, b"1")
+
+
+def has_started(store: Store, generation: int) -> bool:
+    return store.get(f"started/{generation}") is not None
+
+
+@dataclass(frozen=True)
+class Holding:
+    """The layers an instance holds, and the point of training they are at."""
+
+    generation: int
+    """The generation whose start (``ending == ""``) or end wrote this report."""
+    epoch: int
+    """Restore epoch of the layers' values."""
+    step: int
+    """The last step applied to them (``FRESH_START``: initial weights)."""
+    layers: tuple[int, ...]
+    """Layer indices held."""
+    ending: str = ""
+    """How the generation ended for the instance (an ``engine.Ending`` value); empty while it
+    trains, when the layers follow every step the generation commits."""
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Holding:
+        data = json.loads(raw)
+        data["layers"] = tuple(data["layers"])
+        return cls(**data)
+
+
+def report_holding(store: Store, instance: int, holding: Holding) -> None:
+    store.set(f"holds/{instance}", holding.to_json())
+
+
+def holdings(store: Store) -> dict[int, Holding]:
+    return {int(key.split("/")[1]): Holding.from_json(raw)
+            for key, raw in store.get_prefix("holds/").items()}
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """Why an instance's generation failed."""
+
+    reason: str
+    """First line of the error."""
+    peers: tuple[int, ...] = ()
+    """Instances the failure points at (a peer that closed its connection, a transfer source
+    that lacked a layer, instances that never arrived)."""
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> FailureReport:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return cls(raw.decode(errors="replace"))
+        return cls(str(data.get("reason", "")), tuple(int(p) for p in data.get("peers", ())))
+
+
+def report_failure(store: Store, generation: int, instance: int, report: FailureReport) -> None:
+    store.set(f"fail/{generation}/{instance}", report.to_json())
+
+
+def failures(store: Store, generation: int) -> dict[int, FailureReport]:
+    return {int(key.rsplit("/", 1)[1]): FailureReport.from_json(raw)
+            for key, raw in store.get_prefix(f"fail/{generation}/").items()}
 
 
 def superseded(store: Store, generation: int) -> bool:

@@ -1,0 +1,331 @@
+"""The coordinator's decision: from what it sees to what it does, with no store, clock or process.
+
+The executor (:class:`liveput.runtime.coordinator.Coordinator`) observes the store into a
+:class:`CoordinatorView` and carries out the :class:`Action` that :func:`decide` returns. Every
+rule of the control loop is here, so it is tested with a manual clock and no agent processes.
+
+Notation. The *plan* is the newest published plan (generation g); the *started* plan the newest
+one that ran (every instance arrived and a step of it committed). ``committed`` is the last step
+committed, ``epoch`` the restore epoch of the plan. An instance is
+
+- *dead* when its heartbeat has not moved for ``heartbeat_timeout_s`` or it said it left;
+- *silent* when its heartbeat has not moved for ``suspect_after_s``;
+- *suspect* (left out of the next plan) when it is a member of the plan and dead, silent with the
+  plan failing or not yet met, named by a peer's failure report, or still missing after
+  ``arrival_timeout_s`` or ``failure_wait_s``. A suspect that was alive after all is simply
+  available again at the next decision, holding nothing current;
+- *current* holder of a layer when its report (:class:`liveput.runtime.protocol.Holding`) puts the
+  layer at (``epoch``, ``committed``): only current holders send layers, never a plan's guess.
+
+Rules, in order (numbered as in :func:`decide`):
+
+1. No plan yet: start once ``initial_workers`` are up or ``start_grace_s`` passed.
+2. The last step committed: finish (once the ledger has it, or after a heartbeat timeout).
+3. A working instance lost (dead, suspect or noticed), a plan that cannot meet, a fence nobody
+   planned (a restarted coordinator), or a failure report: replan without the suspects and
+   without any silent instance. Notices arriving together are gathered for
+   ``notice_settle_s``; after a failure report the coordinator waits until every member of the
+   plan has reported or gone silent, at most ``failure_wait_s``.
+4. A plan that fails is never published again as it was: each failure narrows the next plan
+   (suspects out, holdings re-read), and after ``restore_after_failures`` plans in a row that did
+   not run, every layer comes from the newest complete checkpoint.
+5. Layers no current holder has come from the checkpoint (:func:`planning.plan_generation`).
+6. No instance available: wait; the next plan restores from the checkpoint.
+7. At an interval: ask the policy; replan when its configuration differs from the running one.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from liveput.errors import LiveputError
+from liveput.perf.costs import MigrationCostModel
+from liveput.policies import Configuration
+from liveput.runtime.protocol import FailureReport, RuntimePlan
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings of the control loop."""
+
+    num_steps: int
+    """Steps to train (the job ends after step ``num_steps - 1``)."""
+    num_micro_batches: int
+    """M of the job: D is at most M."""
+    interval_s: float = 2.0
+    """Wall seconds between two interval decisions."""
+    policy_interval_s: float = 60.0
+    """What an interval stands for in the policy's cost and throughput model, seconds (an
+    emulated cloud replays trace time faster: ``interval_s * time_scale``). Policies get every
+    time in these seconds."""
+    tick_s: float = 0.2
+    """Seconds between two observations of the store."""
+    heartbeat_timeout_s: float = 3.0
+    """An instance whose heartbeat has not moved for this long is dead (the fallback signal)."""
+    notice_settle_s: float = 0.5
+    """Notices that come together (a cloud preempting several instances) are gathered for this
+    long before planning, so that one migration handles them all."""
+    suspect_after_s: float = 1.5
+    """A plan member silent this long while its plan fails or meets is suspect (three missed
+    heartbeats: instances killed together are not all detected at the same tick)."""
+    failure_wait_s: float = 3.0
+    """After a failure report, the longest wait for the failing peer to be known before
+    replanning without every member that has not reported, seconds."""
+    arrival_timeout_s: float = 30.0
+    """A member that has not arrived at its plan's start after this long is suspect, seconds."""
+    restore_after_failures: int = 2
+    """After this many plans in a row that failed before running, restore from the checkpoint."""
+    stall_warning_s: float = 60.0
+    """Warn (with the last plans and why they failed) when no step committed for this long."""
+    initial_workers: int = 1
+    """Instances to wait for before the first plan (or ``start_grace_s``, whichever first)."""
+    start_grace_s: float = 10.0
+    """Longest wait for ``initial_workers``, seconds."""
+    capacity: int = 8
+    """Instances requested from the cloud (the most that can ever be available)."""
+    policy: str = "liveput"
+    """Policy deciding the configuration (``liveput.policies``)."""
+    predictor: str = "persistence"
+    """Predictor behind a forecasting policy."""
+    horizon: int = 6
+    """Intervals looked ahead."""
+    costs: MigrationCostModel = field(default_factory=MigrationCostModel)
+    """Migration costs the policy plans with (calibrate from measured downtimes: docs)."""
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1 or self.num_micro_batches < 1:
+            raise LiveputError("coordinator: num_steps and num_micro_batches must be >= 1")
+        times = (self.interval_s, self.tick_s, self.heartbeat_timeout_s, self.policy_interval_s,
+                 self.suspect_after_s, self.failure_wait_s, self.arrival_timeout_s,
+                 self.stall_warning_s)
+        if min(times) <= 0:
+            raise LiveputError("coordinator: intervals and timeouts must be positive")
+        if self.notice_settle_s < 0 or self.start_grace_s < 0:
+            raise LiveputError("coordinator: notice settle and start grace must be >= 0")
+        if self.capacity < 1 or self.initial_workers < 1 or self.restore_after_failures < 1:
+            raise LiveputError("coordinator: capacity, initial_workers and "
+                               "restore_after_failures must be >= 1")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One registered instance, as the coordinator sees it."""
+
+    host: str
+    """Address the others reach it at."""
+    heartbeat_age_s: float
+    """Seconds since its heartbeat last moved."""
+    noticed: bool = False
+    """It has a preemption notice (alive, can still send its layers)."""
+    left: bool = False
+    """It said it left the job."""
+    layers: tuple[int, ...] = ()
+    """Layers it holds at ``(held_epoch, held_step)``."""
+    held_epoch: int = -1
+    """Restore epoch of its layers' values (-1: holds nothing known)."""
+    held_step: int = -2
+    """Last step applied to its layers."""
+    reported: int = -1
+    """Newest generation whose end it reported (its failure or its holdings after the end)."""
+    arrived: bool = False
+    """It arrived at the plan's start."""
+    notice_age_s: float = 0.0
+    """Seconds since its notice was first seen."""
+
+
+@dataclass(frozen=True)
+class CoordinatorView:
+    """Everything a decision depends on."""
+
+    now_s: float
+    """Wall seconds since the coordinator started."""
+    members: Mapping[int, Member]
+    """Registered instances."""
+    plan: RuntimePlan | None
+    """The newest published plan."""
+    started: RuntimePlan | None
+    """The newest plan that ran (None: none yet)."""
+    committed: int
+    """The last step committed (-1: none)."""
+    fenced: bool = False
+    """The step after ``committed`` was aborted although this coordinator did not plan it."""
+    all_arrived: bool = False
+    """Every instance of the plan arrived."""
+    plan_age_s: float = 0.0
+    """Seconds since the plan was published (or first seen)."""
+    failures: Mapping[int, FailureReport] = field(default_factory=dict)
+    """Failure reports of the plan's generation."""
+    failure_age_s: float = 0.0
+    """Seconds since its first failure report was seen."""
+    failed_in_row: int = 0
+    """Plans in a row, the newest last, that failed or were superseded before running."""
+    latest_checkpoint: int | None = None
+    """Step of the newest complete checkpoint."""
+    last_step_recorded: bool = False
+    """The ledger has the job's last step."""
+    finish_age_s: float = 0.0
+    """Seconds since the last step was seen committed."""
+    interval_due: bool = False
+    """An interval decision is due."""
+
+
+class ActionKind(str, enum.Enum):
+    """What the executor does."""
+
+    NONE = "none"
+    """Nothing: training goes on."""
+    WAIT = "wait"
+    """Nothing yet, for the reason in ``status`` (instances, notices settling, a culprit)."""
+    REPLAN = "replan"
+    """Fence the running generation and publish a plan for ``target``."""
+    FINISH = "finish"
+    """Mark the job done."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """A decision of the coordinator."""
+
+    kind: ActionKind
+    status: str
+    """What the job is doing, for people (progress display, logs)."""
+    reason: str = ""
+    """Why a plan: start, loss, failure, recovery or interval."""
+    target: Configuration | None = None
+    """Configuration of the new plan."""
+    workers: tuple[int, ...] = ()
+    """Instances that may take a slot, in order."""
+    senders: tuple[int, ...] = ()
+    """Noticed instances that may only send layers."""
+    holdings: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    """Current holders' layers (at ``committed``), of workers and senders."""
+    restore: bool = False
+    """Every layer from the newest complete checkpoint, whatever the holders have."""
+    suspects: frozenset[int] = frozenset()
+    """Plan members left out as lost or suspect."""
+    lost_slots: tuple[tuple[int, int], ...] = ()
+    """Slots of the running plan that were lost (for the policy)."""
+
+
+Choose = Callable[[int, str, tuple[tuple[int, int], ...]], Configuration | None]
+"""``choose(num_available, event, lost_slots)``: the configuration to run (the policy's answer
+fitted to what is available), or None when nothing can run."""
+
+
+def _suspects(view: CoordinatorView, config: CoordinatorConfig) -> frozenset[int]:
+    plan = view.plan
+    assert plan is not None
+    members = view.members
+    suspects = set()
+    named = {peer for report in view.failures.values() for peer in report.peers}
+    for instance in plan.slots:
+        member = members.get(instance)
+        if member is None or member.left or member.heartbeat_age_s > config.heartbeat_timeout_s:
+            suspects.add(instance)
+            continue
+        silent = member.heartbeat_age_s > config.suspect_after_s
+        unreported = instance not in view.failures and member.reported < plan.generation
+        if instance in named and unreported:
+            suspects.add(instance)  # a peer saw its connection close: it is gone or cut off
+        elif view.failures and unreported and (
+                silent or view.failure_age_s > config.failure_wait_s):
+            suspects.add(instance)
+        elif not view.all_arrived and not member.arrived and (
+                silent or view.plan_age_s > config.arrival_timeout_s):
+            suspects.add(instance)
+    return frozenset(suspects)
+
+
+def _replan(view: CoordinatorView, config: CoordinatorConfig, choose: Choose, reason: str,
+            suspects: frozenset[int], lost_slots: tuple[tuple[int, int], ...],
+            event: str, target: Configuration | None = None) -> Action:
+    plan = view.plan
+    epoch = plan.epoch if plan is not None else 0
+    alive = _alive(view, config, suspects)
+    workers = tuple(sorted(i for i, m in alive.items() if not m.noticed))
+    # Rule 4: a noticed instance is going; it only sends (and only what is current).
+    senders = tuple(sorted(i for i, m in alive.items() if m.noticed))
+    holdings = {i: alive[i].layers for i in workers + senders
+                if alive[i].layers and (alive[i].held_epoch, alive[i].held_step)
+                == (epoch, view.committed)}
+    if not workers:  # Rule 6
+        return Action(ActionKind.WAIT, "waiting for instances (none available; the next plan "
+                      f"restores from {_checkpoint_name(view)})", suspects=suspects)
+    target = target or choose(len(workers), event, lost_slots)
+    if target is None:
+        return Action(ActionKind.WAIT, f"waiting for instances: no configuration runs on "
+                      f"{len(workers)}", suspects=suspects)
+    restore = view.failed_in_row >= config.restore_after_failures
+    status = (f"restoring from {_checkpoint_name(view)} to {target}" if restore
+              else f"migrating to {target}")
+    return Action(ActionKind.REPLAN, status, reason, target, workers, senders,
+                  holdings, restore, suspects, lost_slots)
+
+
+def _short(reason: str) -> str:
+    """An error without gloo's source path and advice."""
+    reason = reason.split("] ", 1)[-1] if reason.startswith("[") else reason
+    return reason.split(". ", 1)[0][:120]
+
+
+def _alive(view: CoordinatorView, config: CoordinatorConfig,
+           suspects: frozenset[int] = frozenset()) -> dict[int, Member]:
+    """Members that may take part in a plan. A silent instance takes no part, member of the plan
+    or not: a dead one left out of the last plan would otherwise be back in the next until its
+    heartbeat times out."""
+    return {i: m for i, m in view.members.items()
+            if not m.left and m.heartbeat_age_s <= config.suspect_after_s and i not in suspects}
+
+
+def _checkpoint_name(view: CoordinatorView) -> str:
+    step = view.latest_checkpoint
+    return "the initial weights" if step is None else f"step {step}"
+
+
+def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> Action:
+    """The coordinator's next action (module docstring: the rules)."""
+    plan = view.plan
+    members = view.members
+    if plan is None:  # Rule 1
+        up = [i for i, m in _alive(view, config).items() if not m.noticed]
+        if up and (len(up) >= config.initial_workers or view.now_s >= config.start_grace_s):
+            return _replan(view, config, choose, "start", frozenset(), (), "interval")
+        return Action(ActionKind.WAIT, f"waiting for instances: {len(up)} of "
+                      f"{config.initial_workers} up")
+    if view.committed + 1 >= config.num_steps:  # Rule 2
+        if view.last_step_recorded or view.finish_age_s > config.heartbeat_timeout_s:
+            return Action(ActionKind.FINISH, "finished")
+        return Action(ActionKind.NONE, "finishing")
+    suspects = _suspects(view, config)  # Rule 3
+    working = {i for i, s in plan.slots.items() if s is not None}
+    noticed = {i for i, m in members.items() if m.noticed}
+    lost = working & (suspects | noticed)
+    stranded = bool(suspects) and not view.all_arrived
+    if lost and lost <= noticed and not (view.failures or view.fenced or stranded):
+        if any(members[i].notice_age_s < config.notice_settle_s for i in noticed & working):
+            return Action(ActionKind.WAIT, f"gathering notices ({len(noticed)} so far)")
+    # After a failure report, wait until every member is accounted for (reported, or silent:
+    # gone) so that one plan leaves out everything lost at once.
+    accounted = all(i in view.failures or members[i].reported >= plan.generation
+                    for i in plan.slots if i in members and i not in suspects)
+    if view.failures and not (accounted or view.failure_age_s > config.failure_wait_s):
+        return Action(ActionKind.WAIT, f"plan {plan.generation} failed "
+                      f"({_short(next(iter(view.failures.values())).reason)}); "
+                      "finding the lost peers")
+    if lost or stranded or view.fenced or view.failures:
+        lost_slots = tuple(sorted(plan.slots[i] for i in lost if plan.slots[i] is not None))
+        reason = "loss" if lost else "failure" if view.failures else "recovery"
+        return _replan(view, config, choose, reason, suspects, lost_slots, "preemption")
+    if not view.all_arrived:
+        return Action(ActionKind.WAIT, f"plan {plan.generation}: waiting for "
+                      f"{sum(not members[i].arrived for i in plan.slots if i in members)} "
+                      "instances to arrive")
+    if view.interval_due:  # Rule 7
+        available = sum(not m.noticed for m in _alive(view, config).values())
+        target = choose(available, "interval", ())
+        if target is not None and target != Configuration(plan.data_parallel,
+                                                          plan.pipeline_stages):
+            return _replan(view, config, choose, "interval", frozenset(), (), "interval", target)
+    return Action(ActionKind.NONE, f"training {plan.data_parallel}x{plan.pipeline_stages}")
