@@ -173,6 +173,17 @@ def make_coordinator(store: MemoryStore, clock: ManualClock, steps: int, capacit
     return Coordinator(store, profile, config, clock)
 
 
+def start(steps: int, instances: int, initial: int = 4
+          ) -> tuple[MemoryStore, ManualClock, Coordinator, ModelAgents]:
+    """A coordinator and ``instances`` model agents that have joined."""
+    store, clock = MemoryStore(), ManualClock()
+    coordinator = make_coordinator(store, clock, steps=steps, initial=initial)
+    agents = ModelAgents(store, coordinator.profile.num_layers)
+    for instance in range(instances):
+        agents.join(instance)
+    return store, clock, coordinator, agents
+
+
 def run(coordinator: Coordinator, agents: ModelAgents, clock: ManualClock, ticks: int) -> bool:
     """Tick both for at most ``ticks``; True once the job is done."""
     for _ in range(ticks):
@@ -184,11 +195,7 @@ def run(coordinator: Coordinator, agents: ModelAgents, clock: ManualClock, ticks
 
 
 def test_a_loss_without_notice_is_replanned_within_two_seconds_from_the_survivors():
-    store, clock = MemoryStore(), ManualClock()
-    coordinator = make_coordinator(store, clock, steps=400)
-    agents = ModelAgents(store, coordinator.profile.num_layers)
-    for instance in range(4):
-        agents.join(instance)
+    store, clock, coordinator, agents = start(steps=400, instances=4)
     run(coordinator, agents, clock, 40)
     assert coordinator.committed > 10 and coordinator.plan.num_working == 4
     generation = coordinator.plan.generation
@@ -209,11 +216,7 @@ def test_a_loss_without_notice_is_replanned_within_two_seconds_from_the_survivor
 def test_a_plan_that_never_ran_is_not_what_the_next_plan_starts_from():
     """The livelock of issue 21: after a plan that never ran, the coordinator planned from it
     and asked instances that never received layers to send them, again and again."""
-    store, clock = MemoryStore(), ManualClock()
-    coordinator = make_coordinator(store, clock, steps=400)
-    agents = ModelAgents(store, coordinator.profile.num_layers)
-    for instance in range(4):
-        agents.join(instance)
+    store, clock, coordinator, agents = start(steps=400, instances=4)
     run(coordinator, agents, clock, 60)
     assert coordinator.committed >= CHECKPOINT_EVERY
     # New instances join; before the plan that takes them in can meet, the old ones die.
@@ -273,11 +276,7 @@ def test_holdings_of_another_step_or_epoch_are_not_current():
 
 
 def test_without_any_instance_the_job_waits_and_resumes_from_the_checkpoint():
-    store, clock = MemoryStore(), ManualClock()
-    coordinator = make_coordinator(store, clock, steps=200, initial=2)
-    agents = ModelAgents(store, coordinator.profile.num_layers)
-    for instance in range(2):
-        agents.join(instance)
+    store, clock, coordinator, agents = start(steps=200, instances=2, initial=2)
     run(coordinator, agents, clock, 40)
     for instance in range(2):
         agents.kill(instance)
