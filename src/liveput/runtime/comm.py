@@ -101,6 +101,11 @@ class Groups:
         flag = torch.zeros(1, device=self.device)
         self.world.allreduce([flag]).wait()
 
+    def abort(self) -> None:
+        """Abort every operation of these groups, also one blocked in another thread (which
+        then fails): a peer of this generation failed, or a newer plan is out."""
+        self.close()
+
     def close(self) -> None:
         for group in (self.stage, self.world):
             if group is not None and hasattr(group, "abort"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,40 @@ Rendezvous = Callable[[RuntimePlan, int], dist.Store]
 _TRANSFER_TAG = 1 << 20
 _ARRIVAL_CHECK_S = 0.5
 """How often a wait for the plan's other instances checks for a newer plan, seconds."""
+_WATCH_S = 0.2
+"""How often a running generation checks the store for a failed peer or a newer plan, seconds."""
+
+
+class _Watchdog(threading.Thread):
+    """Aborts a generation's communication once a peer reports a failure or a newer plan is out.
+
+    A rank whose peer died usually sees its connection close; one blocked on a live peer (a
+    collective whose other members already gave up) would wait, in C++, for the whole
+    communication timeout. The failure report or the new plan in the store ends that wait."""
+
+    def __init__(self, store: Store, generation: int, groups: Groups, instance: int) -> None:
+        super().__init__(name=f"liveput-watch-{generation}", daemon=True)
+        self.store = store
+        self.generation = generation
+        self.groups = groups
+        self.instance = instance
+        self.done = threading.Event()
+        self.fired = False
+
+    def run(self) -> None:
+        while not self.done.wait(_WATCH_S):
+            try:
+                failed = self.store.get(protocol.failed_key(self.generation)) is not None
+                newer = failed or protocol.superseded(self.store, self.generation)
+            except LiveputError:
+                continue  # the store is restarting; look again
+            if newer and not self.done.is_set():
+                LOG.info("instance %d: generation %d %s; aborting its communication",
+                         self.instance, self.generation,
+                         "failed elsewhere" if failed else "was superseded")
+                self.fired = True
+                self.groups.abort()
+                return
 
 
 class Ending(enum.Enum):
@@ -175,6 +210,7 @@ class Engine:
                                  if s is not None and s[1] == slot[1])
         needed = plan.layers_of(slot[1]) if slot is not None else range(0)
         groups = None
+        watchdog = None
         self._peer = None
         try:
             if len(world) > 1:
@@ -182,6 +218,8 @@ class Engine:
                 groups = Groups.build(self.rendezvous(plan, rank), plan.generation, rank,
                                       len(world), stage_ranks, self.device,
                                       self.config.comm_timeout_s, plan.hosts.get(self.instance))
+                watchdog = _Watchdog(self.store, plan.generation, groups, self.instance)
+                watchdog.start()
             if plan.restore_step is not None:
                 self._restore(plan, needed)
                 self.last_applied = plan.restore_step
@@ -222,6 +260,9 @@ class Engine:
             return GenerationResult(Ending.FAILED, self.last_applied,
                                     time.perf_counter() - started)
         finally:
+            if watchdog is not None:
+                watchdog.done.set()
+                watchdog.join()
             if groups is not None:
                 groups.close()
 

@@ -14,7 +14,8 @@ Keys (all under the job's store):
 - ``started/<g>``: plan g started (every instance arrived and a step of it committed).
 - ``holds/<id>``: what an instance holds (:class:`Holding`), reported by its engine when a
   generation's state is in place and when a generation ends for it.
-- ``fail/<g>/<id>``: instance id's generation g failed (:class:`FailureReport`).
+- ``fail/<g>/<id>``: instance id's generation g failed (:class:`FailureReport`); ``failed/<g>``:
+  some instance's did (peers abort their communication of generation g when they see it).
 - ``coord/...``: the coordinator's own records (interval history).
 
 **Commit protocol** (a step's optimizer update is applied exactly once, or by nobody). After its
@@ -257,6 +258,12 @@ class FailureReport:
 
 def report_failure(store: Store, generation: int, instance: int, report: FailureReport) -> None:
     store.set(f"fail/{generation}/{instance}", report.to_json())
+    store.set(failed_key(generation), b"1")
+
+
+def failed_key(generation: int) -> str:
+    """Set by the first failure of generation ``generation`` (one key for peers to poll)."""
+    return f"failed/{generation}"
 
 
 def failures(store: Store, generation: int) -> dict[int, FailureReport]:
