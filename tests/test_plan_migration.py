@@ -9,7 +9,7 @@ import pytest
 
 from liveput.errors import LiveputError
 from liveput.perf import MigrationCostModel, load_profile, partition_layers
-from liveput.plan.migration import CHECKPOINT, Assignment, plan_migration
+from liveput.plan.migration import CHECKPOINT, Assignment, plan_from_holdings, plan_migration
 from liveput.policies.base import Configuration
 
 PROFILE = load_profile("bert-large")  # 24 layers: small cases stay enumerable
@@ -86,3 +86,32 @@ def test_target_larger_than_survivors_is_refused() -> None:
     assignment = Assignment.for_configuration(Configuration(2, 2), [0, 1, 2, 3])
     with pytest.raises(LiveputError, match="needs 4 instances; 3 survive"):
         plan_migration(PROFILE, COSTS, assignment, {0}, [], Configuration(2, 2))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_planning_from_reported_holdings_moves_the_fewest_bytes(seed: int) -> None:
+    """Holdings as instances report them (any layer sets, e.g. after a plan that failed halfway)
+    against brute force; a layer nobody holds comes from the checkpoint, and only then."""
+    rng = np.random.default_rng(100 + seed)
+    layer_bytes = PROFILE.layer_state_bytes()
+    instances = list(range(int(rng.integers(1, 5))))
+    held = {i: sorted(set(rng.choice(PROFILE.num_layers, size=int(rng.integers(0, 12)),
+                                     replace=True).tolist())) for i in instances}
+    new_p = int(rng.integers(1, 4))
+    new_d = max(1, len(instances) // new_p)
+    if new_d * new_p > len(instances):
+        new_d, new_p = 1, 1
+    target = Configuration(new_d, new_p)
+    plan = plan_from_holdings(PROFILE, COSTS, held, target)
+    new = partition_layers(PROFILE, target.pipeline_stages)
+    slots = [s for _ in range(target.data_parallel) for s in range(target.pipeline_stages)]
+    best = min(sum(int(layer_bytes[layer]) for instance, stage in zip(chosen, slots, strict=True)
+                   for layer in range(new[stage], new[stage + 1])
+                   if layer not in held[instance])
+               for chosen in itertools.permutations(instances, len(slots)))
+    assert plan.bytes_moved + plan.bytes_restored == best
+    anyone = {layer for layers in held.values() for layer in layers}
+    for transfer in plan.transfers:
+        assert (transfer.source == CHECKPOINT) == (transfer.layer not in anyone)
+        if transfer.source != CHECKPOINT:
+            assert transfer.layer in held[transfer.source]
