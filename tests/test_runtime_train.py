@@ -26,3 +26,7 @@ def test_train_replays_a_trace_and_writes_its_summary_and_step_log(tmp_path):
     steps = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(60))
     assert (tmp_path / "ckpt" / "final").is_dir()
+    # The agents' logs are kept beside the summary; only the newest 2 checkpoints stay.
+    assert summary["log_dir"] == str(tmp_path / "logs")
+    assert sorted(p.name for p in (tmp_path / "logs").glob("i-*.log"))[0] == "i-0000.log"
+    assert len(list((tmp_path / "ckpt").glob("step-*"))) == 2

@@ -40,7 +40,10 @@ def _root(
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     try:
-        app(args=argv, standalone_mode=False)
+        # Not standalone, click returns a command's typer.Exit code instead of raising it.
+        code = app(args=argv, standalone_mode=False)
+        if isinstance(code, int):
+            return code
     except LiveputError as error:
         typer.echo(f"error: {error}", err=True)
         return 2

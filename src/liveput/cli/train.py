@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import typer
@@ -31,29 +32,45 @@ def train(
                              "allocations; most 5-minute traces have one or two)."),
     json_path: Path = typer.Option(None, "--json", help="Write the summary here and the "
                                    "per-step log beside it (.jsonl)."),
+    log_dir: Path = typer.Option(None, "--log-dir", help="Where the agents' logs go, kept after "
+                                 "the run (default: logs/ beside --json, else ./liveput-logs)."),
+    keep_checkpoints: int = typer.Option(2, "--keep-checkpoints", min=1,
+                                         help="Complete checkpoints kept on disk (the newest)."),
 ) -> None:
     """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
     from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
     from liveput.traces import generate_trace, read_trace
 
+    if log_dir is None:
+        log_dir = json_path.parent / "logs" if json_path is not None else Path("liveput-logs")
     config = LocalTrainingConfig(
         model=model, workers=workers, steps=steps, time_scale=time_scale,
         notice_lead_s=notice_lead_s, store_url=store, checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every, seed=seed)
+        checkpoint_every=checkpoint_every, seed=seed, log_dir=str(log_dir),
+        keep_checkpoints=keep_checkpoints)
     trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)
     if json_path is not None:
         # Fail now, not after the training, if the summary cannot be written there.
         json_path.parent.mkdir(parents=True, exist_ok=True)
-    with progress(transient=False) as bar:
-        task = bar.add_task("starting", total=steps)
+    err_console.print(f"agents' logs: {log_dir}", soft_wrap=True)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with progress(transient=False) as bar:
+            task = bar.add_task("starting", total=steps)
 
-        def show(update: Progress) -> None:
-            loss = "-" if update.loss is None else f"{update.loss:.3f}"
-            bar.update(task, completed=update.step, description=(
-                f"step {update.step} loss {loss} {update.configuration} "
-                f"instances {update.instances} plans {update.events}"))
+            def show(update: Progress) -> None:
+                loss = "-" if update.loss is None else f"{update.loss:.3f}"
+                bar.update(task, completed=update.step, description=(
+                    f"step {update.step} loss {loss} {update.configuration} "
+                    f"instances {update.instances} plans {update.events}: {update.state}"))
 
-        result = run_local_training(config, trace, show)
+            result = run_local_training(config, trace, show)
+    except KeyboardInterrupt:
+        err_console.print(f"train: interrupted; agents stopped; logs in {log_dir}",
+                          soft_wrap=True)
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     summary = result.summary()
     if json_path is not None:
         json_path.write_text(to_json(summary) + "\n")
@@ -62,6 +79,11 @@ def train(
         err_console.print(f"wrote {json_path} and {log_path}")
     else:
         print_json(summary)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM ends a run as Ctrl-C does: agents and the emulated cloud stop with it."""
+    raise KeyboardInterrupt
 
 
 def register(app: typer.Typer) -> None:

@@ -6,12 +6,17 @@ the whole CLI: an emulated cloud starts many of these at once on a small machine
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
-import sys
 
-from liveput.errors import LiveputError
+# Before torch loads: c10d's C++ warnings (a store connection failing, with dozens of stack
+# frames, every heartbeat) would drown the agent's log; its own one-line messages say it.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+from liveput.errors import LiveputError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

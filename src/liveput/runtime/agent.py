@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -66,9 +67,12 @@ class AgentConfig:
     poll_s: float = 0.1
     """Seconds between looks at the store while waiting for a plan."""
     store_outage_s: float = 120.0
-    """Longest the store may stay unreachable while the agent waits for a plan, seconds: long
-    enough for an etcd restart; a store that stays gone (an embedded store whose coordinator
-    ended) then stops the agent with an error instead of a silent wait."""
+    """Longest the store may stay unreachable, seconds: long enough for an etcd restart; a store
+    that stays gone (an embedded store whose coordinator ended) then stops the agent with an
+    error instead of a silent wait."""
+    exit_on_store_loss: bool = False
+    """End the process (exit code 3) once the store has been unreachable for
+    ``store_outage_s``, even if training is blocked in a collective (agent processes)."""
 
     def __post_init__(self) -> None:
         if self.instance < 0:
@@ -89,6 +93,7 @@ class Agent:
         self.state = AgentState.JOINING
         self.notice: Notice | None = None
         self._stop = threading.Event()
+        self._warnings: dict[str, int] = {}
         self._monitor = NoticeMonitor(watchers, self._on_notice, 0.2) if watchers else None
         self._heartbeat = threading.Thread(target=self._beat, name="liveput-heartbeat",
                                            daemon=True)
@@ -107,11 +112,30 @@ class Agent:
 
     def _beat(self) -> None:
         key = f"hb/{self.config.instance}"
+        last_ok_s = self.clock.now_s()
         while not self._stop.wait(self.config.heartbeat_s):
             try:
                 self.store.add(key, 1)
+                last_ok_s = self.clock.now_s()
+                self._warnings.clear()
             except LiveputError as error:  # the store may be restarting; keep trying
-                LOG.warning("agent %d: heartbeat failed: %s", self.config.instance, error)
+                self._warn(f"heartbeat failed: {error}")
+                down_s = self.clock.now_s() - last_ok_s
+                if self.config.exit_on_store_loss and down_s > self.config.store_outage_s:
+                    LOG.error("agent %d: the store has been unreachable for %.0f s; exiting",
+                              self.config.instance, down_s)
+                    logging.shutdown()
+                    os._exit(3)  # the main thread may be blocked in C++: end the process
+
+    def _warn(self, message: str) -> None:
+        """Log a warning's first line once, then only how often it repeated."""
+        message = message.splitlines()[0] if message else message
+        count = self._warnings.get(message, 0) + 1
+        self._warnings[message] = count
+        if count == 1:
+            LOG.warning("agent %d: %s", self.config.instance, message)
+        elif count in (10, 100) or count % 1000 == 0:
+            LOG.warning("agent %d: %s (repeated %d times)", self.config.instance, message, count)
 
     def join(self) -> None:
         """Register with the job (the store refuses values not signed with the job token)."""
@@ -147,7 +171,7 @@ class Agent:
                         f"agent {self.config.instance}: the store has been unreachable for "
                         f"{now_s - failing_since_s:.0f} s; is the coordinator gone? ({error})"
                     ) from None
-                LOG.warning("agent %d: store: %s", self.config.instance, error)
+                self._warn(f"store: {error}")
             self.clock.sleep(self.config.poll_s)
         return None
 

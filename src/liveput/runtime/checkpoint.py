@@ -22,6 +22,8 @@ from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)
 LATEST = "ckpt/latest"
+COMPLETE = "ckpt/complete"
+"""The steps of the complete checkpoints still on disk, oldest first."""
 
 
 def _order(raw: bytes | None) -> tuple[int, int]:
@@ -51,8 +53,9 @@ def reset_latest(store: Store, epoch: int, step: int) -> None:
 class Checkpointer:
     """Saves and loads layer files under ``directory`` (a local path or an fsspec URL)."""
 
-    def __init__(self, store: Store, directory: str) -> None:
+    def __init__(self, store: Store, directory: str, keep: int = 2) -> None:
         self.store = store
+        self.keep = max(1, keep)
         self.directory = directory.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.directory)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
@@ -85,6 +88,7 @@ class Checkpointer:
                 self.fs.mv(partial, self._path(step, index))
             if self.store.add(f"ckpt/{epoch}/{step}", len(snapshot)) == num_layers:
                 self._mark_latest(epoch, step)
+                self._prune(step)
         except Exception:  # noqa: BLE001 - a failed checkpoint only leaves the previous one latest
             LOG.exception("checkpoint of step %d failed", step)
 
@@ -97,6 +101,25 @@ class Checkpointer:
             if self.store.compare_and_set(LATEST, raw, value):
                 LOG.info("checkpoint of step %d complete", step)
                 return
+
+    def _prune(self, step: int) -> None:
+        """Keep the newest ``keep`` complete checkpoints on disk (``final/`` is never touched).
+
+        Complete steps are listed in ``ckpt/complete``; after a restore the job may complete a
+        step again, which counts once, as the newest."""
+        while True:
+            raw = self.store.get(COMPLETE)
+            steps = [s for s in (json.loads(raw) if raw else []) if s != step] + [step]
+            kept, dropped = steps[-self.keep:], steps[:-self.keep]
+            if self.store.compare_and_set(COMPLETE, raw, json.dumps(kept).encode()):
+                break
+        for old in dropped:
+            if old in kept:
+                continue
+            try:
+                self.fs.rm(f"{self.root}/step-{old}", recursive=True)
+            except FileNotFoundError:
+                pass
 
     def load_layer(self, step: int, layer: int) -> dict:
         return self.load_layer_file(f"step-{step}/layer-{layer}.pt")

@@ -213,7 +213,9 @@ class Engine:
         watchdog = None
         self._peer = None
         try:
-            if len(world) > 1:
+            if len(world) == 1:
+                protocol.arrive(self.store, plan, self.instance)  # the plan has met
+            else:
                 self._await_peers(plan)
                 groups = Groups.build(self.rendezvous(plan, rank), plan.generation, rank,
                                       len(world), stage_ranks, self.device,

@@ -50,10 +50,17 @@ class JobSpec:
     """K: checkpoint every K steps."""
     device: str = "cpu"
     """``cpu`` or ``cuda`` (each agent uses its first GPU)."""
+    store_outage_s: float = 120.0
+    """How long an agent lives through a store outage before it exits by itself, seconds
+    (``liveput train`` sets the coordinator's heartbeat timeout: its store dies with it)."""
+    keep_checkpoints: int = 2
+    """K: only the newest K complete checkpoints stay on disk."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
             raise LiveputError("checkpoint_every must be >= 0")
+        if self.store_outage_s <= 0 or self.keep_checkpoints < 1:
+            raise LiveputError("store_outage_s must be > 0 and keep_checkpoints >= 1")
 
 
 def publish_spec(store: Store, spec: JobSpec) -> None:
@@ -105,10 +112,12 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
         job = resolve_job(spec.job)
         device = "cuda" if spec.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
         engine = Engine(job, instance, store, StoreRendezvous(store, host, timeout_s),
-                        Checkpointer(store, spec.checkpoint_dir),
+                        Checkpointer(store, spec.checkpoint_dir, keep=spec.keep_checkpoints),
                         EngineConfig(checkpoint_every=spec.checkpoint_every, device=device),
                         token=token.encode())
-        agent = Agent(AgentConfig(instance=instance, host=host), store, engine, watchers)
+        agent = Agent(AgentConfig(instance=instance, host=host,
+                                  store_outage_s=spec.store_outage_s, exit_on_store_loss=True),
+                      store, engine, watchers)
         return agent.run()
     finally:
         store.close()

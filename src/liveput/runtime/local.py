@@ -58,10 +58,16 @@ class LocalTrainingConfig:
     """Give up after this many wall seconds."""
     seed: int = 0
     """Seed of the emulated cloud's choice of victims."""
+    log_dir: str = "liveput-logs"
+    """Directory of the agents' logs (``i-<n>.log``), kept after the run."""
+    keep_checkpoints: int = 2
+    """K: only the newest K complete checkpoints stay on disk."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.steps < 1:
             raise LiveputError("train: --workers and --steps must be >= 1")
+        if self.keep_checkpoints < 1:
+            raise LiveputError("train: --keep-checkpoints must be >= 1")
         if self.time_scale <= 0 or self.notice_lead_s < 0 or self.timeout_s <= 0:
             raise LiveputError("train: --time-scale must be positive and the notice lead >= 0")
 
@@ -80,6 +86,8 @@ class TrainingResult:
     steps_rolled_back: int
     exactly_once: bool
     wall_s: float
+    log_dir: str = ""
+    """Where the agents' logs are."""
     steps: list[dict] = field(default_factory=list)
     """Per-step records (the JSONL log), not in the JSON summary."""
     events: list[dict] = field(default_factory=list)
@@ -100,6 +108,8 @@ class Progress:
     configuration: str
     instances: int
     events: int
+    state: str = ""
+    """What the job is doing (the coordinator's words: training, migrating, restoring, ...)."""
 
 
 def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace,
@@ -108,6 +118,13 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
     started = time.monotonic()
     token = secrets.token_hex(16)
     job = resolve_job(config.model)
+    log_dir = Path(config.log_dir)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise LiveputError(f"train: cannot create the log directory {log_dir}: "
+                           f"{error.strerror}") from None
+    LOG.info("agents' logs: %s", log_dir)
     with tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch:
         checkpoint_dir = config.checkpoint_dir or str(Path(scratch) / "checkpoints")
         if config.store_url is None:
@@ -118,19 +135,23 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             url = config.store_url
             store = open_store(url, host=url.startswith("tcp://"), token=token)
         cloud = None
+        finished = False
         try:
-            publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every))
-            profile = profile_job(job)
             interval_s = 60.0 / config.time_scale
+            heartbeat_timeout_s = max(3.0, 2 * interval_s)
+            publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every,
+                                        store_outage_s=heartbeat_timeout_s,
+                                        keep_checkpoints=config.keep_checkpoints))
+            profile = profile_job(job)
             coordinator = Coordinator(store, profile, CoordinatorConfig(
                 num_steps=config.steps, num_micro_batches=job.num_micro_batches,
                 interval_s=interval_s, policy_interval_s=60.0,
-                heartbeat_timeout_s=max(3.0, 2 * interval_s), capacity=config.workers,
+                heartbeat_timeout_s=heartbeat_timeout_s, capacity=config.workers,
                 initial_workers=max(1, _initial_count(trace)), start_grace_s=20.0))
             environment = {**os.environ, "LIVEPUT_TOKEN": token}
             launcher = command_launcher(
                 [sys.executable, "-m", "liveput.runtime", "--store", url,
-                 "--notices", "sigterm,emulator"], env=environment, log_dir=Path(scratch))
+                 "--notices", "sigterm,emulator"], env=environment, log_dir=log_dir)
             notice_dir = Path(scratch) / "notices"
             notice_dir.mkdir()
             cloud = EmulatedCloud(trace, launcher, MonotonicClock(), notice_dir,
@@ -141,7 +162,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 if on_progress is not None:
                     on_progress(_progress(store, coordinator))
                 if time.monotonic() - started > config.timeout_s:
-                    raise LiveputError(f"train: not done after {config.timeout_s:g} s")
+                    raise LiveputError(f"train: not done after {config.timeout_s:g} s "
+                                       f"({coordinator.status}); agents' logs in {log_dir}")
                 time.sleep(coordinator.config.tick_s)
             if on_progress is not None:
                 on_progress(_progress(store, coordinator))
@@ -151,6 +173,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             events = [json.loads(v) for _, v in sorted(
                 store.get_prefix("events/").items(), key=lambda kv: int(kv[0].split("/")[1]))]
             losses = [r["loss"] for r in report.records]
+            finished = True
             return TrainingResult(
                 steps_completed=len(report.records),
                 samples=len(report.records) * job.global_batch_size,
@@ -159,10 +182,14 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 preemptions=cloud.preemptions, allocations=cloud.allocations,
                 migrations={kind: stats.get(kind, 0) for kind in MIGRATION_KINDS},
                 steps_rolled_back=report.steps_rolled_back, exactly_once=report.exactly_once,
-                wall_s=round(time.monotonic() - started, 2), steps=report.records, events=events)
+                wall_s=round(time.monotonic() - started, 2), log_dir=str(log_dir),
+                steps=report.records, events=events)
         finally:
             if cloud is not None:
-                _wait_agents(cloud)
+                if finished:
+                    _wait_agents(cloud)
+                else:  # interrupted or failed: stop every agent now, not after a grace
+                    cloud.close()
             store.close()
 
 
@@ -188,4 +215,4 @@ def _progress(store: Store, coordinator: Coordinator) -> Progress:
         step=coordinator.committed + 1, loss=loss,
         configuration="-" if plan is None else f"{plan.data_parallel}x{plan.pipeline_stages}",
         instances=len(coordinator.available),
-        events=0 if plan is None else plan.generation)
+        events=0 if plan is None else plan.generation, state=coordinator.status)

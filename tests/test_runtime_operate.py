@@ -1,0 +1,93 @@
+"""Operating a run: checkpoint retention, an agent whose store is gone, `liveput train` stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from runtime_cluster import JOB, TOKEN, AgentProcesses
+
+from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint
+from liveput.runtime.job import resolve_job
+from liveput.runtime.launch import JobSpec, publish_spec
+from liveput.runtime.layer_state import fresh_layer
+from liveput.runtime.store import MemoryStore, SignedStore, TCPStoreBackend
+
+
+def test_only_the_newest_complete_checkpoints_stay_on_disk(tmp_path):
+    store = MemoryStore()
+    job = resolve_job(JOB)
+    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    checkpointer = Checkpointer(store, str(tmp_path), keep=2)
+    for step in (4, 9, 14, 19, 24):
+        checkpointer.save_async(0, step, layers, job.num_layers)
+        checkpointer.flush()
+    checkpointer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-19", "step-24"]
+    assert latest_checkpoint(store) == 24
+    assert checkpointer.load_layer(19, 0)["module"].keys() == layers[0].module.state_dict().keys()
+
+
+def test_an_agent_whose_store_is_gone_exits_by_itself(tmp_path):
+    hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
+    store = SignedStore(hosted, TOKEN)
+    publish_spec(store, JobSpec(JOB, str(tmp_path / "ckpt"), store_outage_s=2.0))
+    agents = AgentProcesses(hosted.url, tmp_path)
+    try:
+        agent = agents.start(0)
+        deadline = time.monotonic() + 60
+        while store.get("members/0") is None:
+            assert time.monotonic() < deadline, agents.log(0)
+            time.sleep(0.1)
+        store.close()  # the coordinator and its store are gone
+        gone_at = time.monotonic()
+        code = agent.wait(timeout=30)
+        assert code != 0 and time.monotonic() - gone_at < 15
+        log = agents.log(0)
+        assert "unreachable" in log
+        assert len(log.splitlines()) < 40, log  # repeated errors condensed, no stack frames
+    finally:
+        agents.close()
+
+
+def test_liveput_train_terminated_stops_its_agents(tmp_path):
+    logs = tmp_path / "logs"
+    err_path = tmp_path / "train.err"
+    with open(err_path, "wb") as err_file:
+        train = subprocess.Popen(
+            [sys.executable, "-m", "liveput.cli.main", "-v", "train", "--model",
+             "tiny-gpt-small", "--workers", "2", "--steps", "5000", "--time-scale", "10",
+             "--log-dir", str(logs), "--checkpoint-dir", str(tmp_path / "ckpt"),
+             "--checkpoint-every", "5"],
+            stdout=subprocess.DEVNULL, stderr=err_file, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "ckpt").glob("step-*")):  # training is under way
+            assert time.monotonic() < deadline and train.poll() is None, err_path.read_text()
+            time.sleep(0.2)
+        train.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        train.wait(timeout=30)
+        assert time.monotonic() - stopped_at < 15
+        err = err_path.read_text(errors="replace")
+        assert train.returncode == 130, err[-2000:]
+        assert f"logs in {logs}" in err and sorted(p.name for p in logs.iterdir())
+        pids = [int(p) for p in re.findall(r"cloud launch i-\d+ .*\(pid (\d+)\)", err)]
+        assert pids
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    state = stat.read().split()[2]
+            except FileNotFoundError:
+                continue
+            assert state == "Z", f"agent {pid} still runs"
+    finally:
+        if train.poll() is None:
+            train.kill()
+            train.wait()
