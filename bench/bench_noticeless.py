@@ -1,6 +1,6 @@
-"""Losses without a notice: ``liveput train`` (real agent processes, the emulated cloud) on traces of
-single, double and back-to-back losses, a wipe-out and arrivals, with ``--notice-lead 0`` and with
-the default 120-s lead.
+"""Losses without a notice: ``liveput train`` (real agent processes, the emulated cloud) on
+traces of single, double and back-to-back losses, a wipe-out and arrivals, with
+``--notice-lead 0`` and with the default 120-s lead.
 
 Prints per trace and lead: runs completed exactly once, wall seconds; and per unannounced loss the
 downtime (last commit before the kill to the first commit after), by kind: a replica lost (its

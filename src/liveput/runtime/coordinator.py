@@ -2,8 +2,8 @@
 
 Every ``tick_s`` it observes the store into a :class:`~liveput.runtime.decide.CoordinatorView`
 (members, heartbeats, notices, what each instance reports holding, failure reports, arrivals, the
-committed step, the newest plan and the newest that ran), asks :func:`~liveput.runtime.decide.decide`
-for an action and carries it out: for a new plan it fences the running generation at the next
+committed step, the newest plan and the newest that ran), asks
+:func:`~liveput.runtime.decide.decide` for an action and carries it out: for a new plan it fences the running generation at the next
 step boundary (``protocol.fence``), plans it with :func:`~liveput.runtime.planning.plan_generation`
 from what the instances hold, and publishes it.
 
