@@ -3,6 +3,7 @@ a coordinator restart, an etcd restart, and a peer without the job token."""
 
 from __future__ import annotations
 
+import json
 
 import pytest
 
@@ -83,7 +84,9 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     assert report.exactly_once, report.problems
     # Counted: the restore itself, and the committed steps it undid (none when the newest
     # checkpoint was of the last committed step).
-    assert int(store.get("stats/migrations/checkpoint-restore")) == 1
+    plans = [json.loads(v) for _, v in sorted(store.get_prefix("events/").items(),
+                                               key=lambda kv: int(kv[0].split("/")[1]))]
+    assert int(store.get("stats/migrations/checkpoint-restore")) == 1, plans
     assert report.restores <= 1 and (report.restores == 1) == (report.steps_rolled_back > 0)
     assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
 

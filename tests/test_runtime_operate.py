@@ -13,7 +13,7 @@ import torch
 
 from runtime_cluster import JOB, TOKEN, AgentProcesses
 
-from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint
+from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, reset_latest
 from liveput.runtime.job import resolve_job
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.layer_state import fresh_layer
@@ -32,6 +32,20 @@ def test_only_the_newest_complete_checkpoints_stay_on_disk(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-19", "step-24"]
     assert latest_checkpoint(store) == 24
     assert checkpointer.load_layer(19, 0)["module"].keys() == layers[0].module.state_dict().keys()
+
+
+def test_a_checkpoint_that_is_not_the_latest_never_prunes_the_latest(tmp_path):
+    """A restore to step 4 (epoch 1) may be reading step-4 while older writes still finish."""
+    store = MemoryStore()
+    job = resolve_job(JOB)
+    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    checkpointer = Checkpointer(store, str(tmp_path), keep=1)
+    checkpointer.save_async(0, 4, layers, job.num_layers)
+    checkpointer.flush()
+    reset_latest(store, 1, 4)
+    checkpointer.save_async(1, 2, layers, job.num_layers)  # completes, but is not the latest
+    checkpointer.close()
+    assert latest_checkpoint(store) == 4 and (tmp_path / "step-4").is_dir()
 
 
 def test_an_agent_whose_store_is_gone_exits_by_itself(tmp_path):

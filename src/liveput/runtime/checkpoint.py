@@ -87,34 +87,37 @@ class Checkpointer:
                     handle.write(buffer.getvalue())
                 self.fs.mv(partial, self._path(step, index))
             if self.store.add(f"ckpt/{epoch}/{step}", len(snapshot)) == num_layers:
-                self._mark_latest(epoch, step)
-                self._prune(step)
+                if self._mark_latest(epoch, step):
+                    self._prune(step)
         except Exception:  # noqa: BLE001 - a failed checkpoint only leaves the previous one latest
             LOG.exception("checkpoint of step %d failed", step)
 
-    def _mark_latest(self, epoch: int, step: int) -> None:
+    def _mark_latest(self, epoch: int, step: int) -> bool:
+        """Make (epoch, step) the latest checkpoint unless a newer one is; whether it did."""
         while True:
             raw = self.store.get(LATEST)
             if _order(raw) >= (epoch, step):
-                return
+                return False
             value = json.dumps({"epoch": epoch, "step": step}).encode()
             if self.store.compare_and_set(LATEST, raw, value):
                 LOG.info("checkpoint of step %d complete", step)
-                return
+                return True
 
     def _prune(self, step: int) -> None:
         """Keep the newest ``keep`` complete checkpoints on disk (``final/`` is never touched).
 
         Complete steps are listed in ``ckpt/complete``; after a restore the job may complete a
-        step again, which counts once, as the newest."""
+        step again, which counts once, as the newest. Only a checkpoint that became the latest
+        prunes, and the latest is never pruned: a restore may be reading it."""
         while True:
             raw = self.store.get(COMPLETE)
             steps = [s for s in (json.loads(raw) if raw else []) if s != step] + [step]
             kept, dropped = steps[-self.keep:], steps[:-self.keep]
             if self.store.compare_and_set(COMPLETE, raw, json.dumps(kept).encode()):
                 break
+        latest = latest_checkpoint(self.store)
         for old in dropped:
-            if old in kept:
+            if old in kept or old == latest:
                 continue
             try:
                 self.fs.rm(f"{self.root}/step-{old}", recursive=True)

@@ -154,7 +154,12 @@ class Engine:
             if plan.restore_step != protocol.FRESH_START:
                 if self.checkpointer is None:
                     raise LiveputError("plan restores from a checkpoint but no checkpoint dir is set")
-                layer.load_state_dict(self.checkpointer.load_layer(plan.restore_step, index))
+                try:
+                    state = self.checkpointer.load_layer(plan.restore_step, index)
+                except OSError as error:  # gone or unreadable: this plan fails, the job goes on
+                    raise LiveputError(f"checkpoint of step {plan.restore_step} has no readable "
+                                       f"layer {index}: {error}") from None
+                layer.load_state_dict(state)
             layers[index] = layer
         self.layers = layers
 
