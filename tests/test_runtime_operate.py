@@ -56,7 +56,7 @@ def test_an_agent_whose_store_is_gone_exits_by_itself(tmp_path):
     try:
         agent = agents.start(0)
         deadline = time.monotonic() + 60
-        while store.get("members/0") is None:
+        while store.get("state/0") != b"waiting":  # joined, waiting for a plan
             assert time.monotonic() < deadline, agents.log(0)
             time.sleep(0.1)
         store.close()  # the coordinator and its store are gone
