@@ -103,7 +103,7 @@ def _run(trace: Trace, lead_s: float, seed: int, records: _Records) -> dict:
         config = LocalTrainingConfig(
             model="tiny-gpt", workers=WORKERS, steps=STEPS, time_scale=TIME_SCALE,
             notice_lead_s=lead_s, checkpoint_dir=f"{directory}/ckpt", checkpoint_every=10,
-            timeout_s=600.0, seed=seed)
+            timeout_s=600.0, seed=seed, log_dir=f"{directory}/logs")
         started = time.monotonic()
         try:
             result = run_local_training(config, trace)
