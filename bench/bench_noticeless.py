@@ -128,7 +128,7 @@ def main() -> None:
         logger.setLevel(logging.INFO)
         logger.addHandler(records)
     print(f"{runs} runs per trace and lead; tiny-gpt, {STEPS} steps, {WORKERS} workers, "
-          f"time scale {TIME_SCALE:g}")
+          f"time scale {TIME_SCALE:g}", flush=True)
     by_kind: dict[str, list[float]] = {}
     walls: dict[float, list[float]] = {0.0: [], 120.0: []}
     for name, trace in TRACES.items():
@@ -140,15 +140,18 @@ def main() -> None:
             print(f"{name:14s} lead {lead_s:5.0f} s: {done}/{runs} complete exactly once; wall "
                   f"median {statistics.median(wall):.1f} s (max {max(wall):.1f}); rolled back "
                   f"{sum(o.get('rolled_back', 0) for o in outcomes)} steps in all"
-                  + "".join(f"; failed: {o['error']}" for o in outcomes if "error" in o))
+                  + "".join(f"; failed: {o['error']}" for o in outcomes if "error" in o),
+                  flush=True)
             if lead_s == 0.0:
                 for kind, downtime in (loss for o in outcomes for loss in o["losses"]):
                     by_kind.setdefault(kind, []).append(downtime)
-    print("downtime per unannounced loss (last commit before the kill -> first after):")
+    print("downtime per unannounced loss (last commit before the kill -> first after):",
+          flush=True)
     for kind, values in sorted(by_kind.items()):
         median, p95 = _percentile(values, 50), _percentile(values, 95)
         target = "" if kind == "all lost" else \
             f"  (targets 5 / 10 s: {median / 5:.2f}x / {p95 / 10:.2f}x)"
-        print(f"  {kind:17s} n={len(values):3d} median {median:5.2f} s  p95 {p95:5.2f} s{target}")
+        print(f"  {kind:17s} n={len(values):3d} median {median:5.2f} s  p95 {p95:5.2f} s{target}",
+              flush=True)
     ratio = statistics.median(walls[0.0]) / statistics.median(walls[120.0])
-    print(f"wall time, no notice / default notice: {ratio:.2f}x (target <= 1.5x)")
+    print(f"wall time, no notice / default notice: {ratio:.2f}x (target <= 1.5x)", flush=True)
