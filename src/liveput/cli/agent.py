@@ -29,6 +29,9 @@ def agent(
                                 "sources: aws, gcp, sigterm, emulator."),
 ) -> None:
     """Run this instance's agent: join the job, train, follow plans, leave on preemption."""
+    # Before torch loads: c10d's C++ warnings (dozens of stack frames each time a heartbeat
+    # cannot reach the store) would drown the agent's own one-line, condensed messages.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from liveput.runtime.launch import run_agent
 
     if (coordinator is None) == (store is None):

@@ -27,6 +27,7 @@ from liveput.errors import LiveputError
 from liveput.runtime import protocol
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.engine import Ending, Engine
+from liveput.runtime.logs import RepeatFilter
 from liveput.runtime.notices import Notice, NoticeMonitor, NoticeWatcher
 from liveput.runtime.store import Store
 
@@ -93,7 +94,9 @@ class Agent:
         self.state = AgentState.JOINING
         self.notice: Notice | None = None
         self._stop = threading.Event()
-        self._warnings: dict[str, int] = {}
+        # One per source: the heartbeat thread and the main thread fail and recover separately.
+        self._heartbeat_warnings = RepeatFilter(LOG, now_s=self.clock.now_s)
+        self._store_warnings = RepeatFilter(LOG, now_s=self.clock.now_s)
         self._monitor = NoticeMonitor(watchers, self._on_notice, 0.2) if watchers else None
         self._heartbeat = threading.Thread(target=self._beat, name="liveput-heartbeat",
                                            daemon=True)
@@ -117,25 +120,21 @@ class Agent:
             try:
                 self.store.add(key, 1)
                 last_ok_s = self.clock.now_s()
-                self._warnings.clear()
+                self._heartbeat_warnings.flush()
             except LiveputError as error:  # the store may be restarting; keep trying
-                self._warn(f"heartbeat failed: {error}")
+                self._heartbeat_warnings(f"agent {self.config.instance}: heartbeat failed: {error}")
                 down_s = self.clock.now_s() - last_ok_s
-                if self.config.exit_on_store_loss and down_s > self.config.store_outage_s:
-                    LOG.error("agent %d: the store has been unreachable for %.0f s; exiting",
-                              self.config.instance, down_s)
-                    logging.shutdown()
-                    os._exit(3)  # the main thread may be blocked in C++: end the process
+                if self.config.exit_on_store_loss and down_s >= self.config.store_outage_s:
+                    self._exit_on_store_loss(down_s)
 
-    def _warn(self, message: str) -> None:
-        """Log a warning's first line once, then only how often it repeated."""
-        message = message.splitlines()[0] if message else message
-        count = self._warnings.get(message, 0) + 1
-        self._warnings[message] = count
-        if count == 1:
-            LOG.warning("agent %d: %s", self.config.instance, message)
-        elif count in (10, 100) or count % 1000 == 0:
-            LOG.warning("agent %d: %s (repeated %d times)", self.config.instance, message, count)
+    def _exit_on_store_loss(self, down_s: float) -> None:
+        """End the process at once: the main thread may be blocked in a C++ collective, and a
+        SIGTERM handler (the notice watcher's) would not end it either."""
+        self._heartbeat_warnings.flush()
+        LOG.error("agent %d: the store has been unreachable for %.0f s; exiting",
+                  self.config.instance, down_s)
+        logging.shutdown()  # flushes every handler: os._exit skips that
+        os._exit(3)
 
     def join(self) -> None:
         """Register with the job (the store refuses values not signed with the job token)."""
@@ -163,6 +162,7 @@ class Agent:
                 if self.notice is not None and after >= 0:
                     return None
                 failing_since_s = None
+                self._store_warnings.flush()
             except LiveputError as error:
                 now_s = self.clock.now_s()
                 failing_since_s = now_s if failing_since_s is None else failing_since_s
@@ -171,7 +171,7 @@ class Agent:
                         f"agent {self.config.instance}: the store has been unreachable for "
                         f"{now_s - failing_since_s:.0f} s; is the coordinator gone? ({error})"
                     ) from None
-                self._warn(f"store: {error}")
+                self._store_warnings(f"agent {self.config.instance}: store: {error}")
             self.clock.sleep(self.config.poll_s)
         return None
 

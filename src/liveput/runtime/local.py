@@ -163,7 +163,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                     on_progress(_progress(store, coordinator))
                 if time.monotonic() - started > config.timeout_s:
                     raise LiveputError(f"train: not done after {config.timeout_s:g} s "
-                                       f"({coordinator.status}); agents' logs in {log_dir}")
+                                       f"({coordinator.status})")
                 time.sleep(coordinator.config.tick_s)
             if on_progress is not None:
                 on_progress(_progress(store, coordinator))
@@ -184,6 +184,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 steps_rolled_back=report.steps_rolled_back, exactly_once=report.exactly_once,
                 wall_s=round(time.monotonic() - started, 2), log_dir=str(log_dir),
                 steps=report.records, events=events)
+        except LiveputError as error:  # one line, saying where to look
+            raise LiveputError(f"{error}; agents' logs in {log_dir}") from None
         finally:
             if cloud is not None:
                 if finished:
