@@ -75,21 +75,19 @@ def _losses(records: _Records, commits: list[float], trace: Trace) -> list[tuple
         else:
             groups.append([kill])
     losses = []
-    removals = [t for t, r in zip(trace.times_s, trace.removed, strict=True) for _ in range(r)]
-    alive = trace.initial_count
-    schedule = sorted([(t, a, r) for t, a, r in zip(trace.times_s, trace.added, trace.removed,
-                                                    strict=True)])
+    # (trace second, added, removed) in order: instances left after the n-th removal.
+    schedule = sorted(zip(trace.times_s, trace.added, trace.removed, strict=True))
+    removed_at = [t for t, _, r in schedule for _ in range(r)]
+    killed = 0
     for group in groups:
-        kill_s = group[0]
-        before = [c for c in commits if c <= kill_s]
-        after = [c for c in commits if c > kill_s]
+        killed += len(group)
+        before = [c for c in commits if c <= group[0]]
+        after = [c for c in commits if c > group[0]]
         if not before or not after:
             continue
-        # Instances left right after this loss (from the trace, in order).
-        index = sum(len(g) for g in groups[:groups.index(group) + 1])
-        removed_time = removals[min(index, len(removals)) - 1]
-        alive = trace.initial_count + sum(a - r for t, a, r in schedule if t <= removed_time)
-        next_plan = next((kind for t, kind in records.plans if t > kill_s), "none")
+        last_removal_s = removed_at[min(killed, len(removed_at)) - 1]
+        alive = trace.initial_count + sum(a - r for t, a, r in schedule if t <= last_removal_s)
+        next_plan = next((kind for t, kind in records.plans if t > group[0]), "none")
         kind = ("all lost" if alive <= 0 else
                 "last holder lost" if next_plan == "checkpoint-restore" else "replica lost")
         losses.append((kind, after[0] - before[-1]))

@@ -139,14 +139,15 @@ class Coordinator:
                 self.store.add("stats/preemptions", 1)
         return members
 
-    def _failed_in_row(self) -> int:
-        """Plans in a row, the newest last, that did not run."""
+    def _failed_in_row(self, plan_failed: bool) -> int:
+        """Plans in a row, the newest last, that did not run (``plan_failed``: the newest has
+        failure reports)."""
         plan = self.plan
         if plan is None:
             return 0
         oldest = -1 if self.started is None else self.started.generation
         count = plan.generation - oldest - 1  # superseded before they ran
-        if plan.generation != oldest and self.store.get_prefix(f"fail/{plan.generation}/"):
+        if plan.generation != oldest and plan_failed:
             count += 1
         return max(0, count)
 
@@ -186,7 +187,7 @@ class Coordinator:
             committed=committed, fenced=fenced, all_arrived=all_arrived,
             plan_age_s=self._since(f"plan/{plan.generation}", now), failures=failures,
             failure_age_s=self._since(f"fail/{plan.generation}", now) if failures else 0.0,
-            failed_in_row=self._failed_in_row(), latest_checkpoint=latest_checkpoint(self.store),
+            failed_in_row=self._failed_in_row(bool(failures)), latest_checkpoint=latest_checkpoint(self.store),
             last_step_recorded=finishing and self.store.get(
                 f"ledger/{plan.epoch}/{committed}") is not None,
             finish_age_s=self._since("finish", now) if finishing else 0.0,
