@@ -128,6 +128,8 @@ class ModelAgents:
             return
         for instance in working:
             self.instances[instance].step = step
+            if step + 1 >= plan.end_step:
+                self.store.set(f"state/{instance}", b"done")
         self.store.set(f"ledger/{plan.epoch}/{step}", b"{}")
         if (step + 1) % CHECKPOINT_EVERY == 0:
             self.checkpoints.add(step)

@@ -111,8 +111,7 @@ class Coordinator:
             if self._beats.get(instance) != raw:
                 self._beats[instance] = raw
                 self._seen[instance] = now
-        left = {int(k.split("/")[1]) for k, v in self.store.get_prefix("state/").items()
-                if v == b"left"}
+        states = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("state/").items()}
         noticed = {int(k.split("/")[1]) for k in self.store.get_prefix("notice/")}
         holdings = self._holdings = protocol.holdings(self.store)
         plan = self.plan
@@ -125,7 +124,8 @@ class Coordinator:
             members[instance] = Member(
                 host=json.loads(raw).get("host", "127.0.0.1"),
                 heartbeat_age_s=now - self._seen.setdefault(instance, now),
-                noticed=instance in noticed, left=instance in left,
+                noticed=instance in noticed, left=states.get(instance) == b"left",
+                done=states.get(instance) == b"done",
                 layers=() if holding is None else holding.layers, held_epoch=epoch,
                 held_step=step,
                 reported=-1 if holding is None or not holding.ending else holding.generation,

@@ -20,7 +20,9 @@ committed, ``epoch`` the restore epoch of the plan. An instance is
 Rules, in order (numbered as in :func:`decide`):
 
 1. No plan yet: start once ``initial_workers`` are up or ``start_grace_s`` passed.
-2. The last step committed: finish (once the ledger has it, or after a heartbeat timeout).
+2. The last step committed: finish once the ledger has it and every live worker of the plan
+   says it is done (an agent still writing would lose the store, hosted by the coordinator), or
+   after a heartbeat timeout.
 3. A working instance lost (dead, suspect or noticed), a plan that cannot meet, a fence nobody
    planned (a restarted coordinator), or a failure report: replan without the suspects and
    without any silent instance. Notices arriving together are gathered for
@@ -121,6 +123,8 @@ class Member:
     """It has a preemption notice (alive, can still send its layers)."""
     left: bool = False
     """It said it left the job."""
+    done: bool = False
+    """It applied the job's last step and says so (its store writes are over)."""
     layers: tuple[int, ...] = ()
     """Layers it holds at ``(held_epoch, held_step)``."""
     held_epoch: int = -1
@@ -295,7 +299,10 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         return Action(ActionKind.WAIT, f"waiting for instances: {len(up)} of "
                       f"{config.initial_workers} up")
     if view.committed + 1 >= config.num_steps:  # Rule 2
-        if view.last_step_recorded or view.finish_age_s > config.heartbeat_timeout_s:
+        workers_done = all(members[i].done for i, slot in plan.slots.items()
+                           if slot is not None and i in _alive(view, config))
+        if (view.last_step_recorded and workers_done) or \
+                view.finish_age_s > config.heartbeat_timeout_s:
             return Action(ActionKind.FINISH, "finished")
         return Action(ActionKind.NONE, "finishing")
     suspects = _suspects(view, config)  # Rule 3
