@@ -42,6 +42,17 @@ def wait_until(condition, timeout_s: float, what: str) -> None:  # noqa: ANN001
         time.sleep(0.1)
 
 
+def wait_exit(process: subprocess.Popen, timeout_s: float, log: Path,
+              agents: AgentProcesses) -> int:
+    """The coordinator's exit code; on a timeout, fail with its log and the agents' last lines."""
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        tails = {i: agents.log(i).splitlines()[-15:] for i in agents.processes}
+        raise AssertionError(f"coordinator still running after {timeout_s:.0f} s; its log: "
+                             f"{log.read_text()[-4000:]}\nagents' last lines: {tails}") from None
+
+
 def test_coordinator_restart_and_etcd_restart_lose_nothing(etcd_server, etcd_url, tmp_path):
     store = open_store(etcd_url, token=TOKEN)
     agents = AgentProcesses(etcd_url, tmp_path)
@@ -60,7 +71,7 @@ def test_coordinator_restart_and_etcd_restart_lose_nothing(etcd_server, etcd_url
         wait_until(lambda: steps_recorded(store) >= at_kill + 5, 180, "training after restart")
         # The store itself restarts (same data) in the middle of training.
         etcd_server.restart(down_s=1.0)
-        assert coordinator.wait(timeout=240) == 0, log.read_text()[-3000:]
+        assert wait_exit(coordinator, 240, log, agents) == 0, log.read_text()[-3000:]
         codes = agents.wait_all(timeout_s=120)
         assert codes[0] == 0 and codes[1] == 0, agents.log(0)[-2000:]
         report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)

@@ -22,6 +22,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import timedelta
@@ -425,6 +426,14 @@ def _prefix_end(prefix: bytes) -> bytes:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
+_OPS = b"\x00ops/"
+"""Prefix of the transaction markers (no user key starts with a NUL byte)."""
+_OP_LEASE_TTL_S = 600
+"""Seconds a transaction marker lives (far longer than any retry of its transaction)."""
+_OP_LEASE_RENEW_S = 300
+"""A client takes a new marker lease when its lease is this old, seconds."""
+
+
 class EtcdStore(Store):
     """A store on an etcd v3 cluster, through its JSON gateway (``etcd3gw``).
 
@@ -432,6 +441,12 @@ class EtcdStore(Store):
     key's mod revision, retried on conflict. A request that fails to connect is retried with a short
     pause until ``timeout_s`` has passed, so clients ride out an etcd restart; after that the error
     names the URL.
+
+    A transaction etcd applied whose reply a restart cut off fails its guard when retried (it
+    changed the key itself). So that it is not applied twice (a commit vote counted twice leaves a
+    step nobody commits), each transaction also writes a marker key ``\0ops/<uuid>`` on success;
+    a retried transaction whose guard failed succeeded if its marker exists. Markers carry a lease
+    of ``_OP_LEASE_TTL_S``: etcd deletes them by itself.
     """
 
     def __init__(self, host_name: str, port: int, *, timeout_s: float = 30.0) -> None:
@@ -444,10 +459,16 @@ class EtcdStore(Store):
         self._request_error = requests.exceptions.RequestException
         self._client: Any = etcd3gw.Etcd3Client(host=host_name, port=port, timeout=self._timeout_s)
         self._closed = False
+        self._lease: tuple[str, float] | None = None
+        """(lease ID, monotonic time granted) of this client's transaction markers."""
         self._post("maintenance/status", {})
         log.debug("opened %s", self.url)
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._post_counting(path, payload)[0]
+
+    def _post_counting(self, path: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """The reply and the number of attempts it took."""
         if self._closed:
             raise LiveputError(f"store {self.url} is closed")
         # Connection-level failures only: a request etcd answered with an error is not retried.
@@ -458,9 +479,11 @@ class EtcdStore(Store):
         )
         deadline = time.monotonic() + self._timeout_s
         pause_s = 0.05
+        attempts = 0
         while True:
+            attempts += 1
             try:
-                return self._client.post(self._client.get_url(path), json=payload)
+                return self._client.post(self._client.get_url(path), json=payload), attempts
             except transient as exc:
                 if time.monotonic() + pause_s > deadline:
                     raise LiveputError(f"store {self.url} unreachable: {_first_line(exc)}") from None
@@ -476,11 +499,26 @@ class EtcdStore(Store):
             payload["range_end"] = _b64(range_end)
         return list(self._post("kv/range", payload).get("kvs", []))
 
+    def _marker_lease(self) -> str:
+        lease = self._lease
+        now = time.monotonic()
+        if lease is None or now - lease[1] > _OP_LEASE_RENEW_S:
+            lease = (str(self._post("lease/grant", {"TTL": _OP_LEASE_TTL_S})["ID"]), now)
+            self._lease = lease
+        return lease[0]
+
     def _txn(self, compare: dict[str, Any], key: bytes, value: bytes) -> bool:
         compare = {"key": _b64(key), "result": "EQUAL", **compare}
-        put = {"request_put": {"key": _b64(key), "value": _b64(value)}}
-        result = self._post("kv/txn", {"compare": [compare], "success": [put], "failure": []})
-        return bool(result.get("succeeded", False))  # the gateway omits false fields
+        marker = _OPS + uuid.uuid4().hex.encode()
+        success = [{"request_put": {"key": _b64(key), "value": _b64(value)}},
+                   {"request_put": {"key": _b64(marker), "value": "",
+                                    "lease": self._marker_lease()}}]
+        result, attempts = self._post_counting(
+            "kv/txn", {"compare": [compare], "success": success, "failure": []})
+        if result.get("succeeded", False):  # the gateway omits false fields
+            return True
+        # Retried: the first attempt may have been applied, its reply lost.
+        return attempts > 1 and bool(self._range(marker))
 
     @staticmethod
     def _value(kv: dict[str, Any]) -> bytes:
@@ -507,7 +545,8 @@ class EtcdStore(Store):
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         raw_prefix = prefix.encode()
         kvs = self._range(raw_prefix or b"\x00", _prefix_end(raw_prefix))
-        return {base64.b64decode(kv["key"]).decode(): self._value(kv) for kv in kvs}
+        keys = ((base64.b64decode(kv["key"]), kv) for kv in kvs)
+        return {key.decode(): self._value(kv) for key, kv in keys if not key.startswith(_OPS)}
 
     def add(self, key: str, amount: int) -> int:
         raw_key = _check_key(key).encode()
