@@ -22,10 +22,12 @@ system-deps:
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq etcd-server iproute2 >/dev/null; }
 
 run: setup
+	mkdir -p out
 	$(BIN)/liveput trace generate --nodes 32 --hours 12 --seed 0 -o out/default-trace.csv
 	$(BIN)/liveput trace stats out/default-trace.csv
 	$(BIN)/liveput trace plot out/default-trace.csv -o out/default-trace.png
-	$(BIN)/liveput simulate --json out/simulation.json --report out/report
+	$(BIN)/liveput simulate --trace out/default-trace.csv --json out/simulation.json \
+	  --report out/report
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from liveput.errors import LiveputError
+from liveput.files import read_text_file
 
 BUILTIN_CATALOGS = {"aws": "aws.json", "deepvm-aws": "deepvm_aws.json"}
 """Catalogs shipped as package data, by name."""
@@ -195,11 +196,12 @@ def load_catalog(name_or_path: str | Path = "aws") -> Catalog:
             "catalog", BUILTIN_CATALOGS[str(name_or_path)]).read_text()
         return catalog_from_dict(json.loads(text), str(name_or_path))
     path = Path(name_or_path)
-    if not path.is_file():
+    if not path.exists():
         raise LiveputError(f"catalog {str(path)!r}: no such file; built-in catalogs: "
                            f"{', '.join(BUILTIN_CATALOGS)}")
+    text = read_text_file(path, "catalog")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(text)
     except json.JSONDecodeError as error:
         raise LiveputError(f"catalog {path}: invalid JSON at line {error.lineno}: {error.msg}") from None
     return catalog_from_dict(data, path.name)

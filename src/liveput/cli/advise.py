@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
+import math
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +29,10 @@ from liveput.advise import (
     load_catalog,
     problem_from_catalog,
 )
+from liveput.cli import params
 from liveput.cli.output import console, print_json, progress
 from liveput.errors import LiveputError
+from liveput.files import read_text_file
 
 app = typer.Typer(help="What to rent: spot and on-demand mixes under a budget or a deadline.",
                   no_args_is_help=True)
@@ -64,20 +68,21 @@ def _speedup_fits(path: Path | None, catalog: Catalog) -> dict[str, LogisticScal
     """Logistic fits from a CSV of measured speedups (columns type, nodes, speedup)."""
     if path is None:
         return {}
-    if not path.is_file():
-        raise LiveputError(f"--speedups {path}: no such file")
+    text = read_text_file(path, "--speedups")
     rows: dict[str, list[tuple[float, float]]] = {}
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        if not reader.fieldnames or not {"type", "nodes", "speedup"} <= set(reader.fieldnames):
-            raise LiveputError(f"--speedups {path}: needs a header with type,nodes,speedup")
-        for line, row in enumerate(reader, start=2):
-            try:
-                rows.setdefault(row["type"], []).append((float(row["nodes"]),
-                                                         float(row["speedup"])))
-            except ValueError:
-                raise LiveputError(f"--speedups {path}:{line}: nodes and speedup must be "
-                                   "numbers") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if not reader.fieldnames or not {"type", "nodes", "speedup"} <= set(reader.fieldnames):
+        raise LiveputError(f"--speedups {path}: needs a header with type,nodes,speedup")
+    for line, row in enumerate(reader, start=2):
+        try:
+            point = (float(row["nodes"]), float(row["speedup"]))
+        except (TypeError, ValueError):
+            raise LiveputError(f"--speedups {path}:{line}: nodes and speedup must be "
+                               "numbers") from None
+        if not all(math.isfinite(x) and x > 0 for x in point):
+            raise LiveputError(f"--speedups {path}:{line}: nodes and speedup must be finite "
+                               "and > 0")
+        rows.setdefault(row["type"], []).append(point)
     fits = {}
     for name, points in rows.items():
         catalog.get(name)
@@ -132,11 +137,12 @@ def _render(advice: Advice, as_json: bool, columns: dict[str, str]) -> None:
 @app.command("deepvm")
 def deepvm(
     budget_usd_per_hour: float = typer.Option(..., "--budget-usd-per-hour",
-                                              help="Price willingness, $/h for the whole cluster."),
+                                              parser=params.PRICE_POSITIVE, help="Price willingness, $/h for the whole cluster."),
     catalog: str = typer.Option("aws", "--catalog", help=CATALOG_HELP),
-    checkpoint_gb: float = typer.Option(1.0, "--checkpoint-gb", help="Checkpoint size, GB."),
+    checkpoint_gb: float = typer.Option(1.0, "--checkpoint-gb", parser=params.NON_NEGATIVE,
+                                        help="Checkpoint size, GB."),
     checkpoint_interval_s: float = typer.Option(60.0, "--checkpoint-interval-s",
-                                                help="Seconds between checkpoints."),
+                                                parser=params.SECONDS, help="Seconds between checkpoints."),
     types: str | None = typer.Option(None, "--types", help="Only these instance types "
                                      "(comma-separated; GPU and CPU)."),
     mixed: bool = typer.Option(False, "--mixed", help="Also solve the mixed-GPU-type tiering "
@@ -174,15 +180,18 @@ def deepvm(
 @app.command("slo")
 def slo(
     model: str = typer.Option(..., "--model", help="Built-in model or profile .json."),
-    target_loss: float = typer.Option(..., "--target-loss", help="Loss to reach."),
-    deadline_hours: float = typer.Option(..., "--deadline-hours", help="By when, hours."),
+    target_loss: float = typer.Option(..., "--target-loss", parser=params.POSITIVE,
+                                      help="Loss to reach."),
+    deadline_hours: float = typer.Option(..., "--deadline-hours", parser=params.HOURS,
+                                         help="By when, hours."),
     catalog: str = typer.Option("aws", "--catalog", help=CATALOG_HELP),
     types: str | None = typer.Option(None, "--types", help="Only these worker types "
                                      "(comma-separated)."),
     ps_type: str = typer.Option("c5n.xlarge", "--ps-type", help="Parameter-server instance type "
                                 "(on-demand)."),
     search: str = typer.Option("window", "--search", help="window (spotDNN) or exact."),
-    max_workers: int = typer.Option(16, "--max-workers", help="Most workers in the cluster."),
+    max_workers: int = typer.Option(16, "--max-workers", parser=params.INSTANCES,
+                                    help="Most workers in the cluster."),
     loss_params: str | None = typer.Option(None, "--loss-params", help="Your fitted loss "
                                            "coefficients g1,g2,g3,g4,g5."),
     revocation: str | None = typer.Option(None, "--revocation", help=REVOCATION_HELP),
@@ -207,16 +216,20 @@ def slo(
 @app.command("pool")
 def pool(
     model: str = typer.Option(..., "--model", help="Built-in model or profile .json."),
-    deadline_hours: float = typer.Option(..., "--deadline-hours", help="By when, hours."),
+    deadline_hours: float = typer.Option(..., "--deadline-hours", parser=params.HOURS,
+                                         help="By when, hours."),
     trace: Path = typer.Option(..., "--trace", help="Availability trace of the spot type."),
-    target_samples: float = typer.Option(..., "--target-samples", help="Samples to train."),
+    target_samples: float = typer.Option(..., "--target-samples", parser=params.POSITIVE,
+                                         help="Samples to train."),
     anchors: str = typer.Option("0,1,2,4", "--anchors", help="On-demand anchor counts to try."),
     spot_caps: str | None = typer.Option(None, "--spot-caps", help="Spot caps to try "
                                          "(default: the trace's peak)."),
-    hours: float | None = typer.Option(None, "--hours", help="Simulate only the trace's first "
+    hours: float | None = typer.Option(None, "--hours", parser=params.optional(params.HOURS),
+                                       help="Simulate only the trace's first "
                                        "hours (the rate carries on past them)."),
     catalog: str = typer.Option("aws", "--catalog", help=CATALOG_HELP),
-    interval_s: float = typer.Option(60.0, "--interval", help="Simulation interval, seconds."),
+    interval_s: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
+                                     help="Simulation interval, seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Pool: on-demand anchors + spot for the liveput runtime, chosen by simulating candidates."""

@@ -6,6 +6,7 @@ import os
 
 import typer
 
+from liveput.cli import params
 from liveput.errors import LiveputError
 
 
@@ -27,18 +28,26 @@ def agent(
                              "one at."),
     notices: str = typer.Option("aws,gcp,sigterm", "--notices", help="Preemption notice "
                                 "sources: aws, gcp, sigterm, emulator."),
+    connect_timeout_s: float = typer.Option(10.0, "--connect-timeout", parser=params.SECONDS,
+                                            help="Longest wait for the store and the job, "
+                                            "seconds."),
 ) -> None:
     """Run this instance's agent: join the job, train, follow plans, leave on preemption."""
-    # Before torch loads: c10d's C++ warnings (dozens of stack frames each time a heartbeat
+    # Before torch loads: c10d's C++ errors (dozens of stack frames each time a heartbeat
     # cannot reach the store) would drown the agent's own one-line, condensed messages.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from liveput.runtime.launch import run_agent
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    from liveput.runtime.launch import NOTICE_SOURCES, run_agent
 
     if (coordinator is None) == (store is None):
         raise LiveputError("give exactly one of --coordinator HOST:PORT and --store URL")
     url = store or f"tcp://{coordinator}"
     sources = [s.strip() for s in notices.split(",") if s.strip()]
-    state = run_agent(url, _token(token), instance, host, sources)
+    unknown = sorted(set(sources) - set(NOTICE_SOURCES))
+    if unknown or not sources:
+        raise LiveputError(f"--notices {notices!r}: unknown source(s) {', '.join(unknown)}; "
+                           f"known: {', '.join(NOTICE_SOURCES)}")
+    state = run_agent(url, _token(token), instance, host, sources,
+                      connect_timeout_s=connect_timeout_s)
     typer.echo(f"agent finished: {state.value}", err=True)
 
 
@@ -48,16 +57,20 @@ def coordinator(
     store: str = typer.Option(None, "--store", help="Use this store instead (etcd://H:P)."),
     token: str = typer.Option(None, "--token", help="Job token (or LIVEPUT_TOKEN)."),
     model: str = typer.Option("tiny-gpt", "--model", help="Built-in job or module:function."),
-    steps: int = typer.Option(200, "--steps", min=1, help="Steps to train."),
+    steps: int = typer.Option(200, "--steps", parser=params.STEPS,  help="Steps to train."),
     checkpoint_dir: str = typer.Option("liveput-checkpoints", "--checkpoint-dir",
                                        help="Directory or fsspec URL every instance reaches."),
-    checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0),
-    capacity: int = typer.Option(8, "--capacity", min=1, help="Most instances available."),
-    workers: int = typer.Option(1, "--workers", min=1, help="Instances to wait for before "
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", parser=params.CHECKPOINT_EVERY),
+    capacity: int = typer.Option(8, "--capacity", parser=params.INSTANCES,
+                                 help="Most instances available."),
+    workers: int = typer.Option(1, "--workers", parser=params.INSTANCES,
+                                help="Instances to wait for before "
                                 "the first plan (at most --start-grace seconds)."),
-    start_grace_s: float = typer.Option(30.0, "--start-grace", help="Longest wait, seconds."),
-    interval_s: float = typer.Option(60.0, "--interval", help="Seconds between decisions."),
-    heartbeat_timeout_s: float = typer.Option(3.0, "--heartbeat-timeout",
+    start_grace_s: float = typer.Option(30.0, "--start-grace", parser=params.NON_NEGATIVE_SECONDS,
+                                        help="Longest wait, seconds."),
+    interval_s: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
+                                     help="Seconds between decisions."),
+    heartbeat_timeout_s: float = typer.Option(3.0, "--heartbeat-timeout", parser=params.SECONDS,
                                               help="Seconds of silence before an agent is dead."),
 ) -> None:
     """Run the coordinator: host the store, decide configurations, publish plans."""

@@ -45,24 +45,40 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(code, int):
             return code
     except LiveputError as error:
-        typer.echo(f"error: {error}", err=True)
-        return 2
-    except FileNotFoundError as error:
-        typer.echo(f"error: {error.filename}: no such file", err=True)
-        return 2
+        return _refuse(str(error))
     except (typer.Exit, SystemExit) as done:
         code = getattr(done, "exit_code", getattr(done, "code", 0))
         return int(code or 0)
     except typer.Abort:
         typer.echo("aborted", err=True)
         return 1
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        return 130
+    except MemoryError:
+        return _refuse("out of memory: the input asks for more than this machine has (a smaller "
+                       "trace span, instance count or horizon needs less)")
+    except UnicodeDecodeError:
+        return _refuse("an input file is not a text file")
+    except OSError as error:
+        # A path that is a directory, not writable, or missing, found while the work ran.
+        where = f"{error.filename}: " if error.filename else ""
+        return _refuse(f"{where}{(error.strerror or str(error)).lower()}")
     except Exception as error:
-        # Usage errors of typer's (vendored) click carry their own message and exit code.
-        if callable(getattr(error, "show", None)) and isinstance(getattr(error, "exit_code", None), int):
-            error.show()
-            return error.exit_code
+        # Usage errors of typer's (vendored) click: one line with the option and the command.
+        if callable(getattr(error, "format_message", None)) and \
+                isinstance(getattr(error, "exit_code", None), int):
+            context = getattr(error, "ctx", None)
+            command = f"{context.command_path}: " if context is not None else ""
+            return _refuse(f"{command}{error.format_message()} (see --help)",
+                           error.exit_code)
         raise
     return 0
+
+
+def _refuse(message: str, code: int = 2) -> int:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from liveput.errors import LiveputError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -52,9 +50,3 @@ def progress(transient: bool = True) -> Progress:
         console=err_console,
         transient=transient,
     )
-
-
-def require_png(path: Path) -> None:
-    """Refuse a plot file name that is not ``*.png`` before any work is done."""
-    if path.suffix.lower() != ".png":
-        raise LiveputError(f"{path}: the plot is written as PNG; name the file *.png")

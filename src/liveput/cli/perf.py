@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from liveput.cli import params
 from liveput.cli.output import console, print_json
 from liveput.perf import estimate_configs, load_profile
 
@@ -15,7 +16,8 @@ def register(app: typer.Typer) -> None:
     @app.command("perf")
     def perf(
         model: str = typer.Argument(..., help="Built-in model name or a profile .json."),
-        nodes: int = typer.Option(32, "--nodes", help="Largest instance count to consider."),
+        nodes: int = typer.Option(32, "--nodes", parser=params.INSTANCES,
+                                  help="Largest instance count to consider."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Estimated samples/s, memory and feasibility of every (D, P) up to --nodes."""

@@ -8,6 +8,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from liveput.cli import params
 from liveput.cli.output import console, print_json
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
@@ -48,16 +49,21 @@ def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
         model: str = typer.Option("gpt-1.5b", "--model", help="Built-in model or profile .json."),
-        nodes: int = typer.Option(..., "--nodes", help="Spot instances available now."),
+        nodes: int = typer.Option(..., "--nodes", parser=params.INSTANCES,
+                                  help="Spot instances available now."),
         current: str | None = typer.Option(None, "--current", help="Running configuration DxP "
                                            "(omit when nothing runs)."),
         forecast: str = typer.Option(..., "--forecast", help="Forecast counts of the next "
                                      "intervals, comma-separated (horizon - 1 values or more)."),
-        horizon: int = typer.Option(12, "--horizon", help="Intervals looked ahead."),
-        interval: float = typer.Option(60.0, "--interval", help="Interval length, seconds."),
+        horizon: int = typer.Option(12, "--horizon", parser=params.HORIZON,
+                                    help="Intervals looked ahead."),
+        interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
+                                       help="Interval length, seconds."),
         objective: str = typer.Option("throughput", "--objective", help="throughput or cost."),
-        on_demand: int = typer.Option(0, "--on-demand", help="On-demand instances held."),
-        spread: int = typer.Option(1, "--spread", help="Uncertainty (+- instances) put around "
+        on_demand: int = typer.Option(0, "--on-demand", parser=params.SOME_INSTANCES,
+                                      help="On-demand instances held."),
+        spread: int = typer.Option(1, "--spread", parser=params.SPREAD,
+                                   help="Uncertainty (+- instances) put around "
                                    "each forecast count."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:

@@ -7,8 +7,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from liveput.cli.output import console, print_json, progress, require_png
+from liveput.cli import params
+from liveput.cli.output import console, print_json, progress
 from liveput.cli.trace import END_HELP, FORMAT_HELP, START_HELP, load_trace
+from liveput.files import check_output_file
 from liveput.forecast import DEFAULT_PREDICTOR, PREDICTORS
 from liveput.forecast.backtest import (
     BASELINE,
@@ -35,14 +37,19 @@ def _methods(text: str | None) -> list[str]:
 @app.command("backtest")
 def backtest_command(
     trace: Path = typer.Argument(..., help="Trace file (events CSV, count JSON, count CSV, text)."),
-    horizon: int = typer.Option(12, "--horizon", help="Steps forecast ahead (H)."),
-    interval: float = typer.Option(60.0, "--interval", help="Interval length in seconds."),
+    horizon: int = typer.Option(12, "--horizon", parser=params.HORIZON,
+                                help="Steps forecast ahead (H)."),
+    interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
+                                   help="Interval length in seconds."),
     methods: str | None = typer.Option(None, "--methods", help=METHODS_HELP),
-    warmup: int = typer.Option(60, "--warmup", help="Intervals of history before the first "
+    warmup: int = typer.Option(60, "--warmup", parser=params.WARMUP,
+                               help="Intervals of history before the first "
                                "forecast."),
     fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
-    start_hour: float | None = typer.Option(None, "--start-hour", help=START_HELP),
-    end_hour: float | None = typer.Option(None, "--end-hour", help=END_HELP),
+    start_hour: float | None = typer.Option(None, "--start-hour", parser=params.HOUR_OF_TRACE,
+                                            help=START_HELP),
+    end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
+                                          help=END_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Walk forward over a trace, forecasting at every interval; score each predictor."""
@@ -77,16 +84,21 @@ def plot_command(
     trace: Path = typer.Argument(..., help="Trace file."),
     output: Path = typer.Option(..., "-o", "--output", help="PNG file to write."),
     method: str = typer.Option(DEFAULT_PREDICTOR, "--method", help="Predictor to plot."),
-    horizon: int = typer.Option(12, "--horizon", help="Steps forecast ahead (H)."),
-    interval: float = typer.Option(60.0, "--interval", help="Interval length in seconds."),
-    warmup: int = typer.Option(60, "--warmup", help="Intervals of history before the first "
+    horizon: int = typer.Option(12, "--horizon", parser=params.HORIZON,
+                                help="Steps forecast ahead (H)."),
+    interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
+                                   help="Interval length in seconds."),
+    warmup: int = typer.Option(60, "--warmup", parser=params.WARMUP,
+                               help="Intervals of history before the first "
                                "forecast."),
     fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
-    start_hour: float | None = typer.Option(None, "--start-hour", help=START_HELP),
-    end_hour: float | None = typer.Option(None, "--end-hour", help=END_HELP),
+    start_hour: float | None = typer.Option(None, "--start-hour", parser=params.HOUR_OF_TRACE,
+                                            help=START_HELP),
+    end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
+                                          help=END_HELP),
 ) -> None:
     """Plot the h-step forecasts with their 10-90% interval against the true count."""
-    require_png(output)
+    check_output_file(output, ".png")
     PREDICTORS.get(method)
     series = load_trace(trace, fmt, start_hour, end_hour).resample(interval)
     check_backtest(series, horizon, warmup)

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import typer
 
+from liveput.cli import params
 from liveput.cli.output import console, progress
+from liveput.files import check_output_file
 
 
 def register(app: typer.Typer) -> None:
@@ -16,10 +18,12 @@ def register(app: typer.Typer) -> None:
     def profile(
         model: str = typer.Option("tiny-gpt", "--model", help="Built-in name or module:function "
                                   "returning a liveput.perf.profiler.ProfileTarget."),
-        micro_batch: int = typer.Option(8, "--micro-batch", help="Samples per micro-batch."),
+        micro_batch: int = typer.Option(8, "--micro-batch", parser=params.MICRO_BATCH,
+                                        help="Samples per micro-batch."),
         device: str = typer.Option("auto", "--device",
                                    help="cpu, cuda[:k], or auto: CUDA when present."),
-        repeats: int = typer.Option(5, "--repeats", help="Timed passes per layer."),
+        repeats: int = typer.Option(5, "--repeats", parser=params.REPEATS,
+                                    help="Timed passes per layer."),
         output: Path = typer.Option(..., "-o", "--output", help="Profile JSON to write."),
     ) -> None:
         """Measure forward, backward and optimizer time of every layer; write a profile."""
@@ -27,6 +31,7 @@ def register(app: typer.Typer) -> None:
         from liveput.perf.profile_io import write_profile
         from liveput.perf.profiler import profile_model, resolve_target
 
+        check_output_file(output)
         target = resolve_target(model)
         with progress() as bar:
             task = bar.add_task(f"profiling {target.name}", total=len(target.layers))

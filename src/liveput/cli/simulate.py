@@ -8,10 +8,11 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from liveput.cli import params
 from liveput.cli.output import console, err_console, progress, to_json
 from liveput.cli.trace import load_trace
 from liveput.errors import LiveputError
-from liveput.files import write_text_atomic
+from liveput.files import check_output_file, check_output_folder, write_text_atomic
 from liveput.perf import ModelProfile, estimate_configs, load_profile
 from liveput.sim import DEFAULT_POLICIES, SimulationConfig, default_trace, simulate
 from liveput.sim.engine import DEFAULT_MODEL
@@ -82,12 +83,13 @@ def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: Simu
     for row in summary_rows(result):
         view.add_row(*row)
     console.print(view)
-    if json_path is not None:
-        write_text_atomic(json_path, to_json(result.to_json()) + "\n")
-        err_console.print(f"wrote {json_path}")
+    # The report first: if it fails, no JSON claims a finished run.
     if report is not None:
         page = write_report(result, report)
         err_console.print(f"wrote {page} and its PNGs")
+    if json_path is not None:
+        write_text_atomic(json_path, to_json(result.to_json()) + "\n")
+        err_console.print(f"wrote {json_path}")
 
 
 def _run_sweep(traces: list[IntervalTrace], models: list[str], policies: list[str],
@@ -129,23 +131,27 @@ def register(app: typer.Typer) -> None:
                                      help="Comma-separated policies to compare."),
         objective: str = typer.Option("throughput", "--objective",
                                       help="What liveput optimizes: throughput or cost."),
-        interval: float = typer.Option(60.0, "--interval", help="Interval length, seconds."),
-        horizon: int = typer.Option(12, "--horizon", help="Intervals looked ahead."),
-        on_demand: int = typer.Option(0, "--on-demand",
+        interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
+                                       help="Interval length, seconds."),
+        horizon: int = typer.Option(12, "--horizon", parser=params.HORIZON,
+                                    help="Intervals looked ahead."),
+        on_demand: int = typer.Option(0, "--on-demand", parser=params.SOME_INSTANCES,
                                       help="On-demand instances held besides the spot ones."),
-        seed: int = typer.Option(0, "--seed", help="Seed of when losses fall and which go."),
+        seed: int = typer.Option(0, "--seed", parser=params.SEED,
+                                 help="Seed of when losses fall and which go."),
         spot_price: float | None = typer.Option(
-            None, "--spot-price", help="$ per spot instance-hour (default: the trace's, else the "
-                                       "model's instance type)."),
+            None, "--spot-price", parser=params.OPTIONAL_PRICE,
+            help="$ per spot instance-hour (default: the trace's, else the model's instance "
+                 "type)."),
         on_demand_price: float | None = typer.Option(
-            None, "--on-demand-price", help="$ per on-demand instance-hour (default: the "
-                                            "model's instance type)."),
+            None, "--on-demand-price", parser=params.OPTIONAL_PRICE,
+            help="$ per on-demand instance-hour (default: the model's instance type)."),
         notice: float = typer.Option(120.0, "--preemption-notice",
-                                     help="Seconds of warning before a preemption (AWS 120, "
+                                     parser=params.NON_NEGATIVE_SECONDS, help="Seconds of warning before a preemption (AWS 120, "
                                           "GCP 30, 0: none)."),
-        start_hour: float | None = typer.Option(None, "--start-hour",
+        start_hour: float | None = typer.Option(None, "--start-hour", parser=params.HOUR_OF_TRACE,
                                                 help="Replay the trace from this hour on."),
-        end_hour: float | None = typer.Option(None, "--end-hour",
+        end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
                                               help="Replay the trace up to this hour."),
         json_path: Path | None = typer.Option(None, "--json", help="Write the results as JSON."),
         report: Path | None = typer.Option(None, "--report",
@@ -157,6 +163,11 @@ def register(app: typer.Typer) -> None:
                                             "generated per market regime)."),
     ) -> None:
         """Replay an availability trace with each policy: samples, dollars, and why."""
+        # Outputs are checked before any work: a bad path costs nothing and writes nothing.
+        if json_path is not None:
+            check_output_file(json_path)
+        if report is not None:
+            check_output_folder(report)
         config = SimulationConfig(interval_s=interval, horizon=horizon, objective=objective,
                                   spot_price_usd_per_hour=spot_price,
                                   on_demand_price_usd_per_hour=on_demand_price,

@@ -7,7 +7,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from liveput.cli.output import console, print_json, require_png
+from liveput.cli import params
+from liveput.cli.output import console, print_json
+from liveput.files import check_output_file
 from liveput.traces import REGIMES, Trace, generate_trace, read_trace, trace_stats, write_trace
 from liveput.traces.plot import plot_trace
 
@@ -33,10 +35,13 @@ def load_trace(
 @app.command("stats")
 def stats(
     trace: Path = typer.Argument(..., help="Trace file (events CSV, count JSON, count CSV, text)."),
-    interval: float = typer.Option(60.0, "--interval", help="Interval length in seconds."),
+    interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
+                                   help="Interval length in seconds."),
     fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
-    start_hour: float | None = typer.Option(None, "--start-hour", help=START_HELP),
-    end_hour: float | None = typer.Option(None, "--end-hour", help=END_HELP),
+    start_hour: float | None = typer.Option(None, "--start-hour", parser=params.HOUR_OF_TRACE,
+                                            help=START_HELP),
+    end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
+                                          help=END_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Print the statistics of a trace (time-weighted mean, preemptions, allocations, ...)."""
@@ -54,13 +59,17 @@ def stats(
 def generate(
     output: Path = typer.Option(..., "-o", "--output", help="File to write (.json: count JSON; "
                                 "otherwise events CSV)."),
-    nodes: int = typer.Option(32, "--nodes", help="Instances requested (the capacity)."),
-    hours: float = typer.Option(12.0, "--hours", help="Length of the trace in hours."),
-    seed: int = typer.Option(0, "--seed", help="Random seed (same seed, same trace)."),
+    nodes: int = typer.Option(32, "--nodes", parser=params.INSTANCES,
+                              help="Instances requested (the capacity)."),
+    hours: float = typer.Option(12.0, "--hours", parser=params.HOURS,
+                                help="Length of the trace in hours."),
+    seed: int = typer.Option(0, "--seed", parser=params.SEED,
+                             help="Random seed (same seed, same trace)."),
     regime: str = typer.Option("default", "--regime",
                                help=f"Market regime: {', '.join(REGIMES.names())}."),
 ) -> None:
     """Generate a synthetic trace calibrated to measured AWS spot traces."""
+    check_output_file(output)
     trace = generate_trace(nodes, hours, seed, regime)
     write_trace(trace, output)
     console.print(f"wrote {output} ({trace.hours:.1f} h, {int(trace.removed.sum())} preemptions)")
@@ -71,10 +80,12 @@ def plot(
     trace: Path = typer.Argument(..., help="Trace file."),
     output: Path = typer.Option(..., "-o", "--output", help="PNG file to write."),
     fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
-    start_hour: float | None = typer.Option(None, "--start-hour", help=START_HELP),
-    end_hour: float | None = typer.Option(None, "--end-hour", help=END_HELP),
+    start_hour: float | None = typer.Option(None, "--start-hour", parser=params.HOUR_OF_TRACE,
+                                            help=START_HELP),
+    end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
+                                          help=END_HELP),
 ) -> None:
     """Plot available instances over time with preemption and allocation marks."""
-    require_png(output)
+    check_output_file(output, ".png")
     plot_trace(load_trace(trace, fmt, start_hour, end_hour), output)
     console.print(f"wrote {output}")

@@ -8,33 +8,40 @@ from pathlib import Path
 
 import typer
 
+from liveput.cli import params
 from liveput.cli import agent as agent_commands
 from liveput.cli.output import err_console, print_json, progress, to_json
+from liveput.files import check_output_file, write_text_atomic
 
 
 def train(
     model: str = typer.Option("tiny-gpt", "--model", help="Built-in job or module:function."),
-    workers: int = typer.Option(8, "--workers", min=1, help="Instances requested."),
+    workers: int = typer.Option(8, "--workers", parser=params.INSTANCES,
+                                help="Instances requested."),
     trace_path: Path = typer.Option(None, "--trace", help="Trace file to replay (default: a "
                                     "generated 5-minute trace for --workers)."),
-    time_scale: float = typer.Option(2.0, "--time-scale", help="Trace seconds per wall second "
+    time_scale: float = typer.Option(2.0, "--time-scale", parser=params.POSITIVE,
+                                     help="Trace seconds per wall second "
                                      "(the default spreads a 5-minute trace over the run)."),
-    steps: int = typer.Option(300, "--steps", min=1, help="Steps to train (the default lasts about "
+    steps: int = typer.Option(300, "--steps", parser=params.STEPS,
+                              help="Steps to train (the default lasts about "
                               "as long as the default trace at the default time scale)."),
     store: str = typer.Option(None, "--store", help="Store URL (default: a TCPStore here)."),
     checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
                                        help="Checkpoint directory or fsspec URL."),
-    checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0,
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", parser=params.CHECKPOINT_EVERY, 
                                          help="Steps between checkpoints (0: none)."),
-    notice_lead_s: float = typer.Option(120.0, "--notice-lead", help="Notice lead, trace s."),
-    seed: int = typer.Option(20, "--seed", help="Seed of the generated trace and the victims "
+    notice_lead_s: float = typer.Option(120.0, "--notice-lead", parser=params.NON_NEGATIVE_SECONDS,
+                                        help="Notice lead, trace s."),
+    seed: int = typer.Option(20, "--seed", parser=params.SEED,
+                             help="Seed of the generated trace and the victims "
                              "(20: its 5-minute trace for 6 workers has 7 preemptions and 5 "
                              "allocations; most 5-minute traces have one or two)."),
     json_path: Path = typer.Option(None, "--json", help="Write the summary here and the "
                                    "per-step log beside it (.jsonl)."),
     log_dir: Path = typer.Option(None, "--log-dir", help="Where the agents' logs go, kept after "
                                  "the run (default: logs/ beside --json, else ./liveput-logs)."),
-    keep_checkpoints: int = typer.Option(2, "--keep-checkpoints", min=1,
+    keep_checkpoints: int = typer.Option(2, "--keep-checkpoints", parser=params.KEEP,
                                          help="Complete checkpoints kept on disk (the newest)."),
 ) -> None:
     """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
@@ -51,7 +58,7 @@ def train(
     trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)
     if json_path is not None:
         # Fail now, not after the training, if the summary cannot be written there.
-        json_path.parent.mkdir(parents=True, exist_ok=True)
+        check_output_file(json_path)
     err_console.print(f"agents' logs: {log_dir}", soft_wrap=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -73,9 +80,10 @@ def train(
         signal.signal(signal.SIGTERM, previous)
     summary = result.summary()
     if json_path is not None:
-        json_path.write_text(to_json(summary) + "\n")
+        # The step log first: the summary that names it is written once it exists.
         log_path = json_path.with_suffix(".jsonl")
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in result.steps))
+        write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in result.steps))
+        write_text_atomic(json_path, to_json(summary) + "\n")
         err_console.print(f"wrote {json_path} and {log_path}")
     else:
         print_json(summary)

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from liveput.errors import LiveputError
-from liveput.files import write_text_atomic
+from liveput.files import read_text_file, write_text_atomic
 from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
 
 
@@ -20,8 +20,9 @@ def write_profile(profile: ModelProfile, path: str | Path) -> None:
 
 
 def read_profile(path: str | Path) -> ModelProfile:
+    text = read_text_file(path, "profile")
     try:
-        document = json.loads(Path(path).read_text())
+        document = json.loads(text)
         return ModelProfile(
             model=document["model"],
             instance_type=InstanceType(**document["instance_type"]),
@@ -30,5 +31,8 @@ def read_profile(path: str | Path) -> ModelProfile:
             micro_batch_size=int(document["micro_batch_size"]),
             state_bytes_per_param=int(document.get("state_bytes_per_param", 16)),
         )
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise LiveputError(f"{path}: not a liveput profile ({error})") from None
+    except LiveputError as error:
+        raise LiveputError(f"{path}: {error}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+        raise LiveputError(f"{path}: not a liveput profile ({type(error).__name__}: "
+                           f"{error})") from None

@@ -7,6 +7,7 @@ import base64
 import html
 from pathlib import Path
 
+from liveput.files import write_text_atomic
 from liveput.policies import POLICIES
 from liveput.report.plots import write_figures
 from liveput.sim.result import SimulationResult
@@ -89,5 +90,4 @@ every count with free moves (the upper bound).</p>
 </body></html>
 """
     target = directory / "index.html"
-    target.write_text(page, encoding="utf-8")
-    return target
+    return write_text_atomic(target, page)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
+
+from liveput.files import write_bytes_atomic  # noqa: E402
 
 from liveput.sim.result import SimulationResult  # noqa: E402
 
@@ -143,11 +146,14 @@ FIGURES: dict[str, Callable[[SimulationResult], plt.Figure]] = {
 def write_figures(result: SimulationResult, directory: str | Path) -> dict[str, Path]:
     """Write every figure as PNG into ``directory``; returns their paths by name."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(exist_ok=True)
     paths: dict[str, Path] = {}
     for name, draw in FIGURES.items():
         figure = draw(result)
-        paths[name] = directory / f"{name}.png"
-        figure.savefig(paths[name])
-        plt.close(figure)
+        buffer = io.BytesIO()
+        try:
+            figure.savefig(buffer, format="png")
+        finally:
+            plt.close(figure)
+        paths[name] = write_bytes_atomic(directory / f"{name}.png", buffer.getvalue())
     return paths

@@ -98,12 +98,20 @@ def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:
 
 
 def run_agent(store_url: str, token: str, instance: int | None = None, host: str = "127.0.0.1",
-              notices: list[str] | None = None, timeout_s: float = 30.0) -> AgentState:
-    """Run this instance's agent until the job is done or the instance leaves."""
+              notices: list[str] | None = None, timeout_s: float = 30.0,
+              connect_timeout_s: float | None = None) -> AgentState:
+    """Run this instance's agent until the job is done or the instance leaves.
+
+    ``timeout_s`` bounds every store call (an outage is ridden out that long);
+    ``connect_timeout_s`` (default ``timeout_s``) only the first contact: reaching the store
+    and finding the job."""
     torch.set_num_threads(1)  # one instance, one core's worth: instances share this machine
+    first_s = timeout_s if connect_timeout_s is None else connect_timeout_s
+    with open_store(store_url, token=token, timeout_s=first_s) as probe:
+        spec_raw = probe.wait_for("job/spec", first_s)
     store = open_store(store_url, token=token, timeout_s=timeout_s)
     try:
-        spec = JobSpec(**json.loads(store.wait_for("job/spec", timeout_s)))
+        spec = JobSpec(**json.loads(spec_raw))
         if instance is None:
             instance = instance_id_from_env()
         if instance is None:

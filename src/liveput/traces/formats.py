@@ -16,6 +16,7 @@ of an events trace form its initial state. Every error names the file and line.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from datetime import datetime
@@ -24,12 +25,17 @@ from pathlib import Path
 import numpy as np
 
 from liveput.errors import LiveputError
-from liveput.files import write_text_atomic
+from liveput.files import read_text_file, write_text_atomic
 from liveput.traces.trace import Trace
 
 FORMATS = ("events", "json", "csv", "text")
 _TEXT_LINE = re.compile(r"^\s*(\d{4}-\d{2}-\d{2})\s*,\s*(\d{1,2}:\d{2}:\d{2})\s*,\s*(-?\d+)\s*$")
 _EVENT_LINE = re.compile(r"^\s*-?\d+(\.\d+)?\s*,\s*(add|remove)\s*,")
+MAX_SPAN_S = 366 * 86_400.0
+"""Longest trace read, seconds (a year): a longer span is a typo (seconds read as ms, a stray
+digit) that would otherwise ask for gigabytes of intervals."""
+MAX_TIME_S = 1e10
+"""Largest absolute timestamp, seconds (year 2286 in Unix time)."""
 
 
 def detect_format(text: str, path: str = "<trace>") -> str:
@@ -56,18 +62,26 @@ def detect_format(text: str, path: str = "<trace>") -> str:
 def read_trace(path: str | Path, fmt: str | None = None) -> Trace:
     """Read a trace file in any supported format (detected from content unless ``fmt`` is given)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise LiveputError(f"{path}: no such trace file")
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        raise LiveputError(f"{path}: not a text file") from None
+    text = read_text_file(path, "trace")
     fmt = fmt or detect_format(text, str(path))
     if fmt not in _READERS:
         raise LiveputError(f"{path}: unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
     if not text.strip():
         raise LiveputError(f"{path}: empty trace file")
-    return _READERS[fmt](text, str(path))
+    trace = _READERS[fmt](text, str(path))
+    if trace.end_s > MAX_SPAN_S:
+        raise LiveputError(f"{path}: the trace spans {trace.end_s / 86_400:.4g} days, more than "
+                           f"the {MAX_SPAN_S / 86_400:.0f} a trace may (a timestamp in the wrong "
+                           "unit, or a stray digit?)")
+    return trace
+
+
+def _check_time(time_s: float, cell: str, path: str, number: int) -> float:
+    if not math.isfinite(time_s) or abs(time_s) > MAX_TIME_S:
+        raise LiveputError(f"{path}:{number}: time {cell!r} is not a plausible timestamp")
+    return time_s
 
 
 def _parse_events(text: str, path: str) -> Trace:
@@ -82,8 +96,10 @@ def _parse_events(text: str, path: str) -> Trace:
         if len(cells) != 3 or cells[1] not in ("add", "remove") or not cells[2]:
             raise LiveputError(f"{path}:{number}: expected `timestamp_ms,add|remove,node`")
         try:
-            time_s = float(cells[0]) / 1000.0
-        except ValueError:
+            time_s = _check_time(float(cells[0]) / 1000.0, cells[0], path, number)
+        except ValueError as error:
+            if isinstance(error, LiveputError):
+                raise
             raise LiveputError(f"{path}:{number}: timestamp {cells[0]!r} is not a number") from None
         if time_s < last_time:
             raise LiveputError(f"{path}:{number}: time goes backwards ({cells[0]} ms)")
@@ -121,9 +137,13 @@ def _parse_json(text: str, path: str) -> Trace:
         raise LiveputError(f"{path}:{error.lineno}: invalid JSON ({error.msg})") from None
     if not isinstance(document, dict) or "data" not in document:
         raise LiveputError(f"{path}:1: count JSON needs a `data` list")
-    gap_s = float((document.get("metadata") or {}).get("gap_seconds", 0) or 0)
-    if gap_s <= 0:
-        raise LiveputError(f"{path}:1: count JSON needs metadata.gap_seconds > 0")
+    metadata = document.get("metadata") or {}
+    gap = metadata.get("gap_seconds", 0) if isinstance(metadata, dict) else 0
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) \
+            or not 0 < gap <= MAX_SPAN_S:
+        raise LiveputError(f"{path}:1: count JSON needs metadata.gap_seconds, a number of "
+                           f"seconds > 0, got {gap!r}")
+    gap_s = float(gap)
     data = document["data"]
     if not isinstance(data, list) or not data:
         raise LiveputError(f"{path}:1: `data` must be a non-empty list of counts")
@@ -133,7 +153,10 @@ def _parse_json(text: str, path: str) -> Trace:
     prices = document.get("prices")
     price = None
     if isinstance(prices, list) and prices:
-        price = float(np.mean([float(p) for p in prices]))
+        if not all(isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p)
+                   and p >= 0 for p in prices):
+            raise LiveputError(f"{path}: `prices` must be finite numbers >= 0")
+        price = float(np.mean(prices))
     times = np.arange(len(data)) * gap_s
     return Trace.from_counts(Path(path).name, times, np.array(data), len(data) * gap_s, price)
 
@@ -164,9 +187,10 @@ def _parse_count(cell: str, path: str, number: int) -> int:
 
 def _parse_time(cell: str, path: str, number: int) -> float:
     try:
-        return float(cell)
-    except ValueError:
-        pass
+        return _check_time(float(cell), cell, path, number)
+    except ValueError as error:
+        if isinstance(error, LiveputError):
+            raise
     try:
         return datetime.fromisoformat(cell.replace("Z", "+00:00")).timestamp()
     except ValueError:

@@ -28,13 +28,14 @@ time-weighted mean / cap      0.75 (24.0 of 32)             0.43 (6.9 of 16)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.registry import Registry
-from liveput.traces.trace import Trace
+from liveput.traces.trace import MAX_INTERVALS, Trace
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,16 @@ def generate_trace(
     """A synthetic trace of ``nodes`` requested instances over ``hours``, reproducible by ``seed``."""
     if nodes < 1:
         raise LiveputError(f"trace generator: --nodes must be >= 1, got {nodes}")
-    if not hours > 0 or not interval_s > 0:
-        raise LiveputError("trace generator: hours and interval must be positive")
+    if not 0 < hours < math.inf or not 0 < interval_s < math.inf:
+        raise LiveputError("trace generator: hours and interval must be finite and positive")
+    if seed < 0:
+        raise LiveputError(f"trace generator: the seed must be >= 0, got {seed}")
     params = REGIMES.get(regime)
     rng = np.random.default_rng(seed)
     num_intervals = max(1, int(round(hours * 3600 / interval_s)))
+    if num_intervals > MAX_INTERVALS:
+        raise LiveputError(f"trace generator: {hours:g} h in {interval_s:g}-s intervals is "
+                           f"{num_intervals:,} intervals, more than {MAX_INTERVALS:,}")
     scale = interval_s / 60.0  # rates are calibrated per 60-s interval
 
     def per_interval(p: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -9,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from liveput.files import write_bytes_atomic  # noqa: E402
 from liveput.traces.trace import Trace  # noqa: E402
 
 
@@ -36,10 +38,12 @@ def plot_trace(trace: Trace, path: str | Path) -> Path:
 
 
 def save_figure(figure: plt.Figure, path: str | Path) -> Path:
-    """Lay out ``figure``, write it as PNG to ``path`` (folders made) and free it."""
+    """Lay out ``figure``, write it as PNG to ``path`` (atomically: no half-written image is
+    ever left) and free it."""
     figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    buffer = io.BytesIO()
+    try:
+        figure.savefig(buffer, format="png")
+    finally:
+        plt.close(figure)
+    return write_bytes_atomic(path, buffer.getvalue())

@@ -28,6 +28,10 @@ from liveput.errors import LiveputError
 DEFAULT_INTERVAL_S = 60.0
 
 
+MAX_INTERVALS = 2_000_000
+"""Most intervals a trace is cut into (a year in 16-s intervals; tens of MB per series)."""
+
+
 def _frozen(values: object, dtype: type) -> np.ndarray:
     array = np.array(values, dtype=dtype)
     array.setflags(write=False)
@@ -140,9 +144,14 @@ class Trace:
 
     def resample(self, interval_s: float = DEFAULT_INTERVAL_S) -> IntervalTrace:
         """Cut the trace into intervals of ``interval_s`` (the last one may be partial)."""
-        if not interval_s > 0:
-            raise LiveputError(f"interval must be positive, got {interval_s}")
+        if not interval_s > 0 or not math.isfinite(interval_s):
+            raise LiveputError(f"interval must be a finite number > 0, got {interval_s}")
         num_intervals = max(1, math.ceil(self.end_s / interval_s - 1e-9))
+        if num_intervals > MAX_INTERVALS:
+            raise LiveputError(
+                f"{self.name}: {self.hours:.4g} h in {interval_s:g}-s intervals is "
+                f"{num_intervals:,} intervals, more than {MAX_INTERVALS:,}: use a longer "
+                "--interval, or --start-hour/--end-hour")
         # Interval i covers (i*I, (i+1)*I]; a change at exactly 0 is part of the initial state.
         which = np.ceil(self.times_s / interval_s - 1e-9).astype(np.int64) - 1
         which = np.clip(which, 0, num_intervals - 1)

@@ -1,0 +1,126 @@
+"""Command-line values checked when they are parsed: the one validation layer of every command.
+
+Each checker is a typer ``parser``: it turns the text of an option into a number or refuses it
+with :class:`typer.BadParameter`, which :func:`liveput.cli.main.main` prints as one line with the
+option's name (exit code 2). Numbers must be finite (``nan`` and ``inf`` are refused everywhere)
+and within the range the option documents; a value that is already a number (an option's
+default) passes through the same check.
+
+Ranges are about plausibility, not hardware: a trace longer than :data:`MAX_HOURS` or a cluster
+larger than :data:`MAX_INSTANCES` is refused in one line instead of running for hours.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import typer
+
+MAX_HOURS = 24.0 * 366
+"""Longest span of time any command models (a year), hours."""
+MAX_INSTANCES = 100_000
+"""Most instances any command models."""
+MAX_SEED = 2**32 - 1
+"""Largest seed (NumPy seeds are 32-bit words)."""
+
+Parser = Callable[[object], float]
+
+
+def _figure(value: float) -> str:
+    return f"{int(value)}" if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
+
+
+def _bounds(low: float | None, high: float | None, low_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{_figure(low)}, {_figure(high)}]"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {_figure(low)}"
+    return f"<= {_figure(high)}"
+
+
+def number(low: float | None = None, high: float | None = None, *,
+           low_open: bool = False) -> Parser:
+    """A finite float within ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+
+    def parse(value: object) -> float:
+        try:
+            number_ = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise typer.BadParameter(f"{value!r} is not a number") from None
+        if not math.isfinite(number_):
+            raise typer.BadParameter(f"must be a finite number, got {value}")
+        below = low is not None and (number_ <= low if low_open else number_ < low)
+        if below or (high is not None and number_ > high):
+            raise typer.BadParameter(f"must be {_bounds(low, high, low_open)}, got {value}")
+        return number_
+
+    return parse
+
+
+def integer(low: int | None = None, high: int | None = None) -> Callable[[object], int]:
+    """A whole number within ``[low, high]`` (``3.0`` is 3; ``3.5`` is refused)."""
+
+    def parse(value: object) -> int:
+        text = str(value).strip()
+        try:
+            whole = int(text)
+        except ValueError:
+            try:
+                as_float = float(text)
+            except ValueError:
+                raise typer.BadParameter(f"{value!r} is not a whole number") from None
+            if not math.isfinite(as_float) or as_float != int(as_float):
+                raise typer.BadParameter(f"{value!r} is not a whole number") from None
+            whole = int(as_float)
+        if (low is not None and whole < low) or (high is not None and whole > high):
+            raise typer.BadParameter(f"must be {_bounds(low, high, False)}, got {value}")
+        return whole
+
+    return parse
+
+
+def optional(parse: Parser) -> Parser:
+    """``parse``, letting an absent option (None) through."""
+    return lambda value: None if value is None else parse(value)  # type: ignore[return-value]
+
+
+POSITIVE = number(0.0, low_open=True)
+"""A finite number > 0."""
+NON_NEGATIVE = number(0.0)
+"""A finite number >= 0."""
+SECONDS = number(1e-3, 86_400.0 * 366)
+"""An interval or timeout, seconds: at least a millisecond, at most a year."""
+HOURS = number(0.0, MAX_HOURS, low_open=True)
+"""A span of time, hours."""
+HOUR_OF_TRACE = optional(number(0.0, MAX_HOURS))
+"""A point in a trace (``--start-hour``, ``--end-hour``), hours from its start."""
+PRICE = number(0.0, 1e4)
+"""A price, $ per instance-hour."""
+OPTIONAL_PRICE = optional(PRICE)
+SEED = integer(0, MAX_SEED)
+"""A random seed."""
+INSTANCES = integer(1, MAX_INSTANCES)
+"""A number of instances (at least one)."""
+SOME_INSTANCES = integer(0, MAX_INSTANCES)
+"""A number of instances that may be zero (on-demand ones held besides spot ones)."""
+HORIZON = integer(1, 10_000)
+"""Intervals looked ahead."""
+STEPS = integer(1, 100_000_000)
+"""Training steps."""
+NON_NEGATIVE_SECONDS = number(0.0, 86_400.0 * 366)
+"""A lead or a grace, seconds (0: none)."""
+PRICE_POSITIVE = number(0.0, 1e6, low_open=True)
+"""A budget, $ per hour."""
+WARMUP = integer(0, 10_000_000)
+"""Intervals of history before the first forecast."""
+SPREAD = integer(0, MAX_INSTANCES)
+"""Uncertainty around a forecast, +- instances."""
+MICRO_BATCH = integer(1, 1_000_000)
+"""Samples per micro-batch."""
+REPEATS = integer(1, 10_000)
+"""Timed passes."""
+CHECKPOINT_EVERY = integer(0, 100_000_000)
+"""Steps between checkpoints (0: none)."""
+KEEP = integer(1, 1_000)
+"""Checkpoints kept."""
