@@ -28,6 +28,7 @@ Search
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,7 @@ from liveput.advise.catalog import Catalog, InstanceSpec, Market
 from liveput.advise.plans import Advice, InstanceCount, Plan
 from liveput.advise.revocation import RevocationModel, RevocationOverhead
 from liveput.advise.spotdnn import SpotDNNParams, WorkerType, iterations_to_loss, predict
+from liveput.budget import check_memory
 from liveput.errors import LiveputError
 from liveput.perf import ModelProfile
 
@@ -137,6 +139,11 @@ def problem_from_catalog(catalog: Catalog, profile: ModelProfile, ps_type: str,
 
 
 def _box(bounds: list[int], max_workers: int) -> np.ndarray:
+    size = math.prod(b + 1 for b in bounds)
+    # Each count vector passes through a Python tuple, then an int64 row and its temporaries.
+    check_memory(f"enumerating the {size:,} count vectors of {len(bounds)} worker types",
+                 size * (64.0 + 24.0 * len(bounds)),
+                 "fewer --types or --max-workers, or --search window")
     grids = np.array(list(itertools.product(*[range(b + 1) for b in bounds])), dtype=np.int64)
     total = grids.sum(axis=1)
     return grids[(total >= 1) & (total <= max_workers)]                           # (4)

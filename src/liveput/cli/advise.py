@@ -139,7 +139,7 @@ def deepvm(
     budget_usd_per_hour: float = typer.Option(..., "--budget-usd-per-hour",
                                               parser=params.PRICE_POSITIVE, help="Price willingness, $/h for the whole cluster."),
     catalog: str = typer.Option("aws", "--catalog", help=CATALOG_HELP),
-    checkpoint_gb: float = typer.Option(1.0, "--checkpoint-gb", parser=params.NON_NEGATIVE,
+    checkpoint_gb: float = typer.Option(1.0, "--checkpoint-gb", parser=params.GIGABYTES,
                                         help="Checkpoint size, GB."),
     checkpoint_interval_s: float = typer.Option(60.0, "--checkpoint-interval-s",
                                                 parser=params.SECONDS, help="Seconds between checkpoints."),
@@ -180,7 +180,7 @@ def deepvm(
 @app.command("slo")
 def slo(
     model: str = typer.Option(..., "--model", help="Built-in model or profile .json."),
-    target_loss: float = typer.Option(..., "--target-loss", parser=params.POSITIVE,
+    target_loss: float = typer.Option(..., "--target-loss", parser=params.LOSS,
                                       help="Loss to reach."),
     deadline_hours: float = typer.Option(..., "--deadline-hours", parser=params.HOURS,
                                          help="By when, hours."),
@@ -219,7 +219,7 @@ def pool(
     deadline_hours: float = typer.Option(..., "--deadline-hours", parser=params.HOURS,
                                          help="By when, hours."),
     trace: Path = typer.Option(..., "--trace", help="Availability trace of the spot type."),
-    target_samples: float = typer.Option(..., "--target-samples", parser=params.POSITIVE,
+    target_samples: float = typer.Option(..., "--target-samples", parser=params.SAMPLES,
                                          help="Samples to train."),
     anchors: str = typer.Option("0,1,2,4", "--anchors", help="On-demand anchor counts to try."),
     spot_caps: str | None = typer.Option(None, "--spot-caps", help="Spot caps to try "

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     try:
         # Not standalone, click returns a command's typer.Exit code instead of raising it.
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=argv, prog_name="liveput", standalone_mode=False)
         if isinstance(code, int):
             return code
     except LiveputError as error:

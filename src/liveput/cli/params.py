@@ -124,3 +124,11 @@ CHECKPOINT_EVERY = integer(0, 100_000_000)
 """Steps between checkpoints (0: none)."""
 KEEP = integer(1, 1_000)
 """Checkpoints kept."""
+TIME_SCALE = number(0.0, 1e4, low_open=True)
+"""Trace seconds per wall second."""
+SAMPLES = number(0.0, 1e15, low_open=True)
+"""A number of training samples."""
+LOSS = number(0.0, 1e6, low_open=True)
+"""A training loss to reach."""
+GIGABYTES = number(0.0, 1e5)
+"""A size, GB."""

@@ -13,6 +13,7 @@ from liveput.cli.output import console, print_json
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile
+from liveput.perf.types import ConfigTable
 from liveput.plan import LiveputOptimizer, OptimizerConfig
 from liveput.policies.base import Configuration
 
@@ -41,6 +42,18 @@ def _parse_counts(text: str) -> list[int]:
     if any(count < 0 for count in counts):
         raise LiveputError("--forecast counts must be >= 0")
     return counts
+
+
+def _check_runs(table: ConfigTable, running: Configuration) -> None:
+    """Refuse a ``--current`` configuration the model cannot run (memory, layers, batch)."""
+    match = (table.data_parallel == running.data_parallel) & \
+        (table.pipeline_stages == running.pipeline_stages)
+    if not match.any():
+        raise LiveputError(f"--current {running}: not a configuration of {table.model}")
+    index = int(np.flatnonzero(match)[0])
+    if not table.feasible[index]:
+        raise LiveputError(f"--current {running} cannot run {table.model}: "
+                           f"{table.reason[index]}")
 
 
 def register(app: typer.Typer) -> None:
@@ -79,6 +92,8 @@ def register(app: typer.Typer) -> None:
         capacity = max([nodes, *counts])
         profile = load_profile(model)
         table = estimate_configs(profile, capacity + on_demand)
+        if running is not None:
+            _check_runs(table, running)
         config = OptimizerConfig(horizon=horizon, interval_s=interval, objective=objective)
         optimizer = LiveputOptimizer(profile, table, MigrationCostModel.from_profile(profile),
                                      config)
@@ -100,6 +115,14 @@ def register(app: typer.Typer) -> None:
                 for a in decision.alternatives],
             "solve_ms": solve_ms,
         }
+        # The decision is for the interval that starts now: say so when it needs instances the
+        # forecast expects but that are not here yet, and what runs on those that are.
+        available = nodes + on_demand
+        runs_now = chosen is None or chosen.num_instances <= available
+        best_now = table.best_for(available)
+        result["runnable_now"] = runs_now
+        result["best_now"] = None if best_now is None else {
+            "data_parallel": best_now[0], "pipeline_stages": best_now[1]}
         if as_json:
             print_json(result)
             return
@@ -113,3 +136,8 @@ def register(app: typer.Typer) -> None:
             view.add_row(str(alternative.configuration or "nothing"),
                          f"{alternative.expected_samples:,.0f}", alternative.migration)
         console.print(view)
+        if not runs_now:
+            now = "nothing" if best_now is None else f"{best_now[0]}x{best_now[1]}"
+            console.print(f"[yellow]note:[/] {chosen} needs {chosen.num_instances} instances and "
+                          f"{available} are available now; until the forecast ones arrive, "
+                          f"the best that runs is {now}")

@@ -14,8 +14,9 @@ from liveput.cli.trace import load_trace
 from liveput.errors import LiveputError
 from liveput.files import check_output_file, check_output_folder, write_text_atomic
 from liveput.perf import ModelProfile, estimate_configs, load_profile
+from liveput.policies import POLICIES
 from liveput.sim import DEFAULT_POLICIES, SimulationConfig, default_trace, simulate
-from liveput.sim.engine import DEFAULT_MODEL
+from liveput.sim.engine import DEFAULT_MODEL, check_size
 from liveput.sim.sweep import SWEEP_MODELS, default_sweep_traces, sweep
 from liveput.traces import IntervalTrace
 
@@ -35,7 +36,9 @@ def _load(path: Path, interval_s: float, start_hour: float | None,
     trace = load_trace(path, None, start_hour, end_hour)
     if trace.end_s <= 0:
         raise LiveputError(f"trace {path} is empty: it spans no time")
-    return trace.resample(interval_s)
+    intervals = trace.resample(interval_s)
+    check_size(intervals)  # before any work or note
+    return intervals
 
 
 def _fraction(value: float | None, digits: int = 3) -> str:
@@ -174,6 +177,8 @@ def register(app: typer.Typer) -> None:
                                   num_on_demand=on_demand, seed=seed,
                                   preemption_notice_s=notice)
         names = _names(policies, "policies")
+        for name in names:
+            POLICIES.get(name)  # an unknown name is refused before any work
         if run_sweep:
             if report is not None:
                 raise LiveputError("--report shows one simulation; drop it with --sweep")

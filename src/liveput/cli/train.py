@@ -20,7 +20,7 @@ def train(
                                 help="Instances requested."),
     trace_path: Path = typer.Option(None, "--trace", help="Trace file to replay (default: a "
                                     "generated 5-minute trace for --workers)."),
-    time_scale: float = typer.Option(2.0, "--time-scale", parser=params.POSITIVE,
+    time_scale: float = typer.Option(2.0, "--time-scale", parser=params.TIME_SCALE,
                                      help="Trace seconds per wall second "
                                      "(the default spreads a 5-minute trace over the run)."),
     steps: int = typer.Option(300, "--steps", parser=params.STEPS,
@@ -45,8 +45,11 @@ def train(
                                          help="Complete checkpoints kept on disk (the newest)."),
 ) -> None:
     """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
+    from liveput.runtime.job import resolve_job
     from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
     from liveput.traces import generate_trace, read_trace
+
+    resolve_job(model)  # an unknown model is refused before anything starts or is printed
 
     if log_dir is None:
         log_dir = json_path.parent / "logs" if json_path is not None else Path("liveput-logs")

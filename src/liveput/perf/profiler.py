@@ -11,6 +11,7 @@ size, and the bytes its forward keeps for the backward.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -116,6 +117,8 @@ def profile_model(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if micro_batch_size < 1 or repeats < 1 or in_flight < 1:
         raise LiveputError("profile: micro-batch, repeats and in-flight must be >= 1")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise LiveputError(f"profile: --device {device!r}: expected cpu, cuda, cuda:K or auto")
     torch_device = torch.device(device)
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise LiveputError("profile: --device cuda requested but no CUDA device is available")

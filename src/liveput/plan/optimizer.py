@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import comb
 
+from liveput.budget import check_memory
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf.types import ConfigTable, ModelProfile
@@ -130,6 +131,10 @@ class LiveputOptimizer:
         key = (max_spot, num_on_demand)
         if key not in self._after:
             count = len(self.sizes)
+            # Three such arrays live at once while the per-count table is built.
+            check_memory(f"the optimizer's table for {max_spot} spot instances and {count:,} "
+                         "configurations", 3 * 8.0 * (max_spot + 1) ** 2 * count,
+                         "fewer instances (--nodes, the forecast, the trace's capacity)")
             after = np.zeros((max_spot + 1, count, max_spot + 1))
             for c in range(1, count):
                 d, p = int(self.data_parallel[c]), int(self.stages[c])

@@ -220,6 +220,20 @@ def _lost_slots(current: Configuration | None, num_on_demand: int, lost_position
     return lost, int(np.sum(lost_positions >= len(slots)))
 
 
+MAX_SIMULATED_INTERVALS = 200_000
+"""Most intervals one simulation replays (139 days of 60-s intervals): each costs a decision per
+policy, so more would run for hours."""
+
+
+def check_size(trace: IntervalTrace) -> None:
+    """Refuse a trace cut into more intervals than :data:`MAX_SIMULATED_INTERVALS`."""
+    if len(trace) > MAX_SIMULATED_INTERVALS:
+        raise LiveputError(
+            f"simulate: {trace.name} is {len(trace):,} intervals of {trace.interval_s:g} s, more "
+            f"than the {MAX_SIMULATED_INTERVALS:,} a simulation replays: use a longer --interval, "
+            "or --start-hour/--end-hour")
+
+
 def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
                     config: SimulationConfig | None = None,
                     context: PolicyContext | None = None,
@@ -310,6 +324,7 @@ def simulate(trace: IntervalTrace, profile: ModelProfile, policies: Sequence[str
     config = config or SimulationConfig()
     if not policies:
         raise LiveputError("no policy to simulate")
+    check_size(trace)
     for name in policies:
         POLICIES.get(name)
     context = make_context(trace, profile, config)
