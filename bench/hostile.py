@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -328,13 +327,28 @@ def corpus() -> list[Case]:
             *_file_cases(), *_valid_cases()]
 
 
-def _limit() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
+# A small launcher forks the command and reports its peak memory. The command is not forked
+# from the caller directly: Linux carries a process's memory high-water mark across exec, so a
+# child forked from a large process (pytest with torch loaded) would report the parent's size.
+_LAUNCHER = """
+import os, resource, sys
+limit, report = int(sys.argv[1]), sys.argv[2]
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, "-m", "liveput.cli.main", *sys.argv[3:]])
+_, status, usage = os.wait4(pid, 0)
+with open(report, "w") as out:
+    out.write(str(usage.ru_maxrss))
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
 
 
 def run_case(case: Case, timeout_s: float = 60.0) -> Outcome:
     """Run ``case`` in a fresh folder, as its own process, and judge it."""
     folder = Path(tempfile.mkdtemp(prefix="liveput-hostile-"))
+    report = Path(tempfile.mkstemp(prefix="liveput-hostile-rss-")[1])
     try:
         for name, content in case.files:
             (folder / name).write_bytes(content)
@@ -346,9 +360,9 @@ def run_case(case: Case, timeout_s: float = 60.0) -> Outcome:
                "COLUMNS": "120", "LIVEPUT_TOKEN": "hostile"}
         started = time.monotonic()
         process = subprocess.Popen(
-            [sys.executable, "-m", "liveput.cli.main", *argv], cwd=folder, env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=_limit, start_new_session=True)
+            [sys.executable, "-c", _LAUNCHER, str(ADDRESS_SPACE_BYTES), str(report), *argv],
+            cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, start_new_session=True)
         hung = threading.Event()
 
         def kill() -> None:
@@ -357,17 +371,15 @@ def run_case(case: Case, timeout_s: float = 60.0) -> Outcome:
 
         timer = threading.Timer(timeout_s, kill)
         timer.start()
-        assert process.stderr is not None
-        stderr = process.stderr.read()
-        # wait4, not Popen.wait: the peak memory of this child alone (cases run in parallel).
-        _, status, usage = os.wait4(process.pid, 0)
-        timer.cancel()
-        process.returncode = os.waitstatus_to_exitcode(status)
-        process.stderr.close()
+        try:
+            _, stderr = process.communicate()
+        finally:
+            timer.cancel()
         code: int | None = None if hung.is_set() else process.returncode
+        peak_kb = float(report.read_text() or 0) if report.stat().st_size else 0.0
         seconds = time.monotonic() - started
         text = stderr.decode(errors="replace")
-        outcome = Outcome(case, code, text, seconds, usage.ru_maxrss / 1024.0)
+        outcome = Outcome(case, code, text, seconds, peak_kb / 1024.0)
         after = {p.relative_to(folder) for p in folder.rglob("*")}
         outcome.left = sorted(str(p) for p in after - before
                               if code != 0 or p.name.startswith("."))
@@ -375,6 +387,7 @@ def run_case(case: Case, timeout_s: float = 60.0) -> Outcome:
         return outcome
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        report.unlink(missing_ok=True)
 
 
 def _verdict(outcome: Outcome) -> str:

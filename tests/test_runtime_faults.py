@@ -82,12 +82,19 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     assert all(codes[i] == 0 for i in survivors), [agents.log(i) for i in survivors]
     report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
     assert report.exactly_once, report.problems
-    # Counted: the restore itself, and the committed steps it undid (none when the newest
-    # checkpoint was of the last committed step).
+    # Counted: the restore itself. On a starved machine a slow survivor can look
+    # silent and fail a plan or two; two failed plans in a row force a restore (rule 4), which
+    # the events mark: the lost stage itself needs exactly one restore.
     plans = [json.loads(v) for _, v in sorted(store.get_prefix("events/").items(),
                                                key=lambda kv: int(kv[0].split("/")[1]))]
-    assert int(store.get("stats/migrations/checkpoint-restore")) == 1, plans
-    assert report.restores <= 1 and (report.restores == 1) == (report.steps_rolled_back > 0)
+    needed = [p for p in plans if p["kind"] == "checkpoint-restore" and not p["restore_forced"]]
+    forced = [p for p in plans if p["restore_forced"]]
+    assert len(needed) == 1, plans
+    assert int(store.get("stats/migrations/checkpoint-restore")) == 1 + len(forced), plans
+    # A restore record (a new epoch) for each restore that undid committed steps: none when
+    # its checkpoint was of the last committed step.
+    assert report.restores <= 1 + len(forced)
+    assert (report.restores >= 1) == (report.steps_rolled_back > 0)
     assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
 
 
@@ -109,7 +116,11 @@ def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profil
     spare = next(i for i, s in coordinator.plan.slots.items() if s is None)
     noticed = coordinator.plan.instance_at(0, 1)  # the only holder of stage 1
     agents.processes[noticed].terminate()  # SIGTERM: its preemption notice
-    run_until(coordinator.tick, lambda: coordinator.plan.generation >= 1, 90, "the next plan")
+    # A plan newer than the one running at the notice (on a starved machine the job may
+    # already be past plan 0: a member that looked silent at the start).
+    generation = coordinator.plan.generation
+    run_until(coordinator.tick, lambda: coordinator.plan.generation > generation, 90,
+              "the next plan")
     plan = coordinator.plan
     assert plan.kind == "inter-stage" and plan.restore_step is None
     assert plan.slots[noticed] is None and plan.slots[spare] == (0, 1)

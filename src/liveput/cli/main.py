@@ -68,12 +68,25 @@ def main(argv: list[str] | None = None) -> int:
         # Usage errors of typer's (vendored) click: one line with the option and the command.
         if callable(getattr(error, "format_message", None)) and \
                 isinstance(getattr(error, "exit_code", None), int):
-            context = getattr(error, "ctx", None)
-            command = f"{context.command_path}: " if context is not None else ""
-            return _refuse(f"{command}{error.format_message()} (see --help)",
-                           error.exit_code)
+            return _refuse(_usage_line(error), error.exit_code)
         raise
     return 0
+
+
+def _usage_line(error: Exception) -> str:
+    """``train: --time-scale: must be ... (see liveput train --help)``."""
+    context = getattr(error, "ctx", None)
+    path = context.command_path if context is not None else "liveput"
+    command = path.removeprefix("liveput").strip()
+    param = getattr(error, "param", None)
+    opts = getattr(param, "opts", None)
+    detail = str(getattr(error, "message", "") or "")
+    if opts and detail:  # a bad value: the option and what is wrong with it
+        message = f"{max(opts, key=len)}: {detail}"
+    else:
+        message = error.format_message()  # type: ignore[attr-defined]
+    message = message[:1].lower() + message[1:]
+    return f"{command + ': ' if command else ''}{message} (see {path} --help)"
 
 
 def _refuse(message: str, code: int = 2) -> int:

@@ -291,7 +291,7 @@ class Coordinator:
             "time_s": round(self.clock.now_s() - self.started_s, 3), "reason": action.reason,
             "kind": plan.kind, "configuration": f"{plan.data_parallel}x{plan.pipeline_stages}",
             "start_step": plan.start_step, "instances": len(plan.slots),
-            "suspects": sorted(action.suspects)}).encode())
+            "suspects": sorted(action.suspects), "restore_forced": action.restore}).encode())
         LOG.info("plan %d (%s): %s %dx%d from step %d%s", plan.generation, action.reason,
                  plan.kind, plan.data_parallel, plan.pipeline_stages, plan.start_step,
                  f" without {sorted(action.suspects)}" if action.suspects else "")
