@@ -147,3 +147,22 @@ def test_plan_refuses_an_infeasible_current_and_says_when_its_decision_cannot_ru
     decision = result["decision"]
     assert decision["data_parallel"] * decision["pipeline_stages"] > 4
     assert result["runnable_now"] is False and result["best_now"] is None
+
+
+def test_models_lists_every_built_in_name_and_each_loads_where_the_list_says(capsys):
+    import json
+
+    from liveput.cli.main import main
+    from liveput.perf import load_profile
+    from liveput.runtime.job import resolve_job
+
+    assert main(["models", "--json"]) == 0
+    kinds = json.loads(capsys.readouterr().out)
+    performance = kinds["performance models"]
+    assert {"gpt-1.5b", "resnet152", "tiny-gpt"} <= set(performance["names"])
+    for name in performance["names"]:
+        assert load_profile(name).model == name
+    jobs = kinds["jobs (trained for real)"]
+    assert "train" in jobs["commands"] and "tiny-gpt" in jobs["names"]
+    for name in jobs["names"]:
+        assert resolve_job(name).num_layers >= 1

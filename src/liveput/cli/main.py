@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from liveput.cli import advise, perf, plan, predict, profile, simulate, trace, train
+from liveput.cli import advise, models, perf, plan, predict, profile, simulate, trace, train
 from liveput.errors import LiveputError
 
 app = typer.Typer(
@@ -20,6 +20,7 @@ app = typer.Typer(
 app.add_typer(trace.app, name="trace")
 app.add_typer(predict.app, name="predict")
 app.add_typer(advise.app, name="advise")
+models.register(app)
 perf.register(app)
 profile.register(app)
 plan.register(app)
