@@ -235,6 +235,7 @@ def pool(
     """Pool: on-demand anchors + spot for the liveput runtime, chosen by simulating candidates."""
     from liveput.advise.pool import PoolConfig, advise_pool, pool_candidates
     from liveput.perf import load_profile
+    from liveput.sim.engine import check_size
     from liveput.traces import read_trace
 
     profile = load_profile(model)
@@ -243,6 +244,7 @@ def pool(
         if not hours > 0:
             raise LiveputError(f"--hours must be > 0, got {hours}")
         replay = replay.head(max(1, int(round(hours * 3600 / interval_s))))
+    check_size(replay)  # each candidate pool is simulated over every interval
     spec = load_catalog(catalog).get(profile.instance_type.name)
     config = PoolConfig(target_samples, deadline_hours, anchors=_ints(anchors, "--anchors"),
                         spot_caps=_ints(spot_caps, "--spot-caps") if spot_caps else None,
