@@ -30,6 +30,7 @@ from liveput.advise import (
     problem_from_catalog,
 )
 from liveput.cli import params
+from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json, progress
 from liveput.errors import LiveputError
 from liveput.files import read_text_file
@@ -137,23 +138,28 @@ def _render(advice: Advice, as_json: bool, columns: dict[str, str]) -> None:
 @app.command("deepvm")
 def deepvm(
     budget_usd_per_hour: float = typer.Option(..., "--budget-usd-per-hour",
-                                              parser=params.PRICE_POSITIVE, help="Price willingness, $/h for the whole cluster."),
+                                              parser=params.PRICE_POSITIVE,
+                                              help="Price willingness, $/h for the whole "
+                                              "cluster."),
     catalog: str = typer.Option("aws", "--catalog", help=CATALOG_HELP),
     checkpoint_gb: float = typer.Option(1.0, "--checkpoint-gb", parser=params.GIGABYTES,
                                         help="Checkpoint size, GB."),
     checkpoint_interval_s: float = typer.Option(60.0, "--checkpoint-interval-s",
-                                                parser=params.SECONDS, help="Seconds between checkpoints."),
+                                                parser=params.SECONDS,
+                                                help="Seconds between checkpoints."),
     types: str | None = typer.Option(None, "--types", help="Only these instance types "
                                      "(comma-separated; GPU and CPU)."),
-    mixed: bool = typer.Option(False, "--mixed", help="Also solve the mixed-GPU-type tiering "
+    mixed: bool = typer.Option(False, "--mixed", metavar=FLAG,
+                               help="Also solve the mixed-GPU-type tiering "
                                "MILP (HiGHS) and list its plan."),
     speedups: Path | None = typer.Option(None, "--speedups", help="CSV type,nodes,speedup of "
                                          "your measured speedups (fitted by least squares)."),
     revocation: str | None = typer.Option(None, "--revocation", help=REVOCATION_HELP),
-    refresh_prices: bool = typer.Option(False, "--refresh-prices", help="Refresh spot prices "
+    refresh_prices: bool = typer.Option(False, "--refresh-prices", metavar=FLAG,
+                                        help="Refresh spot prices "
                                         "from AWS (needs credentials)."),
     region: str = typer.Option("us-east-1", "--region", help="AWS region for --refresh-prices."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
 ) -> None:
     """DeepVM: best single-type cluster (Single Anchor or Tiering) within a price willingness."""
     chosen = _catalog(catalog, refresh_prices, region)
@@ -195,7 +201,7 @@ def slo(
     loss_params: str | None = typer.Option(None, "--loss-params", help="Your fitted loss "
                                            "coefficients g1,g2,g3,g4,g5."),
     revocation: str | None = typer.Option(None, "--revocation", help=REVOCATION_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
 ) -> None:
     """spotDNN: cheapest heterogeneous spot cluster reaching a loss by a deadline."""
     from liveput.perf import load_profile
@@ -230,7 +236,7 @@ def pool(
     catalog: str = typer.Option("aws", "--catalog", help=CATALOG_HELP),
     interval_s: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
                                      help="Simulation interval, seconds."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
 ) -> None:
     """Pool: on-demand anchors + spot for the liveput runtime, chosen by simulating candidates."""
     from liveput.advise.pool import PoolConfig, advise_pool, pool_candidates
@@ -261,7 +267,7 @@ def pool(
 @app.command("catalog")
 def show_catalog(
     catalog: str = typer.Option("aws", "--catalog", help=CATALOG_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
 ) -> None:
     """List a catalog's instance types, prices, quotas and the source of each figure."""
     chosen = load_catalog(catalog)

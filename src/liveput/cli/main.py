@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from liveput.cli.params import FLAG
 from liveput.cli import advise, models, perf, plan, predict, profile, simulate, trace, train
 from liveput.errors import LiveputError
 
@@ -30,7 +31,8 @@ train.register(app)
 
 @app.callback()
 def _root(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", metavar=FLAG,
+                                 help="Log progress details to stderr."),
 ) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json
 
 PERFORMANCE_COMMANDS = ("perf", "plan", "simulate", "advise slo", "advise pool")
@@ -40,7 +41,8 @@ def register(app: typer.Typer) -> None:
     """Add the `models` command to the root app."""
 
     @app.command("models")
-    def models(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")
+    def models(as_json: bool = typer.Option(False, "--json", metavar=FLAG,
+                                            help="Print one JSON object.")
                ) -> None:
         """List the built-in model names and the commands that take each kind."""
         names = model_names()

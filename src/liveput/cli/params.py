@@ -132,3 +132,5 @@ LOSS = number(0.0, 1e6, low_open=True)
 """A training loss to reach."""
 GIGABYTES = number(0.0, 1e5)
 """A size, GB."""
+FLAG = ""
+"""Metavar of an on/off flag: it takes no value, so help shows none (not ``<bool>``)."""

@@ -6,6 +6,7 @@ import typer
 from rich.table import Table
 
 from liveput.cli import params
+from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json
 from liveput.perf import estimate_configs, load_profile
 
@@ -18,7 +19,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., help="Built-in model name or a profile .json."),
         nodes: int = typer.Option(32, "--nodes", parser=params.INSTANCES,
                                   help="Largest instance count to consider."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
     ) -> None:
         """Estimated samples/s, memory and feasibility of every (D, P) up to --nodes."""
         if nodes < 1:

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from liveput.cli import params
+from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
@@ -78,7 +79,7 @@ def register(app: typer.Typer) -> None:
         spread: int = typer.Option(1, "--spread", parser=params.SPREAD,
                                    help="Uncertainty (+- instances) put around "
                                    "each forecast count."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
     ) -> None:
         """Decide the configuration for the interval that starts now."""
         counts = _parse_counts(forecast)

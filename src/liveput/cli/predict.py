@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from liveput.cli import params
+from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json, progress
 from liveput.cli.trace import END_HELP, FORMAT_HELP, START_HELP, load_trace
 from liveput.files import check_output_file
@@ -50,7 +51,7 @@ def backtest_command(
                                             help=START_HELP),
     end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
                                           help=END_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
 ) -> None:
     """Walk forward over a trace, forecasting at every interval; score each predictor."""
     names = _methods(methods)

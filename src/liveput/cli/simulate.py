@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from liveput.cli import params
+from liveput.cli.params import FLAG
 from liveput.cli.output import console, err_console, progress, to_json
 from liveput.cli.trace import load_trace
 from liveput.errors import LiveputError
@@ -150,7 +151,8 @@ def register(app: typer.Typer) -> None:
             None, "--on-demand-price", parser=params.OPTIONAL_PRICE,
             help="$ per on-demand instance-hour (default: the model's instance type)."),
         notice: float = typer.Option(120.0, "--preemption-notice",
-                                     parser=params.NON_NEGATIVE_SECONDS, help="Seconds of warning before a preemption (AWS 120, "
+                                     parser=params.NON_NEGATIVE_SECONDS,
+                                     help="Seconds of warning before a preemption (AWS 120, "
                                           "GCP 30, 0: none)."),
         start_hour: float | None = typer.Option(None, "--start-hour", parser=params.HOUR_OF_TRACE,
                                                 help="Replay the trace from this hour on."),
@@ -159,7 +161,7 @@ def register(app: typer.Typer) -> None:
         json_path: Path | None = typer.Option(None, "--json", help="Write the results as JSON."),
         report: Path | None = typer.Option(None, "--report",
                                            help="Write an HTML report and its PNGs here."),
-        run_sweep: bool = typer.Option(False, "--sweep",
+        run_sweep: bool = typer.Option(False, "--sweep", metavar=FLAG,
                                        help="Run the models x traces x policies matrix "
                                             "(default models: "
                                             + ",".join(SWEEP_MODELS) + "; default traces: one "

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from liveput.cli import params
+from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json
 from liveput.files import check_output_file
 from liveput.traces import REGIMES, Trace, generate_trace, read_trace, trace_stats, write_trace
@@ -42,7 +43,7 @@ def stats(
                                             help=START_HELP),
     end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
                                           help=END_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
 ) -> None:
     """Print the statistics of a trace (time-weighted mean, preemptions, allocations, ...)."""
     figures = trace_stats(load_trace(trace, fmt, start_hour, end_hour), interval)
