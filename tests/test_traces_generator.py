@@ -39,6 +39,30 @@ def test_v100_like_regime_matches_the_v100_trace() -> None:
         assert generated[key] == pytest.approx(target, rel=0.35), key
 
 
+@pytest.mark.parametrize("nodes", [32, 2000])
+def test_preemption_rate_per_instance_holds_from_32_to_2000_nodes(nodes: int) -> None:
+    # Issue 22: one burst process for the whole capacity made 2,000-node traces calm (0.0095
+    # preemptions per instance-hour against 0.63 at 32 nodes); zones keep the calibrated rate.
+    generated = _mean_stats("p3-like", nodes, 12, range(6))
+    assert generated["preemptions_per_instance_hour"] == pytest.approx(
+        P3["preemptions_per_instance_hour"], rel=0.2)
+    assert generated["mean_fraction"] == pytest.approx(P3["mean_fraction"], rel=0.1)
+    if nodes > 32:  # losses of many zones in one interval are one larger event
+        assert generated["mean_preemption_burst"] > 2 * P3["mean_preemption_burst"]
+
+
+def test_v100_like_rate_per_instance_holds_at_2000_nodes() -> None:
+    generated = _mean_stats("v100-like", 2000, 100, range(2))
+    assert generated["preemptions_per_instance_hour"] == pytest.approx(
+        V100["preemptions_per_instance_hour"], rel=0.35)
+    assert generated["mean_fraction"] == pytest.approx(V100["mean_fraction"], rel=0.35)
+
+
+def test_many_zones_over_a_long_span_is_refused_before_drawing() -> None:
+    with pytest.raises(LiveputError, match=r"3,125 zones x 8,760 intervals.*--nodes or --hours"):
+        generate_trace(100_000, 146, 0)
+
+
 def test_calibration_targets_are_the_shared_traces_statistics(shared_traces: Path) -> None:
     p3 = trace_stats(read_trace(shared_traces / "aws-p3-32node.events.csv"))
     assert p3["mean_nodes"] / 32 == pytest.approx(P3["mean_fraction"], abs=1e-3)

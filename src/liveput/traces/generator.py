@@ -13,6 +13,15 @@ mean dwell ``dwell_h`` hours); in each interval, with ``n`` instances of a capac
   more are outstanding; its size is geometric with mean ``alloc_burst_mean`` (or the whole deficit
   with probability ``refill_prob``), at most ``deficit``.
 
+A regime is fitted at one size, ``reference_nodes`` (32 for p3-like, 16 for v100-like): one zone's
+market. A larger capacity is split into zones of that size (the last one smaller), each with its
+own count, bursts, deficit and refills as above, all sharing the calm / volatile state: so the
+preemptions per instance-hour and the fraction of the capacity up stay those of the calibration at
+any size above it (checked at 32 and 2,000 nodes in ``tests/test_traces_generator.py``). At or
+below it a trace is one zone, so a small cluster sees a whole zone's bursts (more preemptions per
+instance-hour than a larger one). An interval's losses of all zones are one event, and so are its
+allocations.
+
 Events fall at uniformly random times inside their interval. Calibration targets (measured with
 ``liveput trace stats`` and the per-interval statistics in ``docs/traces.md``):
 
@@ -29,6 +38,7 @@ time-weighted mean / cap      0.75 (24.0 of 32)             0.43 (6.9 of 16)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +72,8 @@ class Regime:
     """Mean time in one market state, hours."""
     start_fraction: float = 0.6
     """Instances available at the start, as a fraction of the capacity."""
+    reference_nodes: int = 32
+    """Capacity the regime was fitted at, instances: one zone (larger capacities are zones)."""
 
     def __post_init__(self) -> None:
         probabilities = (self.preempt_prob, self.wipeout_prob, self.alloc_max_prob, self.refill_prob)
@@ -71,6 +83,8 @@ class Regime:
             raise LiveputError("generator regime: burst means and volatile factor must be >= 1")
         if self.dwell_h <= 0 or self.alloc_gain < 0:
             raise LiveputError("generator regime: dwell must be positive and gain >= 0")
+        if self.reference_nodes < 1:
+            raise LiveputError("generator regime: reference_nodes must be >= 1")
 
 
 REGIMES: Registry[Regime] = Registry("trace regime")
@@ -78,7 +92,8 @@ REGIMES.register("p3-like")(
     Regime(0.09, 2.1, 0.0, 0.5, 0.6, 2.0, 0.0, 2.0, 1.0)
 )
 REGIMES.register("v100-like")(
-    Regime(0.012, 4.0, 0.55, 0.008, 0.05, 6.0, 0.6, 1.5, 24.0, start_fraction=0.0)
+    Regime(0.012, 4.0, 0.55, 0.008, 0.05, 6.0, 0.6, 1.5, 24.0, start_fraction=0.0,
+           reference_nodes=16)
 )
 REGIMES.register("calm")(Regime(0.03, 1.5, 0.0, 0.4, 0.5, 1.5, 0.0, 1.5, 2.0, 0.9))
 REGIMES.register("volatile")(Regime(0.2, 2.5, 0.01, 0.8, 0.7, 2.5, 0.05, 2.5, 0.5))
@@ -88,6 +103,94 @@ REGIMES.register("default")(REGIMES.get("p3-like"))
 
 def _geometric(rng: np.random.Generator, mean: float) -> int:
     return int(rng.geometric(1.0 / mean))
+
+
+MAX_ZONE_INTERVALS = 20_000_000
+"""Intervals times zones a generated trace may draw (about 20 s of work on one core)."""
+
+Steps = tuple[int, list[float], list[int], list[int]]
+"""(initial count, event times s, added, removed) of a generated trace, events in draw order."""
+
+
+def _event(times: list[float], added: list[int], removed: list[int], time_s: float,
+           gained: int, lost: int) -> None:
+    times.append(time_s)
+    added.append(gained)
+    removed.append(lost)
+
+
+def _one_zone(rng: np.random.Generator, params: Regime, nodes: int, num_intervals: int,
+              interval_s: float, per_interval: Callable[[float], float],
+              switch_prob: float) -> Steps:
+    """The calibrated model at or below its reference size: one zone, scalar draws."""
+    volatile = bool(rng.random() < 0.5)
+    count = int(round(params.start_fraction * nodes))
+    initial = count
+    times: list[float] = []
+    added: list[int] = []
+    removed: list[int] = []
+    for step in range(num_intervals):
+        if rng.random() < switch_prob:
+            volatile = not volatile
+        factor = params.volatile_factor if volatile else 1.0 / params.volatile_factor
+        lost = 0
+        if count > 0 and rng.random() < per_interval(params.preempt_prob * factor):
+            wipeout = rng.random() < params.wipeout_prob
+            lost = count if wipeout else min(count, _geometric(rng, params.preempt_burst_mean))
+        gained = 0
+        deficit = nodes - count
+        alloc_prob = min(params.alloc_max_prob, params.alloc_gain * deficit / nodes)
+        if deficit > 0 and rng.random() < per_interval(alloc_prob):
+            refill = rng.random() < params.refill_prob
+            gained = deficit if refill else min(deficit, _geometric(rng, params.alloc_burst_mean))
+        if lost:
+            _event(times, added, removed, (step + rng.uniform(0.01, 0.99)) * interval_s, 0, lost)
+        if gained:
+            _event(times, added, removed, (step + rng.uniform(0.01, 0.99)) * interval_s,
+                   gained, 0)
+        count += gained - lost
+    return initial, times, added, removed
+
+
+def _many_zones(rng: np.random.Generator, params: Regime, nodes: int, num_intervals: int,
+                interval_s: float, per_interval: Callable[[float], float],
+                switch_prob: float) -> Steps:
+    """Above the reference size: zones of ``reference_nodes`` drawn side by side (vectorized),
+    sharing the market state; each interval's losses, and its allocations, are one event."""
+    zone = params.reference_nodes
+    capacity = np.full(-(-nodes // zone), zone, dtype=np.int64)
+    capacity[-1] = nodes - zone * (len(capacity) - 1)
+    counts = np.round(params.start_fraction * capacity).astype(np.int64)
+    initial = int(counts.sum())
+    num_zones = len(capacity)
+    volatile = bool(rng.random() < 0.5)
+    times: list[float] = []
+    added: list[int] = []
+    removed: list[int] = []
+    for step in range(num_intervals):
+        if rng.random() < switch_prob:
+            volatile = not volatile
+        factor = params.volatile_factor if volatile else 1.0 / params.volatile_factor
+        hit = (counts > 0) & (rng.random(num_zones) < per_interval(params.preempt_prob * factor))
+        wipeout = rng.random(num_zones) < params.wipeout_prob
+        burst = rng.geometric(1.0 / params.preempt_burst_mean, num_zones)
+        lost = np.where(hit, np.where(wipeout, counts, np.minimum(counts, burst)), 0)
+        deficit = capacity - counts
+        alloc_prob = np.minimum(params.alloc_max_prob, params.alloc_gain * deficit / capacity)
+        grant = (deficit > 0) & (rng.random(num_zones)
+                                 < 1.0 - (1.0 - alloc_prob) ** (interval_s / 60.0))
+        refill = rng.random(num_zones) < params.refill_prob
+        burst = rng.geometric(1.0 / params.alloc_burst_mean, num_zones)
+        gained = np.where(grant, np.where(refill, deficit, np.minimum(deficit, burst)), 0)
+        counts += gained - lost
+        total_lost, total_gained = int(lost.sum()), int(gained.sum())
+        if total_lost:
+            _event(times, added, removed, (step + rng.uniform(0.01, 0.99)) * interval_s, 0,
+                   total_lost)
+        if total_gained:
+            _event(times, added, removed, (step + rng.uniform(0.01, 0.99)) * interval_s,
+                   total_gained, 0)
+    return initial, times, added, removed
 
 
 def generate_trace(
@@ -112,32 +215,15 @@ def generate_trace(
         return 1.0 - (1.0 - min(p, 1.0)) ** scale
 
     switch_prob = per_interval(1.0 / (params.dwell_h * 60.0))
-    volatile = bool(rng.random() < 0.5)
-    count = int(round(params.start_fraction * nodes))
-    initial = count
-    times: list[float] = []
-    added: list[int] = []
-    removed: list[int] = []
-    for step in range(num_intervals):
-        if rng.random() < switch_prob:
-            volatile = not volatile
-        factor = params.volatile_factor if volatile else 1.0 / params.volatile_factor
-        lost = 0
-        if count > 0 and rng.random() < per_interval(params.preempt_prob * factor):
-            wipeout = rng.random() < params.wipeout_prob
-            lost = count if wipeout else min(count, _geometric(rng, params.preempt_burst_mean))
-        gained = 0
-        deficit = nodes - count
-        alloc_prob = min(params.alloc_max_prob, params.alloc_gain * deficit / nodes)
-        if deficit > 0 and rng.random() < per_interval(alloc_prob):
-            refill = rng.random() < params.refill_prob
-            gained = deficit if refill else min(deficit, _geometric(rng, params.alloc_burst_mean))
-        for size, bucket in ((lost, removed), (gained, added)):
-            if size:
-                times.append((step + rng.uniform(0.01, 0.99)) * interval_s)
-                bucket.append(size)
-                (added if bucket is removed else removed).append(0)
-        count += gained - lost
+    zones = -(-nodes // params.reference_nodes)
+    if num_intervals * zones > MAX_ZONE_INTERVALS:
+        raise LiveputError(
+            f"trace generator: {nodes:,} nodes over {hours:g} h is {zones:,} zones x "
+            f"{num_intervals:,} intervals, more than {MAX_ZONE_INTERVALS:,} zone-intervals "
+            "(fewer --nodes or --hours)")
+    draw = _one_zone if zones == 1 else _many_zones
+    initial, times, added, removed = draw(rng, params, nodes, num_intervals, interval_s,
+                                          per_interval, switch_prob)
     order = np.argsort(times, kind="stable")
     merged_times = np.array(times)[order]
     # Two events drawn at the same instant are one change.
