@@ -26,7 +26,7 @@ run: setup
 	$(BIN)/liveput trace generate --nodes 32 --hours 12 --seed 0 -o out/default-trace.csv
 	$(BIN)/liveput trace stats out/default-trace.csv
 	$(BIN)/liveput trace plot out/default-trace.csv -o out/default-trace.png
-	$(BIN)/liveput simulate --trace out/default-trace.csv --json out/simulation.json \
+	$(BIN)/liveput simulate --trace out/default-trace.csv -o out/simulation.json \
 	  --report out/report
 
 test: setup system-deps

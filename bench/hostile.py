@@ -199,10 +199,10 @@ def _output_cases() -> Iterator[Case]:
         "trace plot": ("trace", "plot", "{dir}/trace.csv", "-o", "{out}"),
         "predict plot": ("predict", "plot", "{dir}/trace.csv", "--method", "persistence",
                          "--warmup", "5", "--horizon", "3", "-o", "{out}"),
-        "simulate --json": ("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive",
-                            "--json", "{out}"),
+        "simulate -o": ("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive",
+                        "-o", "{out}"),
         "profile": ("profile", "-o", "{out}"),
-        "train --json": ("train", "--steps", "3", "--json", "{out}"),
+        "train -o": ("train", "--steps", "3", "-o", "{out}"),
     }
     places = {"folder": "{dir}/sub", "missing-parent": "{dir}/no/such/out.png",
               "parent-is-file": "{dir}/trace.csv/out.png", "root": "/"}
@@ -215,7 +215,7 @@ def _output_cases() -> Iterator[Case]:
         yield Case(f"{command} out:not-png", filled, files=trace)
     for what, out in {"is-a-file": "{dir}/trace.csv", "missing-parent": "{dir}/no/report"}.items():
         yield Case(f"simulate --report:{what}", ("simulate", "--trace", "{dir}/trace.csv",
-                                                 "--policies", "reactive", "--json",
+                                                 "--policies", "reactive", "-o",
                                                  "{dir}/sim.json", "--report", out), files=trace)
 
 
@@ -295,7 +295,7 @@ def _valid_cases() -> Iterator[Case]:
         "advise deepvm": ("advise", "deepvm", "--budget-usd-per-hour", "3", "--json"),
         "advise catalog": ("advise", "catalog", "--json"),
         "simulate": ("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive",
-                     "--json", "{dir}/s.json"),
+                     "-o", "{dir}/s.json"),
     }
     for name, argv in valid.items():
         yield Case(f"valid: {name}", argv, bad=False, files=trace)

@@ -64,7 +64,7 @@ def test_malformed_traces_never_crash(reader, content):
     ("trace", "generate", "-o", "{dir}/no/such/folder/out.csv"),
     ("trace", "generate", "-o", "{dir}", "--hours", "1"),
     ("trace", "stats", "{dir}/trace.csv", "--interval", "1e-9"),
-    ("simulate", "--trace", "{dir}/trace.csv", "--json", "{dir}/s.json", "--report",
+    ("simulate", "--trace", "{dir}/trace.csv", "-o", "{dir}/s.json", "--report",
      "{dir}/trace.csv"),
     ("agent", "--coordinator", "127.0.0.1:1", "--token", "t", "--notices", "bogus"),
 ])

@@ -304,3 +304,21 @@ def test_cli_profile_round_trip(tmp_path, capsys: pytest.CaptureFixture[str]) ->
     loaded = load_profile(str(path))
     assert loaded.micro_batch_size == 4 and loaded.num_layers == 6
     assert estimate_configs(loaded, 4).feasible.any()
+
+
+def test_perf_table_merges_counts_and_stays_short_at_2000_nodes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from liveput.cli.perf import MAX_ROWS, _rows
+
+    best = {str(n): (None if n < 6 else [n // 6, 6]) for n in range(1, 31)}
+    rows = _rows(best)
+    # Runs of one best configuration are one row, and the rows cover every count in order.
+    assert [(first, last) for first, last, _ in rows][:2] == [(1, 5), (6, 11)]
+    assert [n for first, last, _ in rows for n in range(first, last + 1)] == list(range(1, 31))
+    assert all(best[str(first)] == choice == best[str(last)] for first, last, choice in rows)
+    many = {str(n): [n, 1] for n in range(1, 2001)}  # a new best at every count
+    ladder = _rows(many)
+    assert len(ladder) <= MAX_ROWS and ladder[-1] == (2000, 2000, [2000, 1])
+    assert main(["perf", "gpt-1.5b", "--nodes", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) < MAX_ROWS + 10 and "--json lists every count" in out

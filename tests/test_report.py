@@ -46,7 +46,7 @@ def test_cli_json_schema(small_trace: Path, tmp_path: Path,
                          capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "result.json"
     code = main(["simulate", "--trace", str(small_trace), "--policies", "reactive,ideal,liveput",
-                 "--json", str(out)])
+                 "-o", str(out)])
     assert code == 0
     document = json.loads(out.read_text())
     assert set(document) == {"trace", "model", "interval_s", "hours", "policies"}
@@ -61,6 +61,10 @@ def test_cli_json_schema(small_trace: Path, tmp_path: Path,
     assert reactive["fraction_of_ideal"] == pytest.approx(
         reactive["samples"] / document["policies"]["ideal"]["samples"])
     assert "reactive" in capsys.readouterr().out  # the table
+    # --json means one thing in every command: one JSON object on stdout, no table.
+    assert main(["simulate", "--trace", str(small_trace), "--policies", "reactive,ideal,liveput",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == document
 
 
 def test_cli_sweep_is_relative_to_reactive_and_ideal(small_trace: Path, tmp_path: Path,
@@ -68,7 +72,7 @@ def test_cli_sweep_is_relative_to_reactive_and_ideal(small_trace: Path, tmp_path
     out = tmp_path / "sweep.json"
     code = main(["simulate", "--sweep", "--trace", str(small_trace), "--trace", str(small_trace),
                  "--model", "gpt-1.5b,bert-large", "--policies", "reactive,bamboo,ideal",
-                 "--end-hour", "0.5", "--json", str(out)])
+                 "--end-hour", "0.5", "-o", str(out)])
     assert code == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 2 * 2 * 3
@@ -107,7 +111,7 @@ def test_cli_says_when_the_trace_is_too_small_and_still_simulates(
     path.write_text("time,count\n0,4\n600,4\n")
     out = tmp_path / "result.json"
     assert main(["simulate", "--trace", str(path), "--policies", "reactive,liveput",
-                 "--json", str(out)]) == 0
+                 "-o", str(out)]) == 0
     assert "needs 6 instances at least (the trace has at most 4)" in capsys.readouterr().err
     document = json.loads(out.read_text())
     assert document["policies"]["liveput"]["samples"] == 0

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import typer
 
+from liveput.cli.output import set_quiet
 from liveput.cli.params import FLAG
 from liveput.cli import advise, models, perf, plan, predict, profile, simulate, trace, train
 from liveput.errors import LiveputError
@@ -33,7 +35,11 @@ train.register(app)
 def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", metavar=FLAG,
                                  help="Log progress details to stderr."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", metavar=FLAG,
+                               help="No progress bars on stderr (they are off anyway when "
+                                    "stderr is not a terminal)."),
 ) -> None:
+    set_quiet(quiet)
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -44,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     try:
         # Not standalone, click returns a command's typer.Exit code instead of raising it.
-        code = app(args=argv, prog_name="liveput", standalone_mode=False)
+        code = _command()(args=argv, prog_name="liveput", standalone_mode=False)
         if isinstance(code, int):
             return code
     except LiveputError as error:
@@ -74,6 +80,20 @@ def main(argv: list[str] | None = None) -> int:
             return _refuse(_usage_line(error), error.exit_code)
         raise
     return 0
+
+
+def _command() -> Any:
+    """The click command of ``app``, with every ``--help`` shown as the flag it is (typer shows
+    a ``<bool>`` value for it); click caches each command's help option, so setting it once holds."""
+    root = typer.main.get_command(app)
+    pending = [root]
+    while pending:
+        command = pending.pop()
+        option = command.get_help_option(typer.Context(command))
+        if option is not None:
+            option.metavar = FLAG
+        pending.extend(getattr(command, "commands", {}).values())
+    return root
 
 
 def _usage_line(error: Exception) -> str:

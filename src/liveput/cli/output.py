@@ -15,6 +15,17 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+class _Display:
+    """Whether progress is shown: ``liveput --quiet`` turns it off for every command."""
+
+    quiet = False
+
+
+def set_quiet(quiet: bool) -> None:
+    """Hide (or show) progress displays on stderr; errors and results are unaffected."""
+    _Display.quiet = quiet
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(key): _plain(item) for key, item in value.items()}
@@ -40,7 +51,8 @@ def print_json(obj: Any) -> None:
 
 
 def progress(transient: bool = True) -> Progress:
-    """A progress bar on stderr, so stdout stays clean for JSON."""
+    """A progress bar on stderr, so stdout stays clean for JSON; off with ``--quiet`` and when
+    stderr is not a terminal (a log file or a pipe gets no bar frames)."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -49,4 +61,5 @@ def progress(transient: bool = True) -> Progress:
         TimeRemainingColumn(),
         console=err_console,
         transient=transient,
+        disable=_Display.quiet or not err_console.is_terminal,
     )

@@ -41,16 +41,47 @@ def register(app: typer.Typer) -> None:
             print_json({"model": profile.model, "instance_type": table.instance_type,
                         "configs": configs, "best": best})
             return
-        view = Table(title=f"{profile.model} on {table.instance_type}: best configuration per count")
+        index = {(c["data_parallel"], c["pipeline_stages"]): i for i, c in enumerate(configs)}
+        rows = _rows(best)
+        view = Table(title=f"{profile.model} on {table.instance_type}: best D x P per count",
+                     caption=None if len(rows) == nodes else
+                     f"{len(rows)} row{'s' * (len(rows) > 1)} for {nodes:,} counts; --json "
+                     "lists every count")
         for column in ("instances", "D x P", "samples/s", "memory GB"):
             view.add_column(column, justify="right")
-        for count, choice in best.items():
+        for first, last, choice in rows:
+            counts = str(first) if first == last else f"{first}-{last}"
             if choice is None:
-                view.add_row(count, "-", "nothing fits", "-")
+                view.add_row(counts, "-", "nothing fits", "-")
                 continue
-            index = next(i for i, c in enumerate(configs)
-                         if [c["data_parallel"], c["pipeline_stages"]] == choice)
-            view.add_row(count, f"{choice[0]} x {choice[1]}",
-                         f"{configs[index]['samples_per_s']:.1f}",
-                         f"{configs[index]['memory_gb']:.1f}")
+            figures = configs[index[tuple(choice)]]
+            view.add_row(counts, f"{choice[0]} x {choice[1]}",
+                         f"{figures['samples_per_s']:.1f}", f"{figures['memory_gb']:.1f}")
         console.print(view)
+
+
+MAX_ROWS = 40
+"""The table shows at most about this many rows; ``--json`` has every count."""
+
+
+def _rows(best: dict[str, list[int] | None]) -> list[tuple[int, int, list[int] | None]]:
+    """(first count, last count, best D x P) rows: counts with the same best configuration are
+    one row; beyond :data:`MAX_ROWS` such runs, one row per step of a ladder of counts growing by
+    about 1.25x (1, 2, 3, 4, 5, 6, 8, 10, ...), and the largest count."""
+    runs: list[tuple[int, int, list[int] | None]] = []
+    for key, choice in best.items():
+        count = int(key)
+        if runs and runs[-1][2] == choice:
+            runs[-1] = (runs[-1][0], count, choice)
+        else:
+            runs.append((count, count, choice))
+    if len(runs) <= MAX_ROWS:
+        return runs
+    largest = len(best)
+    ladder: list[int] = []
+    count = 1
+    while count < largest:
+        ladder.append(count)
+        count = max(count + 1, round(count * 1.25))
+    ladder.append(largest)
+    return [(n, n, best[str(n)]) for n in ladder]

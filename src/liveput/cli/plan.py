@@ -10,7 +10,7 @@ from rich.table import Table
 
 from liveput.cli import params
 from liveput.cli.params import FLAG
-from liveput.cli.output import console, print_json
+from liveput.cli.output import console, print_json, progress
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile
@@ -92,17 +92,22 @@ def register(app: typer.Typer) -> None:
                                f"only {nodes + on_demand} are available")
         capacity = max([nodes, *counts])
         profile = load_profile(model)
-        table = estimate_configs(profile, capacity + on_demand)
-        if running is not None:
-            _check_runs(table, running)
-        config = OptimizerConfig(horizon=horizon, interval_s=interval, objective=objective)
-        optimizer = LiveputOptimizer(profile, table, MigrationCostModel.from_profile(profile),
-                                     config)
-        predicted = forecast_from_counts(counts or [nodes], capacity, spread)
-        optimizer.decide(running, nodes, predicted, on_demand)  # warm the per-count tables
-        start = time.perf_counter()
-        decision = optimizer.decide(running, nodes, predicted, on_demand)
-        solve_ms = (time.perf_counter() - start) * 1e3
+        with progress() as bar:  # large clusters take seconds per phase
+            task = bar.add_task("estimating every configuration", total=3)
+            table = estimate_configs(profile, capacity + on_demand)
+            if running is not None:
+                _check_runs(table, running)
+            config = OptimizerConfig(horizon=horizon, interval_s=interval, objective=objective)
+            optimizer = LiveputOptimizer(profile, table, MigrationCostModel.from_profile(profile),
+                                         config)
+            predicted = forecast_from_counts(counts or [nodes], capacity, spread)
+            bar.update(task, advance=1, description="building the per-count tables")
+            optimizer.decide(running, nodes, predicted, on_demand)  # warm the per-count tables
+            bar.update(task, advance=1, description="deciding")
+            start = time.perf_counter()
+            decision = optimizer.decide(running, nodes, predicted, on_demand)
+            solve_ms = (time.perf_counter() - start) * 1e3
+            bar.update(task, advance=1)
         chosen = decision.configuration
         result = {
             "decision": None if chosen is None else {

@@ -1,4 +1,4 @@
-"""`liveput simulate`: replay a trace with every policy, print a table, write JSON and a report."""
+"""`liveput simulate`: replay a trace with every policy: a table (or ``--json``), a JSON file, a report."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.table import Table
 
 from liveput.cli import params
 from liveput.cli.params import FLAG
-from liveput.cli.output import console, err_console, progress, to_json
+from liveput.cli.output import console, err_console, print_json, progress, to_json
 from liveput.cli.trace import load_trace
 from liveput.errors import LiveputError
 from liveput.files import check_output_file, check_output_folder, write_text_atomic
@@ -18,7 +18,7 @@ from liveput.perf import ModelProfile, estimate_configs, load_profile
 from liveput.policies import POLICIES
 from liveput.sim import DEFAULT_POLICIES, SimulationConfig, default_trace, simulate
 from liveput.sim.engine import DEFAULT_MODEL, check_size
-from liveput.sim.sweep import SWEEP_MODELS, default_sweep_traces, sweep
+from liveput.sim.sweep import SWEEP_MODELS, SweepRow, default_sweep_traces, sweep
 from liveput.traces import IntervalTrace
 
 TRACE_HELP = ("Trace file (events CSV, count JSON, count CSV, text); repeat with --sweep. "
@@ -67,7 +67,7 @@ def _warn_if_too_small(trace: IntervalTrace, profile: ModelProfile, num_on_deman
 
 
 def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: SimulationConfig,
-             json_path: Path | None, report: Path | None) -> None:
+             output: Path | None, report: Path | None, as_json: bool) -> None:
     from liveput.report import SUMMARY_HEADER, summary_rows, write_report
 
     profile = load_profile(model)
@@ -80,29 +80,45 @@ def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: Simu
             bar.update(task, advance=1, description=f"simulating {policy}")
 
         result = simulate(trace, profile, policies, config, on_step=step)
-    view = Table(title=f"{model} on {trace.name}: {trace.hours:.2f} h, "
-                       f"{config.interval_s:g}-s intervals")
-    for column in SUMMARY_HEADER:
-        view.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
-    for row in summary_rows(result):
-        view.add_row(*row)
-    console.print(view)
+    if not as_json:
+        view = Table(title=f"{model} on {trace.name}: {trace.hours:.2f} h, "
+                           f"{config.interval_s:g}-s intervals")
+        for column in SUMMARY_HEADER:
+            view.add_column(column, justify="left" if column == "policy" else "right",
+                            no_wrap=True)
+        for row in summary_rows(result):
+            view.add_row(*row)
+        console.print(view)
     # The report first: if it fails, no JSON claims a finished run.
     if report is not None:
         page = write_report(result, report)
         err_console.print(f"wrote {page} and its PNGs")
-    if json_path is not None:
-        write_text_atomic(json_path, to_json(result.to_json()) + "\n")
-        err_console.print(f"wrote {json_path}")
+    _emit(result.to_json(), output, as_json)
+
+
+def _emit(summary: dict, output: Path | None, as_json: bool) -> None:
+    """The results as JSON: into ``--output`` (atomically), on stdout with ``--json``, or both."""
+    if output is not None:
+        write_text_atomic(output, to_json(summary) + "\n")
+        err_console.print(f"wrote {output}")
+    if as_json:
+        print_json(summary)
 
 
 def _run_sweep(traces: list[IntervalTrace], models: list[str], policies: list[str],
-               config: SimulationConfig, json_path: Path | None) -> None:
+               config: SimulationConfig, output: Path | None, as_json: bool) -> None:
     with progress() as bar:
         task = bar.add_task("sweep", total=len(models) * len(traces))
         rows = sweep(models, traces, policies, config,
                      on_cell=lambda model, trace: bar.update(task, advance=1,
                                                              description=f"{model} on {trace}"))
+    if not as_json:
+        _print_sweep(rows)
+    _emit({"interval_s": config.interval_s, "rows": [row.__dict__ for row in rows]}, output,
+          as_json)
+
+
+def _print_sweep(rows: list[SweepRow]) -> None:
     view = Table(title="samples relative to reactive and to ideal")
     for column in ("model", "trace", "policy", "samples", "x reactive", "of ideal", "$ / 1k"):
         view.add_column(column, justify="left" if column in ("model", "trace", "policy")
@@ -116,10 +132,6 @@ def _run_sweep(traces: list[IntervalTrace], models: list[str], policies: list[st
                      "-" if row.samples <= 0 else f"{row.cost_usd / row.samples * 1000:.3f}",
                      end_section=last)
     console.print(view)
-    if json_path is not None:
-        summary = {"interval_s": config.interval_s, "rows": [row.__dict__ for row in rows]}
-        write_text_atomic(json_path, to_json(summary) + "\n")
-        err_console.print(f"wrote {json_path}")
 
 
 def register(app: typer.Typer) -> None:
@@ -158,7 +170,11 @@ def register(app: typer.Typer) -> None:
                                                 help="Replay the trace from this hour on."),
         end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
                                               help="Replay the trace up to this hour."),
-        json_path: Path | None = typer.Option(None, "--json", help="Write the results as JSON."),
+        as_json: bool = typer.Option(False, "--json", metavar=FLAG,
+                                     help="Print one JSON object (the results) instead of the "
+                                          "table."),
+        output: Path | None = typer.Option(None, "-o", "--output",
+                                           help="Write the results as JSON to this file."),
         report: Path | None = typer.Option(None, "--report",
                                            help="Write an HTML report and its PNGs here."),
         run_sweep: bool = typer.Option(False, "--sweep", metavar=FLAG,
@@ -169,8 +185,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Replay an availability trace with each policy: samples, dollars, and why."""
         # Outputs are checked before any work: a bad path costs nothing and writes nothing.
-        if json_path is not None:
-            check_output_file(json_path)
+        if output is not None:
+            check_output_file(output)
         if report is not None:
             check_output_folder(report)
         config = SimulationConfig(interval_s=interval, horizon=horizon, objective=objective,
@@ -188,7 +204,7 @@ def register(app: typer.Typer) -> None:
                       if traces else default_sweep_traces(interval))
             models = (_names(model, "model") if model != DEFAULT_MODEL
                       else list(SWEEP_MODELS))
-            _run_sweep(loaded, models, names, config, json_path)
+            _run_sweep(loaded, models, names, config, output, as_json)
             return
         if traces and len(traces) > 1:
             raise LiveputError("several --trace files need --sweep")
@@ -198,4 +214,4 @@ def register(app: typer.Typer) -> None:
             if start_hour is not None or end_hour is not None:
                 raise LiveputError("--start-hour and --end-hour need a --trace")
             trace = default_trace(interval)
-        _run_one(trace, model, names, config, json_path, report)
+        _run_one(trace, model, names, config, output, report, as_json)

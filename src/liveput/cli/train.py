@@ -7,10 +7,11 @@ import signal
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
 from liveput.cli import params
 from liveput.cli import agent as agent_commands
-from liveput.cli.output import err_console, print_json, progress, to_json
+from liveput.cli.output import console, err_console, print_json, progress, to_json
 from liveput.files import check_output_file, write_text_atomic
 
 
@@ -37,10 +38,12 @@ def train(
                              help="Seed of the generated trace and the victims "
                              "(20: its 5-minute trace for 6 workers has 7 preemptions and 5 "
                              "allocations; most 5-minute traces have one or two)."),
-    json_path: Path = typer.Option(None, "--json", help="Write the summary here and the "
-                                   "per-step log beside it (.jsonl)."),
+    as_json: bool = typer.Option(False, "--json", metavar=params.FLAG,
+                                 help="Print one JSON object (the summary) instead of the table."),
+    output: Path = typer.Option(None, "-o", "--output", help="Write the summary here as JSON and "
+                                "the per-step log beside it (.jsonl)."),
     log_dir: Path = typer.Option(None, "--log-dir", help="Where the agents' logs go, kept after "
-                                 "the run (default: logs/ beside --json, else ./liveput-logs)."),
+                                 "the run (default: logs/ beside --output, else ./liveput-logs)."),
     keep_checkpoints: int = typer.Option(2, "--keep-checkpoints", parser=params.KEEP,
                                          help="Complete checkpoints kept on disk (the newest)."),
 ) -> None:
@@ -52,16 +55,16 @@ def train(
     resolve_job(model)  # an unknown model is refused before anything starts or is printed
 
     if log_dir is None:
-        log_dir = json_path.parent / "logs" if json_path is not None else Path("liveput-logs")
+        log_dir = output.parent / "logs" if output is not None else Path("liveput-logs")
     config = LocalTrainingConfig(
         model=model, workers=workers, steps=steps, time_scale=time_scale,
         notice_lead_s=notice_lead_s, store_url=store, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, seed=seed, log_dir=str(log_dir),
         keep_checkpoints=keep_checkpoints)
     trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)
-    if json_path is not None:
+    if output is not None:
         # Fail now, not after the training, if the summary cannot be written there.
-        check_output_file(json_path)
+        check_output_file(output)
     err_console.print(f"agents' logs: {log_dir}", soft_wrap=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -82,14 +85,38 @@ def train(
     finally:
         signal.signal(signal.SIGTERM, previous)
     summary = result.summary()
-    if json_path is not None:
+    if output is not None:
         # The step log first: the summary that names it is written once it exists.
-        log_path = json_path.with_suffix(".jsonl")
+        log_path = output.with_suffix(".jsonl")
         write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in result.steps))
-        write_text_atomic(json_path, to_json(summary) + "\n")
-        err_console.print(f"wrote {json_path} and {log_path}")
-    else:
+        write_text_atomic(output, to_json(summary) + "\n")
+        err_console.print(f"wrote {output} and {log_path}")
+    if as_json:
         print_json(summary)
+    else:
+        console.print(_summary_table(summary))
+
+
+def _summary_table(summary: dict) -> Table:
+    """The run at a glance; ``--json`` and ``--output`` carry every field and the plans."""
+    view = Table(title="training run", show_header=False)
+    view.add_column("what")
+    view.add_column("value", justify="right")
+    loss = ("-" if summary["initial_loss"] is None or summary["final_loss"] is None
+            else f"{summary['initial_loss']:.3f} -> {summary['final_loss']:.3f}")
+    moves = ", ".join(f"{kind} {n}" for kind, n in sorted(summary["migrations"].items())) or "-"
+    for what, value in (
+            ("steps", f"{summary['steps_completed']:,} ({summary['samples']:,} samples)"),
+            ("loss", loss),
+            ("preemptions / allocations",
+             f"{summary['preemptions']} / {summary['allocations']}"),
+            ("plans", f"{len(summary['plans'])} ({moves})"),
+            ("steps rolled back and redone", str(summary["steps_rolled_back"])),
+            ("exactly once", "yes" if summary["exactly_once"] else "NO"),
+            ("wall time", f"{summary['wall_s']:.1f} s"),
+            ("agents' logs", summary["log_dir"])):
+        view.add_row(what, value)
+    return view
 
 
 def _interrupt(signum: int, frame: object) -> None:
