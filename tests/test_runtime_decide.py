@@ -61,6 +61,9 @@ class ModelAgents:
     def kill(self, instance: int) -> None:
         self.instances[instance].alive = False
 
+    def notice(self, instance: int) -> None:
+        self.store.set(f"notice/{instance}", b"{}")
+
     def alive(self) -> list[int]:
         return [i for i, s in self.instances.items() if s.alive]
 
@@ -290,7 +293,42 @@ def test_without_any_instance_the_job_waits_and_resumes_from_the_checkpoint():
     assert agents.stale_trained == 0
 
 
+def test_only_noticed_instances_train_until_one_without_a_notice_comes():
+    """Issue 22: `liveput train --workers 2 --steps 3` sat 130 s with nothing running because
+    every instance up had a notice; now they train while they last, then hand over."""
+    store, clock, coordinator, agents = start(steps=400, instances=1, initial=1)
+    agents.notice(0)
+    run(coordinator, agents, clock, 40)
+    assert coordinator.plan.generation == 0 and coordinator.plan.noticed == [0]
+    assert coordinator.committed >= 10  # trained, and the notice did not make it replan
+    agents.join(1)
+    run(coordinator, agents, clock, 5)
+    plan = coordinator.plan
+    assert plan.generation == 1 and plan.noticed == []
+    assert plan.slots[1] is not None and plan.slots[0] is None  # 0 only sends its layers
+    assert plan.restore_step is None and {t.source for t in plan.transfers} == {0}
+    committed = coordinator.committed
+    agents.kill(0)
+    run(coordinator, agents, clock, 30)
+    assert coordinator.committed > committed + 10 and agents.stale_trained == 0
+
+
+def test_waiting_says_when_the_instances_up_have_a_notice():
+    config = CoordinatorConfig(num_steps=100, num_micro_batches=4, initial_workers=2,
+                               start_grace_s=20.0)
+    view = CoordinatorView(5.0, {0: Member("h", 0.1, noticed=True)}, None, None, -1)
+    action = decide(view, config, lambda n, e, lost: Configuration(1, 1))
+    assert action.kind is ActionKind.WAIT
+    assert action.status == ("waiting for instances: 0 of 2 up; 1 with a preemption notice, "
+                             "used from 20 s if no other comes")
+    view = CoordinatorView(21.0, {0: Member("h", 0.1, noticed=True)}, None, None, -1)
+    action = decide(view, config, lambda n, e, lost: Configuration(1, 1))
+    assert action.kind is ActionKind.REPLAN and action.noticed_workers == (0,)
+    assert "with a preemption notice" in action.status
+
+
 EVENT = st.one_of(st.tuples(st.just("kill"), st.integers(0, 99)),
+                  st.tuples(st.just("notice"), st.integers(0, 99)),
                   st.tuples(st.just("join"), st.just(0)),
                   st.tuples(st.just("wait"), st.integers(1, 40)))
 
@@ -313,6 +351,9 @@ def test_any_sequence_of_losses_and_arrivals_reaches_the_end(events, initial):
         if kind == "kill" and agents.alive():
             alive = agents.alive()
             agents.kill(alive[value % len(alive)])
+        elif kind == "notice" and agents.alive():
+            alive = agents.alive()
+            agents.notice(alive[value % len(alive)])
         elif kind == "join":
             agents.join(next_id)
             next_id += 1

@@ -281,3 +281,34 @@ def test_sigterm_to_an_agent_process_is_reported_not_fatal() -> None:
         child.wait()
     assert child.returncode == 0
     assert Notice.from_json(out.strip(), "child") == Notice("signal", "SIGTERM", None, "SIGTERM")
+
+
+def _ignores_sigusr1(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_notice_signal_during_the_agents_startup_does_not_end_it() -> None:
+    """Issue 22: a notice due at launch sent SIGUSR1 while the agent still imported torch; its
+    default action ended the agent before it joined, and `liveput train` waited for minutes."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "liveput.runtime", "--store", f"tcp://127.0.0.1:{free_port()}"],
+        env={**os.environ, "LIVEPUT_TOKEN": "t"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not _ignores_sigusr1(process.pid) and process.poll() is None and \
+                time.monotonic() < deadline:
+            time.sleep(0.005)
+        # Before the fix the disposition stays the default (end the process) until the watcher
+        # is built, seconds later, after torch loads and the store answers.
+        assert _ignores_sigusr1(process.pid), "SIGUSR1 is not ignored while the agent starts"
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        assert process.poll() is None, f"the agent ended with {process.returncode}"
+    finally:
+        process.kill()
+        process.wait()

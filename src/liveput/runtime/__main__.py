@@ -7,6 +7,13 @@ the whole CLI: an emulated cloud starts many of these at once on a small machine
 from __future__ import annotations
 
 import os
+import signal
+
+# The emulated cloud's notice signal may come while this process still imports torch (a
+# notice due at launch): its default action would end the agent before it joins, and the job
+# would wait for nothing. Ignored until the notice watcher installs its handler; the notice
+# file, not the signal, is the notice.
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 # Before torch loads: c10d's C++ warnings (a store connection failing, with dozens of stack
 # frames, every heartbeat) would drown the agent's log; its own one-line messages say it.

@@ -14,6 +14,7 @@ generation that was fenced but whose successor was never published is simply pla
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -271,6 +272,8 @@ class Coordinator:
         plan = plan_generation(self.profile, self.config.costs, action.target, context,
                                action.workers, holdings, action.senders, started,
                                action.restore)
+        if action.noticed_workers:
+            plan = dataclasses.replace(plan, noticed=list(action.noticed_workers))
         if plan.restore_step is not None and previous is not None:
             held = {layer for layers in holdings.values() for layer in layers}
             LOG.info("plan %d restores from %s: %s", plan.generation,
@@ -300,7 +303,7 @@ class Coordinator:
     def _watch_stall(self, now: float) -> None:
         """Say why no step commits, once per ``stall_warning_s``."""
         stalled_s = now - self._last_commit_s
-        if stalled_s < self.config.stall_warning_s or self.plan is None:
+        if stalled_s < self.config.stall_warning_s:
             self._stall_warned_s = None
             return
         if self._stall_warned_s is not None and \
@@ -308,7 +311,8 @@ class Coordinator:
             return
         self._stall_warned_s = now
         lines = []
-        for generation in range(max(0, self.plan.generation - 2), self.plan.generation + 1):
+        newest = -1 if self.plan is None else self.plan.generation
+        for generation in range(max(0, newest - 2), newest + 1):
             plan = self._load(generation)
             reasons = {i: r.reason for i, r in protocol.failures(self.store, generation).items()}
             if plan is not None:

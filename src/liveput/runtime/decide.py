@@ -32,7 +32,11 @@ Rules, in order (numbered as in :func:`decide`):
    (suspects out, holdings re-read), and after ``restore_after_failures`` plans in a row that did
    not run, every layer comes from the newest complete checkpoint.
 5. Layers no current holder has come from the checkpoint (:func:`planning.plan_generation`).
-6. No instance available: wait; the next plan restores from the checkpoint.
+6. No instance available: wait; the next plan restores from the checkpoint. When the only
+   instances up have a preemption notice, train on them while they last (the plan records them
+   as ``noticed``, so their notices are no news) rather than wait with nothing running; a step
+   after the newest checkpoint may then be redone. As soon as an instance without a notice is
+   up, the job moves to it (the noticed ones send their layers).
 7. At an interval: ask the policy; replan when its configuration differs from the running one.
 """
 
@@ -211,6 +215,8 @@ class Action:
     """Plan members left out as lost or suspect."""
     lost_slots: tuple[tuple[int, int], ...] = ()
     """Slots of the running plan that were lost (for the policy)."""
+    noticed_workers: tuple[int, ...] = ()
+    """Workers that have a notice (Rule 6: no other instance is up)."""
 
 
 Choose = Callable[[int, str, tuple[tuple[int, int], ...]], Configuration | None]
@@ -251,6 +257,9 @@ def _replan(view: CoordinatorView, config: CoordinatorConfig, choose: Choose, re
     workers = tuple(sorted(i for i, m in alive.items() if not m.noticed))
     # Rule 4: a noticed instance is going; it only sends (and only what is current).
     senders = tuple(sorted(i for i, m in alive.items() if m.noticed))
+    noticed_workers: tuple[int, ...] = ()
+    if not workers and senders:  # Rule 6: only noticed instances are up; train while they last
+        workers, senders, noticed_workers = senders, (), senders
     holdings = {i: alive[i].layers for i in workers + senders
                 if alive[i].layers and (alive[i].held_epoch, alive[i].held_step)
                 == (epoch, view.committed)}
@@ -264,8 +273,11 @@ def _replan(view: CoordinatorView, config: CoordinatorConfig, choose: Choose, re
     restore = view.failed_in_row >= config.restore_after_failures
     status = (f"restoring from {_checkpoint_name(view)} to {target}" if restore
               else f"migrating to {target}")
+    if noticed_workers:
+        status += (f" on {len(noticed_workers)} instance(s) with a preemption notice (no other "
+                   "is up)")
     return Action(ActionKind.REPLAN, status, reason, target, workers, senders,
-                  holdings, restore, suspects, lost_slots)
+                  holdings, restore, suspects, lost_slots, noticed_workers)
 
 
 def _short(reason: str) -> str:
@@ -293,11 +305,16 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
     plan = view.plan
     members = view.members
     if plan is None:  # Rule 1
-        up = [i for i, m in _alive(view, config).items() if not m.noticed]
-        if up and (len(up) >= config.initial_workers or view.now_s >= config.start_grace_s):
+        alive = _alive(view, config)
+        up = [i for i, m in alive.items() if not m.noticed]
+        going = len(alive) - len(up)
+        ready = up or list(alive)  # Rule 6: noticed instances when no other is up
+        if ready and (len(ready) >= config.initial_workers or view.now_s >= config.start_grace_s):
             return _replan(view, config, choose, "start", frozenset(), (), "interval")
+        noticed = (f"; {going} with a preemption notice, used from "
+                   f"{config.start_grace_s:g} s if no other comes" if going else "")
         return Action(ActionKind.WAIT, f"waiting for instances: {len(up)} of "
-                      f"{config.initial_workers} up")
+                      f"{config.initial_workers} up{noticed}")
     if view.committed + 1 >= config.num_steps:  # Rule 2
         workers_done = all(members[i].done for i, slot in plan.slots.items()
                            if slot is not None and i in _alive(view, config))
@@ -307,7 +324,7 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         return Action(ActionKind.NONE, "finishing")
     suspects = _suspects(view, config)  # Rule 3
     working = {i for i, s in plan.slots.items() if s is not None}
-    noticed = {i for i, m in members.items() if m.noticed}
+    noticed = {i for i, m in members.items() if m.noticed} - set(plan.noticed)
     lost = working & (suspects | noticed)
     stranded = bool(suspects) and not view.all_arrived
     if lost and lost <= noticed and not (view.failures or view.fenced or stranded):
@@ -329,6 +346,9 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         return Action(ActionKind.WAIT, f"plan {plan.generation}: waiting for "
                       f"{sum(not members[i].arrived for i in plan.slots if i in members)} "
                       "instances to arrive")
+    if plan.noticed and any(i not in working and not m.noticed
+                            for i, m in _alive(view, config).items()):  # Rule 6
+        return _replan(view, config, choose, "arrival", frozenset(), (), "interval")
     if view.interval_due:  # Rule 7
         available = sum(not m.noticed for m in _alive(view, config).values())
         target = choose(available, "interval", ())

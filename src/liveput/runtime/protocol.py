@@ -92,6 +92,9 @@ class RuntimePlan:
     restore_step: int | None = None
     """When set, every working instance loads all its layers from the checkpoint of this step
     (``FRESH_START``: the initial weights) and ``start_step == restore_step + 1``."""
+    noticed: list[int] = field(default_factory=list)
+    """Working instances that had a preemption notice when the plan was made (no other was up):
+    their going is no news to replan for, and the first instance without a notice replaces them."""
 
     @property
     def world(self) -> list[int]:
