@@ -447,3 +447,22 @@ def test_tcp_store_reached_across_network_namespaces(netns_hosts: NetnsHosts) ->
     # The namespace-internal address does not exist outside the namespaces.
     with pytest.raises(LiveputError, match="unreachable"):
         open_store(url, timeout_s=0.3)
+
+
+def test_a_client_waits_for_a_server_that_starts_late_and_gives_up_at_its_timeout() -> None:
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(LiveputError, match=rf"tcp://127.0.0.1:{port} unreachable after 2 s"):
+        TCPStoreBackend("127.0.0.1", port, timeout_s=2.0)
+    # c10d alone retries once after a delay as long as the timeout: over 4 s for a 2-s timeout.
+    assert time.monotonic() - started < 3.5
+    hosted: list[TCPStoreBackend] = []
+    later = threading.Timer(0.5, lambda: hosted.append(
+        TCPStoreBackend("127.0.0.1", port, host=True)))
+    later.start()
+    client = TCPStoreBackend("127.0.0.1", port, timeout_s=10.0)  # refused at first
+    later.join()
+    client.set("k", b"v")
+    assert hosted[0].get("k") == b"v"
+    client.close()
+    hosted[0].close()

@@ -274,6 +274,8 @@ class TCPStoreBackend(Store):
         if host:
             listen_fd, port = self._listen(host_name, port)
             self.url = _format_url("tcp", host_name, port)
+        else:
+            self._reach(host_name, port)
         try:
             self._store: Any = dist.TCPStore(
                 host_name,
@@ -293,6 +295,23 @@ class TCPStoreBackend(Store):
             raise LiveputError(f"store {self.url} unreachable: {_first_line(exc)}") from None
         self.port = int(port)
         log.debug("opened %s (hosting=%s)", self.url, host)
+
+    def _reach(self, host_name: str, port: int) -> None:
+        """Wait, at most the timeout, until the server accepts a connection. c10d's client
+        retries a failed connect once after a delay as long as the timeout, so an address that
+        refuses would take twice the timeout the user gave to be reported."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            left_s = deadline - time.monotonic()
+            try:
+                with socket.create_connection((host_name, port), timeout=max(0.05, left_s)):
+                    return
+            except OSError as exc:
+                if time.monotonic() + 0.2 >= deadline:
+                    raise LiveputError(
+                        f"store {self.url} unreachable after {self._timeout_s:g} s: "
+                        f"{exc.strerror or exc}") from None
+            time.sleep(0.2)  # refused: the server may still be starting
 
     def _listen(self, host_name: str, port: int) -> tuple[int, int]:
         # The TCPStore server binds every interface by default; handing it our own socket keeps it on
