@@ -38,8 +38,8 @@ time-weighted mean / cap      0.75 (24.0 of 32)             0.43 (6.9 of 16)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -108,31 +108,45 @@ def _geometric(rng: np.random.Generator, mean: float) -> int:
 MAX_ZONE_INTERVALS = 20_000_000
 """Intervals times zones a generated trace may draw (about 20 s of work on one core)."""
 
-Steps = tuple[int, list[float], list[int], list[int]]
-"""(initial count, event times s, added, removed) of a generated trace, events in draw order."""
+@dataclass
+class _Events:
+    """Changes in draw order: an interval's losses, then its allocations, at random times."""
+
+    times: list[float] = field(default_factory=list)
+    added: list[int] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+
+    def record(self, rng: np.random.Generator, step: int, interval_s: float, gained: int,
+               lost: int) -> None:
+        for change_added, change_removed in ((0, lost), (gained, 0)):
+            if change_added or change_removed:
+                self.times.append((step + rng.uniform(0.01, 0.99)) * interval_s)
+                self.added.append(change_added)
+                self.removed.append(change_removed)
 
 
-def _event(times: list[float], added: list[int], removed: list[int], time_s: float,
-           gained: int, lost: int) -> None:
-    times.append(time_s)
-    added.append(gained)
-    removed.append(lost)
+def _market(rng: np.random.Generator, params: Regime, num_intervals: int,
+            switch_prob: float) -> Iterator[tuple[int, float]]:
+    """(interval, preemption-rate factor) under the calm / volatile market state."""
+    volatile = bool(rng.random() < 0.5)
+    for step in range(num_intervals):
+        if rng.random() < switch_prob:
+            volatile = not volatile
+        yield step, params.volatile_factor if volatile else 1.0 / params.volatile_factor
+
+
+Steps = tuple[int, _Events]
+"""(initial count, changes) of a generated trace."""
 
 
 def _one_zone(rng: np.random.Generator, params: Regime, nodes: int, num_intervals: int,
               interval_s: float, per_interval: Callable[[float], float],
               switch_prob: float) -> Steps:
     """The calibrated model at or below its reference size: one zone, scalar draws."""
-    volatile = bool(rng.random() < 0.5)
     count = int(round(params.start_fraction * nodes))
     initial = count
-    times: list[float] = []
-    added: list[int] = []
-    removed: list[int] = []
-    for step in range(num_intervals):
-        if rng.random() < switch_prob:
-            volatile = not volatile
-        factor = params.volatile_factor if volatile else 1.0 / params.volatile_factor
+    events = _Events()
+    for step, factor in _market(rng, params, num_intervals, switch_prob):
         lost = 0
         if count > 0 and rng.random() < per_interval(params.preempt_prob * factor):
             wipeout = rng.random() < params.wipeout_prob
@@ -143,13 +157,9 @@ def _one_zone(rng: np.random.Generator, params: Regime, nodes: int, num_interval
         if deficit > 0 and rng.random() < per_interval(alloc_prob):
             refill = rng.random() < params.refill_prob
             gained = deficit if refill else min(deficit, _geometric(rng, params.alloc_burst_mean))
-        if lost:
-            _event(times, added, removed, (step + rng.uniform(0.01, 0.99)) * interval_s, 0, lost)
-        if gained:
-            _event(times, added, removed, (step + rng.uniform(0.01, 0.99)) * interval_s,
-                   gained, 0)
+        events.record(rng, step, interval_s, gained, lost)
         count += gained - lost
-    return initial, times, added, removed
+    return initial, events
 
 
 def _many_zones(rng: np.random.Generator, params: Regime, nodes: int, num_intervals: int,
@@ -163,14 +173,8 @@ def _many_zones(rng: np.random.Generator, params: Regime, nodes: int, num_interv
     counts = np.round(params.start_fraction * capacity).astype(np.int64)
     initial = int(counts.sum())
     num_zones = len(capacity)
-    volatile = bool(rng.random() < 0.5)
-    times: list[float] = []
-    added: list[int] = []
-    removed: list[int] = []
-    for step in range(num_intervals):
-        if rng.random() < switch_prob:
-            volatile = not volatile
-        factor = params.volatile_factor if volatile else 1.0 / params.volatile_factor
+    events = _Events()
+    for step, factor in _market(rng, params, num_intervals, switch_prob):
         hit = (counts > 0) & (rng.random(num_zones) < per_interval(params.preempt_prob * factor))
         wipeout = rng.random(num_zones) < params.wipeout_prob
         burst = rng.geometric(1.0 / params.preempt_burst_mean, num_zones)
@@ -183,14 +187,8 @@ def _many_zones(rng: np.random.Generator, params: Regime, nodes: int, num_interv
         burst = rng.geometric(1.0 / params.alloc_burst_mean, num_zones)
         gained = np.where(grant, np.where(refill, deficit, np.minimum(deficit, burst)), 0)
         counts += gained - lost
-        total_lost, total_gained = int(lost.sum()), int(gained.sum())
-        if total_lost:
-            _event(times, added, removed, (step + rng.uniform(0.01, 0.99)) * interval_s, 0,
-                   total_lost)
-        if total_gained:
-            _event(times, added, removed, (step + rng.uniform(0.01, 0.99)) * interval_s,
-                   total_gained, 0)
-    return initial, times, added, removed
+        events.record(rng, step, interval_s, int(gained.sum()), int(lost.sum()))
+    return initial, events
 
 
 def generate_trace(
@@ -222,8 +220,9 @@ def generate_trace(
             f"{num_intervals:,} intervals, more than {MAX_ZONE_INTERVALS:,} zone-intervals "
             "(fewer --nodes or --hours)")
     draw = _one_zone if zones == 1 else _many_zones
-    initial, times, added, removed = draw(rng, params, nodes, num_intervals, interval_s,
-                                          per_interval, switch_prob)
+    initial, events = draw(rng, params, nodes, num_intervals, interval_s, per_interval,
+                           switch_prob)
+    times, added, removed = events.times, events.added, events.removed
     order = np.argsort(times, kind="stable")
     merged_times = np.array(times)[order]
     # Two events drawn at the same instant are one change.
