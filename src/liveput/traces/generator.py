@@ -108,6 +108,7 @@ def _geometric(rng: np.random.Generator, mean: float) -> int:
 MAX_ZONE_INTERVALS = 20_000_000
 """Intervals times zones a generated trace may draw (about 20 s of work on one core)."""
 
+
 @dataclass
 class _Events:
     """Changes in draw order: an interval's losses, then its allocations, at random times."""
