@@ -188,3 +188,19 @@ def test_cli_plan_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown model" in capsys.readouterr().err
     assert main(["plan", "--nodes", "8", "--forecast", "8,8", "--horizon", "5"]) == 2
     assert "needs 4" in capsys.readouterr().err
+
+
+def test_cli_plan_takes_a_longer_forecast_and_says_what_it_ignores(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    forecast = "30,29,28,28"
+    assert main(["plan", "--nodes", "32", "--current", "4x8", "--forecast", forecast,
+                 "--horizon", "5", "--json"]) == 0
+    exact = json.loads(capsys.readouterr().out)
+    # H values (one per interval of the horizon) or more, as --help says: the first H - 1 count.
+    assert main(["plan", "--nodes", "32", "--current", "4x8", "--forecast", forecast + ",5,5",
+                 "--horizon", "5", "--json"]) == 0
+    captured = capsys.readouterr()
+    longer = json.loads(captured.out)
+    assert longer["decision"] == exact["decision"]
+    assert longer["expected_samples"] == pytest.approx(exact["expected_samples"])
+    assert "uses the first 4" in captured.err and "ignores 2" in captured.err

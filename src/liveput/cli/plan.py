@@ -10,7 +10,7 @@ from rich.table import Table
 
 from liveput.cli import params
 from liveput.cli.params import FLAG
-from liveput.cli.output import console, print_json, progress
+from liveput.cli.output import console, err_console, print_json, progress
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile
@@ -67,8 +67,10 @@ def register(app: typer.Typer) -> None:
                                   help="Spot instances available now."),
         current: str | None = typer.Option(None, "--current", help="Running configuration DxP "
                                            "(omit when nothing runs)."),
-        forecast: str = typer.Option(..., "--forecast", help="Forecast counts of the next "
-                                     "intervals, comma-separated (horizon - 1 values or more)."),
+        forecast: str = typer.Option(..., "--forecast", help="Forecast counts of the intervals "
+                                     "after this one (whose count is --nodes), comma-separated: "
+                                     "horizon - 1 values or more (the rest are ignored, and said "
+                                     "so)."),
         horizon: int = typer.Option(12, "--horizon", parser=params.HORIZON,
                                     help="Intervals looked ahead."),
         interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
@@ -83,9 +85,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Decide the configuration for the interval that starts now."""
         counts = _parse_counts(forecast)
-        if len(counts) != horizon - 1:
-            raise LiveputError(
-                f"--forecast has {len(counts)} values; horizon {horizon} needs {horizon - 1}")
+        if len(counts) < horizon - 1:
+            raise LiveputError(f"--forecast has {len(counts)} values; horizon {horizon} needs "
+                               f"{horizon - 1} (the intervals after this one) or more")
+        if len(counts) > horizon - 1:
+            err_console.print(f"note: --forecast has {len(counts)} values; horizon {horizon} "
+                              f"uses the first {horizon - 1} (the intervals after this one, "
+                              f"whose count is --nodes) and ignores {len(counts) - horizon + 1}",
+                              soft_wrap=True)
+            counts = counts[:horizon - 1]
         running = Configuration.parse(current) if current else None
         if running is not None and running.num_instances > nodes + on_demand:
             raise LiveputError(f"--current {running} uses {running.num_instances} instances but "
