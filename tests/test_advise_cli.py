@@ -33,7 +33,7 @@ def test_deepvm_json_lists_plans_and_why_the_first_wins(capsys) -> None:
     assert first["instances"][0] == {"type": "g4dn.xlarge", "count": 17, "market": "spot",
                                      "role": "worker"}
     assert first["instances"][1]["market"] == "ondemand"
-    assert first["usd_per_hour"] == pytest.approx(2.849)
+    assert first["usd_per_hour"] == pytest.approx(17 * 0.1578 + 0.17)  # + 1 c5.xlarge
     assert first["objective"] == "effective_flops" and first["value"] > out["plans"][1]["value"]
     assert "17 nodes" in out["reason"]
 

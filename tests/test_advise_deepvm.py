@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,11 +19,13 @@ from liveput.advise import (
     LogisticScaling,
     Market,
     MixedConfig,
+    NETWORK_BOUNDS,
     advise_deepvm,
     advise_mixed,
     enumerate_deepvm,
     fit_logistic,
     load_catalog,
+    saturation_point,
     scaling_for,
 )
 from liveput.errors import LiveputError
@@ -33,8 +36,10 @@ def test_published_plan_at_three_dollars() -> None:
     best = advice.plans[0]
     assert best.architecture == "tiering"
     assert [(i.type, i.count, i.market, i.role) for i in best.instances] == [
-        ("g4dn.xlarge", 17, Market.SPOT, "worker"), ("t3.xlarge", 1, Market.ON_DEMAND, "checkpoint")]
-    assert best.usd_per_hour == pytest.approx(17 * 0.1578 + 0.1664)
+        ("g4dn.xlarge", 17, Market.SPOT, "worker"), ("c5.xlarge", 1, Market.ON_DEMAND, "checkpoint")]
+    # The published plan to the letter: a t3.xlarge (5 Gb/s, saturated at 16) is cheaper but
+    # serves at most 15 GPU nodes under DeepVM's network saturation table.
+    assert best.usd_per_hour == pytest.approx(17 * 0.1578 + 0.17)
     # The alternatives the paper compares with lose: the most GPUs (g3s) and the fastest type (g5).
     by_type = {p.instances[0].type: p for p in advice.plans if p.architecture == "tiering"}
     assert by_type["g3s.xlarge"].metrics["gpu_nodes"] > by_type["g5.xlarge"].metrics["gpu_nodes"]
@@ -48,7 +53,7 @@ def test_published_plan_holds_under_revocations_and_a_larger_checkpoint() -> Non
     catalog = load_catalog("deepvm-aws")
     revocation = REVOCATION_MODELS.get("gce-v100-europe-west4")
     best = advise_deepvm(catalog, DeepVMConfig(3.0, revocation=revocation)).plans[0]
-    assert best.describe() == "17 x g4dn.xlarge spot + 1 x t3.xlarge ondemand"
+    assert best.describe() == "17 x g4dn.xlarge spot + 1 x c5.xlarge ondemand"
     assert best.objective == "expected_effective_flops"
     assert 0 < best.metrics["productive_fraction"] < 1
     # 10 GB checkpoints x 2 buffers do not fit a t3.xlarge (16 GB): the tier changes.
@@ -90,7 +95,8 @@ def test_exact_method_equals_exhaustive_enumeration_on_random_catalogs() -> None
         config = DeepVMConfig(float(rng.uniform(0.3, 3.0)),
                               checkpoint_gb=float(rng.choice([0.0, 0.5, 4.0, 12.0])),
                               checkpoint_interval_s=float(rng.choice([10.0, 60.0])),
-                              fits=fits, revocation=revocation)
+                              fits=fits, revocation=revocation,
+                              network_bound=NETWORK_BOUNDS[case % 2])
         cheapest = min(min(s.spot_usd_per_hour, s.on_demand_usd_per_hour)
                        for s in catalog.instances)
         reference = enumerate_deepvm(catalog, config, math.ceil(config.budget_usd_per_hour
@@ -105,6 +111,23 @@ def test_exact_method_equals_exhaustive_enumeration_on_random_catalogs() -> None
         assert best.usd_per_hour <= config.budget_usd_per_hour + 1e-9
         checked += 1
     assert checked >= 30
+
+
+def test_network_saturation_bounds_gpu_nodes_per_checkpoint_node() -> None:
+    """Issue 15: at 10 Gb/s DeepVM allows at most 19 GPU nodes per checkpoint node (NSP 20,
+    strict); liveput's stream bound put 20 or more behind one at $4/h."""
+    deepvm = load_catalog("deepvm-aws")
+    gpu = replace(deepvm.get("g4dn.xlarge"), network_gbps=10.0)
+    catalog = Catalog("ten-gbps", (gpu, deepvm.get("c5.xlarge")), {})
+    stream = advise_deepvm(catalog, DeepVMConfig(4.0, network_bound="stream",
+                                                 architectures=("tiering",))).plans[0]
+    assert stream.describe() == "24 x g4dn.xlarge spot + 1 x c5.xlarge ondemand"
+    best = advise_deepvm(catalog, DeepVMConfig(4.0, architectures=("tiering",))).plans[0]
+    assert best.describe() == "23 x g4dn.xlarge spot + 2 x c5.xlarge ondemand"
+    assert [saturation_point(b) for b in (0.1, 0.3, 5.0, 9.9, 10.0, 25.0, 100.0)] == \
+        [2, 2, 16, 16, 20, 28, 32]
+    with pytest.raises(LiveputError, match="unknown network bound 'fast'"):
+        DeepVMConfig(4.0, network_bound="fast")
 
 
 def test_logistic_fit_recovers_published_parameters_from_their_own_speedups() -> None:

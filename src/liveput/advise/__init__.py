@@ -3,7 +3,8 @@ deadline. DeepVM (one GPU type, exact), mixed types (MILP), spotDNN (SLO provisi
 revocation model, and pools for the liveput runtime chosen by simulation."""
 
 from liveput.advise.catalog import BUILTIN_CATALOGS, Catalog, InstanceSpec, Market, load_catalog
-from liveput.advise.deepvm import DeepVMConfig, advise_deepvm, enumerate_deepvm
+from liveput.advise.deepvm import (NETWORK_BOUNDS, DeepVMConfig, advise_deepvm, enumerate_deepvm,
+                                   saturation_point)
 from liveput.advise.mixed import MixedConfig, advise_mixed
 from liveput.advise.plans import Advice, InstanceCount, Plan
 from liveput.advise.revocation import REVOCATION_MODELS, RevocationModel, RevocationOverhead
@@ -27,10 +28,12 @@ __all__ = [
     "RevocationOverhead",
     "SLOConfig",
     "SLOProblem",
+    "NETWORK_BOUNDS",
     "advise_deepvm",
     "advise_mixed",
     "advise_slo",
     "enumerate_deepvm",
+    "saturation_point",
     "fit_logistic",
     "load_catalog",
     "problem_from_catalog",

@@ -26,8 +26,15 @@ Tiering (n spot nodes of type i, m >= 1 on-demand CPU nodes of one type j):
     (2) n v_i <= Q(F_i, spot)
     (3) m v_j <= Q(F_j, on-demand)
     (4) m M_j >= K G                    (the tier holds K checkpoints in memory)
-    (5) n r <= m B_j                    (the tier's network absorbs every node's checkpoint stream)
+    (5) n < m NSP(min(B_i, B_j))        (DeepVM's network saturation: at most NSP - 1 GPU nodes
+                                         per checkpoint node, NSP by the slower link's Gb/s)
+        or, with ``network_bound="stream"`` (liveput's own bound),
+        n r <= m B_j                    (the tier's network absorbs every node's checkpoint stream)
     (6) m >= 1
+
+NSP(B) is DeepVM's measured saturation point (its artifact, ``../shared/reference/systems.md``):
+0.3 Gb/s -> 2, 1.7 -> 12, 5 -> 16, 10 -> 20, 12.5 -> 24, 15 -> 24, 25 -> 28, 30 -> 32, taken at
+the largest tabulated bandwidth not above B (the first entry below 0.3 Gb/s, 32 above 30).
 
 With a revocation model (``revocation.py``) the objective is expected effective FLOPS E f(n_spot),
 f the productive fraction of a synchronous cluster, which can peak before the largest n.
@@ -52,7 +59,22 @@ from liveput.advise.scaling import LogisticScaling, scaling_for
 from liveput.errors import LiveputError
 
 ARCHITECTURES = ("single-anchor", "tiering")
+NETWORK_BOUNDS = ("saturation", "stream")
 _EPS = 1e-9
+SATURATION_POINTS = ((0.3, 2), (1.7, 12), (5.0, 16), (10.0, 20), (12.5, 24), (15.0, 24),
+                     (25.0, 28), (30.0, 32))
+"""DeepVM's network saturation point NSP by link bandwidth (Gb/s -> GPU nodes per checkpoint
+node, strict): the (5) of its published search."""
+
+
+def saturation_point(bandwidth_gbps: float) -> int:
+    """NSP at the largest tabulated bandwidth not above ``bandwidth_gbps`` (the first entry
+    below it)."""
+    point = SATURATION_POINTS[0][1]
+    for gbps, nodes in SATURATION_POINTS:
+        if bandwidth_gbps + _EPS >= gbps:
+            point = nodes
+    return point
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,9 @@ class DeepVMConfig:
     """Seconds T_c between checkpoints each GPU node streams to the checkpoint tier."""
     architectures: tuple[str, ...] = ARCHITECTURES
     """Architectures considered."""
+    network_bound: str = "saturation"
+    """Tiering's (5): ``saturation``, DeepVM's own (fewer than NSP GPU nodes per checkpoint
+    node), or ``stream``, liveput's (the tier's Gb/s absorbs every node's checkpoint stream)."""
     max_plans: int = 10
     """Plans returned (the best of each type and architecture, best first)."""
     fits: dict[str, LogisticScaling] = field(default_factory=dict, compare=False, hash=False)
@@ -92,6 +117,9 @@ class DeepVMConfig:
             raise LiveputError(f"unknown architectures {sorted(unknown)}; known: {ARCHITECTURES}")
         if self.max_plans < 1:
             raise LiveputError("max_plans must be >= 1")
+        if self.network_bound not in NETWORK_BOUNDS:
+            raise LiveputError(f"unknown network bound {self.network_bound!r}; known: "
+                               f"{', '.join(NETWORK_BOUNDS)}")
 
     @property
     def objective_name(self) -> str:
@@ -173,9 +201,17 @@ def _tier_max_nodes(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, c
     m = _tier_sizes(catalog, config, cpu, budget)
     by_budget = np.floor((budget - m * cpu.on_demand_usd_per_hour) / gpu.spot_usd_per_hour + _EPS)
     n = np.minimum(by_budget, _quota_count(catalog, gpu, Market.SPOT))        # (1), (2)
+    return m, np.minimum(n, _network_max_nodes(config, gpu, cpu, m)).astype(np.int64)  # (5)
+
+
+def _network_max_nodes(config: DeepVMConfig, gpu: InstanceSpec, cpu: InstanceSpec,
+                       m: np.ndarray) -> np.ndarray:
+    """The most GPU nodes ``m`` checkpoint nodes serve by (5)."""
+    if config.network_bound == "saturation":
+        return m * saturation_point(min(gpu.network_gbps, cpu.network_gbps)) - 1
     if config.stream_gbps > 0:
-        n = np.minimum(n, np.floor(m * cpu.network_gbps / config.stream_gbps + _EPS))  # (5)
-    return m, n.astype(np.int64)
+        return np.floor(m * cpu.network_gbps / config.stream_gbps + _EPS)
+    return np.full(np.shape(m), np.inf)
 
 
 def _best_nodes(config: DeepVMConfig, gpu: InstanceSpec, max_nodes: int, spot_offset: int) -> int:
@@ -252,9 +288,10 @@ def _cheapest_plan(catalog: Catalog, config: DeepVMConfig) -> Plan | None:
             if config.checkpoint_memory_gb > 0:
                 need = max(need, config.checkpoint_memory_gb / cpu.memory_gb
                            if cpu.memory_gb > 0 else math.inf)              # (4)
-            if config.stream_gbps > 0:
+            if config.network_bound == "stream" and config.stream_gbps > 0:
                 need = max(need, config.stream_gbps / cpu.network_gbps
                            if cpu.network_gbps > 0 else math.inf)           # (5)
+            # (5) by saturation: one node is below every NSP (at least 2) for any m >= 1.
             if math.isfinite(need):
                 count = math.ceil(need - _EPS)
                 if count <= _quota_count(catalog, cpu, Market.ON_DEMAND):   # (3)
@@ -313,7 +350,10 @@ def enumerate_deepvm(catalog: Catalog, config: DeepVMConfig, max_nodes: int) -> 
                         and n <= _quota_count(catalog, gpu, Market.SPOT)
                         and m <= _quota_count(catalog, cpu, Market.ON_DEMAND)
                         and m * cpu.memory_gb + _EPS >= config.checkpoint_memory_gb
-                        and n * config.stream_gbps <= m * cpu.network_gbps + _EPS)
+                        and (n < m * saturation_point(min(gpu.network_gbps,
+                                                          cpu.network_gbps))
+                             if config.network_bound == "saturation" else
+                             n * config.stream_gbps <= m * cpu.network_gbps + _EPS))
                     if feasible:
                         plan = _plan(catalog, config, gpu, n, cpu, m)
                         best = plan if best is None or _rank_key(plan) < _rank_key(best) else best

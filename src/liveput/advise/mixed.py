@@ -20,7 +20,8 @@ E is linear once N is fixed, so the problem is max over N of MILP(N):
     (2) sum_{i in F} v_i n_i <= Q(F, spot)          for each family F with a spot quota
     (3) sum_{j in F} v_j m_j <= Q(F, on-demand)     for each family F with an on-demand quota
     (4) sum_j M_j m_j >= K G
-    (5) r sum_i n_i <= sum_j B_j m_j
+    (5) r sum_i n_i <= sum_j B_j m_j                 (liveput's stream bound: DeepVM's
+                                                      saturation table is per pair of types)
     (6) sum_j m_j >= 1
     (7) sum_i g_i n_i = N
     (8) n_i <= Q(F_i, spot) / v_i,  m_j <= Q(F_j, on-demand) / v_j     (bounds)
@@ -225,7 +226,9 @@ def advise_mixed(catalog: Catalog, config: MixedConfig) -> Advice:
     infeasible = LiveputError(f"no mixed tiering plan fits ${deep.budget_usd_per_hour:g}/h with "
                               "the quotas and checkpoint constraints")
     try:
-        single = advise_deepvm(catalog, replace(deep, architectures=("tiering",))).plans[0].value
+        # The cut's single-type plan under this MILP's own (5), the stream bound: a feasible point.
+        single = advise_deepvm(catalog, replace(deep, architectures=("tiering",),
+                                                network_bound="stream")).plans[0].value
     except LiveputError:
         raise infeasible from None
     gpus = _undominated(gpus, deep)

@@ -159,6 +159,11 @@ def deepvm(
                                         help="Refresh spot prices "
                                         "from AWS (needs credentials)."),
     region: str = typer.Option("us-east-1", "--region", help="AWS region for --refresh-prices."),
+    network_bound: str = typer.Option("saturation", "--network-bound",
+                                      help="Tiering's network limit: saturation (DeepVM's: fewer "
+                                      "GPU nodes per checkpoint node than its measured saturation "
+                                      "point) or stream (liveput's: the tier's Gb/s absorbs every "
+                                      "node's checkpoint stream)."),
     as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
 ) -> None:
     """DeepVM: best single-type cluster (Single Anchor or Tiering) within a price willingness."""
@@ -167,7 +172,8 @@ def deepvm(
         chosen = chosen.subset([name.strip() for name in types.split(",") if name.strip()])
     config = DeepVMConfig(budget_usd_per_hour, checkpoint_gb=checkpoint_gb,
                           checkpoint_interval_s=checkpoint_interval_s,
-                          fits=_speedup_fits(speedups, chosen), revocation=_revocation(revocation))
+                          fits=_speedup_fits(speedups, chosen), revocation=_revocation(revocation),
+                          network_bound=network_bound)
     advice = advise_deepvm(chosen, config)
     if mixed:
         mixed_plan = advise_mixed(chosen, MixedConfig(config)).plans[0]
