@@ -253,6 +253,10 @@ def _name_cases() -> Iterator[Case]:
                                   "6", "--trace", "{dir}/trace.csv", "--target-samples", "2e6",
                                   "--anchors", "x,-1"),
         "advise catalog --catalog": ("advise", "catalog", "--catalog", "bogus"),
+        "advise deepvm --network-bound": ("advise", "deepvm", "--budget-usd-per-hour", "3",
+                                          "--network-bound", "bogus"),
+        "plan --forecast": ("plan", "--nodes", "8", "--forecast", "8,x,8", "--horizon", "4"),
+        "plan --forecast short": ("plan", "--nodes", "8", "--forecast", "8", "--horizon", "4"),
         "profile --device": ("profile", "--device", "bogus", "-o", "{dir}/p.json"),
         "profile --model": ("profile", "--model", "bogus", "-o", "{dir}/p.json"),
         "train --model": ("train", "--model", "bogus", "--steps", "3"),
@@ -296,6 +300,14 @@ def _valid_cases() -> Iterator[Case]:
         "advise catalog": ("advise", "catalog", "--json"),
         "simulate": ("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive",
                      "-o", "{dir}/s.json"),
+        "simulate --json": ("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive",
+                            "--json"),
+        "quiet simulate": ("--quiet", "simulate", "--trace", "{dir}/trace.csv", "--policies",
+                           "reactive"),
+        "plan with a longer forecast": ("plan", "--nodes", "8", "--forecast", "8,8,8,8,8",
+                                        "--horizon", "4"),
+        "advise deepvm --network-bound stream": ("advise", "deepvm", "--budget-usd-per-hour",
+                                                 "3", "--network-bound", "stream"),
     }
     for name, argv in valid.items():
         yield Case(f"valid: {name}", argv, bad=False, files=trace)
