@@ -20,8 +20,10 @@ import logging
 import os
 import re
 import statistics
+import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -31,6 +33,10 @@ from liveput.traces import Trace
 STEPS = 120
 TIME_SCALE = 10.0
 WORKERS = 6
+FAILED_LOGS = "liveput-logs/bench-noticeless-failed"
+"""Where the agents' logs of a run that failed are kept (the rest live in temporary folders)."""
+LOGGERS = ("liveput.runtime.cloud", "liveput.runtime.coordinator")
+"""The in-process loggers the bench reads (kills, plans) and keeps with each run's logs."""
 
 
 def _trace(name: str, initial: int, events: list[tuple[float, int, int]],
@@ -103,11 +109,24 @@ def _run(trace: Trace, lead_s: float, seed: int, records: _Records) -> dict:
             notice_lead_s=lead_s, checkpoint_dir=f"{directory}/ckpt", checkpoint_every=10,
             timeout_s=600.0, seed=seed, log_dir=f"{directory}/logs")
         started = time.monotonic()
+        Path(f"{directory}/logs").mkdir()
+        runtime_log = logging.FileHandler(f"{directory}/logs/coordinator-and-cloud.log")
+        runtime_log.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        for name in LOGGERS:
+            logging.getLogger(name).addHandler(runtime_log)
         try:
             result = run_local_training(config, trace)
         except Exception as error:  # noqa: BLE001 - a run that fails is counted, not fatal
-            return {"ok": False, "wall_s": time.monotonic() - started, "error": str(error)[:200],
-                    "losses": []}
+            # The agents' logs outlive the temporary folder, to find out why.
+            kept = Path(FAILED_LOGS) / f"{trace.name}-lead{lead_s:g}-seed{seed}"
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(f"{directory}/logs", kept, dirs_exist_ok=True)
+            return {"ok": False, "wall_s": time.monotonic() - started,
+                    "error": f"{str(error)[:200]} (logs kept in {kept})", "losses": []}
+        finally:
+            for name in LOGGERS:
+                logging.getLogger(name).removeHandler(runtime_log)
+            runtime_log.close()
     commits = sorted(r["committed_unix_s"] for r in result.steps)
     return {"ok": result.steps_completed == STEPS and result.exactly_once,
             "wall_s": result.wall_s, "losses": _losses(records, commits, trace),
@@ -121,7 +140,7 @@ def _percentile(values: list[float], q: float) -> float:
 def main() -> None:
     runs = int(os.environ.get("LIVEPUT_BENCH_RUNS", "10"))
     records = _Records()
-    for name in ("liveput.runtime.cloud", "liveput.runtime.coordinator"):
+    for name in LOGGERS:
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
         logger.addHandler(records)

@@ -466,3 +466,27 @@ def test_a_client_waits_for_a_server_that_starts_late_and_gives_up_at_its_timeou
     assert hosted[0].get("k") == b"v"
     client.close()
     hosted[0].close()
+
+
+def test_a_writer_killed_while_indexing_a_key_hides_no_later_key(tcp_host: Store) -> None:
+    """The wipe-out stall of issue 21's bench: an agent SIGKILLed between counting its index
+    entry and writing it left a hole, and the listing stopped there for good: instances that
+    joined later were never seen, and the job waited for instances that were up."""
+    assert isinstance(tcp_host, TCPStoreBackend)
+    tcp_host.set("members/1", b"a")
+    assert set(tcp_host.get_prefix("members/")) == {"members/1"}
+    # A dying writer's first call only: the entry is counted, never written.
+    tcp_host.torch_store.add("__liveput_index__/count", 1)
+    joiner = TCPStoreBackend("127.0.0.1", tcp_host.port, timeout_s=5.0)
+    try:
+        joiner.set("members/2", b"b")
+        assert set(tcp_host.get_prefix("members/")) == {"members/1", "members/2"}
+        # A slow writer's entry that comes after all is listed at the next look.
+        entry = tcp_host.torch_store.add("__liveput_index__/count", 1)
+        joiner.set("members/3", b"c")
+        assert set(tcp_host.get_prefix("members/")) == {"members/1", "members/2", "members/3"}
+        tcp_host.torch_store.set(f"__liveput_index__/{entry}", b"members/4")
+        joiner.set("members/4", b"d")
+        assert set(tcp_host.get_prefix("members/")) == {f"members/{i}" for i in range(1, 5)}
+    finally:
+        joiner.close()

@@ -259,7 +259,8 @@ class TCPStoreBackend(Store):
 
     Prefix listing reads an index of the keys this contract has written, kept in the store itself:
     the first writer of a key (an atomic ``add`` on its marker returns 1) appends it to an
-    append-only list (``count`` and one key per entry). ``TCPStore.list_keys`` is not used: it was
+    append-only list (``count`` and one key per entry). An entry counted but not written is read
+    again at each listing, and the entries after it are listed meanwhile. ``TCPStore.list_keys`` is not used: it was
     seen to hang forever, with the server spinning, after clients were SIGKILLed mid-job.
     """
 
@@ -270,6 +271,11 @@ class TCPStoreBackend(Store):
         self.url = _format_url("tcp", host_name, port)
         self._registered: set[str] = set()
         self._index_keys: list[str] = []
+        self._index_read = 0
+        """Index entries read so far (1 to this), holes included."""
+        self._index_holes: set[int] = set()
+        """Entries counted but not written when read: a writer between its two calls, or one
+        that died there (a SIGKILLed agent), whose entry never comes."""
         listen_fd = None
         if host:
             listen_fd, port = self._listen(host_name, port)
@@ -397,11 +403,21 @@ class TCPStoreBackend(Store):
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         count = int(self._call(lambda s: s.add(f"{_TCP_INDEX}count", 0)))
-        while len(self._index_keys) < count:
-            entry = self._raw_get(f"{_TCP_INDEX}{len(self._index_keys) + 1}")
-            if entry is None:  # its writer is between counting and writing it: next time
-                break
-            self._index_keys.append(entry.decode())
+        # A hole must not hide what comes after it: a writer killed between counting and
+        # writing its entry left one for good, and every key registered later (new members'
+        # heartbeats) went unlisted, so the job waited for instances that were there.
+        for entry in sorted(self._index_holes):
+            raw = self._raw_get(f"{_TCP_INDEX}{entry}")
+            if raw is not None:
+                self._index_holes.discard(entry)
+                self._index_keys.append(raw.decode())
+        while self._index_read < count:
+            self._index_read += 1
+            raw = self._raw_get(f"{_TCP_INDEX}{self._index_read}")
+            if raw is None:  # its writer is between counting and writing it (or died there)
+                self._index_holes.add(self._index_read)
+            else:
+                self._index_keys.append(raw.decode())
         found: dict[str, bytes] = {}
         for key in sorted({k for k in self._index_keys if k.startswith(prefix)}):
             raw = self._raw_get(key)
