@@ -87,13 +87,19 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     # the events mark: the lost stage itself needs exactly one restore.
     plans = [json.loads(v) for _, v in sorted(store.get_prefix("events/").items(),
                                                key=lambda kv: int(kv[0].split("/")[1]))]
-    needed = [p for p in plans if p["kind"] == "checkpoint-restore" and not p["restore_forced"]]
+    # Likewise a starved survivor silent past suspect_after_s is left out at a replan, and a
+    # layer only it held then comes from the checkpoint: such a restore names a live suspect.
+    # (Seen once in five suite runs; every run still trains exactly once to the same parameters.)
+    killed = {victim, *doomed}
+    unforced = [p for p in plans if p["kind"] == "checkpoint-restore" and not p["restore_forced"]]
+    needed = [p for p in unforced if not set(p["suspects"]) - killed]
     forced = [p for p in plans if p["restore_forced"]]
     assert len(needed) == 1, plans
-    assert int(store.get("stats/migrations/checkpoint-restore")) == 1 + len(forced), plans
+    assert int(store.get("stats/migrations/checkpoint-restore")) == \
+        len(unforced) + len(forced), plans
     # A restore record (a new epoch) for each restore that undid committed steps: none when
     # its checkpoint was of the last committed step.
-    assert report.restores <= 1 + len(forced)
+    assert report.restores <= len(unforced) + len(forced)
     assert (report.restores >= 1) == (report.steps_rolled_back > 0)
     assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
 
