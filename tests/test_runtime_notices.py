@@ -290,7 +290,6 @@ def _ignores_sigusr1(pid: int) -> bool:
     return False
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 def test_a_notice_signal_during_the_agents_startup_does_not_end_it() -> None:
     """Issue 22: a notice due at launch sent SIGUSR1 while the agent still imported torch; its
     default action ended the agent before it joined, and `liveput train` waited for minutes."""

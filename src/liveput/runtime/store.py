@@ -260,8 +260,9 @@ class TCPStoreBackend(Store):
     Prefix listing reads an index of the keys this contract has written, kept in the store itself:
     the first writer of a key (an atomic ``add`` on its marker returns 1) appends it to an
     append-only list (``count`` and one key per entry). An entry counted but not written is read
-    again at each listing, and the entries after it are listed meanwhile. ``TCPStore.list_keys`` is not used: it was
-    seen to hang forever, with the server spinning, after clients were SIGKILLed mid-job.
+    again at each listing, and the entries after it are listed meanwhile. ``TCPStore.list_keys``
+    is not used: it was seen to hang forever, with the server spinning, after clients were
+    SIGKILLed mid-job.
     """
 
     def __init__(self, host_name: str, port: int, *, host: bool = False, timeout_s: float = 30.0) -> None:
@@ -406,17 +407,14 @@ class TCPStoreBackend(Store):
         # A hole must not hide what comes after it: a writer killed between counting and
         # writing its entry left one for good, and every key registered later (new members'
         # heartbeats) went unlisted, so the job waited for instances that were there.
-        for entry in sorted(self._index_holes):
+        unread = [*sorted(self._index_holes), *range(self._index_read + 1, count + 1)]
+        self._index_read = max(self._index_read, count)
+        for entry in unread:
             raw = self._raw_get(f"{_TCP_INDEX}{entry}")
-            if raw is not None:
-                self._index_holes.discard(entry)
-                self._index_keys.append(raw.decode())
-        while self._index_read < count:
-            self._index_read += 1
-            raw = self._raw_get(f"{_TCP_INDEX}{self._index_read}")
             if raw is None:  # its writer is between counting and writing it (or died there)
-                self._index_holes.add(self._index_read)
+                self._index_holes.add(entry)
             else:
+                self._index_holes.discard(entry)
                 self._index_keys.append(raw.decode())
         found: dict[str, bytes] = {}
         for key in sorted({k for k in self._index_keys if k.startswith(prefix)}):

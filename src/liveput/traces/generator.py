@@ -141,7 +141,7 @@ Steps = tuple[int, _Events]
 
 
 def _one_zone(rng: np.random.Generator, params: Regime, nodes: int, num_intervals: int,
-              interval_s: float, per_interval: Callable[[float], float],
+              interval_s: float, per_interval: Callable[[float | np.ndarray], float | np.ndarray],
               switch_prob: float) -> Steps:
     """The calibrated model at or below its reference size: one zone, scalar draws."""
     count = int(round(params.start_fraction * nodes))
@@ -164,7 +164,7 @@ def _one_zone(rng: np.random.Generator, params: Regime, nodes: int, num_interval
 
 
 def _many_zones(rng: np.random.Generator, params: Regime, nodes: int, num_intervals: int,
-                interval_s: float, per_interval: Callable[[float], float],
+                interval_s: float, per_interval: Callable[[float | np.ndarray], float | np.ndarray],
                 switch_prob: float) -> Steps:
     """Above the reference size: zones of ``reference_nodes`` drawn side by side (vectorized),
     sharing the market state; each interval's losses, and its allocations, are one event."""
@@ -182,8 +182,7 @@ def _many_zones(rng: np.random.Generator, params: Regime, nodes: int, num_interv
         lost = np.where(hit, np.where(wipeout, counts, np.minimum(counts, burst)), 0)
         deficit = capacity - counts
         alloc_prob = np.minimum(params.alloc_max_prob, params.alloc_gain * deficit / capacity)
-        grant = (deficit > 0) & (rng.random(num_zones)
-                                 < 1.0 - (1.0 - alloc_prob) ** (interval_s / 60.0))
+        grant = (deficit > 0) & (rng.random(num_zones) < per_interval(alloc_prob))
         refill = rng.random(num_zones) < params.refill_prob
         burst = rng.geometric(1.0 / params.alloc_burst_mean, num_zones)
         gained = np.where(grant, np.where(refill, deficit, np.minimum(deficit, burst)), 0)
@@ -210,8 +209,8 @@ def generate_trace(
                            f"{num_intervals:,} intervals, more than {MAX_INTERVALS:,}")
     scale = interval_s / 60.0  # rates are calibrated per 60-s interval
 
-    def per_interval(p: float) -> float:
-        return 1.0 - (1.0 - min(p, 1.0)) ** scale
+    def per_interval(p: float | np.ndarray) -> float | np.ndarray:
+        return 1.0 - (1.0 - np.minimum(p, 1.0)) ** scale
 
     switch_prob = per_interval(1.0 / (params.dwell_h * 60.0))
     zones = -(-nodes // params.reference_nodes)
