@@ -173,6 +173,59 @@ def test_agent_waits_through_a_store_outage_then_gives_up_with_an_error():
     assert clock.now_s() == pytest.approx(61.0)
 
 
+def test_a_done_agent_whose_store_already_ended_finishes_without_an_error():
+    class Ended(MemoryStore):
+        """The embedded store after its coordinator exited: every write fails."""
+
+        def set(self, key: str, value: bytes) -> None:
+            raise liveput.LiveputError("store tcp://10.77.0.1:29400 failed: Connection reset")
+
+    agent = Agent(AgentConfig(instance=2), Ended(), engine=None)  # type: ignore[arg-type]
+    agent.state = AgentState.TRAINING
+    # Before: the failed write of the final state escaped and the agent exited with code 2.
+    assert agent._finish(job_done=True) is AgentState.DONE
+    assert agent.state is AgentState.DONE
+
+
+def test_the_coordinator_stays_until_a_waiting_spare_has_seen_the_job_end(small_profile):
+    from liveput.runtime.clock import ManualClock
+    from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+
+    class SpareClock(ManualClock):
+        """The spare (instance 3) reads ``job/done`` after the coordinator's third look."""
+
+        def __init__(self, store: MemoryStore) -> None:
+            super().__init__()
+            self.store, self.sleeps = store, 0
+
+        def sleep(self, seconds: float) -> None:
+            super().sleep(seconds)
+            self.sleeps += 1
+            self.store.add("hb/3", 1)
+            if self.sleeps == 3:
+                self.store.set("state/3", b"done")
+
+    store = MemoryStore()
+    clock = SpareClock(store)
+    config = CoordinatorConfig(num_steps=4, num_micro_batches=4, capacity=4, tick_s=0.2,
+                               heartbeat_timeout_s=3.0, finish_wait_s=10.0)
+    coordinator = Coordinator(store, small_profile, config, clock=clock)
+    for instance, state in ((1, b"done"), (3, b"waiting"), (5, b"training")):
+        store.add(f"hb/{instance}", 1)
+        store.set(f"state/{instance}", state)
+    assert coordinator.unfinished() == [3, 5]
+    clock.advance(3.5)  # instance 5 falls silent: dead, not waited for
+    store.add("hb/3", 1)
+    store.set("job/done", b"3")
+    assert coordinator.see_off() == []
+    assert clock.sleeps == 3 and clock.now_s() == pytest.approx(3.5 + 0.6)
+    # A spare that never answers is waited for finish_wait_s, then named.
+    store.set("state/3", b"waiting")
+    start_s = clock.now_s()
+    assert coordinator.see_off() == [3]
+    assert clock.now_s() - start_s == pytest.approx(10.0, abs=0.25)
+
+
 def test_train_cli_rejects_bad_input_in_one_line(capsys):
     from liveput.cli.main import main
 

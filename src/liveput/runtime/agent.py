@@ -107,7 +107,14 @@ class Agent:
                                f"{self.state.value} -> {state.value}")
         LOG.info("agent %d: %s -> %s", self.config.instance, self.state.value, state.value)
         self.state = state
-        self.store.set(f"state/{self.config.instance}", state.value.encode())
+        try:
+            self.store.set(f"state/{self.config.instance}", state.value.encode())
+        except LiveputError as error:
+            # Informational for the coordinator, which decides from heartbeats and holdings: a
+            # store outage (an etcd restart) must not end the agent, nor the end of a finished
+            # job's store (the coordinator hosting it exits once the job is done) fail it.
+            self._store_warnings(f"agent {self.config.instance}: state {state.value} "
+                                 f"not recorded: {error}")
 
     def _on_notice(self, notice: Notice) -> None:
         self.notice = notice
@@ -175,6 +182,18 @@ class Agent:
             self.clock.sleep(self.config.poll_s)
         return None
 
+    def _job_done(self) -> bool:
+        try:
+            return self.store.get("job/done") is not None
+        except LiveputError:
+            return False  # unknown: the store is down (a finished job's store may be gone)
+
+    def _finish(self, job_done: bool) -> AgentState:
+        """Record the final state: DONE once the job is done, else LEFT."""
+        final = AgentState.DONE if job_done else AgentState.LEFT
+        self._move(final)
+        return final
+
     def run(self) -> AgentState:
         """Join, then follow plans; the final state (DONE or LEFT)."""
         if self.state is AgentState.JOINING:
@@ -184,18 +203,13 @@ class Agent:
             while True:
                 plan = self._next_plan(generation)
                 if plan is None:
-                    final = AgentState.DONE if self.notice is None else AgentState.LEFT
-                    if self.store.get("job/done") is not None:
-                        final = AgentState.DONE
-                    self._move(final)
-                    return final
+                    return self._finish(self._job_done() or self.notice is None)
                 generation = plan.generation
                 self._move(AgentState.MIGRATING)
                 result = self.engine.run_generation(
                     plan, on_training=lambda: self._move(AgentState.TRAINING))
                 if result.ending is Ending.FINISHED:
-                    self._move(AgentState.DONE)
-                    return AgentState.DONE
+                    return self._finish(job_done=True)
                 self._move(AgentState.WAITING)
         finally:
             self.close()

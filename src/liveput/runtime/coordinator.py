@@ -106,12 +106,15 @@ class Coordinator:
             return -1, -2
         return holding.epoch, max(holding.step, successor.start_step - 1)
 
-    def _members(self, now: float) -> dict[int, Member]:
+    def _refresh_heartbeats(self, now: float) -> None:
         for key, raw in self.store.get_prefix("hb/").items():
             instance = int(key.split("/")[1])
             if self._beats.get(instance) != raw:
                 self._beats[instance] = raw
                 self._seen[instance] = now
+
+    def _members(self, now: float) -> dict[int, Member]:
+        self._refresh_heartbeats(now)
         states = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("state/").items()}
         noticed = {int(k.split("/")[1]) for k in self.store.get_prefix("notice/")}
         holdings = self._holdings = protocol.holdings(self.store)
@@ -345,11 +348,41 @@ class Coordinator:
         return True
 
     def run(self) -> None:
-        """Tick until the job is done."""
+        """Tick until the job is done, then see the agents off."""
         while True:
             try:
                 if not self.tick():
-                    return
+                    break
             except LiveputError as error:  # the store is restarting: observe again later
                 LOG.warning("coordinator: %s", error)
+            self.clock.sleep(self.config.tick_s)
+        self.see_off()
+
+    def unfinished(self) -> list[int]:
+        """Live instances that have not yet said they are done or left."""
+        now = self.clock.now_s()
+        self._refresh_heartbeats(now)
+        ended = {int(k.split("/")[1]) for k, v in self.store.get_prefix("state/").items()
+                 if v in (b"done", b"left")}
+        return sorted(i for i, seen_s in self._seen.items() if i not in ended
+                      and now - seen_s <= self.config.heartbeat_timeout_s)
+
+    def see_off(self) -> list[int]:
+        """Wait, at most ``finish_wait_s``, until every live instance knows the job is done;
+        the instances still unfinished then.
+
+        The store may end with this process (the embedded one does): a spare that had not yet
+        read ``job/done`` would then wait out a whole store outage and exit with an error."""
+        deadline_s = self.clock.now_s() + self.config.finish_wait_s
+        left: list[int] = []
+        while True:
+            try:
+                left = self.unfinished()
+                if not left:
+                    return left
+            except LiveputError as error:  # the store is restarting: look again
+                LOG.warning("coordinator: %s", error)
+            if self.clock.now_s() >= deadline_s:
+                LOG.warning("coordinator: job done; instances %s did not say they saw it", left)
+                return left
             self.clock.sleep(self.config.tick_s)

@@ -89,6 +89,9 @@ class CoordinatorConfig:
     """Instances to wait for before the first plan (or ``start_grace_s``, whichever first)."""
     start_grace_s: float = 10.0
     """Longest wait for ``initial_workers``, seconds."""
+    finish_wait_s: float = 10.0
+    """Once the job is done, the longest wait for every live instance to say it saw that
+    (the store may end with the coordinator), seconds."""
     capacity: int = 8
     """Instances requested from the cloud (the most that can ever be available)."""
     policy: str = "liveput"
@@ -106,7 +109,7 @@ class CoordinatorConfig:
         times = (self.interval_s, self.tick_s, self.heartbeat_timeout_s, self.policy_interval_s,
                  self.suspect_after_s, self.failure_wait_s, self.arrival_timeout_s,
                  self.stall_warning_s)
-        if min(times) <= 0:
+        if min(times) <= 0 or self.finish_wait_s < 0:
             raise LiveputError("coordinator: intervals and timeouts must be positive")
         if self.notice_settle_s < 0 or self.start_grace_s < 0:
             raise LiveputError("coordinator: notice settle and start grace must be >= 0")
