@@ -1,4 +1,5 @@
-"""Operating a run: checkpoint retention, an agent whose store is gone, `liveput train` stopped."""
+"""Operating a run: checkpoint retention, an agent whose store is gone, a job's end seen by a
+spare, `liveput train` stopped."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import torch
 from runtime_cluster import JOB, TOKEN, AgentProcesses
 
 from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, reset_latest
+from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.job import resolve_job
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.layer_state import fresh_layer
+from liveput.runtime.planning import profile_job
 from liveput.runtime.store import MemoryStore, SignedStore, TCPStoreBackend
 
 
@@ -65,6 +68,35 @@ def test_an_agent_whose_store_is_gone_exits_by_itself(tmp_path):
         log = agents.log(0)
         assert "unreachable" in log
         assert len(log.splitlines()) < 40, log  # repeated errors condensed, no stack frames
+    finally:
+        agents.close()
+
+
+def test_a_spare_sees_the_job_end_before_the_store_ends_with_its_coordinator(tmp_path):
+    """The embedded store ends with the coordinator. A spare that had not yet read ``job/done``
+    used to wait out a 120-s store outage and exit with an error (the netns test's flake)."""
+    hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
+    store = SignedStore(hosted, TOKEN)
+    publish_spec(store, JobSpec(JOB, str(tmp_path / "ckpt"), checkpoint_every=5))
+    agents = AgentProcesses(hosted.url, tmp_path)
+    job = resolve_job(JOB)
+    try:
+        for instance in range(3):
+            agents.start(instance)
+        deadline = time.monotonic() + 90
+        while any(store.get(f"state/{i}") != b"waiting" for i in range(3)):
+            assert time.monotonic() < deadline, [agents.log(i) for i in range(3)]
+            time.sleep(0.1)
+        coordinator = Coordinator(store, profile_job(job, repeats=1), CoordinatorConfig(
+            num_steps=6, num_micro_batches=job.num_micro_batches, capacity=2,
+            initial_workers=2, interval_s=1.0, tick_s=0.05, heartbeat_timeout_s=2.0))
+        coordinator.run()
+        assert len([s for s in coordinator.plan.slots.values() if s is not None]) == 2
+        store.close()  # as `liveput coordinator` does when the job is done
+        ended_at = time.monotonic()
+        codes = agents.wait_all(timeout_s=30)
+        assert codes == {0: 0, 1: 0, 2: 0}, [agents.log(i)[-1500:] for i in range(3)]
+        assert time.monotonic() - ended_at < 10
     finally:
         agents.close()
 
