@@ -26,7 +26,7 @@ from liveput.runtime.ledger import verify_ledger
 from liveput.testbed.cluster import ChaosCluster, ClusterConfig
 from liveput.testbed.errors import TestbedError
 from liveput.testbed.etcd import EtcdServer
-from liveput.testbed.faults import Injector, RunPlan, draw_campaign
+from liveput.testbed.faults import FAULT_KINDS, Injector, RunPlan, draw_campaign
 from liveput.testbed.netns import NetnsHosts
 from liveput.testbed.reference import final_parameters, parameter_mismatches, reference_parameters
 
@@ -42,11 +42,11 @@ class CampaignConfig:
     """At least this many faults done (runs are added until they are)."""
     seed: int = 1
     """Seeds the whole campaign: kinds, their order, victims, durations."""
-    faults_per_run: int = 8
-    """Faults dealt to each run."""
+    faults_per_run: int = 12
+    """Faults dealt to each run (more: fewer startups per fault)."""
     workers: int = 4
     """Agents of each run."""
-    steps_per_fault: int = 25
+    steps_per_fault: int = 18
     """A run trains ``steps_per_fault`` steps per fault, plus ``extra_steps``."""
     extra_steps: int = 20
     """Steps beyond those of its faults (the end of a run is fault-free)."""
@@ -56,6 +56,8 @@ class CampaignConfig:
     """Where a failed run's logs are kept (the others are deleted)."""
     subnet: str = ""
     """The namespace hosts' /24 (default: one derived from this process id)."""
+    kinds: tuple[str, ...] = tuple(FAULT_KINDS)
+    """The fault kinds drawn."""
 
     def __post_init__(self) -> None:
         if self.faults < 1 or self.faults_per_run < 1 or self.workers < 2:
@@ -168,7 +170,7 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, hosts: NetnsHosts,
                 raise TestbedError("no step committed in 120 s")
             injector = Injector(cluster, rng, tmpfs)
             for kind in plan.faults:
-                time.sleep(rng.uniform(0.3, 1.5))
+                time.sleep(rng.uniform(0.2, 0.8))
                 began = None if cluster.done() else injector.do(kind)
                 if began is None:
                     skipped.append(kind)
@@ -228,7 +230,7 @@ def run_campaign(config: CampaignConfig, on_run=None) -> CampaignResult:  # noqa
                 round_seed = config.seed
                 while (done := sum(len(r.faults) for r in result.runs)) < config.faults:
                     for plan in draw_campaign(config.faults - done, round_seed,
-                                              config.faults_per_run):
+                                              config.faults_per_run, config.kinds):
                         outcome = _run(len(result.runs), plan, config, hosts, etcd, tmpfs.path,
                                        references)
                         result.runs.append(outcome)

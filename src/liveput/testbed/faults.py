@@ -59,12 +59,17 @@ class RunPlan:
     """Seeds this run's choices (victims, durations)."""
 
 
-def draw_campaign(num_faults: int, seed: int, faults_per_run: int = 8) -> list[RunPlan]:
-    """``num_faults`` faults dealt into runs of about ``faults_per_run``, half TCP, half etcd."""
+def draw_campaign(num_faults: int, seed: int, faults_per_run: int = 8,
+                  kinds: tuple[str, ...] = tuple(FAULT_KINDS)) -> list[RunPlan]:
+    """``num_faults`` faults of ``kinds`` dealt into runs of about ``faults_per_run``, half TCP,
+    half etcd."""
     if num_faults < 1 or faults_per_run < 1:
         raise ValueError("draw_campaign: num_faults and faults_per_run must be >= 1")
+    unknown = set(kinds) - set(FAULT_KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"draw_campaign: unknown fault kinds {sorted(unknown)}")
     rng = random.Random(seed)
-    kinds = sorted(FAULT_KINDS)
+    kinds = sorted(kinds)
     # Proportional to the weights, rounded, then topped up by weighted draws to num_faults.
     total = sum(WEIGHTS.get(k, 1.0) for k in kinds)
     deck = [k for k in kinds for _ in range(int(num_faults * WEIGHTS.get(k, 1.0) / total))]
@@ -81,7 +86,8 @@ def draw_campaign(num_faults: int, seed: int, faults_per_run: int = 8) -> list[R
         min(runs, key=len).append(kind)
     for faults in runs:
         rng.shuffle(faults)
-    return [RunPlan(stores[i], tuple(runs[i]), rng.randrange(2**31)) for i in range(num_runs)]
+    return [RunPlan(stores[i], tuple(runs[i]), rng.randrange(2**31)) for i in range(num_runs)
+            if runs[i]]
 
 
 class Injector:
