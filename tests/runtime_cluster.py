@@ -13,11 +13,13 @@ from pathlib import Path
 import torch
 
 from liveput.policies.base import POLICIES, Configuration, Decision, Observation, Policy
-from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.coordinator import Coordinator
 from liveput.runtime.job import resolve_job
-from liveput.runtime.layer_state import fresh_layer
-from liveput.runtime.schedule import StagePosition, apply_step, compute_gradients
+from liveput.testbed import reference
+from liveput.testbed.reference import final_parameters, parameter_mismatches
+
+__all__ = ["JOB", "TOKEN", "AgentProcesses", "assert_same_parameters", "final_parameters",
+           "reference_parameters", "run_to_end", "run_until"]
 
 JOB = "runtime_cluster:slow_small_job"
 TOKEN = "test-token"
@@ -28,23 +30,11 @@ def reference_parameters(steps: int, job_name: str = JOB) -> list[dict[str, torc
     job = resolve_job(job_name)
     if isinstance(job.dataset, _SlowWindows):
         job.dataset = job.dataset.inner
-    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
-    for step in range(steps):
-        compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step)
-        apply_step(layers)
-    return [layer.module.state_dict() for layer in layers]
-
-
-def final_parameters(checkpoint_dir: Path, num_layers: int) -> list[dict[str, torch.Tensor]]:
-    reader = Checkpointer.__new__(Checkpointer)
-    reader.fs, reader.root = __import__("fsspec").core.url_to_fs(str(checkpoint_dir))
-    return [reader.load_layer_file(f"final/layer-{i}.pt")["module"] for i in range(num_layers)]
+    return reference.reference_parameters(job, steps)
 
 
 def assert_same_parameters(got, want) -> None:  # noqa: ANN001
-    for layer_got, layer_want in zip(got, want, strict=True):
-        for name, value in layer_want.items():
-            assert torch.allclose(layer_got[name], value, rtol=1e-4, atol=1e-6), name
+    assert not (mismatches := parameter_mismatches(got, want)), mismatches
 
 
 class AgentProcesses:

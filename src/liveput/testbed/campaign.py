@@ -1,0 +1,245 @@
+"""A fault campaign: many short real training runs, each hurt by several drawn faults, each checked.
+
+After every run: the ledger must show every step applied exactly once (lost: steps never applied;
+doubled: applied twice in the final lineage), and the final parameters must equal a fault-free
+run's (:mod:`liveput.testbed.reference`). Downtime of a fault: from the moment it began to the
+next committed step. A run that fails keeps its logs (``kept_logs``) to find out why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from liveput.runtime.job import resolve_job
+from liveput.runtime.ledger import verify_ledger
+from liveput.testbed.cluster import ChaosCluster, ClusterConfig
+from liveput.testbed.errors import TestbedError
+from liveput.testbed.etcd import EtcdServer
+from liveput.testbed.faults import FAULT_KINDS, Injector, RunPlan, draw_campaign
+from liveput.testbed.netns import NetnsHosts
+from liveput.testbed.reference import final_parameters, parameter_mismatches, reference_parameters
+
+LOG = logging.getLogger(__name__)
+__all__ = ["CampaignConfig", "RunOutcome", "CampaignResult", "run_campaign"]
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    """What the campaign does."""
+
+    faults: int = 200
+    """At least this many faults done (runs are added until they are)."""
+    seed: int = 1
+    """Seeds the whole campaign: kinds, their order, victims, durations."""
+    faults_per_run: int = 12
+    """Faults dealt to each run (more: fewer startups per fault)."""
+    workers: int = 4
+    """Agents of each run."""
+    steps_per_fault: int = 18
+    """A run trains ``steps_per_fault`` steps per fault, plus ``extra_steps``."""
+    extra_steps: int = 20
+    """Steps beyond those of its faults (the end of a run is fault-free)."""
+    run_timeout_s: float = 300.0
+    """A run not done after this long fails."""
+    kept_logs: str = "liveput-logs/bench-chaos-failed"
+    """Where a failed run's logs are kept (the others are deleted)."""
+    subnet: str = ""
+    """The namespace hosts' /24 (default: one derived from this process id)."""
+    kinds: tuple[str, ...] = tuple(FAULT_KINDS)
+    """The fault kinds drawn."""
+
+    def __post_init__(self) -> None:
+        if self.faults < 1 or self.faults_per_run < 1 or self.workers < 2:
+            raise ValueError("CampaignConfig: faults, faults_per_run >= 1 and workers >= 2")
+        if self.steps_per_fault < 1 or self.extra_steps < 0 or self.run_timeout_s <= 0:
+            raise ValueError("CampaignConfig: steps_per_fault >= 1, extra_steps >= 0, "
+                             "run_timeout_s > 0")
+
+
+@dataclass
+class RunOutcome:
+    """One run."""
+
+    index: int
+    store: str
+    faults: list[tuple[str, float]]
+    """(kind, downtime s or nan when no step followed) of each fault done."""
+    skipped: list[str]
+    """Kinds not done (the job ended first, or there was nothing to hurt)."""
+    lost_steps: int
+    doubled_steps: int
+    params_equal: bool
+    wall_s: float
+    error: str = ""
+    """Why the run failed (empty when it did not)."""
+
+
+@dataclass
+class CampaignResult:
+    """Every run; :meth:`summary` is the ``--json`` document."""
+
+    runs: list[RunOutcome] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def summary(self) -> dict:
+        done = [f for run in self.runs for f in run.faults]
+        by_kind: dict[str, list[float]] = {}
+        for kind, downtime in done:
+            by_kind.setdefault(kind, []).append(downtime)
+        downtime = {}
+        for kind, values in sorted(by_kind.items()):
+            finite = [v for v in values if v == v]
+            downtime[kind] = {"median": round(float(np.median(finite)), 3) if finite else None,
+                              "p95": round(float(np.percentile(finite, 95)), 3) if finite else None}
+        return {
+            "faults": len(done),
+            "by_kind": {kind: len(values) for kind, values in sorted(by_kind.items())},
+            "lost_steps": sum(r.lost_steps for r in self.runs),
+            "doubled_steps": sum(r.doubled_steps for r in self.runs),
+            "params_equal": all(r.params_equal for r in self.runs),
+            "downtime_s": downtime,
+            "runs": len(self.runs),
+            "failed_runs": [f"run {r.index}: {r.error}" for r in self.runs if r.error],
+            "wall_s": round(self.wall_s, 1),
+        }
+
+
+class _Tmpfs:
+    """A small tmpfs for the checkpoints, that the disk-full fault fills (needs root)."""
+
+    def __init__(self, size_mib: int = 24) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="liveput-chaos-ckpt-"))
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs",
+                                 str(self.path)], capture_output=True, text=True, timeout=20)
+        if result.returncode != 0:
+            self.path.rmdir()
+            raise TestbedError(f"cannot mount a tmpfs for the checkpoints (root needed): "
+                               f"{result.stderr.strip()}")
+
+    def close(self) -> None:
+        subprocess.run(["umount", str(self.path)], capture_output=True, timeout=20)
+        self.path.rmdir()
+
+
+def _ledger_counts(store, global_batch_size: int, steps: int) -> tuple[int, int, list[str]]:  # noqa: ANN001
+    """(lost, doubled, problems) of a run's ledger."""
+    report = verify_ledger(store, global_batch_size, steps)
+    applied = {r["step"] for r in report.records}
+    lost = len(set(range(steps)) - applied)
+    doubled = sum(bool(re.match(r"step \d+ applied twice", p)) for p in report.problems)
+    return lost, doubled, report.problems
+
+
+def _downtime(began: float, commits: list[float]) -> float:
+    after = [c for c in commits if c > began]
+    return after[0] - began if after else float("nan")
+
+
+def _run(index: int, plan: RunPlan, config: CampaignConfig, hosts: NetnsHosts,
+         etcd: EtcdServer, tmpfs: Path, references: dict) -> RunOutcome:
+    steps = config.steps_per_fault * len(plan.faults) + config.extra_steps
+    job = resolve_job("tiny-gpt-small")
+    if steps not in references:
+        references[steps] = reference_parameters(job, steps)
+    started = time.monotonic()
+    rng = random.Random(plan.seed)
+    with tempfile.TemporaryDirectory(prefix="liveput-chaos-") as directory:
+        checkpoints = tmpfs / f"run-{index}"
+        cluster = ChaosCluster(ClusterConfig(steps=steps, workers=config.workers,
+                                             capacity=config.workers + 2, store=plan.store),
+                               hosts, Path(directory), checkpoints, etcd)
+        done: list[tuple[str, float]] = []
+        skipped: list[str] = []
+        error = ""
+        lost = doubled = 0
+        equal = False
+        try:
+            cluster.start()
+            if not cluster.wait_until(lambda: cluster.committed() >= 0, 120.0):
+                raise TestbedError("no step committed in 120 s")
+            injector = Injector(cluster, rng, tmpfs)
+            for kind in plan.faults:
+                time.sleep(rng.uniform(0.2, 0.8))
+                began = None if cluster.done() else injector.do(kind)
+                if began is None:
+                    skipped.append(kind)
+                    continue
+                done.append((kind, began))
+                LOG.info("run %d: %s at step %d", index, kind, cluster.committed())
+                # Let the job take the blow before the next one (a commit after it).
+                cluster.wait_until(lambda b=began: any(c > b for c in cluster.commit_times()),
+                                   60.0, poll_s=0.2)
+            code = cluster.wait_done(config.run_timeout_s - (time.monotonic() - started))
+            if code != 0:
+                raise TestbedError(f"the coordinator exited with code {code}")
+            lost, doubled, problems = _ledger_counts(cluster.store, job.global_batch_size, steps)
+            mismatches = parameter_mismatches(final_parameters(checkpoints, job.num_layers),
+                                              references[steps])
+            equal = not mismatches
+            if problems or mismatches:
+                error = f"ledger: {problems[:3]}; parameters differ: {mismatches[:3]}"
+        except (TestbedError, OSError, RuntimeError) as failure:
+            error = str(failure)[:300]
+            try:
+                lost, doubled, _ = _ledger_counts(cluster.store, job.global_batch_size, steps)
+            except Exception:  # noqa: BLE001 - the store may be what failed
+                lost = steps
+        finally:
+            commits = []
+            try:
+                commits = cluster.commit_times()
+            except Exception:  # noqa: BLE001
+                pass
+            cluster.close()
+            if error:
+                kept = Path(config.kept_logs) / f"seed{config.seed}-run{index}"
+                shutil.rmtree(kept, ignore_errors=True)
+                shutil.copytree(cluster.logs, kept)
+                (kept / "faults.txt").write_text("".join(
+                    f"{kind} at unix {began:.3f}\n" for kind, began in done) + f"error: {error}\n")
+                error += f" (logs kept in {kept})"
+            shutil.rmtree(checkpoints, ignore_errors=True)
+    return RunOutcome(index, plan.store, [(k, _downtime(b, commits)) for k, b in done], skipped,
+                      lost, doubled, equal, time.monotonic() - started, error)
+
+
+def run_campaign(config: CampaignConfig, on_run=None) -> CampaignResult:  # noqa: ANN001
+    """Run runs until ``config.faults`` faults are done; ``on_run(outcome)`` after each."""
+    started = time.monotonic()
+    result = CampaignResult()
+    references: dict[int, list] = {}
+    subnet = config.subnet or f"10.{80 + os.getpid() % 100}.{os.getpid() // 100 % 250}"
+    tmpfs = _Tmpfs()
+    try:
+        with NetnsHosts(config.workers + 4, subnet=subnet, gateway=True) as hosts, \
+                tempfile.TemporaryDirectory(prefix="liveput-chaos-etcd-") as etcd_dir:
+            etcd = EtcdServer(Path(etcd_dir) / "data", host=hosts.gateway_address)
+            etcd.start()
+            try:
+                round_seed = config.seed
+                while (done := sum(len(r.faults) for r in result.runs)) < config.faults:
+                    for plan in draw_campaign(config.faults - done, round_seed,
+                                              config.faults_per_run, config.kinds):
+                        outcome = _run(len(result.runs), plan, config, hosts, etcd, tmpfs.path,
+                                       references)
+                        result.runs.append(outcome)
+                        if on_run is not None:
+                            on_run(outcome)
+                    round_seed += 1_000_003
+            finally:
+                etcd.stop()
+    finally:
+        tmpfs.close()
+    result.wall_s = time.monotonic() - started
+    return result

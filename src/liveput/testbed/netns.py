@@ -1,0 +1,132 @@
+"""Linux network-namespace hosts: N namespaces joined by veth pairs to a bridge in a switch
+namespace, each with an address of a /24 that exists only inside them (optionally the root
+namespace on the bridge too), and commands run inside them (``ip netns exec``).
+
+Needs root and ``ip`` (``iproute2``); a missing one is a :class:`TestbedError`, never a skip.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from liveput.testbed.errors import TestbedError
+
+__all__ = ["NETNS_SUBNET", "NetnsHosts"]
+
+NETNS_SUBNET = "10.77.0"
+"""First three octets of the /24 the namespace hosts use by default; it exists only inside them
+(and in the root namespace, for hosts created with a gateway)."""
+GATEWAY_OCTET = 254
+"""Last octet of the root namespace's address on the bridge, for hosts with a gateway."""
+_netns_serial = itertools.count()
+
+
+def _ip(*args: str) -> None:
+    binary = shutil.which("ip")
+    if not binary:
+        raise TestbedError("`ip` is not installed: run `make system-deps` (Debian package iproute2)")
+    result = subprocess.run([binary, *args], capture_output=True, text=True, timeout=20)
+    if result.returncode != 0:
+        raise TestbedError(f"ip {' '.join(args)}: {result.stderr.strip()}")
+
+
+@dataclass
+class NetnsHosts:
+    """N emulated hosts: network namespaces on one bridge, host i at ``<subnet>.(i+1)``."""
+
+    count: int
+    """How many hosts."""
+    subnet: str = NETNS_SUBNET
+    """First three octets of the hosts' /24 (two host sets that live at once need two)."""
+    gateway: bool = False
+    """Also put the root namespace on the bridge, at ``<subnet>.254``: processes outside the
+    hosts (a store, a coordinator, the test itself) then reach them and they reach it."""
+    names: list[str] = field(default_factory=list)
+    """The namespace of each host."""
+    switch: str = ""
+    """The namespace holding the bridge."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= 200:
+            raise ValueError(f"NetnsHosts count must be in [1, 200], got {self.count}")
+        octets = self.subnet.split(".")
+        if len(octets) != 3 or not all(o.isdigit() and int(o) < 256 for o in octets):
+            raise ValueError(f"NetnsHosts subnet must be three octets (10.77.0), got {self.subnet!r}")
+
+    def address(self, index: int) -> str:
+        """Host ``index``'s address; reachable only from inside the hosts' namespaces (and from
+        the root namespace with a gateway)."""
+        return f"{self.subnet}.{index + 1}"
+
+    @property
+    def gateway_address(self) -> str:
+        """The root namespace's address on the bridge (hosts created with ``gateway``)."""
+        return f"{self.subnet}.{GATEWAY_OCTET}"
+
+    def create(self) -> NetnsHosts:
+        """Create the namespaces, the bridge and the links (cleans up if any step fails)."""
+        tag = f"lp{os.getpid()}x{next(_netns_serial)}"
+        self.switch = f"{tag}sw"
+        try:
+            _ip("netns", "add", self.switch)
+            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", "br0", "up")
+            for index in range(self.count):
+                name = f"{tag}h{index}"
+                _ip("netns", "add", name)
+                self.names.append(name)
+                port = f"port{index}"
+                _ip("link", "add", "eth0", "netns", name, "type", "veth", "peer", "name", port, "netns", self.switch)
+                _ip("-n", self.switch, "link", "set", port, "master", "br0")
+                _ip("-n", self.switch, "link", "set", port, "up")
+                _ip("-n", name, "addr", "add", f"{self.address(index)}/24", "dev", "eth0")
+                _ip("-n", name, "link", "set", "eth0", "up")
+                _ip("-n", name, "link", "set", "lo", "up")
+            if self.gateway:
+                # Root-side end named after the tag: deleting the switch namespace deletes it.
+                _ip("link", "add", f"{tag}gw", "type", "veth", "peer", "name", "gw", "netns", self.switch)
+                _ip("-n", self.switch, "link", "set", "gw", "master", "br0")
+                _ip("-n", self.switch, "link", "set", "gw", "up")
+                _ip("addr", "add", f"{self.gateway_address}/24", "dev", f"{tag}gw")
+                _ip("link", "set", f"{tag}gw", "up")
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def argv(self, index: int, command: Sequence[str]) -> list[str]:
+        """``command`` wrapped to run inside host ``index``'s namespace."""
+        binary = shutil.which("ip") or "ip"
+        return [binary, "netns", "exec", self.names[index], *command]
+
+    def popen(self, index: int, command: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        """Start ``command`` inside host ``index``'s namespace."""
+        return subprocess.Popen(self.argv(index, command), **kwargs)  # type: ignore[call-overload]
+
+    def run(self, index: int, command: Sequence[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` inside host ``index``'s namespace to completion; output captured as text."""
+        return subprocess.run(self.argv(index, command), capture_output=True, text=True, timeout=timeout_s)
+
+    def set_link(self, index: int, up: bool) -> None:
+        """Take host ``index``'s network link down (a partition: it reaches nobody, nobody
+        reaches it) or bring it back up."""
+        _ip("-n", self.names[index], "link", "set", "eth0", "up" if up else "down")
+
+    def destroy(self) -> None:
+        """Delete every namespace created (their veth links go with them)."""
+        for name in [*self.names, self.switch]:
+            if name:
+                subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+        self.names = []
+        self.switch = ""
+
+    def __enter__(self) -> NetnsHosts:
+        return self.create()
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()

@@ -1,0 +1,52 @@
+"""The fault-free reference: what a run's final parameters must equal, however it was disturbed.
+
+A job trained without faults in one process (one pipeline, one stage) applies the same samples in
+the same order as any distributed run of it that applied every step exactly once, so their final
+parameters agree to float tolerance (the engine test's ``allclose``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fsspec
+import torch
+
+from liveput import Job
+from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.layer_state import fresh_layer
+from liveput.runtime.schedule import StagePosition, apply_step, compute_gradients
+
+__all__ = ["RTOL", "ATOL", "reference_parameters", "final_parameters", "parameter_mismatches"]
+
+RTOL = 1e-4
+"""Relative tolerance of a parameter against the reference (``torch.allclose``)."""
+ATOL = 1e-6
+"""Absolute tolerance of a parameter against the reference."""
+
+
+def reference_parameters(job: Job, steps: int) -> list[dict[str, torch.Tensor]]:
+    """Every layer's parameters after an uninterrupted single-process run of ``steps`` steps."""
+    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    for step in range(steps):
+        compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step)
+        apply_step(layers)
+    return [layer.module.state_dict() for layer in layers]
+
+
+def final_parameters(checkpoint_dir: str | Path, num_layers: int) -> list[dict[str, torch.Tensor]]:
+    """The final weights a run saved under ``<checkpoint_dir>/final/``."""
+    reader = Checkpointer.__new__(Checkpointer)  # reads only: no store, no writer thread
+    reader.fs, reader.root = fsspec.core.url_to_fs(str(checkpoint_dir))
+    return [reader.load_layer_file(f"final/layer-{i}.pt")["module"] for i in range(num_layers)]
+
+
+def parameter_mismatches(got: list[dict[str, torch.Tensor]],
+                         want: list[dict[str, torch.Tensor]]) -> list[str]:
+    """``layer.name`` of every parameter of ``got`` not allclose to ``want`` (empty: equal)."""
+    if len(got) != len(want):
+        return [f"{len(got)} layers, not {len(want)}"]
+    return [f"{index}.{name}" for index, (layer_got, layer_want) in enumerate(zip(got, want))
+            for name, value in layer_want.items()
+            if name not in layer_got or layer_got[name].shape != value.shape
+            or not torch.allclose(layer_got[name], value, rtol=RTOL, atol=ATOL)]

@@ -1,0 +1,30 @@
+"""A short seeded fault campaign (the benchmark ``python -m bench chaos`` runs 200 faults): real
+training on namespace hosts through every fault kind but the long store outage, checked after
+each run: every step applied exactly once, final parameters equal to the fault-free run's."""
+
+from __future__ import annotations
+
+from liveput.testbed.campaign import CampaignConfig, run_campaign
+from liveput.testbed.faults import FAULT_KINDS, draw_campaign
+
+KINDS = tuple(k for k in FAULT_KINDS if k != "store-outage")  # 10-60 s each: the bench's
+
+
+def test_a_campaign_deals_every_kind_and_etcd_kinds_to_etcd_runs():
+    runs = draw_campaign(200, seed=5)
+    dealt = [kind for run in runs for kind in run.faults]
+    assert len(dealt) == 200
+    assert {kind: dealt.count(kind) >= 5 for kind in FAULT_KINDS} == dict.fromkeys(FAULT_KINDS, True)
+    assert all(run.store == "etcd" for run in runs
+               if {"coordinator-restart", "etcd-restart", "store-outage"} & set(run.faults))
+    assert draw_campaign(200, seed=5) == runs and draw_campaign(200, seed=6) != runs
+
+
+def test_a_seeded_campaign_loses_and_doubles_no_step(tmp_path):
+    result = run_campaign(CampaignConfig(faults=16, seed=11, faults_per_run=8, kinds=KINDS,
+                                         kept_logs=str(tmp_path / "failed")))
+    summary = result.summary()
+    assert summary["faults"] >= 16
+    assert summary["failed_runs"] == []
+    assert (summary["lost_steps"], summary["doubled_steps"]) == (0, 0)
+    assert summary["params_equal"] is True
