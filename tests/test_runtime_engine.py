@@ -110,3 +110,52 @@ def test_1f1b_completes_with_blocking_receives_and_bounds_activations(num_micro,
             live += 1 if kind == FORWARD else -1
             peak = max(peak, live)
         assert peak == min(stages - s, num_micro)  # GPipe would keep all num_micro
+
+
+def test_a_corrupt_checkpoint_is_refused_and_the_one_before_restores_the_same_result(tmp_path):
+    steps = 12
+    cluster = make_cluster(tmp_path, end_step=steps, checkpoint_every=3)
+    migrate(cluster, Configuration(2, 2), set(), [0, 1, 2, 3], run_until=8)
+    cluster.checkpointer.flush()  # checkpoints after steps 2 and 5
+    layer_file = tmp_path / "ckpt" / "step-5" / "layer-1.pt"
+    layer_file.write_bytes(layer_file.read_bytes()[:-100])  # truncated (a full disk, a crash)
+    stage1 = cluster.plan.instance_at(0, 1)
+    failed = cluster.migrate(Configuration(1, 2), {stage1, cluster.plan.instance_at(1, 1)}, [],
+                             run_until=steps)
+    assert cluster.plan.restore_step == 5
+    assert {r.ending for r in failed.values()} == {Ending.FAILED}
+    migrate(cluster, Configuration(1, 2), set(), [], run_until=steps)
+    assert cluster.plan.restore_step == 2  # the previous complete checkpoint
+    assert_same(final_parameters(cluster), reference_parameters(steps, JOB))
+    report = verify_ledger(cluster.store, cluster.job.global_batch_size, steps)
+    assert report.exactly_once, report.problems
+
+
+def test_a_layer_file_is_refused_unless_its_signature_matches(tmp_path):
+    from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
+    from liveput.runtime.layer_state import fresh_layer
+    from liveput.runtime.store import MemoryStore
+
+    job = resolve_job(JOB)
+    store = MemoryStore()
+    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    writer = Checkpointer(store, str(tmp_path), token=b"job token")
+    for step in (2, 5):
+        writer.save_async(0, step, layers, job.num_layers)
+        writer.flush()
+    assert writer.load_layer(5, 0)["module"].keys() == layers[0].module.state_dict().keys()
+    path = tmp_path / "step-5" / "layer-0.pt"
+    good = path.read_bytes()
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0x01
+    for bad in (good[:-1], bytes(flipped), good[40:], b""):
+        path.write_bytes(bad)
+        with pytest.raises(CorruptCheckpoint, match="layer-0.pt"):
+            writer.load_layer(5, 0)
+    path.write_bytes(good)
+    with pytest.raises(CorruptCheckpoint, match="signature does not match"):
+        Checkpointer(store, str(tmp_path), token=b"another job").load_layer(5, 0)
+    assert writer.discard(5) == 2
+    assert store.get("ckpt/complete") == b"[2]"
+    assert writer.discard(2) is None  # none left: the next restore starts from the initial weights
+    writer.close()

@@ -4,10 +4,17 @@ Pipeline 0 holds every layer once, so its instances save their layers: the state
 step boundary (cheap) and written by a background thread, ``<dir>/step-<s>/layer-<l>.pt``. Each
 instance then adds its layer count to ``ckpt/<epoch>/<s>``; the one that brings it to L marks the
 checkpoint complete in ``ckpt/latest``. One file per layer lets any partition restore from it.
+
+A layer file carries a signature (:data:`MAGIC`, then an HMAC-SHA256 of the rest under the job
+token, or a SHA-256 without one): a truncated, corrupt or forged file is refused before it is
+unpickled, and :meth:`Checkpointer.discard` makes the previous complete checkpoint the latest, so
+the next restore uses that one. ``final/`` holds plain ``torch.save`` files, for the user.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
 import logging
@@ -17,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import fsspec
 import torch
 
+from liveput.errors import LiveputError
 from liveput.runtime.layer_state import LayerState
 from liveput.runtime.store import Store
 
@@ -24,6 +32,37 @@ LOG = logging.getLogger(__name__)
 LATEST = "ckpt/latest"
 COMPLETE = "ckpt/complete"
 """The steps of the complete checkpoints still on disk, oldest first."""
+MAGIC = b"LPCKPT01"
+"""First bytes of a signed layer file; the 32-byte signature follows, then the payload."""
+_SIGNATURE_BYTES = 32
+
+
+class CorruptCheckpoint(LiveputError):
+    """A layer file whose signature does not match its contents (truncated, corrupt, forged)."""
+
+
+def sign_layer_file(payload: bytes, token: bytes | None) -> bytes:
+    """The bytes of a signed layer file holding ``payload`` (``torch.save`` bytes)."""
+    return MAGIC + _signature(payload, token) + payload
+
+
+def open_layer_file(data: bytes, token: bytes | None, where: str) -> bytes:
+    """The payload of a signed layer file; :class:`CorruptCheckpoint` unless it checks out."""
+    head = len(MAGIC) + _SIGNATURE_BYTES
+    if len(data) < head or not data.startswith(MAGIC):
+        raise CorruptCheckpoint(f"{where}: not a liveput layer file (or cut short: {len(data)} "
+                                "bytes)")
+    payload = data[head:]
+    if not hmac.compare_digest(data[len(MAGIC):head], _signature(payload, token)):
+        raise CorruptCheckpoint(f"{where}: signature does not match (corrupt, truncated, or "
+                                "written with another job token)")
+    return payload
+
+
+def _signature(payload: bytes, token: bytes | None) -> bytes:
+    if token is None:
+        return hashlib.sha256(payload).digest()
+    return hmac.new(token, payload, hashlib.sha256).digest()
 
 
 def _order(raw: bytes | None) -> tuple[int, int]:
@@ -53,8 +92,12 @@ def reset_latest(store: Store, epoch: int, step: int) -> None:
 class Checkpointer:
     """Saves and loads layer files under ``directory`` (a local path or an fsspec URL)."""
 
-    def __init__(self, store: Store, directory: str, keep: int = 2) -> None:
+    def __init__(self, store: Store, directory: str, keep: int = 2,
+                 token: bytes | None = None) -> None:
         self.store = store
+        self.token = token
+        """Signs the layer files (HMAC-SHA256); None: a plain SHA-256, which catches corruption
+        but not forgery."""
         self.keep = max(1, keep)
         self.directory = directory.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.directory)
@@ -84,7 +127,7 @@ class Checkpointer:
                 # Written aside then moved: a restore never reads a half-written layer file.
                 partial = f"{self._path(step, index)}.partial-{epoch}"
                 with self.fs.open(partial, "wb") as handle:
-                    handle.write(buffer.getvalue())
+                    handle.write(sign_layer_file(buffer.getvalue(), self.token))
                 self.fs.mv(partial, self._path(step, index))
             if self.store.add(f"ckpt/{epoch}/{step}", len(snapshot)) == num_layers:
                 if self._mark_latest(epoch, step):
@@ -125,13 +168,45 @@ class Checkpointer:
                 pass
 
     def load_layer(self, step: int, layer: int) -> dict:
-        return self.load_layer_file(f"step-{step}/layer-{layer}.pt")
+        """Layer ``layer`` of the checkpoint of step ``step``; :class:`CorruptCheckpoint` if its
+        signature does not match, ``OSError`` if it cannot be read."""
+        relative = f"step-{step}/layer-{layer}.pt"
+        with self.fs.open(f"{self.root}/{relative}", "rb") as handle:
+            data = handle.read()
+        payload = open_layer_file(data, self.token, f"checkpoint {self.directory}/{relative}")
+        try:
+            return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        except Exception as error:  # noqa: BLE001 - signed but unreadable is corrupt as well
+            raise CorruptCheckpoint(f"checkpoint {self.directory}/{relative}: {error}") from None
 
     def load_layer_file(self, relative: str) -> dict:
-        """A layer file under the checkpoint directory (e.g. ``final/layer-0.pt``)."""
+        """A plain layer file under the checkpoint directory (``final/layer-0.pt``)."""
         with self.fs.open(f"{self.root}/{relative}", "rb") as handle:
             data = handle.read()
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+    def discard(self, step: int) -> int | None:
+        """Stop using the checkpoint of step ``step`` (a layer file of it is corrupt): the
+        newest complete one before it becomes the latest; that step (None: none is left, the
+        next restore starts from the initial weights)."""
+        while True:
+            raw = self.store.get(COMPLETE)
+            steps = json.loads(raw) if raw else []
+            kept = [s for s in steps if s != step]
+            if self.store.compare_and_set(COMPLETE, raw, json.dumps(kept).encode()):
+                break
+        fallback = max((s for s in kept if s < step), default=-1)
+        while True:
+            raw = self.store.get(LATEST)
+            if raw is None or int(json.loads(raw)["step"]) != step:
+                break  # another instance discarded it already, or a newer one completed
+            epoch = _order(raw)[0]
+            value = json.dumps({"epoch": epoch, "step": fallback}).encode()
+            if self.store.compare_and_set(LATEST, raw, value):
+                LOG.warning("checkpoint of step %d is corrupt; the latest is now %s", step,
+                            f"step {fallback}" if fallback >= 0 else "the initial weights")
+                break
+        return None if fallback < 0 else fallback
 
     def save_now(self, name: str, layers: list[LayerState]) -> None:
         """Write ``layers`` synchronously under ``<dir>/<name>/`` (final weights)."""

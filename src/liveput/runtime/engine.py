@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from liveput.errors import LiveputError
 from liveput.runtime import protocol
-from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
 from liveput.runtime.comm import Groups
 from liveput.runtime.job import Job
 from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
@@ -156,6 +156,12 @@ class Engine:
                     raise LiveputError("plan restores from a checkpoint but no checkpoint dir is set")
                 try:
                     state = self.checkpointer.load_layer(plan.restore_step, index)
+                except (CorruptCheckpoint, FileNotFoundError) as error:
+                    # Detected by its signature, or deleted: the next plan restores the one
+                    # before (a transient read error below is tried again instead).
+                    self.checkpointer.discard(plan.restore_step)
+                    raise LiveputError(f"checkpoint of step {plan.restore_step}, layer "
+                                       f"{index}: {error}") from None
                 except OSError as error:  # gone or unreadable: this plan fails, the job goes on
                     raise LiveputError(f"checkpoint of step {plan.restore_step} has no readable "
                                        f"layer {index}: {error}") from None

@@ -48,7 +48,7 @@ class ThreadCluster:
     def __post_init__(self) -> None:
         self.store = MemoryStore()
         self.c10d = dist.HashStore()
-        self.checkpointer = Checkpointer(self.store, self.checkpoint_dir)
+        self.checkpointer = Checkpointer(self.store, self.checkpoint_dir, token=self.token)
         self.engines: dict[int, Engine] = {}
         self.plan: protocol.RuntimePlan | None = None
         self.last_applied = protocol.FRESH_START

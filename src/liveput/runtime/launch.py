@@ -120,7 +120,8 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
         job = resolve_job(spec.job)
         device = "cuda" if spec.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
         engine = Engine(job, instance, store, StoreRendezvous(store, host, timeout_s),
-                        Checkpointer(store, spec.checkpoint_dir, keep=spec.keep_checkpoints),
+                        Checkpointer(store, spec.checkpoint_dir, keep=spec.keep_checkpoints,
+                                     token=token.encode()),
                         EngineConfig(checkpoint_every=spec.checkpoint_every, device=device),
                         token=token.encode())
         agent = Agent(AgentConfig(instance=instance, host=host,
