@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from liveput.runtime.checkpoint import latest_checkpoint
 from liveput.runtime.notices import Notice
 from liveput.testbed.cluster import ChaosCluster
 
@@ -37,13 +38,16 @@ FAULT_KINDS: dict[str, str] = {
     "etcd-restart": "etcd stopped (SIGTERM or SIGKILL) and started again 0.5-2 s later",
     "store-outage": "etcd down for 10-60 s",
     "disk-full": "the checkpoint tmpfs full for two checkpoint intervals",
+    "corrupt-checkpoint": "a layer file of the newest checkpoint truncated or bit-flipped, then "
+                          "every instance SIGKILLed (the restore must refuse it by its "
+                          "signature and use the one before)",
     "late-joiner": "a new instance starts during the migration away from a noticed one",
     "notice-for-gone": "a preemption notice for an instance already SIGKILLed",
 }
 """Every kind the campaign draws, and what it does."""
 ETCD_KINDS = frozenset({"coordinator-restart", "etcd-restart", "store-outage"})
 """Kinds that need etcd: the coordinator hosts no store then, and etcd can be restarted."""
-WEIGHTS = {"store-outage": 0.35, "kill-all": 0.6}
+WEIGHTS = {"store-outage": 0.4, "kill-all": 0.6, "corrupt-checkpoint": 0.6}
 """Relative frequency of the slow kinds (others 1): each still drawn many times."""
 
 
@@ -299,6 +303,24 @@ class Injector:
             20.0)
         filler.unlink()
         return began
+
+    def _corrupt_checkpoint(self) -> float | None:
+        try:
+            step = latest_checkpoint(self.cluster.store)
+        except Exception:  # noqa: BLE001 - the store is restarting: nothing to aim at
+            return None
+        files = [] if step is None else \
+            sorted((self.cluster.checkpoint_dir / f"step-{step}").glob("layer-*.pt"))
+        if not files:
+            return None
+        victim = self.rng.choice(files)
+        data = bytearray(victim.read_bytes())
+        if self.rng.random() < 0.5:
+            data = data[:self.rng.randrange(len(data))]  # truncated
+        else:
+            data[self.rng.randrange(len(data))] ^= 1 << self.rng.randrange(8)  # one bit flipped
+        victim.write_bytes(bytes(data))
+        return self._kill_all()
 
     def _late_joiner(self) -> float | None:
         noticed = self._notice_and_wait_plan()
