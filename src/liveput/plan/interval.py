@@ -30,17 +30,21 @@ from liveput.plan.liveput import on_demand_per_stage
 
 
 class _Terms:
-    """The (candidate, t) terms of E_q for one on-demand count, as flat arrays."""
+    """The (candidate, t) terms of E_q for one on-demand count, as flat arrays in candidate
+    order."""
 
-    def __init__(self, owner: np.ndarray, gains: np.ndarray, high: np.ndarray,
-                 high_stages: np.ndarray, low: np.ndarray, low_stages: np.ndarray) -> None:
-        self.owner = owner
-        """Candidate of each term."""
+    def __init__(self, owners: np.ndarray, starts: np.ndarray, gains: np.ndarray,
+                 high: np.ndarray, high_stages: np.ndarray, low: np.ndarray,
+                 low_stages: np.ndarray) -> None:
+        self.owners = owners
+        """The candidates that have terms (every running one), in order."""
+        self.starts = starts
+        """Index of each owner's first term."""
         self.gains = gains
         """thr(t) - thr(t - 1)."""
         self.high = high
-        """Flat index into the CDF table of F(l; s, q) for the stages with one more on-demand
-        slot (the sentinel zero when l < 0)."""
+        """Index into the table of log F(l; s, q) for the stages with one more on-demand slot
+        (``ZERO`` when l < 0, ``ONE`` when there is no such stage)."""
         self.high_stages = high_stages
         """How many stages have one more on-demand slot (``o mod P``)."""
         self.low = low
@@ -61,18 +65,28 @@ class IntervalThroughput:
         self.max_spot = int(data_parallel.max(initial=0))
         size = self.max_spot + 1
         spot, lost = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
-        with np.errstate(invalid="ignore"):
-            self._log_ways = np.where(lost <= spot, gammaln(spot + 1.0) - gammaln(lost + 1.0)
-                                      - gammaln(np.maximum(spot - lost, 0) + 1.0), -np.inf)
+        self._inside = lost <= spot
+        self._log_ways = np.where(self._inside, gammaln(spot + 1.0) - gammaln(lost + 1.0)
+                                  - gammaln(np.maximum(spot - lost, 0) + 1.0), -np.inf)
         self._spot, self._lost = spot, lost
         self._terms: dict[int, _Terms] = {}
         self._cache: dict[tuple[float, int], np.ndarray] = {}
 
+    @property
+    def _zero(self) -> int:
+        """Index of log F = -inf (F = 0) in the table of :meth:`_log_cdf`."""
+        return (self.max_spot + 1) ** 2
+
+    @property
+    def _one(self) -> int:
+        """Index of log F = 0 (F = 1)."""
+        return self._zero + 1
+
     def _build_terms(self, num_on_demand: int) -> _Terms:
         width = self.max_spot + 1
-        sentinel = width * width
         parts: list[tuple[np.ndarray, ...]] = []
-        for c in np.flatnonzero(self.data_parallel > 0):
+        owners = np.flatnonzero(self.data_parallel > 0)
+        for c in owners:
             d, p = int(self.data_parallel[c]), int(self.stages[c])
             per_stage = on_demand_per_stage(num_on_demand, d, p)
             low_on_demand = int(per_stage.min())
@@ -81,30 +95,38 @@ class IntervalThroughput:
 
             def index(on_demand: int, stages: int) -> np.ndarray:
                 if stages == 0:
-                    return np.full(d, sentinel)  # no such stage: x ** 0 of the zero
+                    return np.full(d, self._one)  # no such stage: a factor 1
                 spot = d - on_demand
                 most_lost = spot - np.maximum(0, t - on_demand)
                 return np.where(most_lost >= 0, spot * width + np.clip(most_lost, 0, None),
-                                sentinel)
+                                self._zero)
 
             gains = np.diff(self.grid[: d + 1, p])
-            parts.append((np.full(d, c), gains, index(low_on_demand + 1, high_stages),
+            parts.append((gains, index(low_on_demand + 1, high_stages),
                           np.full(d, high_stages), index(low_on_demand, p - high_stages),
                           np.full(d, p - high_stages)))
         if not parts:
             empty = np.zeros(0, dtype=int)
-            return _Terms(empty, np.zeros(0), empty, empty, empty, empty)
+            return _Terms(empty, empty, np.zeros(0), empty, empty, empty, empty)
+        lengths = self.data_parallel[owners]
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
         columns = [np.concatenate(column) for column in zip(*parts, strict=True)]
-        return _Terms(*columns)
+        return _Terms(owners, starts, *columns)
 
-    def _cdf(self, rate: float) -> np.ndarray:
-        """``F(l; s, rate)`` for s, l = 0..max D, flat, with a zero appended (the sentinel)."""
-        spot, lost = self._spot, self._lost
-        with np.errstate(invalid="ignore"):
-            log_pmf = self._log_ways + xlogy(lost, rate) + xlog1py(spot - lost, -rate)
-        pmf = np.where(lost <= spot, np.exp(log_pmf), 0.0)
-        cdf = np.minimum(np.cumsum(pmf, axis=1), 1.0)
-        return np.concatenate((cdf.ravel(), [0.0]))
+    def _log_cdf(self, rate: float) -> np.ndarray:
+        """``log F(l; s, rate)`` for s, l = 0..max D, flat, then log 0 and log 1 (``_zero``,
+        ``_one``)."""
+        spot, lost, inside = self._spot, self._lost, self._inside
+        if rate <= 0.0:
+            cdf = np.ones(spot.shape)
+        elif rate >= 1.0:
+            cdf = (lost >= spot).astype(float)
+        else:
+            log_pmf = self._log_ways + lost * np.log(rate) + (spot - lost) * np.log1p(-rate)
+            pmf = np.where(inside, np.exp(log_pmf), 0.0)
+            cdf = np.minimum(np.cumsum(pmf, axis=1), 1.0)
+        with np.errstate(divide="ignore"):
+            return np.concatenate((np.log(cdf.ravel()), [-np.inf, 0.0]))
 
     def per_candidate(self, rate: float, num_on_demand: int) -> np.ndarray:
         """Expected samples/s of every candidate over an interval of preemption probability
@@ -117,12 +139,16 @@ class IntervalThroughput:
         terms = self._terms.get(num_on_demand)
         if terms is None:
             terms = self._terms[num_on_demand] = self._build_terms(num_on_demand)
-        cdf = self._cdf(rate)
-        survive = cdf[terms.low] ** terms.low_stages
+        log_cdf = self._log_cdf(rate)
+        # prod_j F_j = exp(sum_j log F_j): one exp per term (a float power is several times
+        # slower); a stage that surely breaks (F = 0) gives exp(-inf) = 0.
+        log_survive = terms.low_stages * log_cdf[terms.low]
         if not terms.uniform:
-            survive = survive * cdf[terms.high] ** terms.high_stages
-        expected = np.bincount(terms.owner, weights=terms.gains * survive,
-                               minlength=len(self.stages))
+            log_survive += terms.high_stages * log_cdf[terms.high]
+        expected = np.zeros(len(self.stages))
+        if len(terms.owners):
+            expected[terms.owners] = np.add.reduceat(terms.gains * np.exp(log_survive),
+                                                     terms.starts)
         result = (self.throughput + expected) / 2
         if len(self._cache) > 512:
             self._cache.clear()

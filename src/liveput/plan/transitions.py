@@ -12,7 +12,10 @@ So the step of the dynamic program, ``V(c) = max_{c'} R(c') keep(c, c') - pen(c'
 ``keep = max(0, T - mig) / T``, needs no candidates x candidates matrix: per source depth, the
 best target of every other depth (a depths x candidates array), and within a depth a prefix
 maximum (D' < D) and a suffix maximum (D' > D). The terms are the same floating-point
-expressions as with the dense matrix, so the values are identical, not just close.
+expressions as with the dense matrix, so the values are identical, not just close. (In the
+depths x candidates array a target of the source's own depth gets keep 0: with R >= 0 its term
+is no larger than its true one, which the within-depth maxima count, so the maximum is the
+same.)
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ class Transitions:
         self._safe_layout = np.where(self._valid, self.layout, 0)
         other_depth = self.group[None, 1:] != np.arange(len(self.depths))[:, None]
         self._cross_mask = other_depth & running[None, 1:]
+        self._running = np.flatnonzero(running)
+        self._running_group = self.group[self._running]
+        self._running_position = self.position[self._running]
+        self._keeps_for: int | None = None
+        self._cached_keeps: tuple[np.ndarray, ...] = ()
 
     def seconds_row(self, source: int, num_instances: int) -> np.ndarray:
         """``mig(source, c')`` for every c' on ``num_instances`` instances."""
@@ -74,41 +82,57 @@ class Transitions:
         seconds = self.seconds_row(source, num_instances)
         return np.clip(self.interval_s - seconds, 0.0, None) / self.interval_s
 
+    def _keeps(self, num_instances: int) -> tuple[np.ndarray, ...]:
+        """What keep is on ``num_instances`` (one count per decision: cached for the last one):
+        ``(from nothing, to another depth [source depth, target], fewer pipelines, more)``."""
+        if self._keeps_for != num_instances:
+            interval_s = self.interval_s
+            rebuild = self.costs.rebuild_s(num_instances)
+            depths = self.depths
+            cross_s = rebuild + self.repartition[depths[:, None], self.stages[None, 1:]]
+            cross = np.clip(interval_s - cross_s, 0.0, None) / interval_s
+            cross[~self._cross_mask] = 0.0
+            down = np.clip(interval_s - rebuild, 0.0, None) / interval_s
+            up = np.clip(interval_s - (rebuild + self.stage_transfer[depths]), 0.0,
+                         None) / interval_s
+            self._cached_keeps = (self.keep_row(0, num_instances), cross, down, up)
+            self._keeps_for = num_instances
+        return self._cached_keeps
+
     def step(self, rewards: np.ndarray, penalty: np.ndarray, values: np.ndarray,
              num_instances: int) -> np.ndarray:
-        """``V(c) = max_{c'} rewards[c'] * keep(c, c') - penalty[c'] + values[c']`` for every c."""
-        interval_s = self.interval_s
-        rebuild = self.costs.rebuild_s(num_instances)
+        """``V(c) = max_{c'} rewards[c'] * keep(c, c') - penalty[c'] + values[c']`` for every c
+        (rewards >= 0)."""
+        from_nothing, cross_keep, down_keep, up_keep = self._keeps(num_instances)
+        priced = bool(penalty.any())  # x - 0.0 == x: skipping a zero penalty changes no bit
+
+        def total(reward: np.ndarray, keep: np.ndarray | float, index=slice(None)) -> np.ndarray:
+            value = reward * keep
+            if priced:
+                value = value - penalty[index]
+            return value + values[index]
+
         result = np.empty(len(self.stages))
-        result[0] = np.max(rewards * self.keep_row(0, num_instances) - penalty + values)
+        result[0] = np.max(total(rewards, from_nothing))
         if len(self.depths) == 0:
             return result
-        # To nothing (keep 1; "run nothing" trains nothing) and staying put (mig 0, keep 1).
-        to_nothing = rewards[0] * 1.0 - penalty[0] + values[0]
-        stay = rewards * 1.0 - penalty + values
         # To another depth: keep depends on (P, P') only.
-        depths = self.depths
-        cross_s = rebuild + self.repartition[depths[:, None], self.stages[None, 1:]]
-        cross_keep = np.clip(interval_s - cross_s, 0.0, None) / interval_s
-        cross = rewards[None, 1:] * cross_keep - penalty[None, 1:] + values[None, 1:]
-        best_cross = np.where(self._cross_mask, cross, -np.inf).max(axis=1, initial=-np.inf)
+        best_cross = total(rewards[None, 1:], cross_keep, slice(1, None)).max(axis=1)
         # Within a depth: fewer pipelines (regroup) or more (one stage's state each).
         layout = self._safe_layout
-        down_keep = np.clip(interval_s - rebuild, 0.0, None) / interval_s
-        up_keep = np.clip(interval_s - (rebuild + self.stage_transfer[depths]), 0.0,
-                          None) / interval_s
-        down = np.where(self._valid, rewards[layout] * down_keep - penalty[layout]
-                        + values[layout], -np.inf)
-        up = np.where(self._valid, rewards[layout] * up_keep[:, None] - penalty[layout]
-                      + values[layout], -np.inf)
+        down = np.where(self._valid, total(rewards[layout], down_keep, layout), -np.inf)
+        up = np.where(self._valid, total(rewards[layout], up_keep[:, None], layout), -np.inf)
         below = np.full_like(down, -np.inf)
         below[:, 1:] = np.maximum.accumulate(down, axis=1)[:, :-1]
         above = np.full_like(up, -np.inf)
         above[:, :-1] = np.maximum.accumulate(up[:, ::-1], axis=1)[:, ::-1][:, 1:]
         within = np.maximum(below, above)
-        candidates = np.flatnonzero(self.group >= 0)
-        group, position = self.group[candidates], self.position[candidates]
-        result[candidates] = np.maximum.reduce([
-            np.full(len(candidates), to_nothing), best_cross[group],
-            within[group, position], stay[candidates]])
+        # To nothing (keep 1; "run nothing" trains nothing) and staying put (mig 0, keep 1).
+        to_nothing = total(rewards[:1], 1.0, slice(0, 1))[0]
+        stay = total(rewards, 1.0)
+        candidates = self._running
+        result[candidates] = np.maximum(
+            np.maximum(best_cross[self._running_group], within[self._running_group,
+                                                               self._running_position]),
+            np.maximum(stay[candidates], to_nothing))
         return result
