@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from liveput.budget import check_memory
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf.types import ConfigTable, ModelProfile
@@ -125,11 +126,26 @@ class LiveputOptimizer:
         self.throughput = np.concatenate(([0.0], table.samples_per_s[keep]))
         self.sizes = self.data_parallel * self.stages
         self.capacity = int(self.sizes.max(initial=0))
-        grid = table.throughput_grid(max(self.capacity, 1))
+        check_memory(f"the optimizer's tables for {self.capacity} instances and "
+                     f"{len(self.sizes) - 1:,} configurations", self._table_bytes(),
+                     "fewer instances (--nodes, the forecast, the trace's capacity)")
+        # grid[t, P]: throughput of t pipelines of P stages (t <= the widest D of the table).
+        grid = np.zeros((int(self.data_parallel.max(initial=0)) + 1,
+                         int(self.stages.max(initial=0)) + 1))
+        grid[self.data_parallel, self.stages] = self.throughput
         self._index = {(d, p): i for i, (d, p) in enumerate(zip(self.data_parallel, self.stages))}
         self._interval = IntervalThroughput(self.data_parallel, self.stages, grid)
         self._transitions = Transitions(profile, costs, self.data_parallel, self.stages,
                                         self.config.interval_s)
+
+    def _table_bytes(self) -> float:
+        """Bytes the tables below hold at their largest: the (candidate, t) terms of
+        ``IntervalThroughput`` (about ten arrays of them alive at once, for one on-demand
+        count), its binomial tables over (D, l) and the DP's depths x candidates arrays."""
+        terms = float(self.data_parallel.sum())
+        widths = float(self.data_parallel.max(initial=0) + 1) ** 2
+        depths = float(len(np.unique(self.stages)))
+        return 8.0 * (10 * terms + 10 * widths + 4 * depths * len(self.sizes))
 
     # --- decision -------------------------------------------------------------------------
     def decide(self, current: Configuration | None, num_available: int, forecast: Forecast,
