@@ -100,7 +100,7 @@ def _steady(nodes: int, model: str, running: Configuration, max_preempted: float
 def main() -> None:
     warm_s, runs = _steady(64, "gpt-1.5b", Configuration(4, 8), 3.0, 32)
     median_ms = float(np.median(runs) * 1e3)
-    print(f"first decision incl. per-count tables: {warm_s * 1e3:.0f} ms (once per job)")
+    print(f"first decision N=64 (optimizer + first decide): {warm_s * 1e3:.0f} ms (once per job)")
     print(f"decision N=64 H=12: median {median_ms:.1f} ms, p90 {np.percentile(runs, 90) * 1e3:.1f}"
           f" ms (target 50 ms, ratio {median_ms / 50:.2f}; {median_ms / 600:.3f}% of a 60-s "
           "interval)")
