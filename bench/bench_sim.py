@@ -1,5 +1,6 @@
-"""Simulator: every policy on a 12-hour trace (target under 20 s), and the fractions of ideal on
-the p3 trace against the figures of Parcae's artifact (when ``../shared/traces`` is there)."""
+"""Simulator: every policy on a 12-hour trace (target under 20 s), every registered policy on a
+12-hour trace of 1,024 instances (target under 60 s in all), and the fractions of ideal on the p3
+trace against the figures of Parcae's artifact (when ``../shared/traces`` is there)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import time
 from pathlib import Path
 
 from liveput.perf import load_profile
-from liveput.sim import DEFAULT_POLICIES, default_trace, simulate
-from liveput.traces import read_trace
+from liveput.policies import POLICIES
+from liveput.sim import DEFAULT_POLICIES, SimulationConfig, default_trace, simulate, simulate_policy
+from liveput.sim.engine import DEFAULT_MODEL, make_context
+from liveput.traces import generate_trace, read_trace
 
 TARGET_S = 20.0
+LARGE_NODES = 1024
+LARGE_TARGET_S = 60.0
 P3_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "aws-p3-32node.events.csv"
 # Parcae's artifact on the p3 trace (60-s intervals): (predictor, truth, reactive) of ideal.
 PARCAE = {"gpt-1.5b": (None, 0.866, 0.939, 0.778), "gpt-6.7b": (8.47, 0.854, 0.921, 0.487)}
@@ -21,7 +26,29 @@ def _fractions(trace, model: str) -> dict[str, float]:
     return {name: result.fraction_of_ideal(name) or 0.0 for name in result.runs}
 
 
+def _thousand_instances() -> None:
+    """Every registered policy on a generated 12-hour trace of 1,024 instances (the default
+    model), one after the other as ``liveput simulate`` runs them."""
+    trace = generate_trace(LARGE_NODES, 12.0, seed=0).resample(60.0)
+    profile = load_profile(DEFAULT_MODEL)
+    config = SimulationConfig()
+    start = time.perf_counter()
+    context = make_context(trace, profile, config)
+    times = {"(context)": time.perf_counter() - start}
+    for name in POLICIES.names():
+        begin = time.perf_counter()
+        simulate_policy(trace, profile, name, config, context)
+        times[name] = time.perf_counter() - begin
+    total = time.perf_counter() - start
+    print(f"all {len(POLICIES.names())} registered policies, {DEFAULT_MODEL}, {trace.hours:.0f}-h "
+          f"trace of {LARGE_NODES} instances ({len(trace)} intervals, {trace.max_count} at "
+          f"most): {total:.1f} s (target {LARGE_TARGET_S:.0f} s, ratio "
+          f"{total / LARGE_TARGET_S:.2f})")
+    print("  " + "  ".join(f"{name} {seconds:.1f} s" for name, seconds in times.items()))
+
+
 def main() -> None:
+    _thousand_instances()
     trace = default_trace()
     profile = load_profile("gpt-1.5b")
     start, start_cpu = time.perf_counter(), time.process_time()

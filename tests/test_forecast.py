@@ -366,3 +366,31 @@ def test_predict_cli_errors_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtu
     png = tmp_path / "forecast.png"
     assert main(["predict", "plot", str(path), "--horizon", "6", "-o", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("nodes, seed", [(6, 0), (32, 1), (64, 2), (20, 3)])
+@pytest.mark.parametrize("predictor", [MarkovPredictor, StationaryMarkovPredictor])
+def test_markov_forecast_is_the_dense_transition_matrix_applied_step_by_step(
+        nodes: int, seed: int, predictor: type[MarkovPredictor]) -> None:
+    """A forecast propagates ``pmf L G`` by convolutions (it never forms M = L G): the same
+    distributions and expected preemptions as ``pmf M`` with the dense matrix."""
+    trace = generate_trace(nodes, 6.0, seed=seed).resample(60.0)
+    capacity = nodes + 3  # room above the trace's count: refills and the capped mass at C
+    for end in (1, 30, len(trace)):
+        history = trace.head(end)
+        model = predictor()
+        forecast = model.forecast(history, 6, capacity)
+        matrix = model.transition_matrix(history, capacity)
+        market = model._fit(history, capacity)
+        # L and G row by row (from each count): their product is the dense matrix.
+        losses = np.array([market.after_losses(row) for row in np.eye(capacity + 1)])
+        grants = np.array([market.after_grants(row) for row in np.eye(capacity + 1)])
+        assert np.allclose(losses @ grants, matrix, rtol=1e-12, atol=1e-15)
+        sizes = np.arange(capacity + 1)
+        state = np.zeros(capacity + 1)
+        state[int(history.count[-1])] = 1.0
+        for step in range(6):
+            assert forecast.expected_preempted[step] == pytest.approx(
+                state @ (sizes - losses @ sizes), rel=1e-9, abs=1e-12)
+            state = state @ matrix
+            assert np.allclose(forecast.pmf[step], state / state.sum(), rtol=1e-9, atol=1e-14)

@@ -14,7 +14,12 @@ from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, load_profile
 from liveput.perf.types import ConfigTable
-from liveput.plan import LiveputOptimizer, OptimizerConfig, expected_throughput_after_losses
+from liveput.plan import (
+    LiveputOptimizer,
+    OptimizerConfig,
+    expected_throughput_after_losses,
+    migration_seconds,
+)
 from liveput.plan.liveput import monte_carlo_throughput_after_losses, on_demand_per_stage
 from liveput.policies.base import Configuration
 
@@ -55,7 +60,10 @@ def brute_force(optimizer: LiveputOptimizer, current: Configuration | None, avai
     config = optimizer.config
     count = len(optimizer.sizes)
     capacity = max(available, forecast.capacity)
-    migration = optimizer._migration_matrix(available)
+    migration = migration_seconds(PROFILE, COSTS, optimizer.data_parallel, optimizer.stages,
+                                  available)
+    grid = np.zeros((optimizer.capacity + 1, optimizer.capacity + 1))
+    grid[optimizer.data_parallel, optimizer.stages] = optimizer.throughput
     rewards = np.zeros((config.horizon, count))
     for h in range(config.horizon):
         pmf = np.zeros(capacity + 1)
@@ -68,7 +76,7 @@ def brute_force(optimizer: LiveputOptimizer, current: Configuration | None, avai
         rate = min(max(forecast.expected_preempted[step] / max(point, 1.0), 0.0), 1.0)
         for c in range(1, count):
             d, p = int(optimizer.data_parallel[c]), int(optimizer.stages[c])
-            thr = optimizer._grid[: d + 1, p]
+            thr = grid[: d + 1, p]
             total = 0.0
             for n in range(d * p, capacity + 1):
                 if pmf[n] == 0:

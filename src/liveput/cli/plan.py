@@ -109,8 +109,8 @@ def register(app: typer.Typer) -> None:
             optimizer = LiveputOptimizer(profile, table, MigrationCostModel.from_profile(profile),
                                          config)
             predicted = forecast_from_counts(counts or [nodes], capacity, spread)
-            bar.update(task, advance=1, description="building the per-count tables")
-            optimizer.decide(running, nodes, predicted, on_demand)  # warm the per-count tables
+            bar.update(task, advance=1, description="building the optimizer's tables")
+            optimizer.decide(running, nodes, predicted, on_demand)  # warm its per-rate cache
             bar.update(task, advance=1, description="deciding")
             start = time.perf_counter()
             decision = optimizer.decide(running, nodes, predicted, on_demand)

@@ -49,12 +49,17 @@ on the whole trace at 300 s, 0.969 against 0.960 on its first 48 h at 60 s) and 
 v100-like traces, though better on the p3-like ones (measured before preemption trials counted only
 intervals with instances).
 
-This gives a transition matrix ``M[n, n']`` over counts; the predictive distribution is
-``pmf_1 = M[n_now]``, ``pmf_{h+1} = pmf_h M``, its median the point forecast, and ``E[L]`` under
-``pmf_h`` the expected preemptions.
+This gives a transition matrix ``M[n, n'] = (L G)[n, n']`` over counts (losses L, then grants
+G); the predictive distribution is ``pmf_1 = M[n_now]``, ``pmf_{h+1} = pmf_h M``, its median the
+point forecast, and ``E[L]`` under ``pmf_h`` the expected preemptions. A forecast never forms M
+(a (C + 1)^3 product: a fifth of a second at C = 1024): ``pmf L`` and ``pmf G`` are each a
+diagonal, one convolution with the partial burst sizes (L[n, n - l] and G[m, m + g] depend on l, g
+only, times a rate per row) and the capped mass at 0 or C.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -155,12 +160,10 @@ class MarkovPredictor(Predictor):
 
     def transition_matrix(self, history: IntervalTrace, capacity: int) -> np.ndarray:
         """``M[n, n']`` learned from the known intervals of ``history``."""
-        return self._learn(history, capacity)[0]
+        return self._fit(history, capacity).matrix()
 
-    def _learn(self, history: IntervalTrace,
-               capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(M, loss_mean, gain_mean)``: the transition matrix and, from each count, the
-        expected instances preempted and allocated in one interval."""
+    def _fit(self, history: IntervalTrace, capacity: int) -> _Market:
+        """The burst model's rates and sizes, learned from the known intervals of ``history``."""
         start = max(0, len(history) - 1 - self.window)
         known = slice(start, len(history) - 1)  # the current interval's events are unknown
         counts = history.count[known]
@@ -199,36 +202,14 @@ class MarkovPredictor(Predictor):
                                          overall, self.prior_events,
                                          max(1.0, self.bin_pseudo_events / overall),
                                          min_prior_trials=min_prior)
-        size = capacity + 1
-        # Losses first: L[n, n - l] (stay with 1 - p_pre, else lose l, capped at n).
-        losses = np.zeros((size, size))
-        losses[np.arange(size), np.arange(size)] = 1 - p_pre
-        losses[0, 0] += p_pre
-        loss_rows = [_capped_sizes(partial_loss, p_wipeout, n) for n in range(size)]
-        for n in range(1, size):
-            losses[n, n - np.arange(n + 1)] += p_pre * loss_rows[n]
-        # Then allocations, driven by the deficit left: G[m, m + g].
-        grants = np.zeros((size, size))
-        for m in range(size):
-            room = capacity - m
-            if room <= 0:
-                grants[m, m] = 1.0
-                continue
-            p_alloc = p_alloc_bins[np.searchsorted(DEFICIT_BINS, room)]
-            granted = _capped_sizes(partial_gain, p_refill, room)
-            grants[m, m] = 1 - p_alloc
-            grants[m, m + np.arange(room + 1)] += p_alloc * granted
-        matrix = losses @ grants
-        loss_mean = p_pre * np.array([np.dot(np.arange(n + 1), row) for n, row in
-                                      enumerate(loss_rows)])
-        gain_mean = (matrix * (np.arange(size)[None, :] - np.arange(size)[:, None])
-                     ).sum(axis=1) + loss_mean
-        return matrix, loss_mean, gain_mean
+        return _Market(capacity, p_pre, partial_loss, p_wipeout, partial_gain, p_refill,
+                       p_alloc_bins)
 
     def forecast(self, history: IntervalTrace, horizon: int, capacity: int) -> Forecast:
         check_request(history, horizon)
         capacity = max(capacity, history.max_count)
-        matrix, loss_mean, gain_mean = self._learn(history, capacity)
+        market = self._fit(history, capacity)
+        loss_mean, gain_mean = market.loss_mean(), market.grant_mean()
         state = np.zeros(capacity + 1)
         state[int(history.count[-1])] = 1.0
         pmf = np.zeros((horizon, capacity + 1))
@@ -236,10 +217,102 @@ class MarkovPredictor(Predictor):
         allocated = np.zeros(horizon)
         for step in range(horizon):
             preempted[step] = state @ loss_mean
+            state = market.after_losses(state)
             allocated[step] = state @ gain_mean
-            state = state @ matrix
+            state = market.after_grants(state)
             pmf[step] = state / state.sum()
         return Forecast(pmf_median(pmf), pmf, preempted, allocated, self.name)
+
+
+@dataclass(frozen=True)
+class _Market:
+    """The learned burst model over counts 0..capacity (module docstring)."""
+
+    capacity: int
+    """C: instances requested."""
+    p_pre: float
+    """Probability of a preemption burst per interval (with instances to lose)."""
+    partial_loss: np.ndarray
+    """pmf of a partial loss burst's size over 0..C (0 at 0)."""
+    p_wipeout: float
+    """Share of loss bursts that take every instance."""
+    partial_gain: np.ndarray
+    """pmf of a partial grant's size over 0..C (0 at 0)."""
+    p_refill: float
+    """Share of grants that fill the whole room."""
+    p_alloc_bins: np.ndarray
+    """Probability of a grant per interval, by deficit bin (``DEFICIT_BINS``)."""
+
+    def p_alloc(self) -> np.ndarray:
+        """Probability of a grant from each count m = 0..C (0 at C: no room)."""
+        room = self.capacity - np.arange(self.capacity + 1)
+        return np.where(room > 0, self.p_alloc_bins[np.searchsorted(DEFICIT_BINS, room)], 0.0)
+
+    def matrix(self) -> np.ndarray:
+        """``M = L G`` as a dense matrix (for inspection and tests: forecasts never form it)."""
+        capacity, p_pre = self.capacity, self.p_pre
+        size = capacity + 1
+        # Losses first: L[n, n - l] (stay with 1 - p_pre, else lose l, capped at n).
+        losses = np.zeros((size, size))
+        losses[np.arange(size), np.arange(size)] = 1 - p_pre
+        losses[0, 0] += p_pre
+        for n in range(1, size):
+            losses[n, n - np.arange(n + 1)] += p_pre * _capped_sizes(self.partial_loss,
+                                                                     self.p_wipeout, n)
+        # Then allocations, driven by the deficit left: G[m, m + g].
+        grants = np.zeros((size, size))
+        p_alloc = self.p_alloc()
+        grants[capacity, capacity] = 1.0
+        for m in range(capacity):
+            room = capacity - m
+            granted = _capped_sizes(self.partial_gain, self.p_refill, room)
+            grants[m, m] = 1 - p_alloc[m]
+            grants[m, m + np.arange(room + 1)] += p_alloc[m] * granted
+        return losses @ grants
+
+    @staticmethod
+    def _whole(partial: np.ndarray, whole: float) -> np.ndarray:
+        """``capped[r]``: probability that a burst with room r takes all of it (r = 0..C)."""
+        reach = np.cumsum(partial[::-1])[::-1]  # P(partial size >= r)
+        return whole + (1 - whole) * reach
+
+    def after_losses(self, state: np.ndarray) -> np.ndarray:
+        """``state L``: the distribution of the count after one interval's losses."""
+        p_pre, capacity = self.p_pre, self.capacity
+        out = state * (1 - p_pre)
+        out[0] = state[0] * ((1 - p_pre) + p_pre)
+        # From n to n' = n - l >= 1 (a partial burst of l < n): a convolution with the sizes.
+        from_above = np.convolve(state[::-1], self.partial_loss)[: capacity + 1][::-1]
+        out[1:] += p_pre * (1 - self.p_wipeout) * from_above[1:]
+        out[0] += p_pre * (state[1:] @ self._whole(self.partial_loss, self.p_wipeout)[1:])
+        return out
+
+    def after_grants(self, state: np.ndarray) -> np.ndarray:
+        """``state G``: the distribution of the count after one interval's grants."""
+        capacity = self.capacity
+        p_alloc = self.p_alloc()
+        out = state * (1 - p_alloc)
+        # From m to m' = m + g < C (a partial grant of g < C - m).
+        from_below = np.convolve(state * p_alloc, self.partial_gain)[:capacity]
+        out[:capacity] += (1 - self.p_refill) * from_below
+        whole = self._whole(self.partial_gain, self.p_refill)
+        out[capacity] += (state * p_alloc)[:capacity] @ whole[capacity - np.arange(capacity)]
+        return out
+
+    def loss_mean(self) -> np.ndarray:
+        """Expected instances preempted in one interval from each count n."""
+        sizes = np.arange(self.capacity + 1)
+        below = np.concatenate(([0.0], np.cumsum(sizes * self.partial_loss)[:-1]))
+        whole = self._whole(self.partial_loss, self.p_wipeout)
+        return self.p_pre * ((1 - self.p_wipeout) * below + sizes * whole)
+
+    def grant_mean(self) -> np.ndarray:
+        """Expected instances granted in one interval from each count m (after the losses)."""
+        room = self.capacity - np.arange(self.capacity + 1)
+        sizes = np.arange(self.capacity + 1)
+        below = np.concatenate(([0.0], np.cumsum(sizes * self.partial_gain)[:-1]))
+        whole = self._whole(self.partial_gain, self.p_refill)
+        return self.p_alloc() * ((1 - self.p_refill) * below[room] + room * whole[room])
 
 
 @PREDICTORS.register("markov-stationary")

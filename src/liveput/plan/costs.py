@@ -62,23 +62,41 @@ def _missing_bytes(profile: ModelProfile, stages: int, new_stages: int) -> float
     return float((need - overlap.max(axis=1)).max())
 
 
-def migration_seconds(profile: ModelProfile, costs: CostModel, data_parallel: np.ndarray,
-                      stages: np.ndarray, num_instances: int) -> np.ndarray:
-    """``seconds[a, b]`` to move from candidate a to candidate b (D = 0: nothing runs)."""
+def depth_costs(profile: ModelProfile, costs: CostModel, depths: np.ndarray,
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Lookups by depth that do not depend on the instance count: ``repartition[P, P']``
+    (seconds to send the layers a new stage lacks, P != P') and ``stage_transfer[P]`` (one
+    stage's state), for the depths ``P > 0`` in ``depths``."""
     total_bytes = float(profile.layer_state_bytes().sum())
-    rebuild = costs.rebuild_s(num_instances)
-    depth = int(stages.max(initial=0))
-    unique_stages = sorted({int(p) for p in stages if p > 0})
-    # Per (P, P') lookups: re-partition transfer, one stage's transfer, restore from checkpoint.
+    depth = int(depths.max(initial=0))
+    unique_stages = sorted({int(p) for p in depths if p > 0})
     repartition = np.zeros((depth + 1, depth + 1))
     stage_transfer = np.zeros(depth + 1)
-    restore = np.zeros(depth + 1)
     for p in unique_stages:
         stage_transfer[p] = costs.transfer_s(total_bytes / p)
-        restore[p] = costs.restart_s(num_instances) + costs.checkpoint_load_s(total_bytes)
         for q in unique_stages:
             if p != q:
                 repartition[p, q] = costs.transfer_s(_missing_bytes(profile, p, q))
+    return repartition, stage_transfer
+
+
+def restore_s(profile: ModelProfile, costs: CostModel, num_instances: int) -> float:
+    """Seconds of a checkpoint restore on ``num_instances``: restart plus the whole checkpoint."""
+    total_bytes = float(profile.layer_state_bytes().sum())
+    return costs.restart_s(num_instances) + costs.checkpoint_load_s(total_bytes)
+
+
+def migration_seconds(profile: ModelProfile, costs: CostModel, data_parallel: np.ndarray,
+                      stages: np.ndarray, num_instances: int) -> np.ndarray:
+    """``seconds[a, b]`` to move from candidate a to candidate b (D = 0: nothing runs).
+
+    Dense (candidates x candidates): for tests and small tables; the optimizer reads the same
+    seconds row by row or by depth (``plan.transitions``)."""
+    rebuild = costs.rebuild_s(num_instances)
+    # Per (P, P') lookups: re-partition transfer, one stage's transfer, restore from checkpoint.
+    repartition, stage_transfer = depth_costs(profile, costs, stages)
+    restore = np.where(np.arange(len(stage_transfer)) > 0,
+                       restore_s(profile, costs, num_instances), 0.0)
     d_from, d_to = data_parallel[:, None], data_parallel[None, :]
     p_from, p_to = stages[:, None], stages[None, :]
     running = (d_from > 0) & (d_to > 0)

@@ -15,7 +15,9 @@ migration, no state moves), so ``min_j c_j`` pipelines run, with ``c_j`` survivo
 
 and ``E[thr(min_j c_j, P) | k] = sum_{t>=1} P(min >= t | k) * (thr(t, P) - thr(t - 1, P))``.
 Everything is exact polynomial arithmetic on integers (floats of exact binomials); the
-Monte-Carlo sampler below is kept only as a test oracle.
+Monte-Carlo sampler below is kept only as a test oracle. The optimizer needs these only mixed over
+a binomial number of losses, which is an expectation under independent losses where the spares
+drop out: it uses that form (:mod:`liveput.plan.interval`); this exact form is its reference.
 """
 
 from __future__ import annotations

@@ -34,6 +34,14 @@ Recursion (dynamic program, applied then re-solved every interval):
 
 Ties go to the shallower pipeline, then to fewer instances (candidates are sorted that way and
 ``argmax`` returns the first maximum).
+
+Computation (what keeps a thousand instances cheap). ``S_h(c', n)`` is the same for every
+n >= |c'| - o (the mixture over k is an expectation under independent losses, in which spares
+play no part: ``plan.interval``), so ``R_h(c, c') = P_h(n + o >= |c'|) * S_h(c') * keep(c, c')``
+with ``keep = max(0, T - mig) / T``: a tail sum of the pmf and one value per candidate and rate,
+O(sum of D over candidates) per rate, no table over instances. ``mig`` depends on a pair only
+through the depths and the order of D, D' (``plan.transitions``), so a DP step costs
+O(depths x candidates), not O(candidates^2), and no candidates x candidates matrix is built.
 """
 
 from __future__ import annotations
@@ -41,14 +49,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import comb
 
 from liveput.budget import check_memory
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf.types import ConfigTable, ModelProfile
-from liveput.plan.costs import CostModel, migration_kind, migration_seconds
-from liveput.plan.liveput import expected_throughput_after_losses
+from liveput.plan.costs import CostModel, migration_kind
+from liveput.plan.interval import IntervalThroughput
+from liveput.plan.transitions import Transitions
 from liveput.policies.base import Configuration
 
 OBJECTIVES = ("throughput", "cost")
@@ -118,72 +126,26 @@ class LiveputOptimizer:
         self.throughput = np.concatenate(([0.0], table.samples_per_s[keep]))
         self.sizes = self.data_parallel * self.stages
         self.capacity = int(self.sizes.max(initial=0))
-        self._grid = table.throughput_grid(max(self.capacity, 1))
+        check_memory(f"the optimizer's tables for {self.capacity} instances and "
+                     f"{len(self.sizes) - 1:,} configurations", self._table_bytes(),
+                     "fewer instances (--nodes, the forecast, the trace's capacity)")
+        # grid[t, P]: throughput of t pipelines of P stages (t <= the widest D of the table).
+        grid = np.zeros((int(self.data_parallel.max(initial=0)) + 1,
+                         int(self.stages.max(initial=0)) + 1))
+        grid[self.data_parallel, self.stages] = self.throughput
         self._index = {(d, p): i for i, (d, p) in enumerate(zip(self.data_parallel, self.stages))}
-        self._after: dict[tuple[int, int], np.ndarray] = {}
-        self._migration: dict[int, np.ndarray] = {}
-        self._per_count_cache: dict[tuple[int, int, float], np.ndarray] = {}
-        self._binomial_cache: dict[int, np.ndarray] = {}
+        self._interval = IntervalThroughput(self.data_parallel, self.stages, grid)
+        self._transitions = Transitions(profile, costs, self.data_parallel, self.stages,
+                                        self.config.interval_s)
 
-    # --- tables ---------------------------------------------------------------------------
-    def _after_losses(self, max_spot: int, num_on_demand: int) -> np.ndarray:
-        """``after[n, c, k]``: E[throughput after k losses] for c on n spot instances."""
-        key = (max_spot, num_on_demand)
-        if key not in self._after:
-            count = len(self.sizes)
-            # Three such arrays live at once while the per-count table is built.
-            check_memory(f"the optimizer's table for {max_spot} spot instances and {count:,} "
-                         "configurations", 3 * 8.0 * (max_spot + 1) ** 2 * count,
-                         "fewer instances (--nodes, the forecast, the trace's capacity)")
-            after = np.zeros((max_spot + 1, count, max_spot + 1))
-            for c in range(1, count):
-                d, p = int(self.data_parallel[c]), int(self.stages[c])
-                spot_in_use = d * p - min(num_on_demand, d * p)
-                if spot_in_use > max_spot:
-                    continue
-                max_spares = max_spot - spot_in_use
-                thr = self._grid[: d + 1, p]
-                table = expected_throughput_after_losses(thr, d, p, max_spares, num_on_demand)
-                n = spot_in_use + np.arange(max_spares + 1)
-                width = min(table.shape[1], max_spot + 1)
-                after[n, c, :width] = table[:, :width]
-            self._after[key] = after
-        return self._after[key]
-
-    def _per_count(self, max_spot: int, num_on_demand: int, rate: float) -> np.ndarray:
-        """``per_count[n, c]``: expected samples/s of c on n spot instances in an interval where
-        each is preempted with probability ``rate`` (half the interval at full speed, half with
-        the survivors), cached by rate (horizon steps often share it)."""
-        key = (max_spot, num_on_demand, rate)
-        cached = self._per_count_cache.get(key)
-        if cached is not None:
-            return cached
-        after = self._after_losses(max_spot, num_on_demand)
-        n = np.arange(max_spot + 1)
-        binomials = self._binomials(max_spot)
-        # Bin(k; n, rate) for every n and k (exact binomials; 0 where k > n).
-        with np.errstate(invalid="ignore"):
-            weights = binomials * rate ** n[None, :] * (1.0 - rate) ** np.clip(
-                n[:, None] - n[None, :], 0, None)
-        degraded = np.einsum("nk,nck->nc", weights[:, 1:], after[:, :, 1:])
-        no_loss = weights[:, :1]
-        per_count = self.throughput[None, :] * (no_loss + (1 - no_loss) / 2) + degraded / 2
-        if len(self._per_count_cache) > 512:
-            self._per_count_cache.clear()
-        self._per_count_cache[key] = per_count
-        return per_count
-
-    def _binomials(self, max_spot: int) -> np.ndarray:
-        if max_spot not in self._binomial_cache:
-            n = np.arange(max_spot + 1)
-            self._binomial_cache[max_spot] = comb(n[:, None], n[None, :])
-        return self._binomial_cache[max_spot]
-
-    def _migration_matrix(self, num_instances: int) -> np.ndarray:
-        if num_instances not in self._migration:
-            self._migration[num_instances] = migration_seconds(
-                self.profile, self.costs, self.data_parallel, self.stages, num_instances)
-        return self._migration[num_instances]
+    def _table_bytes(self) -> float:
+        """Bytes the tables below hold at their largest: the (candidate, t) terms of
+        ``IntervalThroughput`` (about ten arrays of them alive at once, for one on-demand
+        count), its binomial tables over (D, l) and the DP's depths x candidates arrays."""
+        terms = float(self.data_parallel.sum())
+        widths = float(self.data_parallel.max(initial=0) + 1) ** 2
+        depths = float(len(np.unique(self.stages)))
+        return 8.0 * (10 * terms + 10 * widths + 4 * depths * len(self.sizes))
 
     # --- decision -------------------------------------------------------------------------
     def decide(self, current: Configuration | None, num_available: int, forecast: Forecast,
@@ -197,26 +159,28 @@ class LiveputOptimizer:
             raise LiveputError("instance counts must be >= 0")
         interval_s = self.config.interval_s
         max_spot = max(num_available, forecast.capacity)
+        # Spot instances each candidate needs besides the on-demand ones (constraint 1).
+        needed = np.clip(self.sizes - num_on_demand, 0, None)
         rewards = np.zeros((horizon, len(self.sizes)))
         for h in range(horizon):
             if h == 0:
-                pmf = np.zeros(max_spot + 1)
-                pmf[num_available] = 1.0
+                fit_mass = (needed <= num_available).astype(float)
                 point = float(num_available)
             else:
-                pmf = np.zeros(max_spot + 1)
-                pmf[: forecast.capacity + 1] = forecast.pmf[h - 1]
+                pmf = forecast.pmf[h - 1]
+                # tail[n] = P(count >= n), n = 0..max_spot + 1.
+                tail = np.zeros(max_spot + 2)
+                tail[: len(pmf)] = np.cumsum(pmf[::-1])[::-1]
+                fit_mass = tail[np.minimum(needed, max_spot + 1)]
                 point = max(float(forecast.point[h - 1]), 1.0)
             step = min(h, forecast.horizon - 1)
             rate = float(np.clip(forecast.expected_preempted[step] / max(point, 1.0), 0.0, 1.0))
-            per_count = self._per_count(max_spot, num_on_demand, rate)
-            n = np.arange(max_spot + 1)
-            fits = self.sizes[None, :] <= n[:, None] + num_on_demand
-            rewards[h] = interval_s * (pmf @ (per_count * fits))
+            per_candidate = self._interval.per_candidate(rate, num_on_demand)
+            rewards[h] = interval_s * (fit_mass * per_candidate)
         start = 0 if current is None else self._index.get(
             (current.data_parallel, current.pipeline_stages), 0)
-        migration = self._migration_matrix(max(num_available + num_on_demand, 1))
-        keep_fraction = np.clip(interval_s - migration, 0.0, None) / interval_s
+        instances = max(num_available + num_on_demand, 1)
+        start_keep = self._transitions.keep_row(start, instances)
         dollars = np.zeros((horizon, len(self.sizes)))
         if self.config.objective == "cost":
             dollars[:] = interval_s / 3600 * (self.sizes * self.config.spot_price_usd_per_hour
@@ -225,12 +189,13 @@ class LiveputOptimizer:
         price_weight = 0.0
         for _ in range(4 if self.config.objective == "cost" else 1):
             penalty = dollars * price_weight
-            future = self._values(rewards, keep_fraction, penalty)
-            first = rewards[0] * keep_fraction[start] - penalty[0] + future[1]
+            future = self._values(rewards, penalty, instances)
+            first = rewards[0] * start_keep - penalty[0] + future[1]
             choice = int(np.argmax(first))
-            path = self._path(rewards, keep_fraction, penalty, future, choice)
+            path = self._path(rewards, penalty, future, choice, instances)
             previous = [start, *path[:-1]]
-            samples = float(sum(rewards[h, c] * keep_fraction[b, c]
+            keeps = {b: self._transitions.keep_row(b, instances) for b in set(previous)}
+            samples = float(sum(rewards[h, c] * keeps[b][c]
                                 for h, (b, c) in enumerate(zip(previous, path, strict=True))))
             spent = float(sum(dollars[h, c] for h, c in enumerate(path)))
             if spent > 0:
@@ -246,7 +211,7 @@ class LiveputOptimizer:
             configuration=self._configuration(choice),
             migration=migration_kind(self.data_parallel[start], self.stages[start],
                                      self.data_parallel[choice], self.stages[choice]),
-            migration_s=float(migration[start, choice]),
+            migration_s=float(self._transitions.seconds_row(start, instances)[choice]),
             expected_samples=float(samples),
             alternatives=alternatives,
         )
@@ -258,7 +223,7 @@ class LiveputOptimizer:
             (current.data_parallel, current.pipeline_stages), 0)
         end = 0 if target is None else self._index.get(
             (target.data_parallel, target.pipeline_stages), 0)
-        return float(self._migration_matrix(max(num_instances, 1))[begin, end])
+        return float(self._transitions.seconds_row(begin, max(num_instances, 1))[end])
 
     def recover(self, start: Configuration | None, num_available: int, remaining_s: float,
                 num_on_demand: int = 0, salvage_stages: int | None = None) -> PlanDecision:
@@ -281,10 +246,10 @@ class LiveputOptimizer:
         instances = max(num_available + num_on_demand, 1)
         begin = 0 if start is None else self._index.get(
             (start.data_parallel, start.pipeline_stages), 0)
-        migration = self._migration_matrix(instances)[begin]
+        migration = self._transitions.seconds_row(begin, instances)
         salvaged = self._index.get((1, salvage_stages or 0)) if start is None else None
         if salvaged is not None:
-            migration = self._migration_matrix(instances)[salvaged].copy()
+            migration = self._transitions.seconds_row(salvaged, instances)
             stage_bytes = float(self.profile.layer_state_bytes().sum()) / salvage_stages
             migration[salvaged] = (self.costs.rebuild_s(instances)
                                    + self.costs.transfer_s(stage_bytes))
@@ -301,24 +266,23 @@ class LiveputOptimizer:
         return PlanDecision(self._configuration(choice), kind, float(migration[choice]),
                             float(value[choice]), ())
 
-    @staticmethod
-    def _values(rewards: np.ndarray, keep_fraction: np.ndarray,
-                penalty: np.ndarray) -> list[np.ndarray]:
+    def _values(self, rewards: np.ndarray, penalty: np.ndarray,
+                num_instances: int) -> list[np.ndarray]:
         """``values[h][c]``: best value of intervals h..H (0-based) having run c before."""
         horizon, count = rewards.shape
         values = [np.zeros(count) for _ in range(horizon + 1)]
         for h in range(horizon - 1, 0, -1):
-            totals = rewards[h][None, :] * keep_fraction - penalty[h][None, :] + values[h + 1]
-            values[h] = totals.max(axis=1)
+            values[h] = self._transitions.step(rewards[h], penalty[h], values[h + 1],
+                                               num_instances)
         return values
 
-    @staticmethod
-    def _path(rewards: np.ndarray, keep_fraction: np.ndarray, penalty: np.ndarray,
-              values: list[np.ndarray], choice: int) -> list[int]:
+    def _path(self, rewards: np.ndarray, penalty: np.ndarray, values: list[np.ndarray],
+              choice: int, num_instances: int) -> list[int]:
         """The optimal sequence of candidates that starts with ``choice``."""
         path = [choice]
         for h in range(1, rewards.shape[0]):
-            totals = rewards[h] * keep_fraction[path[-1]] - penalty[h] + values[h + 1]
+            keep = self._transitions.keep_row(path[-1], num_instances)
+            totals = rewards[h] * keep - penalty[h] + values[h + 1]
             path.append(int(np.argmax(totals)))
         return path
 
