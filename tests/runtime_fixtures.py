@@ -16,11 +16,9 @@ A missing ``etcd`` or ``ip`` fails the test loudly; nothing here skips.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -32,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from liveput.errors import LiveputError
+from liveput.runtime.etcd import EtcdConfig, LocalEtcd
 
 __all__ = [
     "free_port",
@@ -50,13 +51,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    # A test run killed hard must not leave an etcd behind on a shared machine. (The signal comes
-    # when the starting *thread* ends: start etcd from a thread that outlives it.)
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -82,54 +76,30 @@ class EtcdServer:
         """The client URL etcd serves on."""
         return f"http://127.0.0.1:{self.client_port}"
 
+    def _local(self) -> LocalEtcd:
+        # The coordinator's own way of running etcd; killed with this process's starting thread.
+        return LocalEtcd(EtcdConfig(self.data_dir.parent, client_port=self.client_port,
+                                    peer_port=self.peer_port, name="liveput-test",
+                                    start_timeout_s=ETCD_START_TIMEOUT_S, die_with_parent=True))
+
     def start(self) -> None:
         """Start etcd (same ports, same data) and wait until it answers; fails loudly if it cannot."""
-        binary = shutil.which("etcd")
-        assert binary, "etcd is not installed: run `make system-deps` (Debian package etcd-server)"
+        assert shutil.which("etcd"), "etcd is not installed: run `make system-deps` (Debian package etcd-server)"
         assert self.process is None, "etcd is already running"
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        argv = [
-            binary,
-            "--name", "liveput-test",
-            "--data-dir", str(self.data_dir),
-            "--listen-client-urls", self.http_url,
-            "--advertise-client-urls", self.http_url,
-            "--listen-peer-urls", peer,
-            "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"liveput-test={peer}",
-            "--log-level", "error",
-            "--logger", "zap",
-        ]  # fmt: skip
-        log_path = self.data_dir.parent / "etcd.log"
-        with open(log_path, "ab") as log_file:
-            self.process = subprocess.Popen(
-                argv, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-            )
-        deadline = time.monotonic() + ETCD_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.process = None
-                raise AssertionError(f"etcd exited at start: {log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.http_url + "/health", timeout=1) as resp:
-                    if b'"true"' in resp.read():
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise AssertionError(f"etcd did not become healthy in {ETCD_START_TIMEOUT_S} s")
+        local = self._local()
+        try:
+            local.start()
+        except LiveputError as error:
+            raise AssertionError(str(error)) from None
+        self.process = local.process
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop etcd: SIGTERM (graceful) or, with ``kill``, SIGKILL (a crash)."""
         if self.process is None:
             return
-        self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        local = self._local()
+        local.process, local.pid = self.process, self.process.pid
+        local.stop(kill=kill)
         self.process = None
 
     def restart(self, *, kill: bool = False, down_s: float = 0.0) -> None:
