@@ -27,7 +27,7 @@ from liveput.errors import LiveputError
 from liveput.perf.estimator import estimate_configs
 from liveput.perf.types import ModelProfile
 from liveput.policies import Configuration, Observation, PolicyContext, make_policy
-from liveput.runtime import protocol
+from liveput.runtime import ledger, protocol
 from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.decide import (Action, ActionKind, CoordinatorConfig, CoordinatorView,
@@ -200,10 +200,17 @@ class Coordinator:
             plan_age_s=self._since(f"plan/{plan.generation}", now), failures=failures,
             failure_age_s=self._since(f"fail/{plan.generation}", now) if failures else 0.0,
             failed_in_row=self._failed_in_row(bool(failures)), latest_checkpoint=latest_checkpoint(self.store),
-            last_step_recorded=finishing and self.store.get(
-                f"ledger/{plan.epoch}/{committed}") is not None,
+            last_step_recorded=finishing and self._recorded(plan.epoch, committed),
             finish_age_s=self._since("finish", now) if finishing else 0.0,
             interval_due=interval_due)
+
+    def _recorded(self, epoch: int, step: int) -> bool:
+        """Whether the ledger has step ``step`` of epoch ``epoch`` (as a record, or folded)."""
+        if self.store.get(f"ledger/{epoch}/{step}") is not None:
+            return True
+        raw = self.store.get(ledger.SUMMARY_KEY)
+        summary = None if raw is None else ledger.LedgerSummary.from_json(raw)
+        return summary is not None and summary.epoch == epoch and summary.through_step >= step
 
     def _history(self) -> IntervalTrace:
         counts = json.loads(self.store.get("coord/history") or b"[]") or [0]

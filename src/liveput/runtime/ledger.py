@@ -6,8 +6,8 @@ where it rolled back to (``restore/<epoch>``). Replaying the epochs in order, dr
 restore undid, must give steps 0..N-1 each exactly once, each with the samples its step owns, and
 within an epoch the steps must follow each other (the committed step never goes back).
 
-A days-long job does not keep a record per step: the coordinator folds the records of steps older
-than the newest complete checkpoint (no restore can undo them any more) into one
+A days-long job does not keep a record per step: the coordinator folds the records of steps up to
+the newest complete checkpoint (no restore can undo them any more) into one
 :class:`LedgerSummary` (``ledger-summary``, signed like every value) and deletes them. The summary
 says that steps ``0..through_step`` of the lineage in force at ``epoch`` were each applied once
 with their own samples (checked when folded), and carries a SHA-256 chain over their records, the
@@ -187,15 +187,17 @@ class Fold:
 
 
 def fold(summary: LedgerSummary | None, epochs: dict[int, dict[int, dict]],
-         restores: dict[int, dict], epoch: int, before_step: int,
+         restores: dict[int, dict], epoch: int, checkpoint_step: int,
          global_batch_size: int) -> Fold | None:
-    """Fold the steps before ``before_step`` (the newest complete checkpoint of restore epoch
-    ``epoch``, the one in force) into a new summary; None when there is nothing new to fold or
-    the part to fold does not prove exactly-once (its records are then kept as evidence).
+    """Fold the steps up to ``checkpoint_step`` (the newest complete checkpoint of restore
+    epoch ``epoch``, the one in force: no restore can undo them) into a new summary; None when
+    there is nothing new to fold or the part to fold does not prove exactly-once (its records
+    are then kept as evidence).
 
-    Records of older epochs and restore records up to ``epoch`` go with the fold: every step
-    they could still put in the lineage is at most the checkpoint's."""
-    through = before_step - 1
+    Records of older epochs and restore records up to ``epoch`` go with the fold: the steps they
+    put in the lineage are at most the restore point of ``epoch``, and the checkpoint in force
+    is never older than that."""
+    through = checkpoint_step
     folded = -1 if summary is None else summary.through_step
     if through <= folded or (summary is not None and epoch < summary.epoch):
         return None

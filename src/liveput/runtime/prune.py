@@ -63,7 +63,7 @@ class PruneConfig:
     forget_after_s: float = 300.0
     """An instance silent this long, and not in the newest plan, is forgotten, seconds."""
     fold_ledger: bool = True
-    """Fold the ledger records older than the newest checkpoint into the summary (``liveput
+    """Fold the ledger records up to the newest checkpoint into the summary (``liveput
     train`` keeps them all: it writes the per-step log from them at the end)."""
     enabled: bool = True
     """Prune at all."""
@@ -214,7 +214,7 @@ class Pruner:
         folded = ledger.fold(summary, epochs, restores, epoch, checkpoint_step,
                              self.global_batch_size)
         if folded is None:
-            if summary is None or summary.through_step < checkpoint_step - 1:
+            if summary is None or summary.through_step < checkpoint_step:
                 LOG.debug("ledger: nothing to fold before step %d", checkpoint_step)
             return []
         # The summary first: until it is written, the records are the only proof.

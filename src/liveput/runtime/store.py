@@ -244,6 +244,10 @@ _TCP_INDEX = "__liveput_index__/"
 """Namespace of the TCP backend's listing index (never listed itself)."""
 _HOLE_PATIENCE_S = 120.0
 """How long a listing keeps re-reading an index entry that was counted but is not there."""
+_SWEEP_MIN_ENTRIES = 1024
+"""A client checks which of the keys it has read from the index still exist when it knows
+twice as many as at its last check (and at least this many): keys deleted under prefixes it
+never lists would otherwise pile up in its memory."""
 
 
 def _tcp_encode(value: bytes) -> bytes:
@@ -285,6 +289,8 @@ class TCPStoreBackend(Store):
         """Listed key -> the index entries naming it that this client has read."""
         self._index_read = 0
         """Index entries read so far (1 to this), holes included."""
+        self._sweep_at = _SWEEP_MIN_ENTRIES
+        """Check which known keys still exist once ``_entries`` is this long."""
         self._index_holes: dict[int, float] = {}
         """Entries counted but not written when read (a writer between its two calls, one that
         died there, or an entry deleted before this client read it) -> when first missed."""
@@ -442,6 +448,11 @@ class TCPStoreBackend(Store):
             else:
                 self._index_holes.pop(entry, None)
                 self._entries.setdefault(raw.decode(), set()).add(entry)
+        if len(self._entries) >= self._sweep_at:
+            for key in list(self._entries):
+                if self._raw_get(key) is None:  # deleted; a new write indexes it again
+                    del self._entries[key]
+            self._sweep_at = max(_SWEEP_MIN_ENTRIES, 2 * len(self._entries))
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         self._read_index()
