@@ -49,6 +49,10 @@ class EtcdConfig:
     """Longest wait for it to answer after starting, seconds."""
     binary: str = "etcd"
     """The etcd executable (looked up on ``PATH``)."""
+    snapshot_count: int = 10_000
+    """Applied writes between two etcd snapshots (``--snapshot-count``). etcd keeps the raft log
+    since its last snapshot in memory: its default, 100,000, let a job's etcd grow by tens of
+    MiB between snapshots (a commit vote or a heartbeat is a write)."""
     die_with_parent: bool = False
     """Kill etcd when the thread that started it ends (tests on a shared machine); off for a
     coordinator, whose etcd must outlive a crash."""
@@ -59,6 +63,8 @@ class EtcdConfig:
             raise LiveputError(f"etcd: ports {ports} must be distinct, in 1..65535")
         if self.client_port == 65535 and self.peer_port is None:
             raise LiveputError("etcd: client port 65535 leaves no default peer port")
+        if self.snapshot_count < 1:
+            raise LiveputError(f"etcd: snapshot_count must be >= 1, got {self.snapshot_count}")
         if self.start_timeout_s <= 0:
             raise LiveputError("etcd: start_timeout_s must be positive")
 
@@ -169,6 +175,7 @@ class LocalEtcd:
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", f"{self.config.name}={self.peer_url}",
+            "--snapshot-count", str(self.config.snapshot_count),
             "--log-level", "error", "--logger", "zap",
         ]  # fmt: skip
         with open(self.log_file, "ab") as log:
