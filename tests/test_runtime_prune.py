@@ -8,8 +8,12 @@ import random
 import pytest
 
 from liveput.runtime import protocol
+from liveput.runtime.clock import ManualClock
+from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import SUMMARY_KEY, fold, read_ledger, verify_ledger
-from liveput.runtime.prune import PruneView, dead_keys, forgotten
+from liveput.runtime.planning import profile_job
+from liveput.runtime.prune import FLOOR_KEY, PruneConfig, PruneView, dead_keys, forgotten
 from liveput.runtime.store import MemoryStore, SignedStore, TCPStoreBackend
 
 BATCH = 4
@@ -170,3 +174,50 @@ def test_tcp_store_deletes_leave_a_bounded_index_and_rewritten_keys_listed(monke
     finally:
         for store in (lister, writer, server):
             store.close()
+
+
+def test_a_pruning_coordinator_keeps_the_store_small_and_a_restarted_one_recovers():
+    """A real coordinator (manual clock) over agents that write what engines write: the store
+    stays small, a lost instance is forgotten, and a coordinator restarted after pruning
+    finds the committed step from the floor, not from the deleted outcomes."""
+    from bench.bench_store import ObedientAgents
+
+    steps = 600
+    job = resolve_job("tiny-gpt")
+    profile = profile_job(job, repeats=1)
+    store = SignedStore(MemoryStore(), "token")
+    clock = ManualClock()
+    config = CoordinatorConfig(
+        num_steps=steps, num_micro_batches=job.num_micro_batches, capacity=3,
+        initial_workers=3, interval_s=60.0, heartbeat_timeout_s=3.0,
+        prune=PruneConfig(interval_s=5.0, generation_grace_s=5.0, forget_after_s=10.0))
+    coordinator = Coordinator(store, profile, config, clock=clock)
+    agents = ObedientAgents(store, job.num_layers, job.global_batch_size)
+    for _ in range(3):
+        agents.join()
+    restarted = churned = False
+    peak = 0
+    while coordinator.tick():
+        for _ in range(4):
+            clock.advance(0.2)
+            agents.follow()
+            agents.step()
+        agents.beat()
+        peak = max(peak, len(store.get_prefix("")))
+        if agents.last >= 150 and not churned:
+            churned = True
+            agents.alive.discard(0)
+            agents.join()
+        if agents.last >= 450 and not restarted:
+            restarted = True
+            assert store.get(FLOOR_KEY) is not None
+            assert store.get(f"done/{agents.plan.generation}/{agents.plan.start_step}") is None
+            coordinator = Coordinator(store, profile, config, clock=clock)
+            assert coordinator.committed == agents.last
+        assert clock.now_s() < 2_000, f"stuck at step {agents.last}: {coordinator.status}"
+    report = verify_ledger(store, job.global_batch_size, steps)
+    assert report.exactly_once, report.problems
+    assert report.summarized_steps >= 500
+    assert peak < 300  # unpruned: about 3 keys per step, 1,800 here
+    assert not [k for k in store.get_prefix("") if k.split("/")[-1] == "0"
+                and k.split("/")[0] in ("members", "hb", "state", "holds", "lost")]
