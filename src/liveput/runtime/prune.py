@@ -204,6 +204,14 @@ class Pruner:
         if self.config.fold_ledger and view.checkpoint is not None and \
                 view.checkpoint[0] == epoch:
             dead += self._fold(epoch, view.checkpoint[1])
+        # A forgotten instance goes at once, its registration first: half deleted, it would
+        # look like a new member (no heartbeat history) or be counted lost again.
+        forgotten_keys = sorted((k for k in dead if k.startswith(INSTANCE_PREFIXES)),
+                                key=lambda k: (not k.startswith("members/"), k))
+        for key in forgotten_keys:
+            self.store.delete(key)
+        self.deleted += len(forgotten_keys)
+        dead = [k for k in dead if not k.startswith(INSTANCE_PREFIXES)]
         self.pending.extend(dead)
         self._compact_due = True
         if dead:

@@ -450,17 +450,26 @@ class TCPStoreBackend(Store):
                 self._entries.setdefault(raw.decode(), set()).add(entry)
         if len(self._entries) >= self._sweep_at:
             for key in list(self._entries):
-                if self._raw_get(key) is None:  # deleted; a new write indexes it again
-                    del self._entries[key]
+                if self._raw_get(key) is None:
+                    self._forget(key)
             self._sweep_at = max(_SWEEP_MIN_ENTRIES, 2 * len(self._entries))
+
+    def _forget(self, key: str) -> None:
+        """``key`` was deleted: drop it here (a new write indexes it again), and its index
+        entries if its marker is gone too. A writer's ``set`` is one-way, so a deleter may read
+        the entry after deleting the key; the entry would stay in the store for good."""
+        entries = self._entries.pop(key, set())
+        if entries and self._raw_get(f"{_TCP_INDEX}seen/{key}") is None:
+            for entry in sorted(entries):
+                self._call(lambda s, e=entry: s.delete_key(f"{_TCP_INDEX}{e}"))
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         self._read_index()
         found: dict[str, bytes] = {}
         for key in sorted(k for k in self._entries if k.startswith(prefix)):
             raw = self._raw_get(key)
-            if raw is None:  # deleted since listed; a new write indexes it again
-                self._entries.pop(key, None)
+            if raw is None:  # deleted since listed
+                self._forget(key)
             else:
                 found[key] = _tcp_decode(raw)
         return found
