@@ -90,8 +90,6 @@ class ObedientAgents:
                 if instance in self.alive:
                     self._report(instance, "fenced")
         self.plan, self.training = plan, False
-        if plan.restore_step is not None:
-            self.last = plan.restore_step
         self.epoch, self.last = plan.epoch, plan.start_step - 1
         for instance in plan.world:
             if instance in self.alive:
@@ -244,10 +242,8 @@ def bench_etcd() -> None:
             store = SignedStore(raw, TOKEN)
 
             def measure(s: Store) -> dict:
-                everything = raw._post("kv/range", {"key": "AA==", "range_end": "AA==",
-                                                    "count_only": True})
-                status = raw._post("maintenance/status", {})
-                return _measure(s, {"etcd_keys": int(everything.get("count", 0)),
+                status = raw.status()
+                return _measure(s, {"etcd_keys": raw.key_count(),
                                     "etcd_rss_mib": round(etcd.rss_bytes() / 2**20, 1),
                                     "db_in_use_kib": int(status.get("dbSizeInUse", 0)) // 1024,
                                     "revision": raw.revision()})

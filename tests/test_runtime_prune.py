@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from liveput.errors import LiveputError
 from liveput.runtime import protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
@@ -14,7 +15,7 @@ from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import SUMMARY_KEY, fold, read_ledger, verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.runtime.prune import FLOOR_KEY, PruneConfig, PruneView, dead_keys, forgotten
-from liveput.runtime.store import MemoryStore, SignedStore, TCPStoreBackend
+from liveput.runtime.store import MemoryStore, SignedStore, TCPStoreBackend, open_store
 
 BATCH = 4
 
@@ -222,3 +223,23 @@ def test_a_pruning_coordinator_keeps_the_store_small_and_a_restarted_one_recover
     assert peak < 300  # unpruned: about 3 keys per step, 1,800 here
     assert not [k for k in store.get_prefix("") if k.split("/")[-1] == "0"
                 and k.split("/")[0] in ("members", "hb", "state", "holds", "lost")]
+
+
+def test_etcd_markers_do_not_pile_up_and_history_is_compacted(etcd_url):
+    store = open_store(etcd_url)
+    try:
+        for step in range(150):
+            store.add("hb/1", 1)
+            store.compare_and_set(f"done/0/{step}", None, b"committed")
+            store.delete(f"done/0/{step}")
+        # hb/1 and at most one batch of markers not yet deleted by a later transaction.
+        assert store.key_count() <= 1 + 16 + 1
+        before = store.revision()
+        store.compact_history()
+        assert int(store.status()["dbSizeInUse"]) > 0  # int64s come as strings
+        old = {"key": "aGIvMQ==", "revision": before - 10}  # hb/1, ten writes ago
+        with pytest.raises(LiveputError, match="failed"):  # etcd: "required revision has been compacted"
+            store._post("kv/range", old)
+        assert store.get("hb/1") == b"150"
+    finally:
+        store.close()

@@ -672,6 +672,16 @@ class EtcdStore(Store):
     def wait_for(self, key: str, timeout_s: float) -> bytes:
         return _wait_by_polling(self, key, timeout_s)
 
+    def key_count(self) -> int:
+        """Keys etcd holds, transaction markers included (for measurements)."""
+        reply = self._post("kv/range", {"key": _b64(b"\x00"), "range_end": _b64(b"\x00"),
+                                        "count_only": True})
+        return int(reply.get("count", 0))
+
+    def status(self) -> dict[str, Any]:
+        """etcd's ``maintenance/status`` (``dbSize``, ``dbSizeInUse``, ...)."""
+        return self._post("maintenance/status", {})
+
     def revision(self) -> int:
         """etcd's current revision (one per write since the cluster started)."""
         header = self._post("kv/range", {"key": _b64(b"\x00"), "limit": 1}).get("header", {})
@@ -684,8 +694,10 @@ class EtcdStore(Store):
         try:
             self._post("kv/compaction", {"revision": revision})
         except LiveputError as error:
-            if "compacted" not in str(error):  # another client compacted past it: done
+            if "unreachable" in str(error):
                 raise
+            # etcd answered with an error: another client compacted past this revision.
+            log.debug("%s: compaction to %d refused: %s", self.url, revision, error)
         self._compacted = revision
         log.debug("%s: revision history compacted up to %d", self.url, revision)
 
