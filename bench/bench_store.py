@@ -5,8 +5,9 @@ store, on the TCPStore (hosted in a child process, as a coordinator hosts it) an
 server (:class:`~liveput.runtime.etcd.LocalEtcd`). Instead of training, obedient agents write
 what the engine and the agent write, through the same protocol functions: heartbeats, arrivals,
 holdings reports, commit votes and outcomes, ledger records, checkpoint counters and the latest
-checkpoint. An instance is lost (no notice) and a new one joins every 2,500 steps, so
-generations end, plans restore and instances are forgotten as in a long job. Time is a manual
+checkpoint. An instance is lost (no notice) and a new one joins at 2,500 and 7,500 steps, and
+at 5,005 steps all three are replaced, so generations end, a plan restores from the checkpoint
+and instances are forgotten as in a long job. Time is a manual
 clock: one step is 0.2 s, the coordinator ticks (and agents beat) every 4 steps.
 
 Target: keys held and store memory bounded, independent of the step count (keys at 10k steps
@@ -42,7 +43,8 @@ STEPS_PER_TICK = 4
 """The coordinator ticks every 4 steps (0.8 s), when the agents also beat."""
 STEP_S = 0.2
 CHECKPOINT_EVERY = 10
-CHURN_EVERY = 2_500
+CHURN_AT = {2_500: 1, 5_005: 3, 7_500: 1}
+"""Step -> instances lost then (and as many joining)."""
 TOKEN = "bench-store"
 TARGET_RATIO = 1.2
 
@@ -60,6 +62,8 @@ class ObedientAgents:
         self.last = protocol.FRESH_START
         self.epoch = 0
         self.training = False
+        self.met = False
+        """Every instance of the plan arrived."""
 
     def join(self) -> None:
         instance = self.next_id
@@ -82,14 +86,15 @@ class ObedientAgents:
 
     def follow(self) -> None:
         """Take up a newer plan (arrive, hold its layers), as agents do."""
-        plan = protocol.current_plan(self.store)
-        if plan is None or (self.plan is not None and plan.generation <= self.plan.generation):
+        raw = self.store.get("plan/current")
+        if raw is None or (self.plan is not None and int(raw) <= self.plan.generation):
             return
+        plan = protocol.load_plan(self.store, int(raw))
         if self.plan is not None and self.training:
             for instance in self.plan.world:
                 if instance in self.alive:
                     self._report(instance, "fenced")
-        self.plan, self.training = plan, False
+        self.plan, self.training, self.met = plan, False, False
         self.epoch, self.last = plan.epoch, plan.start_step - 1
         for instance in plan.world:
             if instance in self.alive:
@@ -100,8 +105,12 @@ class ObedientAgents:
     def step(self) -> None:
         """One training step of the plan in force, if it met."""
         plan = self.plan
-        if plan is None or self.store.get(protocol.all_arrived_key(plan.generation)) is None:
+        if plan is None:
             return
+        if not self.met:
+            self.met = self.store.get(protocol.all_arrived_key(plan.generation)) is not None
+            if not self.met:
+                return
         self.training = True
         step = self.last + 1
         if step >= plan.end_step:
@@ -164,10 +173,16 @@ def run(store: Store, measure, prune: bool = True) -> tuple[list[dict], dict]:  
             agents.step()
         agents.beat()
         done = agents.last + 1
-        if done and done % CHURN_EVERY == 0 and done not in measured:
-            measured.add(done)
-            agents.alive.discard(min(agents.alive))  # lost without a notice
-            agents.join()
+        for point, how_many in CHURN_AT.items():
+            if done < point or point in measured:
+                continue
+            measured.add(point)
+            # Lost without a notice: one instance, or all of them (the next plan restores from
+            # the checkpoint, a new restore epoch, and redoes the steps after it).
+            lost = sorted(agents.alive)[:how_many]
+            for instance in lost:
+                agents.alive.discard(instance)
+                agents.join()
         if done >= SAMPLE_EVERY * (len(rows) + 1):
             rows.append({"steps": done, "generation": agents.plan.generation,
                          "deleted": coordinator.pruner.deleted,

@@ -97,7 +97,10 @@ def coordinator(
     token = _token(token)
     etcd = None
     if store is None and not embedded:
-        host_name, port = parse_host_port(f"etcd://{listen}")
+        try:
+            host_name, port = parse_host_port(f"etcd://{listen}")
+        except LiveputError:
+            raise LiveputError(f"--listen {listen!r} must be HOST:PORT") from None
         etcd = LocalEtcd(EtcdConfig(Path(etcd_dir), host=host_name, client_port=port))
         etcd.start()
         typer.echo(f"store: {etcd.url} (etcd pid {etcd.pid}, data in {etcd.data_dir})", err=True)

@@ -58,9 +58,11 @@ class EtcdConfig:
     coordinator, whose etcd must outlive a crash."""
 
     def __post_init__(self) -> None:
-        ports = (self.client_port, self.peer_port if self.peer_port is not None else 1)
-        if not all(0 < p < 65536 for p in ports) or self.client_port == self.peer_port:
-            raise LiveputError(f"etcd: ports {ports} must be distinct, in 1..65535")
+        for what, port in (("client", self.client_port), ("peer", self.peer_port)):
+            if port is not None and not 0 < port < 65536:
+                raise LiveputError(f"etcd: {what} port {port} must be in 1..65535")
+        if self.client_port == self.peer_port:
+            raise LiveputError(f"etcd: client and peer ports are both {self.peer_port}")
         if self.client_port == 65535 and self.peer_port is None:
             raise LiveputError("etcd: client port 65535 leaves no default peer port")
         if self.snapshot_count < 1:
