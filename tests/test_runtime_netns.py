@@ -1,4 +1,5 @@
-"""Agents on separate hosts: Linux network namespaces joined by a bridge, nothing on loopback."""
+"""Agents on separate hosts: Linux network namespaces joined by a bridge, nothing on loopback;
+the coordinator runs its default store, its own etcd, on its host."""
 
 from __future__ import annotations
 
@@ -21,14 +22,14 @@ def test_agents_on_separate_hosts_train_the_same_model(tmp_path):
         logs = [open(tmp_path / f"host-{i}.log", "wb") for i in range(3)]  # noqa: SIM115
         processes = [hosts.popen(0, [
             sys.executable, "-m", "liveput.cli.main", "-v", "coordinator", "--listen", store,
-            "--model", "tiny-gpt-small", "--steps", str(STEPS), "--workers", "2",
+            "--etcd-dir", str(tmp_path / "etcd"), "--model", "tiny-gpt-small", "--steps", str(STEPS), "--workers", "2",
             "--capacity", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
             "--checkpoint-every", "5", "--interval", "1", "--start-grace", "120"], env=env,
             stdout=logs[0],
             stderr=subprocess.STDOUT)]
         for index in (1, 2):
             processes.append(hosts.popen(index, [
-                sys.executable, "-m", "liveput.runtime", "--store", f"tcp://{store}",
+                sys.executable, "-m", "liveput.runtime", "--store", f"etcd://{store}",
                 "--host", hosts.address(index), "--instance", str(index)], env=env,
                 stdout=logs[index], stderr=subprocess.STDOUT))
         try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,7 +12,9 @@ from pathlib import Path
 
 from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
                              final_parameters, reference_parameters)
+from runtime_fixtures import free_port
 
+from liveput.runtime.etcd import EtcdConfig, LocalEtcd
 from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.store import open_store
@@ -32,7 +36,8 @@ def start_coordinator(url: str, checkpoint_dir: Path, log: Path) -> subprocess.P
 
 
 def steps_recorded(store) -> int:  # noqa: ANN001
-    return len(store.get_prefix("ledger/"))
+    """Steps in the ledger's final lineage (records, and those folded into its summary)."""
+    return verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS).steps_applied
 
 
 def wait_until(condition, timeout_s: float, what: str) -> None:  # noqa: ANN001
@@ -85,3 +90,83 @@ def test_coordinator_restart_and_etcd_restart_lose_nothing(etcd_server, etcd_url
             coordinator.wait(timeout=10)
         agents.close()
         store.close()
+
+
+def start_owning_coordinator(listen: str, etcd_dir: Path, checkpoint_dir: Path, log: Path,
+                             steps: int) -> subprocess.Popen:
+    """``liveput coordinator`` with no --store: it runs its own etcd in ``etcd_dir``."""
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "LIVEPUT_TOKEN": TOKEN,
+           "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "liveput.cli.main", "-v", "coordinator", "--listen", listen,
+             "--etcd-dir", str(etcd_dir), "--model", JOB, "--steps", str(steps),
+             "--workers", "2", "--capacity", "2", "--checkpoint-dir", str(checkpoint_dir),
+             "--checkpoint-every", "3", "--interval", "1", "--heartbeat-timeout", "2"],
+            env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+
+
+def test_a_coordinator_owning_its_etcd_crashes_with_it_and_a_restart_resumes_the_job(tmp_path):
+    """The coordinator's machine crashes (coordinator and etcd SIGKILLed); the coordinator
+    restarted on the same --etcd-dir starts etcd again from its data and finishes the job."""
+    steps = 30
+    port, etcd_dir = free_port(), tmp_path / "etcd"
+    url = f"etcd://127.0.0.1:{port}"
+    log = tmp_path / "coordinator.log"
+    coordinator = start_owning_coordinator(f"127.0.0.1:{port}", etcd_dir, tmp_path / "ckpt",
+                                           log, steps)
+    agents = AgentProcesses(url, tmp_path)
+    store = None
+    try:
+        wait_until(lambda: (etcd_dir / "etcd.pid").exists() or coordinator.poll() is not None,
+                   60, "the coordinator's etcd")
+        assert coordinator.poll() is None, log.read_text()[-2000:]
+        etcd_pid = int((etcd_dir / "etcd.pid").read_text())
+        store = open_store(url, token=TOKEN)
+        for instance in range(2):
+            agents.start(instance)
+        wait_until(lambda: steps_recorded(store) >= 6, 120, "training")
+        coordinator.kill()
+        coordinator.wait(timeout=10)
+        os.kill(etcd_pid, signal.SIGKILL)  # the machine went down: its etcd with it
+        coordinator = start_owning_coordinator(f"127.0.0.1:{port}", etcd_dir,
+                                               tmp_path / "ckpt", log, steps)
+        assert wait_exit(coordinator, 120, log, agents) == 0, log.read_text()[-3000:]
+        assert agents.wait_all(timeout_s=60) == {0: 0, 1: 0}, agents.log(0)[-2000:]
+        text = log.read_text()
+        assert "coordinator recovered" in text and "job done" in text
+        assert not (etcd_dir / "etcd.pid").exists()  # stopped at the job's end
+        # Its data is still on disk: a server on it holds the finished job's exactly-once ledger.
+        server = LocalEtcd(EtcdConfig(etcd_dir, client_port=port, peer_port=free_port(),
+                                      die_with_parent=True))
+        server.start()
+        try:
+            with open_store(server.url, token=TOKEN) as reopened:
+                report = verify_ledger(reopened, resolve_job(JOB).global_batch_size, steps)
+                assert reopened.get("job/done") is not None
+        finally:
+            server.stop()
+        assert report.exactly_once, report.problems
+        assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(steps))
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+            coordinator.wait(timeout=10)
+        agents.close()
+        if store is not None:
+            store.close()
+        if (etcd_dir / "etcd.pid").exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int((etcd_dir / "etcd.pid").read_text()), signal.SIGKILL)
+
+
+def test_coordinator_without_etcd_installed_says_what_to_install(tmp_path):
+    env = {**os.environ, "LIVEPUT_TOKEN": TOKEN, "PATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "liveput.cli.main", "coordinator", "--listen",
+         f"127.0.0.1:{free_port()}", "--etcd-dir", str(tmp_path / "etcd")],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "etcd-server" in lines[0] and "--store" in lines[0], result.stderr

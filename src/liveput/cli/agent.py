@@ -19,7 +19,7 @@ def _token(token: str | None) -> str:
 
 def agent(
     coordinator: str = typer.Option(None, "--coordinator", help="HOST:PORT of the coordinator's "
-                                    "store (tcp://); or give --store."),
+                                    "etcd (its --listen); or give --store."),
     store: str = typer.Option(None, "--store", help="Store URL (tcp://H:P or etcd://H:P)."),
     token: str = typer.Option(None, "--token", help="Job token (or LIVEPUT_TOKEN)."),
     instance: int = typer.Option(None, "--instance", help="Instance id (default: from the "
@@ -40,7 +40,7 @@ def agent(
 
     if (coordinator is None) == (store is None):
         raise LiveputError("give exactly one of --coordinator HOST:PORT and --store URL")
-    url = store or f"tcp://{coordinator}"
+    url = store or f"etcd://{coordinator}"
     sources = [s.strip() for s in notices.split(",") if s.strip()]
     unknown = sorted(set(sources) - set(NOTICE_SOURCES))
     if unknown or not sources:
@@ -52,9 +52,17 @@ def agent(
 
 
 def coordinator(
-    listen: str = typer.Option("127.0.0.1:29400", "--listen", help="HOST:PORT to host the "
-                               "store on (tcp://); ignored with --store."),
-    store: str = typer.Option(None, "--store", help="Use this store instead (etcd://H:P)."),
+    listen: str = typer.Option("127.0.0.1:29400", "--listen", help="HOST:PORT the store "
+                               "this coordinator runs listens on (its etcd; the TCPStore with "
+                               "--embedded); ignored with --store."),
+    store: str = typer.Option(None, "--store", help="Use this store instead (etcd://H:P, "
+                              "tcp://H:P) and run none."),
+    etcd_dir: str = typer.Option("liveput-etcd", "--etcd-dir", help="Directory of the etcd "
+                                 "this coordinator runs (data, log, pid); a restarted "
+                                 "coordinator given the same one resumes the job."),
+    embedded: bool = typer.Option(False, "--embedded", help="Host a TCPStore in this process "
+                                  "instead of etcd (no etcd needed; the job ends if this "
+                                  "process does)."),
     token: str = typer.Option(None, "--token", help="Job token (or LIVEPUT_TOKEN)."),
     model: str = typer.Option("tiny-gpt", "--model", help="Built-in job or module:function."),
     steps: int = typer.Option(200, "--steps", parser=params.STEPS,  help="Steps to train."),
@@ -73,23 +81,46 @@ def coordinator(
     heartbeat_timeout_s: float = typer.Option(3.0, "--heartbeat-timeout", parser=params.SECONDS,
                                               help="Seconds of silence before an agent is dead."),
 ) -> None:
-    """Run the coordinator: host the store, decide configurations, publish plans."""
+    """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
+    plans. Restarted with the same --etcd-dir, it resumes the job."""
+    from pathlib import Path
+
     from liveput.runtime.coordinator import CoordinatorConfig
+    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
     from liveput.runtime.job import resolve_job
     from liveput.runtime.launch import JobSpec, run_coordinator
-    from liveput.runtime.store import open_store
+    from liveput.runtime.store import open_store, parse_host_port
 
+    if store is not None and embedded:
+        raise LiveputError("give at most one of --store URL and --embedded")
     job = resolve_job(model)
-    handle = open_store(store or f"tcp://{listen}", host=store is None, token=_token(token))
+    token = _token(token)
+    etcd = None
+    if store is None and not embedded:
+        try:
+            host_name, port = parse_host_port(f"etcd://{listen}")
+        except LiveputError:
+            raise LiveputError(f"--listen {listen!r} must be HOST:PORT") from None
+        etcd = LocalEtcd(EtcdConfig(Path(etcd_dir), host=host_name, client_port=port))
+        etcd.start()
+        typer.echo(f"store: {etcd.url} (etcd pid {etcd.pid}, data in {etcd.data_dir})", err=True)
     try:
-        run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every),
-                        CoordinatorConfig(num_steps=steps, num_micro_batches=job.num_micro_batches,
-                                          capacity=capacity, interval_s=interval_s,
-                                          policy_interval_s=interval_s, initial_workers=workers,
-                                          start_grace_s=start_grace_s,
-                                          heartbeat_timeout_s=heartbeat_timeout_s))
+        url = store or (f"tcp://{listen}" if embedded else etcd.url)
+        handle = open_store(url, host=embedded, token=token)
+        try:
+            run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every),
+                            CoordinatorConfig(num_steps=steps,
+                                              num_micro_batches=job.num_micro_batches,
+                                              capacity=capacity, interval_s=interval_s,
+                                              policy_interval_s=interval_s,
+                                              initial_workers=workers,
+                                              start_grace_s=start_grace_s,
+                                              heartbeat_timeout_s=heartbeat_timeout_s))
+        finally:
+            handle.close()
     finally:
-        handle.close()
+        if etcd is not None:
+            etcd.stop()  # the job is done, or this process stops: its data stays on disk
     typer.echo("job done", err=True)
 
 

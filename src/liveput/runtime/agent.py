@@ -125,7 +125,11 @@ class Agent:
         last_ok_s = self.clock.now_s()
         while not self._stop.wait(self.config.heartbeat_s):
             try:
-                self.store.add(key, 1)
+                if self.store.add(key, 1) == 1:
+                    # The counter started again: the coordinator forgot this instance (silent
+                    # for its forget_after_s, e.g. a long partition). Join again.
+                    self.store.set(f"members/{self.config.instance}",
+                                   json.dumps({"host": self.config.host}).encode())
                 last_ok_s = self.clock.now_s()
                 self._heartbeat_warnings.flush()
             except LiveputError as error:  # the store may be restarting; keep trying

@@ -10,6 +10,9 @@ from what the instances hold, and publishes it.
 Everything it needs to go on is in the store (the current plan, the committed step, which plans
 started, the interval history, the counters), so a restarted coordinator recovers and carries on: a
 generation that was fenced but whose successor was never published is simply planned again.
+
+Once per ``prune.interval_s`` it also prunes the store (:mod:`liveput.runtime.prune`): keys no
+reader needs any more are deleted a few per tick, so a days-long job's store stays bounded.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from liveput.errors import LiveputError
 from liveput.perf.estimator import estimate_configs
 from liveput.perf.types import ModelProfile
 from liveput.policies import Configuration, Observation, PolicyContext, make_policy
-from liveput.runtime import protocol
+from liveput.runtime import ledger, protocol
 from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.decide import (Action, ActionKind, CoordinatorConfig, CoordinatorView,
                                     Member, decide)
 from liveput.runtime.planning import PlanContext, plan_generation
+from liveput.runtime.prune import (PruneView, Pruner, checkpoint_point, forgotten,
+                                   instances_named, read_floor)
 from liveput.runtime.store import Store
 from liveput.traces.trace import IntervalTrace
 
@@ -71,11 +76,14 @@ class Coordinator:
         self.started: protocol.RuntimePlan | None = None
         self.committed = -1
         self._planned_fence: tuple[int, int] | None = None
+        self.pruner = Pruner(store, config.prune, profile.global_batch_size)
         if self.plan is not None:
             raw = store.get("coord/started")
             self.started = None if raw is None else self._load(int(raw))
-            self.committed = protocol.last_committed(store, self.plan.generation,
-                                                     self.plan.start_step)
+            # Steps below the floor committed; their keys may have been pruned.
+            floor = read_floor(store, self.plan.generation)
+            self.committed = protocol.last_committed(
+                store, self.plan.generation, max(self.plan.start_step, floor or 0))
             # Recovered: learn who is alive (a heartbeat timeout) before deciding anything new.
             self._next_interval_s = self.started_s + config.heartbeat_timeout_s
             LOG.info("coordinator recovered: generation %d, committed step %d",
@@ -192,10 +200,17 @@ class Coordinator:
             plan_age_s=self._since(f"plan/{plan.generation}", now), failures=failures,
             failure_age_s=self._since(f"fail/{plan.generation}", now) if failures else 0.0,
             failed_in_row=self._failed_in_row(bool(failures)), latest_checkpoint=latest_checkpoint(self.store),
-            last_step_recorded=finishing and self.store.get(
-                f"ledger/{plan.epoch}/{committed}") is not None,
+            last_step_recorded=finishing and self._recorded(plan.epoch, committed),
             finish_age_s=self._since("finish", now) if finishing else 0.0,
             interval_due=interval_due)
+
+    def _recorded(self, epoch: int, step: int) -> bool:
+        """Whether the ledger has step ``step`` of epoch ``epoch`` (as a record, or folded)."""
+        if self.store.get(f"ledger/{epoch}/{step}") is not None:
+            return True
+        raw = self.store.get(ledger.SUMMARY_KEY)
+        summary = None if raw is None else ledger.LedgerSummary.from_json(raw)
+        return summary is not None and summary.epoch == epoch and summary.through_step >= step
 
     def _history(self) -> IntervalTrace:
         counts = json.loads(self.store.get("coord/history") or b"[]") or [0]
@@ -345,7 +360,33 @@ class Coordinator:
         if action.kind is ActionKind.REPLAN:
             self._publish(action, view)
         self._watch_stall(self.clock.now_s())
+        self._prune()
         return True
+
+    def _prune(self) -> None:
+        """Delete a few dead keys; once per ``prune.interval_s``, find the dead keys."""
+        pruner = self.pruner
+        pruner.delete_some()
+        now = self.clock.now_s()
+        plan = self.plan
+        if plan is None or not pruner.due(now):
+            return
+        keys = pruner.keys()
+        silent_s = {i: now - self._seen.setdefault(i, now) for i in instances_named(keys)}
+        gone = forgotten(silent_s, set(plan.slots), self.config.prune.forget_after_s)
+        retire_before = pruner.retire_before(
+            -1 if self.started is None else self.started.generation, now)
+        pruner.plan_pass(PruneView(plan.generation, self.committed, retire_before,
+                                   checkpoint_point(self.store), gone), keys, plan.epoch, now)
+        # This process's own records of what is pruned go too (they would grow as the keys did).
+        for instance in gone:
+            self._seen.pop(instance, None)
+            self._beats.pop(instance, None)
+            self._first_seen.pop(f"notice/{instance}", None)
+        for generation in [g for g in self._plans if g < retire_before - 1]:
+            del self._plans[generation]
+            self._first_seen.pop(f"plan/{generation}", None)
+            self._first_seen.pop(f"fail/{generation}", None)
 
     def run(self) -> None:
         """Tick until the job is done, then see the agents off."""

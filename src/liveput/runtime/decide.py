@@ -50,6 +50,7 @@ from liveput.errors import LiveputError
 from liveput.perf.costs import MigrationCostModel
 from liveput.policies import Configuration
 from liveput.runtime.protocol import FailureReport, RuntimePlan
+from liveput.runtime.prune import PruneConfig
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class CoordinatorConfig:
     """Intervals looked ahead."""
     costs: MigrationCostModel = field(default_factory=MigrationCostModel)
     """Migration costs the policy plans with (calibrate from measured downtimes: docs)."""
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    """How the store is pruned as the job runs (:mod:`liveput.runtime.prune`)."""
 
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.num_micro_batches < 1:

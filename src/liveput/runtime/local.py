@@ -26,6 +26,7 @@ from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.job import resolve_job
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.prune import PruneConfig
 from liveput.runtime.planning import profile_job
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
 from liveput.traces import IntervalTrace, Trace
@@ -147,7 +148,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 num_steps=config.steps, num_micro_batches=job.num_micro_batches,
                 interval_s=interval_s, policy_interval_s=60.0,
                 heartbeat_timeout_s=heartbeat_timeout_s, capacity=config.workers,
-                initial_workers=max(1, _initial_count(trace)), start_grace_s=20.0))
+                initial_workers=max(1, _initial_count(trace)), start_grace_s=20.0,
+                # The per-step log is written from the ledger records at the end: keep them.
+                prune=PruneConfig(fold_ledger=False)))
             environment = {**os.environ, "LIVEPUT_TOKEN": token}
             launcher = command_launcher(
                 [sys.executable, "-m", "liveput.runtime", "--store", url,
@@ -175,8 +178,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             losses = [r["loss"] for r in report.records]
             finished = True
             return TrainingResult(
-                steps_completed=len(report.records),
-                samples=len(report.records) * job.global_batch_size,
+                steps_completed=report.steps_applied,
+                samples=report.steps_applied * job.global_batch_size,
                 initial_loss=losses[0] if losses else None,
                 final_loss=losses[-1] if losses else None,
                 preemptions=cloud.preemptions, allocations=cloud.allocations,

@@ -7,7 +7,8 @@ Keys (all under the job's store):
 - ``plan/current``: the generation number of the plan in force; ``plan/<g>``: plan g (JSON).
 - ``commit/<g>/<s>``: the commit counter of step s in generation g; ``done/<g>/<s>``: its outcome.
 - ``ledger/<epoch>/<s>``: the record of a committed step; ``restore/<epoch>``: a checkpoint
-  restore that opened restore epoch ``epoch``.
+  restore that opened restore epoch ``epoch``; ``ledger-summary``: the records folded so far
+  (:mod:`liveput.runtime.ledger`).
 - ``ckpt/<epoch>/<s>``: layers of checkpoint s saved so far; ``ckpt/latest``: the newest complete.
 - ``arrived/<g>``: how many instances of plan g have reached its start; ``arrived/<g>/<id>``: that
   this one has; ``arrived/<g>/all``: set by the last of them (see :func:`arrive`).
@@ -16,7 +17,8 @@ Keys (all under the job's store):
   generation's state is in place and when a generation ends for it.
 - ``fail/<g>/<id>``: instance id's generation g failed (:class:`FailureReport`); ``failed/<g>``:
   some instance's did (peers abort their communication of generation g when they see it).
-- ``coord/...``: the coordinator's own records (interval history).
+- ``coord/...``: the coordinator's own records (interval history; ``coord/floor``: the steps
+  whose commit keys were pruned, see :mod:`liveput.runtime.prune`).
 
 **Commit protocol** (a step's optimizer update is applied exactly once, or by nobody). After its
 gradients are reduced, each of the W working ranks of generation g does ``add(commit/g/s, 1)``.

@@ -93,6 +93,10 @@ class Store(ABC):
     def close(self) -> None:
         """Release connections (and stop a hosted server). Idempotent."""
 
+    def compact_history(self) -> None:
+        """Drop the history of past values the backend keeps (etcd's revisions); a no-op for
+        backends that keep none. Called by the coordinator after it prunes dead keys."""
+
     def __enter__(self) -> Store:
         return self
 
@@ -238,6 +242,12 @@ _CAS_MAX_ROUNDS = 10_000
 
 _TCP_INDEX = "__liveput_index__/"
 """Namespace of the TCP backend's listing index (never listed itself)."""
+_HOLE_PATIENCE_S = 120.0
+"""How long a listing keeps re-reading an index entry that was counted but is not there."""
+_SWEEP_MIN_ENTRIES = 1024
+"""A client checks which of the keys it has read from the index still exist when it knows
+twice as many as at its last check (and at least this many): keys deleted under prefixes it
+never lists would otherwise pile up in its memory."""
 
 
 def _tcp_encode(value: bytes) -> bytes:
@@ -263,6 +273,11 @@ class TCPStoreBackend(Store):
     again at each listing, and the entries after it are listed meanwhile. ``TCPStore.list_keys``
     is not used: it was seen to hang forever, with the server spinning, after clients were
     SIGKILLed mid-job.
+
+    :meth:`delete` removes the key's marker, then its index entries, then the key, so a pruned
+    job keeps a bounded index: a write that lands after the delete finds no marker and is
+    indexed again. A client that meets a deleted entry takes it for an unwritten one; such holes
+    are given up after ``_HOLE_PATIENCE_S`` (a writer takes microseconds between its two calls).
     """
 
     def __init__(self, host_name: str, port: int, *, host: bool = False, timeout_s: float = 30.0) -> None:
@@ -270,13 +285,15 @@ class TCPStoreBackend(Store):
 
         self._timeout_s = float(timeout_s)
         self.url = _format_url("tcp", host_name, port)
-        self._registered: set[str] = set()
-        self._index_keys: list[str] = []
+        self._entries: dict[str, set[int]] = {}
+        """Listed key -> the index entries naming it that this client has read."""
         self._index_read = 0
         """Index entries read so far (1 to this), holes included."""
-        self._index_holes: set[int] = set()
-        """Entries counted but not written when read: a writer between its two calls, or one
-        that died there (a SIGKILLed agent), whose entry never comes."""
+        self._sweep_at = _SWEEP_MIN_ENTRIES
+        """Check which known keys still exist once ``_entries`` is this long."""
+        self._index_holes: dict[int, float] = {}
+        """Entries counted but not written when read (a writer between its two calls, one that
+        died there, or an entry deleted before this client read it) -> when first missed."""
         listen_fd = None
         if host:
             listen_fd, port = self._listen(host_name, port)
@@ -368,13 +385,13 @@ class TCPStoreBackend(Store):
         return None if raw is None else _tcp_decode(raw)
 
     def _register(self, key: str) -> None:
-        """Put ``key`` in the listing index once (see the class docstring)."""
-        if key in self._registered:
-            return
+        """Put ``key`` in the listing index unless its marker says it is there (class docstring).
+
+        Called after every write that may have created the key: a key deleted and written again
+        (by any client) must be indexed again."""
         if self._call(lambda s: s.add(f"{_TCP_INDEX}seen/{key}", 1)) == 1:
             entry = self._call(lambda s: s.add(f"{_TCP_INDEX}count", 1))
             self._call(lambda s: s.set(f"{_TCP_INDEX}{entry}", key.encode()))
-        self._registered.add(key)
 
     def set(self, key: str, value: bytes) -> None:
         raw = _tcp_encode(_check_value(value))
@@ -400,26 +417,60 @@ class TCPStoreBackend(Store):
         raise LiveputError(f"store {self.url}: compare_and_set on {key!r} kept losing races")
 
     def delete(self, key: str) -> None:
-        self._call(lambda s: s.delete_key(_check_key(key)))
+        _check_key(key)
+        if key not in self._entries:
+            self._read_index()
+        # Marker first, key last: a write of the key after its deletion then re-indexes it.
+        self._call(lambda s: s.delete_key(f"{_TCP_INDEX}seen/{key}"))
+        for entry in sorted(self._entries.pop(key, ())):
+            self._call(lambda s, e=entry: s.delete_key(f"{_TCP_INDEX}{e}"))
+        self._call(lambda s: s.delete_key(key))
 
-    def get_prefix(self, prefix: str) -> dict[str, bytes]:
+    def key_count(self) -> int:
+        """Keys the server holds, the listing index's own included (for measurements)."""
+        return int(self._call(lambda s: s.num_keys()))
+
+    def _read_index(self) -> None:
+        """Read the index entries written since the last read, and the holes again."""
         count = int(self._call(lambda s: s.add(f"{_TCP_INDEX}count", 0)))
         # A hole must not hide what comes after it: a writer killed between counting and
         # writing its entry left one for good, and every key registered later (new members'
         # heartbeats) went unlisted, so the job waited for instances that were there.
+        now = time.monotonic()
         unread = [*sorted(self._index_holes), *range(self._index_read + 1, count + 1)]
         self._index_read = max(self._index_read, count)
         for entry in unread:
             raw = self._raw_get(f"{_TCP_INDEX}{entry}")
             if raw is None:  # its writer is between counting and writing it (or died there)
-                self._index_holes.add(entry)
+                missed_s = self._index_holes.setdefault(entry, now)
+                if now - missed_s > _HOLE_PATIENCE_S:
+                    del self._index_holes[entry]  # died there, or deleted before we read it
             else:
-                self._index_holes.discard(entry)
-                self._index_keys.append(raw.decode())
+                self._index_holes.pop(entry, None)
+                self._entries.setdefault(raw.decode(), set()).add(entry)
+        if len(self._entries) >= self._sweep_at:
+            for key in list(self._entries):
+                if self._raw_get(key) is None:
+                    self._forget(key)
+            self._sweep_at = max(_SWEEP_MIN_ENTRIES, 2 * len(self._entries))
+
+    def _forget(self, key: str) -> None:
+        """``key`` was deleted: drop it here (a new write indexes it again), and its index
+        entries if its marker is gone too. A writer's ``set`` is one-way, so a deleter may read
+        the entry after deleting the key; the entry would stay in the store for good."""
+        entries = self._entries.pop(key, set())
+        if entries and self._raw_get(f"{_TCP_INDEX}seen/{key}") is None:
+            for entry in sorted(entries):
+                self._call(lambda s, e=entry: s.delete_key(f"{_TCP_INDEX}{e}"))
+
+    def get_prefix(self, prefix: str) -> dict[str, bytes]:
+        self._read_index()
         found: dict[str, bytes] = {}
-        for key in sorted({k for k in self._index_keys if k.startswith(prefix)}):
+        for key in sorted(k for k in self._entries if k.startswith(prefix)):
             raw = self._raw_get(key)
-            if raw is not None:  # deleted since listed
+            if raw is None:  # deleted since listed
+                self._forget(key)
+            else:
                 found[key] = _tcp_decode(raw)
         return found
 
@@ -465,6 +516,8 @@ _OP_LEASE_TTL_S = 600
 """Seconds a transaction marker lives (far longer than any retry of its transaction)."""
 _OP_LEASE_RENEW_S = 300
 """A client takes a new marker lease when its lease is this old, seconds."""
+_SETTLED_PER_TXN = 16
+"""Answered transactions' markers a transaction deletes with its own writes, at most."""
 
 
 class EtcdStore(Store):
@@ -478,8 +531,16 @@ class EtcdStore(Store):
     A transaction etcd applied whose reply a restart cut off fails its guard when retried (it
     changed the key itself). So that it is not applied twice (a commit vote counted twice leaves a
     step nobody commits), each transaction also writes a marker key ``\0ops/<uuid>`` on success;
-    a retried transaction whose guard failed succeeded if its marker exists. Markers carry a lease
-    of ``_OP_LEASE_TTL_S``: etcd deletes them by itself.
+    a retried transaction whose guard failed succeeded if its marker exists. A marker is useless
+    once its transaction has answered: the client's next transactions delete it (at most
+    ``_SETTLED_PER_TXN`` each, in the same request), so a client holds about as many markers
+    as it has transactions in flight. A marker whose client died meanwhile goes with its lease,
+    ``_OP_LEASE_TTL_S`` later.
+
+    :meth:`compact_history` compacts etcd's revision history up to the current revision:
+    every write (a commit vote, a heartbeat) is a revision, and etcd keeps them all until
+    compacted. Its database file keeps its size (``etcdctl defrag`` returns the space), but the
+    pages freed are reused, so it stops growing.
     """
 
     def __init__(self, host_name: str, port: int, *, timeout_s: float = 30.0) -> None:
@@ -494,6 +555,11 @@ class EtcdStore(Store):
         self._closed = False
         self._lease: tuple[str, float] | None = None
         """(lease ID, monotonic time granted) of this client's transaction markers."""
+        self._settled: list[bytes] = []
+        """Markers of transactions that have answered, to delete (shared by threads)."""
+        self._settled_lock = threading.Lock()
+        self._compacted = 0
+        """The revision history was compacted up to this revision."""
         self._post("maintenance/status", {})
         log.debug("opened %s", self.url)
 
@@ -543,15 +609,23 @@ class EtcdStore(Store):
     def _txn(self, compare: dict[str, Any], key: bytes, value: bytes) -> bool:
         compare = {"key": _b64(key), "result": "EQUAL", **compare}
         marker = _OPS + uuid.uuid4().hex.encode()
+        with self._settled_lock:
+            settled = self._settled[:_SETTLED_PER_TXN]
+            del self._settled[:_SETTLED_PER_TXN]
+        cleanup = [{"request_delete_range": {"key": _b64(old)}} for old in settled]
         success = [{"request_put": {"key": _b64(key), "value": _b64(value)}},
                    {"request_put": {"key": _b64(marker), "value": "",
-                                    "lease": self._marker_lease()}}]
-        result, attempts = self._post_counting(
-            "kv/txn", {"compare": [compare], "success": success, "failure": []})
-        if result.get("succeeded", False):  # the gateway omits false fields
-            return True
-        # Retried: the first attempt may have been applied, its reply lost.
-        return attempts > 1 and bool(self._range(marker))
+                                    "lease": self._marker_lease()}}, *cleanup]
+        try:
+            result, attempts = self._post_counting(
+                "kv/txn", {"compare": [compare], "success": success, "failure": cleanup})
+            if result.get("succeeded", False):  # the gateway omits false fields
+                return True
+            # Retried: the first attempt may have been applied, its reply lost.
+            return attempts > 1 and bool(self._range(marker))
+        finally:
+            with self._settled_lock:
+                self._settled.append(marker)
 
     @staticmethod
     def _value(kv: dict[str, Any]) -> bytes:
@@ -597,6 +671,35 @@ class EtcdStore(Store):
 
     def wait_for(self, key: str, timeout_s: float) -> bytes:
         return _wait_by_polling(self, key, timeout_s)
+
+    def key_count(self) -> int:
+        """Keys etcd holds, transaction markers included (for measurements)."""
+        reply = self._post("kv/range", {"key": _b64(b"\x00"), "range_end": _b64(b"\x00"),
+                                        "count_only": True})
+        return int(reply.get("count", 0))
+
+    def status(self) -> dict[str, Any]:
+        """etcd's ``maintenance/status`` (``dbSize``, ``dbSizeInUse``, ...)."""
+        return self._post("maintenance/status", {})
+
+    def revision(self) -> int:
+        """etcd's current revision (one per write since the cluster started)."""
+        header = self._post("kv/range", {"key": _b64(b"\x00"), "limit": 1}).get("header", {})
+        return int(header.get("revision", 0))
+
+    def compact_history(self) -> None:
+        revision = self.revision()
+        if revision <= self._compacted:
+            return
+        try:
+            self._post("kv/compaction", {"revision": revision})
+        except LiveputError as error:
+            if "unreachable" in str(error):
+                raise
+            # etcd answered with an error: another client compacted past this revision.
+            log.debug("%s: compaction to %d refused: %s", self.url, revision, error)
+        self._compacted = revision
+        log.debug("%s: revision history compacted up to %d", self.url, revision)
 
     def close(self) -> None:
         if not self._closed:
@@ -682,6 +785,14 @@ class SignedStore(Store):
 
     def wait_for(self, key: str, timeout_s: float) -> bytes:
         return self._verify(key, self._inner.wait_for(_check_key(key), timeout_s))
+
+    def compact_history(self) -> None:
+        self._inner.compact_history()
+
+    @property
+    def inner(self) -> Store:
+        """The wrapped store (raw values; for measurements and tests)."""
+        return self._inner
 
     def close(self) -> None:
         self._inner.close()
