@@ -231,3 +231,32 @@ def test_train_cli_rejects_bad_input_in_one_line(capsys):
 
     assert main(["train", "--time-scale", "0", "--steps", "1"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: train: --time-scale")
+
+
+def test_a_restarted_coordinator_waits_out_a_store_outage_and_reuses_the_jobs_profile():
+    from liveput.runtime import launch
+
+    class Restarting(MemoryStore):
+        """Down for its first ``down_calls`` calls (an etcd restarting), then up."""
+
+        def __init__(self, down_calls: int) -> None:
+            super().__init__()
+            self.calls, self.down_calls = 0, down_calls
+
+        def get(self, key: str) -> bytes | None:
+            self.calls += 1
+            if self.calls <= self.down_calls:
+                raise liveput.LiveputError("store etcd://10.0.0.1:2379 unreachable: "
+                                           "ConnectionFailedError")
+            return super().get(key)
+
+    store = Restarting(down_calls=3)
+    profile = launch.through_outage(lambda: launch.job_profile(store, "tiny-gpt-small"), 5.0,
+                                    retry_s=0.01)
+    assert store.calls == 4 and store.get(launch.PROFILE_KEY) is not None
+    # A restarted coordinator takes the kept profile (a new measurement would differ in its
+    # timings): the same plans, and no profiling again.
+    assert launch.job_profile(store, "tiny-gpt-small") == profile
+    assert launch.job_profile(store, "tiny-gpt") != profile  # another job is profiled anew
+    with pytest.raises(liveput.LiveputError, match="unreachable"):
+        launch.through_outage(lambda: Restarting(10**6).get("job/spec"), 0.05, retry_s=0.01)

@@ -243,3 +243,18 @@ def test_etcd_markers_do_not_pile_up_and_history_is_compacted(etcd_url):
         assert store.get("hb/1") == b"150"
     finally:
         store.close()
+
+
+def test_nothing_a_corrupt_checkpoint_fallback_may_roll_back_to_is_folded():
+    from liveput.runtime.prune import checkpoint_point
+
+    store = MemoryStore()
+    assert checkpoint_point(store) is None
+    store.set("ckpt/latest", b'{"epoch": 1, "step": 9}')
+    assert checkpoint_point(store) == (1, 9)
+    # Step 4's checkpoint is still on disk: if a file of step 9's is corrupt, the restore
+    # falls back to it and redoes steps 5..9, so their records must stay records.
+    store.set("ckpt/complete", b"[4, 9]")
+    assert checkpoint_point(store) == (1, 4)
+    store.set("ckpt/latest", b'{"epoch": 2, "step": -1}')  # every checkpoint discarded
+    assert checkpoint_point(store) is None

@@ -19,10 +19,9 @@ def write_profile(profile: ModelProfile, path: str | Path) -> None:
     write_text_atomic(path, json.dumps(profile_to_dict(profile), indent=2) + "\n")
 
 
-def read_profile(path: str | Path) -> ModelProfile:
-    text = read_text_file(path, "profile")
+def profile_from_dict(document: dict) -> ModelProfile:
+    """The inverse of :func:`profile_to_dict` (LiveputError if it is not one)."""
     try:
-        document = json.loads(text)
         return ModelProfile(
             model=document["model"],
             instance_type=InstanceType(**document["instance_type"]),
@@ -31,8 +30,17 @@ def read_profile(path: str | Path) -> ModelProfile:
             micro_batch_size=int(document["micro_batch_size"]),
             state_bytes_per_param=int(document.get("state_bytes_per_param", 16)),
         )
+    except LiveputError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise LiveputError(f"not a liveput profile ({type(error).__name__}: {error})") from None
+
+
+def read_profile(path: str | Path) -> ModelProfile:
+    text = read_text_file(path, "profile")
+    try:
+        return profile_from_dict(json.loads(text))
+    except json.JSONDecodeError as error:
+        raise LiveputError(f"{path}: not a liveput profile (JSONDecodeError: {error})") from None
     except LiveputError as error:
         raise LiveputError(f"{path}: {error}") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
-        raise LiveputError(f"{path}: not a liveput profile ({type(error).__name__}: "
-                           f"{error})") from None

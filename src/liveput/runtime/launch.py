@@ -13,9 +13,11 @@ import logging
 import os
 import re
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger(__name__)
 NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
+PROFILE_KEY = "job/profile"
 
 
 @dataclass(frozen=True)
@@ -134,14 +137,51 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
 
 def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
                     profile: ModelProfile | None = None) -> Coordinator:
-    """Publish the job and run the control loop until the job is done."""
+    """Publish the job and run the control loop until the job is done.
+
+    A restarted coordinator may find its store down (an etcd restarting): it waits for it as
+    the agents do, ``spec.store_outage_s``. The job's profile is kept in the store
+    (``job/profile``), so a restart plans with the same one instead of profiling again."""
     # Imported here: agents import this module and need none of the deciding code.
     from liveput.runtime.coordinator import Coordinator
-    from liveput.runtime.planning import profile_job
 
-    publish_spec(store, spec)
+    through_outage(lambda: publish_spec(store, spec), spec.store_outage_s)
     if profile is None:
-        profile = profile_job(resolve_job(spec.job))
-    coordinator = Coordinator(store, profile, config)
+        profile = through_outage(lambda: job_profile(store, spec.job), spec.store_outage_s)
+    coordinator = through_outage(lambda: Coordinator(store, profile, config),
+                                 spec.store_outage_s)
     coordinator.run()
     return coordinator
+
+
+def job_profile(store: Store, job_name: str) -> ModelProfile:
+    """The profile of job ``job_name``: the one in the store, else a fresh one, kept there."""
+    from liveput.perf.profile_io import profile_from_dict, profile_to_dict
+    from liveput.runtime.planning import profile_job
+
+    raw = store.get(PROFILE_KEY)
+    if raw is not None:
+        kept = json.loads(raw)
+        if kept.get("job") == job_name:
+            LOG.info("the job's profile from the store (measured by an earlier coordinator)")
+            return profile_from_dict(kept["profile"])
+    profile = profile_job(resolve_job(job_name))
+    store.set(PROFILE_KEY, json.dumps({"job": job_name,
+                                       "profile": profile_to_dict(profile)}).encode())
+    return profile
+
+
+_T = TypeVar("_T")
+
+
+def through_outage(call: Callable[[], _T], outage_s: float, retry_s: float = 0.5) -> _T:
+    """``call()``, tried again while the store is unreachable, for at most ``outage_s``."""
+    deadline = time.monotonic() + outage_s
+    while True:
+        try:
+            return call()
+        except LiveputError as error:
+            if time.monotonic() + retry_s > deadline:
+                raise
+            LOG.warning("store: %s; trying again", error)
+            time.sleep(retry_s)

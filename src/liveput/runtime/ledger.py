@@ -7,7 +7,7 @@ restore undid, must give steps 0..N-1 each exactly once, each with the samples i
 within an epoch the steps must follow each other (the committed step never goes back).
 
 A days-long job does not keep a record per step: the coordinator folds the records of steps up to
-the newest complete checkpoint (no restore can undo them any more) into one
+the oldest checkpoint a restore may still use (no restore can undo them any more) into one
 :class:`LedgerSummary` (``ledger-summary``, signed like every value) and deletes them. The summary
 says that steps ``0..through_step`` of the lineage in force at ``epoch`` were each applied once
 with their own samples (checked when folded), and carries a SHA-256 chain over their records, the

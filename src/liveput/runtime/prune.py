@@ -18,7 +18,7 @@ A key is dead when nothing can read it any more:
   ``generation_grace_s``: a straggler of it has long read its fence): its ``commit``, ``done``,
   ``arrived``, ``started``, ``fail`` and ``failed`` keys; its ``plan`` once the generation after
   it is retired too (holding reports name their generation's successor's start).
-- ``ckpt/<e>/<s>`` counters of checkpoints older than the newest complete one.
+- ``ckpt/<e>/<s>`` counters of checkpoints older than the oldest one a restore may use (:func:`checkpoint_point`).
 - ``members``, ``hb``, ``state``, ``holds``, ``notice``, ``lost`` of an instance silent for
   ``forget_after_s`` and not in the newest plan (an agent that comes back re-registers when its
   heartbeat counter starts again from 1).
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from liveput.errors import LiveputError
 from liveput.runtime import ledger
-from liveput.runtime.checkpoint import LATEST
+from liveput.runtime.checkpoint import COMPLETE, LATEST
 from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class PruneConfig:
     forget_after_s: float = 300.0
     """An instance silent this long, and not in the newest plan, is forgotten, seconds."""
     fold_ledger: bool = True
-    """Fold the ledger records up to the newest checkpoint into the summary (``liveput
+    """Fold the ledger records up to the oldest checkpoint a restore may use into the summary (``liveput
     train`` keeps them all: it writes the per-step log from them at the end)."""
     enabled: bool = True
     """Prune at all."""
@@ -87,7 +87,7 @@ class PruneView:
     retire_before: int
     """Generations below this are retired."""
     checkpoint: tuple[int, int] | None
-    """(epoch, step) of the newest complete checkpoint."""
+    """(epoch, step) of the oldest checkpoint a restore may use (:func:`checkpoint_point`)."""
     forgotten: frozenset[int]
     """Instances to forget."""
 
@@ -246,10 +246,16 @@ class Pruner:
 
 
 def checkpoint_point(store: Store) -> tuple[int, int] | None:
-    """(epoch, step) of the newest complete checkpoint, or None."""
+    """(epoch, step) of the oldest checkpoint a restore may still use, or None: the newest
+    complete one, or an older one still on disk (``ckpt/complete``), which a restore falls back
+    to when a file of the newest is corrupt (:meth:`Checkpointer.discard`). Nothing it may roll
+    back to is folded."""
     raw = store.get(LATEST)
     if raw is None:
         return None
     data = json.loads(raw)
     step = int(data["step"])
+    kept = store.get(COMPLETE)
+    if kept:
+        step = min([step, *(int(s) for s in json.loads(kept))])
     return None if step < 0 else (int(data.get("epoch", 0)), step)
