@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from optimizer_cases import random_table
 from scipy.stats import binom
 
 from liveput.cli.main import main
@@ -25,17 +26,6 @@ from liveput.policies.base import Configuration
 
 PROFILE = load_profile("gpt-1.5b")
 COSTS = MigrationCostModel()
-
-
-def random_table(rng: np.random.Generator, max_nodes: int) -> ConfigTable:
-    pairs = [(d, p) for d in range(1, max_nodes + 1) for p in range(1, 5) if d * p <= max_nodes]
-    d = np.array([x[0] for x in pairs])
-    p = np.array([x[1] for x in pairs])
-    per_pipeline = rng.uniform(1, 10, size=5)
-    samples = per_pipeline[p] * d ** rng.uniform(0.7, 1.0)
-    feasible = rng.random(len(pairs)) < 0.8
-    return ConfigTable("random", "x", d, p, np.where(feasible, samples, 0.0),
-                       np.zeros(len(pairs)), feasible, tuple(None for _ in pairs))
 
 
 def random_forecast(rng: np.random.Generator, steps: int, capacity: int) -> Forecast:
