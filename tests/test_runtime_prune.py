@@ -12,7 +12,7 @@ from liveput.runtime import protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.job import resolve_job
-from liveput.runtime.ledger import SUMMARY_KEY, fold, read_ledger, verify_ledger
+from liveput.runtime.ledger import SUMMARY_KEY, fold, fold_epoch, read_ledger, verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.runtime.prune import FLOOR_KEY, PruneConfig, PruneView, dead_keys, forgotten
 from liveput.runtime.store import MemoryStore, SignedStore, TCPStoreBackend, open_store
@@ -29,6 +29,7 @@ def _record(store, epoch: int, step: int) -> None:  # noqa: ANN001
 def _fold_into(store, epoch: int, checkpoint: int) -> bool:  # noqa: ANN001
     """What the coordinator's pruner does: write the summary, then delete the folded keys."""
     summary, epochs, restores = read_ledger(store)
+    epoch = fold_epoch(summary, restores, epoch, checkpoint)
     folded = fold(summary, epochs, restores, epoch, checkpoint, BATCH)
     if folded is None:
         return False
@@ -39,23 +40,27 @@ def _fold_into(store, epoch: int, checkpoint: int) -> bool:  # noqa: ANN001
 
 
 def _random_job(seed: int, folding: bool):  # noqa: ANN202
-    """A random lineage: steps commit, checkpoints complete every K steps, restores roll back
-    to the newest checkpoint; with ``folding`` the ledger is folded at random moments."""
+    """A random lineage: steps commit, checkpoints complete every K steps (the newest two kept),
+    restores roll back to the newest checkpoint or, when a file of it is corrupt, to the one
+    before; with ``folding`` the ledger is folded at random moments up to the oldest checkpoint
+    a restore may still use (as the coordinator's pruner does)."""
     rng, folds = random.Random(seed), random.Random(-seed)  # the same job either way
     store = SignedStore(MemoryStore(), "token")
     num_steps, every = rng.randint(5, 40), rng.randint(1, 6)
-    epoch, step, checkpoint = 0, 0, -1
+    epoch, step, kept = 0, 0, [-1]
     while step < num_steps:
         _record(store, epoch, step)
         if (step + 1) % every == 0:
-            checkpoint = step
+            kept = [*kept, step][-2:]
         step += 1
         if rng.random() < 0.15 and step < num_steps:  # a loss the next plan restores from
+            if len(kept) == 2 and rng.random() < 0.3:
+                kept = kept[:1]  # the newest is corrupt: the one before is used
             epoch += 1
-            protocol.record_restore(store, epoch, step - 1, checkpoint)
-            step = checkpoint + 1
-        if folding and checkpoint >= 0 and folds.random() < 0.4:
-            _fold_into(store, epoch, checkpoint)
+            protocol.record_restore(store, epoch, step - 1, kept[-1])
+            step = kept[-1] + 1
+        if folding and min(kept) >= 0 and folds.random() < 0.4:
+            _fold_into(store, epoch, min(kept))
     return store, num_steps
 
 

@@ -178,6 +178,23 @@ def verify_ledger(store: Store, global_batch_size: int, num_steps: int) -> Ledge
         problems=problems, summarized_steps=result.folded_through + 1)
 
 
+def fold_epoch(summary: LedgerSummary | None, restores: dict[int, dict], epoch: int,
+               through: int) -> int:
+    """The epoch to fold steps ``0..through`` at, when ``epoch`` is in force: the newest one, at
+    most ``epoch``, that restored to ``through`` or below (or the summary's, or 0).
+
+    Every later restore rolled back to a step past ``through``, so none undoes a folded step;
+    and what older epochs put in that epoch's lineage is at most ``through``, so their records
+    may go. (``through`` may be older than the restore point of ``epoch`` itself: the fallback
+    checkpoint before a corrupt one is.)"""
+    floor = 0 if summary is None else summary.epoch
+    for candidate in range(epoch, floor, -1):
+        restore = restores.get(candidate)
+        if restore is not None and restore["restored_to"] <= through:
+            return candidate
+    return floor
+
+
 @dataclass(frozen=True)
 class Fold:
     """A new summary and the ledger keys it makes dead."""
@@ -189,14 +206,14 @@ class Fold:
 def fold(summary: LedgerSummary | None, epochs: dict[int, dict[int, dict]],
          restores: dict[int, dict], epoch: int, checkpoint_step: int,
          global_batch_size: int) -> Fold | None:
-    """Fold the steps up to ``checkpoint_step`` (the newest complete checkpoint of restore
-    epoch ``epoch``, the one in force: no restore can undo them) into a new summary; None when
-    there is nothing new to fold or the part to fold does not prove exactly-once (its records
-    are then kept as evidence).
+    """Fold the steps up to ``checkpoint_step`` (no restore can undo them any more) of the
+    lineage of restore epoch ``epoch`` (:func:`fold_epoch`) into a new summary; None when there
+    is nothing new to fold or the part to fold does not prove exactly-once (its records are then
+    kept as evidence).
 
     Records of older epochs and restore records up to ``epoch`` go with the fold: the steps they
-    put in the lineage are at most the restore point of ``epoch``, and the checkpoint in force
-    is never older than that."""
+    put in the lineage are at most the restore point of ``epoch``, which :func:`fold_epoch`
+    keeps at or below ``checkpoint_step``."""
     through = checkpoint_step
     folded = -1 if summary is None else summary.through_step
     if through <= folded or (summary is not None and epoch < summary.epoch):

@@ -219,6 +219,7 @@ class Pruner:
 
     def _fold(self, epoch: int, checkpoint_step: int) -> list[str]:
         summary, epochs, restores = ledger.read_ledger(self.store)
+        epoch = ledger.fold_epoch(summary, restores, epoch, checkpoint_step)
         folded = ledger.fold(summary, epochs, restores, epoch, checkpoint_step,
                              self.global_batch_size)
         if folded is None:
