@@ -60,7 +60,8 @@ def coordinator(
     etcd_dir: str = typer.Option("liveput-etcd", "--etcd-dir", help="Directory of the etcd "
                                  "this coordinator runs (data, log, pid); a restarted "
                                  "coordinator given the same one resumes the job."),
-    embedded: bool = typer.Option(False, "--embedded", help="Host a TCPStore in this process "
+    embedded: bool = typer.Option(False, "--embedded", metavar=params.FLAG,
+                                  help="Host a TCPStore in this process "
                                   "instead of etcd (no etcd needed; the job ends if this "
                                   "process does)."),
     token: str = typer.Option(None, "--token", help="Job token (or LIVEPUT_TOKEN)."),
