@@ -85,14 +85,23 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     # Counted: the restore itself. On a starved machine a slow survivor can look
     # silent and fail a plan or two; two failed plans in a row force a restore (rule 4), which
     # the events mark: the lost stage itself needs exactly one restore.
-    plans = [json.loads(v) for _, v in sorted(store.get_prefix("events/").items(),
-                                               key=lambda kv: int(kv[0].split("/")[1]))]
+    plans = [{**json.loads(v), "generation": int(k.split("/")[1])} for k, v in sorted(
+        store.get_prefix("events/").items(), key=lambda kv: int(kv[0].split("/")[1]))]
     # Likewise a starved survivor silent past suspect_after_s is left out at a replan, and a
     # layer only it held then comes from the checkpoint: such a restore names a live suspect.
     # (Seen once in five suite runs; every run still trains exactly once to the same parameters.)
     killed = {victim, *doomed}
     unforced = [p for p in plans if p["kind"] == "checkpoint-restore" and not p["restore_forced"]]
-    needed = [p for p in unforced if not set(p["suspects"]) - killed]
+    # And the two replicas killed together may be found silent at ticks apart on a starved
+    # machine (two suites at once): a restore planned with the second still in it fails, and the
+    # one after, leaving it out, is the same loss's restore again, not a second loss.
+    needed, named = [], set()
+    for event in unforced:
+        if set(event["suspects"]) - killed or set(event["suspects"]) & named:
+            continue
+        needed.append(event)
+        restore = protocol.load_plan(store, event["generation"])
+        named |= killed & set(() if restore is None else restore.slots)
     forced = [p for p in plans if p["restore_forced"]]
     assert len(needed) == 1, plans
     assert int(store.get("stats/migrations/checkpoint-restore")) == \
