@@ -115,3 +115,56 @@ def test_planning_from_reported_holdings_moves_the_fewest_bytes(seed: int) -> No
         assert (transfer.source == CHECKPOINT) == (transfer.layer not in anyone)
         if transfer.source != CHECKPOINT:
             assert transfer.layer in held[transfer.source]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_on_demand_instances_spread_over_the_stages_then_the_fewest_bytes_move(seed: int) -> None:
+    """Constraints (4)-(5) against brute force: of every assignment that puts as many on-demand
+    instances to work as can be and gives each stage q or q + 1 of them, the planner's moves
+    the fewest bytes; with no on-demand instance it is the plain optimum."""
+    rng = np.random.default_rng(500 + seed)
+    layer_bytes = PROFILE.layer_state_bytes()
+    instances = list(range(int(rng.integers(2, 7))))
+    held = {i: sorted(set(rng.choice(PROFILE.num_layers, size=int(rng.integers(0, 14)),
+                                     replace=True).tolist())) for i in instances}
+    on_demand = set(rng.choice(instances, size=int(rng.integers(1, len(instances) + 1)),
+                               replace=False).tolist())
+    new_p = int(rng.integers(1, 4))
+    new_d = max(1, min(2, len(instances) // new_p))
+    if new_d * new_p > len(instances):
+        new_d, new_p = 1, 1
+    target = Configuration(new_d, new_p)
+    plan = plan_from_holdings(PROFILE, COSTS, held, target, on_demand=on_demand)
+    new = partition_layers(PROFILE, new_p)
+    stages = [s for _ in range(new_d) for s in range(new_p)]
+    working = min(len(on_demand), target.num_instances)
+
+    def spread(chosen: tuple[int, ...]) -> bool:
+        per_stage = [sum(i in on_demand for i, s in zip(chosen, stages) if s == stage)
+                     for stage in range(new_p)]
+        return sum(per_stage) == working and max(per_stage) - min(per_stage) <= 1
+
+    def moved(chosen: tuple[int, ...]) -> int:
+        return sum(int(layer_bytes[layer]) for instance, stage in zip(chosen, stages)
+                   for layer in range(new[stage], new[stage + 1]) if layer not in held[instance])
+
+    best = min(moved(c) for c in itertools.permutations(instances, len(stages)) if spread(c))
+    assert plan.bytes_moved + plan.bytes_restored == best
+    placed = tuple(next(i for i, s in plan.assignment.slots.items()
+                        if s is not None and (s.pipeline, s.stage) == (d, st))
+                   for d in range(new_d) for st in range(new_p))
+    assert spread(placed)
+    assert plan.assignment.on_demand == frozenset(on_demand)
+
+
+def test_a_new_on_demand_instance_takes_a_slot_from_a_spot_one() -> None:
+    """A whole stage of spot replicas is what a loss can take: the on-demand newcomer goes into
+    the configuration (paying a transfer) rather than idle as a spare."""
+    target = Configuration(1, 2)
+    assignment = Assignment.for_configuration(target, [0, 1])
+    plan = plan_migration(PROFILE, COSTS, assignment, set(), [], target)
+    assert plan.kind == "none"
+    held = {0: range(0, 12), 1: range(12, 24), 7: ()}
+    plan = plan_from_holdings(PROFILE, COSTS, held, target, assignment, 2, on_demand={7})
+    assert plan.assignment.slots[7] is not None
+    assert plan.kind == "inter-stage" and plan.bytes_restored == 0

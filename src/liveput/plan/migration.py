@@ -9,6 +9,17 @@ Objective: minimize the bytes moved, ``sum x[i, (d,s)] * bytes(need(s) - held(i)
 Constraints: (1) every slot gets exactly one instance; (2) an instance takes at most one slot
 (the rest become spares); (3) only surviving instances are assigned.
 
+On-demand instances (never preempted) go where a loss would hurt most: a stage whose replicas
+are all spot can be lost whole, which costs a checkpoint restore and a rollback, so on-demand
+instances are spread over the stages first (the performance model's
+:func:`~liveput.plan.liveput.on_demand_per_stage` assumes the same). With ``k`` on-demand
+survivors, ``k' = min(k, D' * P')`` of them work, ``k' = q * P' + r``:
+(4) an on-demand instance takes only a slot of pipeline ``d < ceil(k' / P')``, a spot one only
+of pipeline ``d >= q`` (so each stage holds ``q`` or ``q + 1`` on-demand instances);
+(5) as many on-demand instances work as can: each one assigned earns a bonus larger than the
+bytes of any one slot, so no spot instance takes a slot an idle on-demand one could.
+Bytes are minimized under (4)-(5); with no on-demand instance nothing changes.
+
 This is a rectangular assignment problem, solved exactly by ``linear_sum_assignment``. Layers a
 slot lacks are sent by a surviving holder (the least loaded one); a layer that no survivor holds
 is restored from the last checkpoint, which makes the migration a ``checkpoint-restore``.
@@ -117,7 +128,7 @@ def plan_migration(
     old_bounds = partition_layers(profile, stages_before) if stages_before > 0 else None
     held = {i: _held_layers(assignment, old_bounds, i) for i in survivors}
     return plan_from_holdings(profile, costs, held, target, assignment, stages_before,
-                              preempted, allocated)
+                              preempted, allocated, assignment.on_demand & set(survivors))
 
 
 def plan_from_holdings(
@@ -129,11 +140,13 @@ def plan_from_holdings(
     stages_before: int = 0,
     preempted: set[int] | frozenset[int] = frozenset(),
     allocated: list[int] | None = None,
+    on_demand: Collection[int] = (),
 ) -> MigrationPlan:
     """The cheapest plan to ``target`` for the instances of ``held`` (instance -> the layers it
     holds, all at the step the target starts from), in the order given.
 
-    ``previous`` is the assignment that last ran (for the migration's kind; None: nothing ran)."""
+    ``previous`` is the assignment that last ran (for the migration's kind; None: nothing ran);
+    ``on_demand`` the instances of ``held`` that are on-demand (constraints 4-5)."""
     survivors = list(held)
     previous = previous or Assignment({}, 0)
     if target.num_instances > len(survivors):
@@ -152,7 +165,8 @@ def plan_from_holdings(
         need[column, new_bounds[slot.stage]:new_bounds[slot.stage + 1]] = True
     # cost[i, j] = bytes slot j needs that instance i lacks (constraints 1-3 by construction).
     missing = need[None, :, :] & ~holding[:, None, :]
-    cost = (missing * layer_bytes[None, None, :]).sum(axis=2)
+    cost = (missing * layer_bytes[None, None, :]).sum(axis=2).astype(float)
+    _place_on_demand(cost, survivors, slots, target, set(on_demand), float(layer_bytes.sum()))
     rows, columns = linear_sum_assignment(cost)
     new_slots: dict[int, Slot | None] = {instance: None for instance in survivors}
     holders = {layer: list(np.flatnonzero(holding[:, layer]))
@@ -187,13 +201,31 @@ def plan_from_holdings(
             estimated_s += costs.checkpoint_load_s(float(restored))
     return MigrationPlan(
         target=target,
-        assignment=Assignment(new_slots, target.pipeline_stages, previous.on_demand),
+        assignment=Assignment(new_slots, target.pipeline_stages,
+                              frozenset(on_demand) & frozenset(survivors)),
         transfers=tuple(transfers),
         bytes_moved=int(moved),
         bytes_restored=int(restored),
         kind=kind,
         estimated_s=float(estimated_s),
     )
+
+
+def _place_on_demand(cost: np.ndarray, survivors: list[int], slots: list[Slot],
+                     target: Configuration, on_demand: set[int], total_bytes: float) -> None:
+    """Constraints (4) and (5) written into the assignment's cost matrix (in place)."""
+    rows = [row for row, instance in enumerate(survivors) if instance in on_demand]
+    if not rows:
+        return
+    working = min(len(rows), target.num_instances)
+    low = working // target.pipeline_stages
+    high = -(-working // target.pipeline_stages)
+    pipeline = np.array([slot.pipeline for slot in slots])
+    spot = np.ones(len(survivors), dtype=bool)
+    spot[rows] = False
+    cost[np.ix_(rows, np.flatnonzero(pipeline >= high))] = np.inf  # (4)
+    cost[np.ix_(np.flatnonzero(spot), np.flatnonzero(pipeline < low))] = np.inf  # (4)
+    cost[rows] -= total_bytes + 1.0  # (5)
 
 
 def _kind(old: Assignment, new_slots: dict[int, Slot | None], stages_before: int,
