@@ -47,9 +47,10 @@ class AgentProcesses:
         self.processes: dict[int, subprocess.Popen] = {}
 
     def start(self, instance: int, token: str | None = None,
-              argv_prefix: list[str] | None = None, host: str = "127.0.0.1") -> subprocess.Popen:
+              argv_prefix: list[str] | None = None, host: str = "127.0.0.1",
+              market: str = "spot") -> subprocess.Popen:
         tests = str(Path(__file__).parent)
-        env = {**os.environ, "LIVEPUT_TOKEN": token or self.token,
+        env = {**os.environ, "LIVEPUT_TOKEN": token or self.token, "LIVEPUT_MARKET": market,
                "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
         log = open(self.log_dir / f"agent-{instance}.log", "ab")  # noqa: SIM115 - kept by Popen
         process = subprocess.Popen(

@@ -53,9 +53,10 @@ class ModelAgents:
         self.stale_trained = 0
         """Times a plan had an instance train on layers of another point (must stay 0)."""
 
-    def join(self, instance: int) -> None:
+    def join(self, instance: int, market: str = "spot") -> None:
         self.instances[instance] = _Instance()
-        self.store.set(f"members/{instance}", json.dumps({"host": "127.0.0.1"}).encode())
+        self.store.set(f"members/{instance}",
+                       json.dumps({"host": "127.0.0.1", "market": market}).encode())
         self.store.add(f"hb/{instance}", 1)
 
     def kill(self, instance: int) -> None:
@@ -213,6 +214,31 @@ def test_a_loss_without_notice_is_replanned_within_two_seconds_from_the_survivor
         run(coordinator, agents, clock, 1)
     assert clock.now_s() - lost_at <= 2.0  # a data-path failure, not the 6-s heartbeat timeout
     assert victim not in coordinator.plan.slots
+    committed = coordinator.committed
+    run(coordinator, agents, clock, 20)
+    assert coordinator.committed > committed and agents.stale_trained == 0
+
+
+def test_on_demand_members_hold_every_stage_so_losing_all_spot_ones_needs_no_restore():
+    """Agents 0 and 1 register as on-demand (the plain order puts both in stage 1): the
+    plan spreads them over the two stages, so when both spot agents die together every layer
+    still has a live holder and the job shrinks without a checkpoint restore."""
+    store, clock = MemoryStore(), ManualClock()
+    coordinator = make_coordinator(store, clock, steps=400)
+    agents = ModelAgents(store, coordinator.profile.num_layers)
+    for instance in range(4):
+        agents.join(instance, "on-demand" if instance in (0, 1) else "spot")
+    run(coordinator, agents, clock, 40)
+    plan = coordinator.plan
+    assert plan.num_working == 4 and coordinator.committed > 10
+    assert {plan.slots[0][1], plan.slots[1][1]} == {0, 1}, plan.slots
+    agents.kill(2)
+    agents.kill(3)
+    generation = plan.generation
+    run(coordinator, agents, clock, 80)
+    assert coordinator.plan.generation > generation
+    assert {i for i, s in coordinator.plan.slots.items() if s is not None} == {0, 1}
+    assert coordinator.plan.restore_step is None and coordinator.plan.kind != "checkpoint-restore"
     committed = coordinator.committed
     run(coordinator, agents, clock, 20)
     assert coordinator.committed > committed and agents.stale_trained == 0

@@ -147,3 +147,4 @@ def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profil
     report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
     assert report.exactly_once and report.restores == 0
     assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
+

@@ -55,6 +55,12 @@ _TRANSITIONS = {
 whose migration failed, goes back to WAITING without training."""
 
 
+MARKETS = ("spot", "on-demand")
+"""How an instance is rented."""
+MARKET_ENV = "LIVEPUT_MARKET"
+"""Environment variable a provider's launch sets to the instance's market (default spot)."""
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """Settings of an agent."""
@@ -63,6 +69,9 @@ class AgentConfig:
     """This instance's id (unique in the job)."""
     host: str = "127.0.0.1"
     """Address the other instances reach this one at."""
+    market: str = "spot"
+    """``spot`` or ``on-demand`` (what its provider rented it as: the planner spreads on-demand
+    instances over the stages)."""
     heartbeat_s: float = 0.5
     """Seconds between heartbeats."""
     poll_s: float = 0.1
@@ -80,6 +89,8 @@ class AgentConfig:
             raise LiveputError(f"agent: instance id must be >= 0, got {self.instance}")
         if self.heartbeat_s <= 0 or self.poll_s <= 0 or self.store_outage_s <= 0:
             raise LiveputError("agent: heartbeat, poll and store-outage times must be positive")
+        if self.market not in MARKETS:
+            raise LiveputError(f"agent: market {self.market!r} is not one of {', '.join(MARKETS)}")
 
 
 class Agent:
@@ -128,8 +139,7 @@ class Agent:
                 if self.store.add(key, 1) == 1:
                     # The counter started again: the coordinator forgot this instance (silent
                     # for its forget_after_s, e.g. a long partition). Join again.
-                    self.store.set(f"members/{self.config.instance}",
-                                   json.dumps({"host": self.config.host}).encode())
+                    self.store.set(f"members/{self.config.instance}", self._member())
                 last_ok_s = self.clock.now_s()
                 self._heartbeat_warnings.flush()
             except LiveputError as error:  # the store may be restarting; keep trying
@@ -147,10 +157,12 @@ class Agent:
         logging.shutdown()  # flushes every handler: os._exit skips that
         os._exit(3)
 
+    def _member(self) -> bytes:
+        return json.dumps({"host": self.config.host, "market": self.config.market}).encode()
+
     def join(self) -> None:
         """Register with the job (the store refuses values not signed with the job token)."""
-        member = {"host": self.config.host}
-        self.store.set(f"members/{self.config.instance}", json.dumps(member).encode())
+        self.store.set(f"members/{self.config.instance}", self._member())
         self.store.add(f"hb/{self.config.instance}", 1)
         self._heartbeat.start()
         if self._monitor is not None:

@@ -133,8 +133,10 @@ class Coordinator:
             instance = int(key.split("/")[1])
             holding = holdings.get(instance)
             epoch, step = (-1, -2) if holding is None else self._held_point(holding)
+            registration = json.loads(raw)
             members[instance] = Member(
-                host=json.loads(raw).get("host", "127.0.0.1"),
+                host=registration.get("host", "127.0.0.1"),
+                on_demand=registration.get("market") == "on-demand",
                 heartbeat_age_s=now - self._seen.setdefault(instance, now),
                 noticed=instance in noticed, left=states.get(instance) == b"left",
                 done=states.get(instance) == b"done",
@@ -287,9 +289,10 @@ class Coordinator:
         holdings = {i: held.layers for i in (*action.workers, *action.senders)
                     if (held := self._holdings.get(i)) is not None and held.layers
                     and self._held_point(held) == point}
+        on_demand = [i for i in action.workers if (m := view.members.get(i)) and m.on_demand]
         plan = plan_generation(self.profile, self.config.costs, action.target, context,
                                action.workers, holdings, action.senders, started,
-                               action.restore)
+                               action.restore, on_demand)
         if action.noticed_workers:
             plan = dataclasses.replace(plan, noticed=list(action.noticed_workers))
         if plan.restore_step is not None and previous is not None:

@@ -131,6 +131,8 @@ class Member:
     """Seconds since its heartbeat last moved."""
     noticed: bool = False
     """It has a preemption notice (alive, can still send its layers)."""
+    on_demand: bool = False
+    """It is rented on-demand (never preempted): the planner spreads such over the stages."""
     left: bool = False
     """It said it left the job."""
     done: bool = False

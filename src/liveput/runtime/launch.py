@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from liveput.errors import LiveputError
-from liveput.runtime.agent import Agent, AgentConfig, AgentState
+from liveput.runtime.agent import MARKET_ENV, Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.cloud import INSTANCE_ID_ENV, NOTICE_FILE_ENV
 from liveput.runtime.engine import Engine, EngineConfig
@@ -128,6 +128,7 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
                         EngineConfig(checkpoint_every=spec.checkpoint_every, device=device),
                         token=token.encode())
         agent = Agent(AgentConfig(instance=instance, host=host,
+                                  market=os.environ.get(MARKET_ENV) or "spot",
                                   store_outage_s=spec.store_outage_s, exit_on_store_loss=True),
                       store, engine, watchers)
         return agent.run()

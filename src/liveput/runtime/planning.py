@@ -57,20 +57,22 @@ def plan_generation(profile: ModelProfile, costs: CostModel, target: Configurati
                     context: PlanContext, workers: Sequence[int],
                     holdings: Mapping[int, Collection[int]],
                     senders: Sequence[int] = (), previous: RuntimePlan | None = None,
-                    restore: bool = False) -> RuntimePlan:
+                    restore: bool = False, on_demand: Collection[int] = ()) -> RuntimePlan:
     """The plan of generation ``context.generation``: the coordinator's and the in-process
     cluster's one planning function.
 
     ``workers`` may take a slot; ``senders`` (noticed instances) may only send; ``holdings`` maps
     each of them to the layers it holds at step ``context.start_step - 1`` of the current epoch
     (what it reported, never what an earlier plan meant it to hold). ``previous`` is the plan that
-    last ran (for the migration's kind); ``restore`` takes every layer from the checkpoint."""
+    last ran (for the migration's kind); ``restore`` takes every layer from the checkpoint;
+    ``on_demand`` workers are spread over the stages (:mod:`liveput.plan.migration`, (4)-(5))."""
     held = {i: tuple(holdings.get(i, ())) for i in workers}
     ran = {} if previous is None else previous.slots
     migration = plan_from_holdings(
         profile, costs, held, target, assignment_of(previous),
         0 if previous is None else previous.pipeline_stages,
-        preempted=set(ran) - set(workers), allocated=[i for i in workers if i not in ran])
+        preempted=set(ran) - set(workers), allocated=[i for i in workers if i not in ran],
+        on_demand=on_demand)
     noticed_holders: dict[int, list[int]] = {}
     for instance in senders:
         for layer in holdings.get(instance, ()):
