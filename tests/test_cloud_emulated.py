@@ -209,3 +209,27 @@ def test_prices_come_from_the_catalog_per_zone() -> None:
     assert [(q.zone, q.spot_usd_per_hour, q.on_demand_usd_per_hour) for q in quotes] == [
         ("z-a", spec.spot_usd_per_hour, spec.on_demand_usd_per_hour),
         ("z-b", spec.spot_usd_per_hour, spec.on_demand_usd_per_hour)]
+
+
+def test_the_holder_replaces_preempted_spot_and_releases_surplus() -> None:
+    from liveput.cloud.holding import Holding, InstanceHolder
+
+    clock = ManualClock(START)
+    provider = EmulatedProvider(trace(3, [(300.0, 0, 1)], 900.0), clock,
+                                EmulatedProviderConfig(time_scale=SCALE, notice_lead_s=0.0,
+                                                       on_demand_delay_s=(60.0, 60.0)))
+    holder = InstanceHolder(provider, Holding(spot=3, on_demand=1), ["c5.xlarge"])
+    first = holder.reconcile()
+    assert first.alive == Holding(3, 1) and [len(r.granted) for r in first.requests] == [3, 1]
+    at(clock, provider, 300.0)  # one spot preempted: capacity 2
+    assert holder.reconcile().alive == Holding(3, 1)  # asked again, pending until capacity
+    assert [r.state for r in provider.instances()].count(InstanceState.PENDING) == 1
+    holder.target = Holding(spot=1, on_demand=0)
+    done = holder.reconcile()
+    assert done.alive == Holding(1, 0) and done.requests == ()
+    pending = [r for r in provider.instances() if r.instance_id == "e-0004"]
+    assert pending[0].state is InstanceState.TERMINATED and pending[0].launch_s is None
+    assert len(done.released) == 3  # the pending spot first, then a running one, the on-demand
+    alive = [r.instance_id for r in provider.instances() if r.end_s is None]
+    assert len(alive) == 1 and holder.close() == alive
+    assert all(r.end_s is not None for r in provider.instances())
