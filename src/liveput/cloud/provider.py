@@ -165,6 +165,9 @@ class Provider(ABC):
         """What every instance cost up to now."""
         return BillingAccount.bill(self.instances(), self.now_s())
 
+    def close(self) -> None:
+        """Stop any background work (instances stay as they are; release them first)."""
+
     @property
     def events(self) -> list[ProviderEvent]:
         """Everything the provider did or met, in order."""
