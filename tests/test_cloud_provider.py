@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cloud_fakes import FakeProvider, no_capacity, throttled
+from cloud_fakes import FakeProvider, throttled
 
 from liveput.cloud import Market, ProviderError, ProviderEventKind, RequestResult, RetryPolicy
 from liveput.errors import LiveputError
