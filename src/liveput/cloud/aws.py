@@ -235,14 +235,22 @@ class AwsProvider(Provider):
         now = self.now_s()
         records = []
         prices: dict[tuple[str, str], float] = {}
-        for instance_id, name, zone in launched[:count]:
+        for instance_id, name, zone in launched:
             if (name, zone) not in prices:
                 prices[name, zone] = self._price(name, zone, market)
             record = InstanceRecord(instance_id, name, market, zone, InstanceState.PENDING, now,
                                     prices[name, zone])
-            self._known[instance_id] = record
+            self._known[instance_id] = record  # every instance launched is listed and billed
             records.append(record)
-        return records, error
+        if len(records) > count:  # launched beyond the ask (fleet weights): give them back
+            extra = [record.instance_id for record in records[count:]]
+            log.warning("aws: %d instance(s) launched beyond the %d asked: %s", len(extra), count,
+                        ", ".join(extra))
+            try:
+                self._terminate(extra)
+            except ProviderError as error:  # listed alive: a holder releases them later
+                log.warning("aws: could not terminate %s: %s", ", ".join(extra), error)
+        return records[:count], error
 
     def _fleet(self, count: int, template: str, pairs: list[tuple[str, str]],
                market: Market) -> tuple[list[tuple[str, str, str]], ProviderError | None]:
