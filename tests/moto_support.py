@@ -5,7 +5,7 @@ killed at the end) and waits until it answers. :class:`MotoInstanceRunner` does 
 what EC2 does on boot: for every instance moto reports running it reads the instance's user data
 back from moto, takes the agent command out of it (:func:`parse_agent_command`) and starts that
 agent, with this machine's ``liveput`` for the pip-installed one and 127.0.0.1 for the address
-the metadata service would give; an instance that is terminated has its agent stopped.
+the metadata service would give; an instance that is terminated has its agent sent SIGTERM.
 """
 
 from __future__ import annotations
@@ -92,14 +92,10 @@ class MotoInstanceRunner:
             if record.state is InstanceState.RUNNING and iid not in self.processes:
                 self._boot(iid)
             elif record.state is InstanceState.TERMINATED and iid in self.processes:
-                process = self.processes[iid]
-                if process.poll() is None:  # the instance is gone: so is its agent
-                    process.terminate()
-                    try:
-                        process.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-                        process.wait(timeout=10)
+                # The instance shuts down: its agent gets SIGTERM, as on EC2 (not waited for
+                # here: the agent may leave the job gracefully, which takes coordinator ticks).
+                if self.processes[iid].poll() is None:
+                    self.processes[iid].terminate()
 
     def _boot(self, instance_id: str) -> None:
         answer = self.provider.client.describe_instance_attribute(InstanceId=instance_id,

@@ -84,20 +84,29 @@ def test_request_boot_join_train_release_and_bill(moto: str, tmp_path: Path) -> 
 
         job = resolve_job(JOB)
         coordinator = Coordinator(store, profile_job(job, repeats=1), CoordinatorConfig(
-            num_steps=6, num_micro_batches=job.num_micro_batches, capacity=3, initial_workers=3,
-            interval_s=1.0, tick_s=0.05, heartbeat_timeout_s=3.0, start_grace_s=60.0))
+            num_steps=12, num_micro_batches=job.num_micro_batches, capacity=3,
+            initial_workers=3, interval_s=1.0, tick_s=0.05, heartbeat_timeout_s=3.0,
+            start_grace_s=60.0))
         deadline = time.monotonic() + 90
         joined: set[int] = set()
+        released = spot.instance_ids[0]
         while coordinator.tick():
             joined |= set(coordinator.available)
+            if coordinator.committed >= 3 and clock.now_s() == 0.0:
+                clock.set(1800.0)  # half an hour in: give one spot instance back mid-training
+                assert provider.release([released]) == [released]
+                runner.sync()  # its agent gets SIGTERM (a notice) and leaves the job
             assert time.monotonic() < deadline, {i: runner.log(i)[-800:] for i in ids}
             time.sleep(coordinator.config.tick_s)
+        assert clock.now_s() == 1800.0, "the job ended before the release"
         assert len(joined) == 3, joined  # every instance's agent joined the job
-        report = verify_ledger(store, job.global_batch_size, 6)
-        assert report.steps_applied == 6 and report.exactly_once
+        assert runner.processes[released].wait(timeout=30) is not None
+        report = verify_ledger(store, job.global_batch_size, 12)
+        assert report.steps_applied == 12 and report.exactly_once  # trained on without it
 
         clock.set(3600.0)  # an hour on the provider's clock: the bill is exact
-        assert sorted(provider.release(ids)) == sorted(ids)
+        rest = [i for i in ids if i != released]
+        assert sorted(provider.release(ids)) == sorted(rest)
         runner.sync()
         for process in runner.processes.values():
             assert process.wait(timeout=30) is not None
@@ -105,14 +114,17 @@ def test_request_boot_join_train_release_and_bill(moto: str, tmp_path: Path) -> 
         assert set(states.values()) <= {"shutting-down", "terminated"}, states
         assert all(r.state is InstanceState.TERMINATED and not r.preempted
                    for r in provider.instances())
+        assert {r.instance_id: r.end_s for r in provider.instances()} == {
+            **{i: 3600.0 for i in rest}, released: 1800.0}
 
         bill = provider.bill()
-        spot_prices = sum(provider.prices(r.instance_type, [r.zone])[0].spot_usd_per_hour
-                          for r in spot.granted)
-        assert bill.usd_spot == pytest.approx(spot_prices, rel=1e-12)
+        hours = {released: 0.5}
+        spot_usd = sum(provider.prices(r.instance_type, [r.zone])[0].spot_usd_per_hour
+                       * hours.get(r.instance_id, 1.0) for r in spot.granted)
+        assert bill.usd_spot == pytest.approx(spot_usd, rel=1e-12)
         assert bill.usd_on_demand == pytest.approx(
             load_catalog("aws").get("c5.xlarge").on_demand_usd_per_hour, rel=1e-12)
-        assert bill.on_demand_hours == pytest.approx(1.0) and bill.spot_hours == pytest.approx(2.0)
+        assert bill.on_demand_hours == pytest.approx(1.0) and bill.spot_hours == pytest.approx(1.5)
     finally:
         runner.close()
         store.close()
