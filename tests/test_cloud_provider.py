@@ -92,3 +92,34 @@ def test_jitter_is_seeded_and_only_shortens() -> None:
     waits = [RetryPolicy(jitter=0.5, seed=7).delay_s(k) for k in (1, 2, 3)]
     assert waits == [RetryPolicy(jitter=0.5, seed=7).delay_s(k) for k in (1, 2, 3)]
     assert all(0.5 * full <= w <= full for w, full in zip(waits, (1.0, 2.0, 4.0), strict=True))
+
+
+def test_the_holder_asks_again_for_what_a_request_could_not_get() -> None:
+    from liveput.cloud.holding import Holding, InstanceHolder
+
+    provider = FakeProvider(ManualClock(0.0), RetryPolicy(max_attempts=1), grants=[1, 0])
+    holder = InstanceHolder(provider, Holding(spot=3, on_demand=1), ["small"])
+    first = holder.reconcile()
+    assert [(len(r.granted), r.failed) for r in first.requests] == [(1, 2), (0, 1)]
+    assert first.alive == Holding(1, 0)
+    second = holder.reconcile()
+    assert [(r.requested, len(r.granted)) for r in second.requests] == [(2, 2), (1, 1)]
+    assert second.alive == Holding(3, 1)
+    assert holder.reconcile().requests == ()  # held: nothing to do
+
+
+def test_user_data_round_trip_and_bad_tokens() -> None:
+    from liveput.cloud.userdata import AgentBoot, agent_user_data, parse_agent_command
+
+    boot = AgentBoot("etcd://10.0.0.1:2379", "abc123", package="liveput==9.9", notices="aws")
+    script = agent_user_data(boot)
+    assert script.startswith("#!/bin/bash\n") and "pip install --quiet liveput==9.9" in script
+    command = parse_agent_command(script)
+    assert command.resolved(["liveput"], "10.0.0.7") == [
+        "liveput", "agent", "--store", "etcd://10.0.0.1:2379", "--host", "10.0.0.7",
+        "--notices", "aws"]
+    assert command.env == {"LIVEPUT_TOKEN": "abc123"}
+    with pytest.raises(LiveputError, match="the job token must be non-empty, without spaces"):
+        AgentBoot("h:1", "a'b")
+    with pytest.raises(LiveputError, match="starts no `liveput agent`"):
+        parse_agent_command("#!/bin/bash\necho hello\n")
