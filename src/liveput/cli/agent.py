@@ -81,9 +81,29 @@ def coordinator(
                                      help="Seconds between decisions."),
     heartbeat_timeout_s: float = typer.Option(3.0, "--heartbeat-timeout", parser=params.SECONDS,
                                               help="Seconds of silence before an agent is dead."),
+    provider: str = typer.Option(None, "--provider", help="Rent the instances: emulated (a "
+                                 "spot trace, agents on this machine) or aws (EC2); default: "
+                                 "none, agents started by anything else join."),
+    region: str = typer.Option("us-east-1", "--region", help="AWS region (--provider aws)."),
+    instance_types: str = typer.Option(None, "--instance-types", help="Comma-separated "
+                                       "instance types to rent (default with --provider "
+                                       "emulated: c5.xlarge)."),
+    spot_max: int = typer.Option(0, "--spot-max", parser=params.SOME_INSTANCES,
+                                 help="Spot instances the provider holds (preempted ones are "
+                                 "asked for again)."),
+    on_demand_max: int = typer.Option(0, "--on-demand-max", parser=params.SOME_INSTANCES,
+                                      help="On-demand instances the provider holds."),
+    advertise: str = typer.Option(None, "--advertise", help="HOST:PORT or store URL the "
+                                  "rented instances reach the store at (default: --store, "
+                                  "else --listen)."),
+    image_id: str = typer.Option(None, "--image-id", help="AMI of the instances (--provider "
+                                 "aws; default: the newest Amazon Linux 2023)."),
+    trace_path: str = typer.Option(None, "--trace", help="Spot trace the emulated provider "
+                                   "replays (default: a generated hour)."),
 ) -> None:
     """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
-    plans. Restarted with the same --etcd-dir, it resumes the job."""
+    plans. Restarted with the same --etcd-dir, it resumes the job. With --provider, it also
+    rents the instances (--spot-max, --on-demand-max) and gives them back at the end."""
     from pathlib import Path
 
     from liveput.runtime.coordinator import CoordinatorConfig
@@ -96,6 +116,11 @@ def coordinator(
         raise LiveputError("give at most one of --store URL and --embedded")
     job = resolve_job(model)
     token = _token(token)
+    holder = _holder(provider, region=region, instance_types=instance_types, spot_max=spot_max,
+                     on_demand_max=on_demand_max, capacity=capacity,
+                     address=advertise or store or (f"tcp://{listen}" if embedded else listen),
+                     token=token, image_id=image_id, trace=trace_path,
+                     work_dir=Path(etcd_dir).parent / "liveput-provider")
     etcd = None
     if store is None and not embedded:
         try:
@@ -108,6 +133,8 @@ def coordinator(
     try:
         url = store or (f"tcp://{listen}" if embedded else etcd.url)
         handle = open_store(url, host=embedded, token=token)
+        if holder is not None:
+            holder.start_background(interval_s)
         try:
             run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every),
                             CoordinatorConfig(num_steps=steps,
@@ -118,11 +145,42 @@ def coordinator(
                                               start_grace_s=start_grace_s,
                                               heartbeat_timeout_s=heartbeat_timeout_s))
         finally:
+            if holder is not None:  # the job is done or this process stops: give them back
+                released = holder.close()
+                holder.provider.close()
+                typer.echo(f"released {len(released)} instance(s); spent "
+                           f"${holder.provider.bill().usd:.2f}", err=True)
             handle.close()
     finally:
         if etcd is not None:
             etcd.stop()  # the job is done, or this process stops: its data stays on disk
     typer.echo("job done", err=True)
+
+
+def _holder(name: str | None, *, region: str, instance_types: str | None, spot_max: int,
+            on_demand_max: int, capacity: int, address: str, token: str, image_id: str | None,
+            trace: str | None, work_dir: object):  # noqa: ANN202 - an InstanceHolder or None
+    """The provider and what it holds, checked before anything starts (one-line errors)."""
+    if name is None:
+        if spot_max or on_demand_max or instance_types:
+            raise LiveputError("--spot-max, --on-demand-max and --instance-types need --provider "
+                               "(emulated or aws)")
+        return None
+    from liveput.cloud.build import ProviderSettings, build_provider
+    from liveput.cloud.holding import Holding, InstanceHolder
+    from liveput.cloud.userdata import AgentBoot
+
+    if spot_max + on_demand_max == 0:
+        raise LiveputError(f"--provider {name}: give --spot-max and/or --on-demand-max")
+    if spot_max + on_demand_max > capacity:
+        raise LiveputError(f"--spot-max {spot_max} + --on-demand-max {on_demand_max} exceed "
+                           f"--capacity {capacity}")
+    types = tuple(t.strip() for t in (instance_types or "").split(",") if t.strip())
+    settings = ProviderSettings(instance_types=types, boot=AgentBoot(address, token),
+                                region=region, image_id=image_id, trace=trace,
+                                spot_max=spot_max, work_dir=work_dir)
+    provider = build_provider(name, settings)
+    return InstanceHolder(provider, Holding(spot_max, on_demand_max), provider.instance_types)
 
 
 def register(app: typer.Typer) -> None:

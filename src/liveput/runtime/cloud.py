@@ -25,20 +25,20 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import random
 import signal
-import subprocess
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from liveput.errors import LiveputError
 from liveput.runtime.clock import Clock
-from liveput.runtime.notices import AWS_NOTICE_LEAD_S, Notice, write_notice_file
+from liveput.runtime.notices import AWS_NOTICE_LEAD_S
+from liveput.runtime.processes import (INSTANCE_ID_ENV, NOTICE_FILE_ENV, InstanceProcesses,
+                                       InstanceSpec, Launcher, command_launcher)
 from liveput.runtime.store import Store
 from liveput.traces import IntervalTrace, Trace
 
@@ -54,13 +54,8 @@ __all__ = [
     "command_launcher",
     "Cloud",
     "EmulatedCloud",
+    "trace_schedule",
 ]
-
-INSTANCE_ID_ENV = "LIVEPUT_INSTANCE_ID"
-"""Environment variable carrying a launched agent's instance id."""
-NOTICE_FILE_ENV = "LIVEPUT_NOTICE_FILE"
-"""Environment variable carrying the path where the emulator writes the agent's notice."""
-
 
 class CloudEventKind(str, Enum):
     """What the cloud did."""
@@ -95,55 +90,6 @@ class CloudEvent:
     """For notices: clock seconds until the kill."""
     detail: str = ""
     """Anything else worth logging (an exit code)."""
-
-
-@dataclass(frozen=True)
-class InstanceSpec:
-    """What a launcher needs to start the agent of a new instance."""
-
-    instance_id: str
-    """The new instance's id (``i-0000``, ``i-0001``, ...)."""
-    notice_file: Path
-    """Where the emulator will write this instance's preemption notice."""
-
-    @property
-    def env(self) -> dict[str, str]:
-        """Environment variables that tell the agent who it is and where its notice lands."""
-        return {INSTANCE_ID_ENV: self.instance_id, NOTICE_FILE_ENV: str(self.notice_file)}
-
-
-Launcher = Callable[[InstanceSpec], subprocess.Popen]
-"""Starts the agent process of a new instance."""
-
-
-def command_launcher(
-    template: Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-    log_dir: Path | None = None,
-) -> Launcher:
-    """A launcher running ``template`` with ``{instance_id}`` and ``{notice_file}`` filled in.
-
-    The process gets ``env`` (default: this process's environment) plus :attr:`InstanceSpec.env`;
-    with ``log_dir``, its stdout and stderr go to ``log_dir/<instance_id>.log``.
-    """
-    if not template:
-        raise LiveputError("agent command template is empty")
-
-    def launch(spec: InstanceSpec) -> subprocess.Popen:
-        fields = {"instance_id": spec.instance_id, "notice_file": str(spec.notice_file)}
-        try:
-            argv = [part.format(**fields) for part in template]
-        except (KeyError, IndexError, ValueError) as exc:
-            raise LiveputError(f"agent command template {list(template)}: bad placeholder {exc}") from None
-        full_env = {**(os.environ if env is None else env), **spec.env}
-        if log_dir is None:
-            return subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL)
-        with open(Path(log_dir) / f"{spec.instance_id}.log", "ab") as out:
-            return subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-
-    return launch
 
 
 class Cloud(ABC):
@@ -190,7 +136,7 @@ class Cloud(ABC):
 _NOTICE, _KILL, _LAUNCH = 0, 1, 2
 
 
-def _schedule(trace: Trace | IntervalTrace) -> tuple[int, list[float], list[float], float]:
+def trace_schedule(trace: Trace | IntervalTrace) -> tuple[int, list[float], list[float], float]:
     """(initial count, removal times, addition times, end), all in trace seconds."""
     removals: list[float] = []
     additions: list[float] = []
@@ -210,13 +156,6 @@ def _schedule(trace: Trace | IntervalTrace) -> tuple[int, list[float], list[floa
         removals.extend([float(time_s)] * int(removed))
         additions.extend([float(time_s)] * int(added))
     return initial, removals, additions, float(trace.end_s)
-
-
-@dataclass
-class _Instance:
-    process: subprocess.Popen
-    notice_file: Path
-    doomed: bool = False
 
 
 @dataclass(eq=False)
@@ -253,9 +192,10 @@ class EmulatedCloud(Cloud):
         if not self.notice_lead_s >= 0:
             raise LiveputError(f"notice_lead_s must be >= 0, got {self.notice_lead_s}")
         self.notice_dir = Path(self.notice_dir)
-        if not self.notice_dir.is_dir():
-            raise LiveputError(f"notice directory {self.notice_dir} does not exist")
-        self._initial, removals, additions, self._end_s = _schedule(self.trace)
+        self._procs = InstanceProcesses(self.launcher, self.notice_dir,
+                                        notice_signal=self.notice_signal, store=self.store,
+                                        notice_key_prefix=self.notice_key_prefix)
+        self._initial, removals, additions, self._end_s = trace_schedule(self.trace)
         self._actions: list[tuple[float, int, int, str]] = []
         self._serial = itertools.count()
         for time_s in removals:
@@ -264,7 +204,7 @@ class EmulatedCloud(Cloud):
             self._push(time_s, _LAUNCH, "")
         self._rng = random.Random(self.seed)
         self._ids = itertools.count()
-        self._live: dict[str, _Instance] = {}
+        self._doomed: set[str] = set()  # noticed, not yet killed
         self._unnoticed: list[float] = []  # kill times of removals still waiting for a victim
         self._lock = threading.RLock()
         self._start_s: float | None = None
@@ -298,7 +238,7 @@ class EmulatedCloud(Cloud):
 
     def instances(self) -> dict[str, int]:
         with self._lock:
-            return {iid: inst.process.pid for iid, inst in self._live.items()}
+            return self._procs.pids()
 
     def start(self) -> None:
         with self._lock:
@@ -351,19 +291,13 @@ class EmulatedCloud(Cloud):
 
     def _launch(self, time_s: float, *, initial: bool) -> None:
         instance_id = f"i-{next(self._ids):04d}"
-        spec = InstanceSpec(instance_id, self.notice_dir / f"{instance_id}.notice.json")
-        spec.notice_file.unlink(missing_ok=True)
-        try:
-            process = self.launcher(spec)
-        except OSError as exc:
-            raise LiveputError(f"emulated cloud could not launch {instance_id}: {exc}") from None
-        self._live[instance_id] = _Instance(process, spec.notice_file)
-        self._record(CloudEvent(CloudEventKind.LAUNCH, instance_id, time_s, self.clock.now_s(), process.pid, initial))
+        pid = self._procs.launch(instance_id)
+        self._record(CloudEvent(CloudEventKind.LAUNCH, instance_id, time_s, self.clock.now_s(), pid, initial))
 
     def _notice_pending(self, now_s: float) -> None:
         """Give every removal that is due a notice a victim, while there are candidates."""
         while self._unnoticed:
-            candidates = sorted(iid for iid, inst in self._live.items() if not inst.doomed)
+            candidates = sorted(iid for iid in self._procs.pids() if iid not in self._doomed)
             if not candidates:
                 # Removals whose time has come with nobody to remove (agents that exited by
                 # themselves) are void; later ones wait for the next launch.
@@ -378,47 +312,30 @@ class EmulatedCloud(Cloud):
             self._push(kill_s, _KILL, victim)
 
     def _deliver_notice(self, instance_id: str, now_s: float, kill_s: float) -> None:
-        inst = self._live[instance_id]
-        inst.doomed = True
+        self._doomed.add(instance_id)
         lead_s = max(0.0, kill_s - max(now_s, self.trace_time_s)) / self.time_scale
-        notice = Notice("emulator", "terminate", lead_s, instance_id)
-        write_notice_file(inst.notice_file, notice)
-        if self.store is not None:
-            self.store.set(self.notice_key_prefix + instance_id, notice.to_json().encode())
-        if self.notice_signal is not None:
-            try:
-                os.kill(inst.process.pid, self.notice_signal)
-            except ProcessLookupError:
-                pass  # already gone; the kill will record it
-        self._record(
-            CloudEvent(CloudEventKind.NOTICE, instance_id, now_s, self.clock.now_s(), inst.process.pid, lead_s=lead_s)
-        )
+        pid = self._procs.notice(instance_id, lead_s)
+        self._record(CloudEvent(CloudEventKind.NOTICE, instance_id, now_s, self.clock.now_s(), pid, lead_s=lead_s))
 
     def _kill(self, time_s: float, instance_id: str) -> None:
-        inst = self._live.pop(instance_id)
-        code = inst.process.poll()
+        self._doomed.discard(instance_id)
+        pid, code = self._procs.kill(instance_id)
         detail = "" if code is None else f"already exited (code {code})"
-        if code is None:
-            inst.process.kill()
-            try:
-                inst.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                log.warning("instance %s (pid %d) survived SIGKILL for 10 s", instance_id, inst.process.pid)
-        event = CloudEvent(CloudEventKind.KILL, instance_id, time_s, self.clock.now_s(), inst.process.pid, detail=detail)
+        event = CloudEvent(CloudEventKind.KILL, instance_id, time_s, self.clock.now_s(), pid, detail=detail)
         self._record(event)
 
     def _reap(self) -> None:
         now = self.trace_time_s
-        for instance_id, inst in list(self._live.items()):
+        for instance_id in list(self._procs.pids()):
             # A noticed instance that is gone before its kill (say it exited on the notice, or the
             # notice signal caught it before it installed a handler) still counts as preempted,
             # at its kill time.
-            code = None if inst.doomed else inst.process.poll()
+            code = None if instance_id in self._doomed else self._procs.exit_code(instance_id)
             if code is None:
                 continue
-            del self._live[instance_id]
+            pid = self._procs.forget(instance_id)
             self._record(
-                CloudEvent(CloudEventKind.EXIT, instance_id, now, self.clock.now_s(), inst.process.pid, detail=f"exit code {code}")
+                CloudEvent(CloudEventKind.EXIT, instance_id, now, self.clock.now_s(), pid, detail=f"exit code {code}")
             )
 
     # -- running on a thread ---------------------------------------------------------------------
@@ -448,12 +365,6 @@ class EmulatedCloud(Cloud):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         with self._lock:
-            for inst in self._live.values():
-                if inst.process.poll() is None:
-                    inst.process.kill()
-                try:
-                    inst.process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    log.warning("pid %d survived SIGKILL", inst.process.pid)
-            self._live.clear()
+            self._procs.close()
+            self._doomed.clear()
 

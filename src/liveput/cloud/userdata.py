@@ -1,0 +1,119 @@
+"""The boot script of a rented instance: install liveput, start ``liveput agent``, nothing by hand.
+
+EC2 runs a launch template's user data as root on first boot (cloud-init). The script this module
+writes, for an Amazon Linux 2023 image (the AWS provider's default):
+
+1. installs Python 3.11 and makes a virtual environment with ``liveput`` pinned (``pip install``);
+2. asks the instance metadata service (IMDSv2) for the instance's private address, which the
+   other instances reach it at (``--host``);
+3. exports the job token (``LIVEPUT_TOKEN``) and ``exec``s ``liveput agent`` with the
+   coordinator's address (``--coordinator HOST:PORT``, its etcd) or a store URL (``--store``).
+
+The token sits in the user data, which anyone allowed ``ec2:DescribeInstanceAttribute`` on the
+instance can read: give such rights only to whom may join the job.
+
+:func:`parse_agent_command` reads the last two steps back out of a script, so a test (or any
+launcher) can start exactly the agent an instance would start.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from liveput import __version__
+from liveput.errors import LiveputError
+
+__all__ = ["AgentBoot", "AgentCommand", "agent_user_data", "parse_agent_command", "HOST_VARIABLE"]
+
+HOST_VARIABLE = "LIVEPUT_HOST"
+"""Shell variable the script sets to the instance's private address."""
+_METADATA = "http://169.254.169.254/latest"
+
+
+@dataclass(frozen=True)
+class AgentBoot:
+    """What an instance needs to join the job."""
+
+    coordinator: str
+    """``HOST:PORT`` of the coordinator's etcd (its ``--listen``), or a store URL
+    (``etcd://H:P``, ``tcp://H:P``) every instance can reach."""
+    token: str
+    """The job token (``LIVEPUT_TOKEN``)."""
+    package: str = f"liveput=={__version__}"
+    """What ``pip install`` installs (a pinned version, a wheel URL, a git URL)."""
+    python: str = "python3.11"
+    """The Python the image's package manager installs and the environment is made with."""
+    notices: str = "aws,sigterm"
+    """Preemption notice sources of the agent (``--notices``)."""
+    venv: str = "/opt/liveput"
+    """Where the virtual environment goes on the instance."""
+
+    def __post_init__(self) -> None:
+        if not self.coordinator or any(c.isspace() for c in self.coordinator):
+            raise LiveputError(f"agent boot: coordinator address {self.coordinator!r} must be "
+                               "HOST:PORT or a store URL")
+        if not self.token or any(c.isspace() or c in "'\"\\$`" for c in self.token):
+            raise LiveputError("agent boot: the job token must be non-empty, without spaces, "
+                               "quotes, backslashes or $")
+
+    @property
+    def is_url(self) -> bool:
+        return "://" in self.coordinator
+
+    def agent_argv(self) -> list[str]:
+        """``liveput agent ...`` as the instance runs it (the host is the shell variable)."""
+        where = ["--store", self.coordinator] if self.is_url else ["--coordinator", self.coordinator]
+        return [f"{self.venv}/bin/liveput", "agent", *where, "--host", f"${{{HOST_VARIABLE}}}",
+                "--notices", self.notices]
+
+
+def agent_user_data(boot: AgentBoot) -> str:
+    """The bash script (user data) that installs liveput and starts the agent."""
+    argv = " ".join(shlex.quote(part) if not part.startswith("${") else f'"{part}"'
+                    for part in boot.agent_argv())
+    return "\n".join([
+        "#!/bin/bash",
+        "# liveput agent boot (written by liveput.cloud.userdata)",
+        "set -euo pipefail",
+        f"dnf install -y {boot.python} {boot.python}-pip",
+        f"{boot.python} -m venv {shlex.quote(boot.venv)}",
+        f"{shlex.quote(boot.venv)}/bin/pip install --quiet {shlex.quote(boot.package)}",
+        f'IMDS_TOKEN=$(curl -s -X PUT "{_METADATA}/api/token" '
+        '-H "X-aws-ec2-metadata-token-ttl-seconds: 300")',
+        f'{HOST_VARIABLE}=$(curl -s -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" '
+        f'"{_METADATA}/meta-data/local-ipv4")',
+        f"export LIVEPUT_TOKEN={boot.token}",
+        f"exec {argv}",
+        "",
+    ])
+
+
+@dataclass(frozen=True)
+class AgentCommand:
+    """The agent a boot script starts."""
+
+    argv: list[str]
+    """``liveput agent ...`` (the host still ``${LIVEPUT_HOST}``)."""
+    env: dict[str, str]
+    """Exported variables (``LIVEPUT_TOKEN``)."""
+
+    def resolved(self, liveput: list[str], host: str) -> list[str]:
+        """The argv with ``liveput`` for the installed executable and ``host`` for the address."""
+        rest = [host if part == f"${{{HOST_VARIABLE}}}" else part for part in self.argv[1:]]
+        return [*liveput, *rest]
+
+
+def parse_agent_command(user_data: str) -> AgentCommand:
+    """The exported variables and the ``exec``'d agent command of a boot script."""
+    env: dict[str, str] = {}
+    argv: list[str] | None = None
+    for line in user_data.splitlines():
+        if line.startswith("export "):
+            name, _, value = line[len("export "):].partition("=")
+            env[name] = shlex.split(value)[0] if value else ""
+        elif line.startswith("exec "):
+            argv = shlex.split(line[len("exec "):])
+    if argv is None or len(argv) < 2 or argv[1] != "agent":
+        raise LiveputError("user data starts no `liveput agent` (no `exec .../liveput agent` line)")
+    return AgentCommand(argv, env)

@@ -1,0 +1,119 @@
+"""moto as a real EC2 endpoint for tests, and a runner that plays the instances moto launches.
+
+:func:`moto_endpoint` starts ``python -m moto.server`` on a free loopback port (a subprocess,
+killed at the end) and waits until it answers. :class:`MotoInstanceRunner` does on this machine
+what EC2 does on boot: for every instance moto reports running it reads the instance's user data
+back from moto, takes the agent command out of it (:func:`parse_agent_command`) and starts that
+agent, with this machine's ``liveput`` for the pip-installed one and 127.0.0.1 for the address
+the metadata service would give; an instance that is terminated has its agent sent SIGTERM.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from liveput.cloud import InstanceState
+from liveput.cloud.aws import AwsProvider
+from liveput.cloud.userdata import parse_agent_command
+
+__all__ = ["moto_endpoint", "MotoInstanceRunner", "DUMMY_CREDENTIALS"]
+
+DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                     "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_CONFIG_FILE": os.devnull,
+                     "AWS_EC2_METADATA_DISABLED": "true"}
+"""What the fixture puts in the environment: boto3's standard chain finds these first."""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def moto_endpoint(log_path: Path, timeout_s: float = 30.0) -> Iterator[str]:
+    """A moto server on a free loopback port; its URL."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "ab") as log:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                   "-p", str(port)], stdout=log, stderr=log,
+                                  stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/moto-api/", timeout=1.0):
+                    break
+            except OSError:
+                assert server.poll() is None, f"moto server exited: {log_path.read_text()[-2000:]}"
+                assert time.monotonic() < deadline, "moto server did not answer in time"
+                time.sleep(0.1)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
+
+
+def reset_moto(url: str) -> None:
+    """Forget every resource (each test starts from a fresh account)."""
+    request = urllib.request.Request(f"{url}/moto-api/reset", method="POST")
+    with urllib.request.urlopen(request, timeout=5.0):
+        pass
+
+
+class MotoInstanceRunner:
+    """One local agent process per instance moto reports running (see the module)."""
+
+    def __init__(self, provider: AwsProvider, log_dir: Path) -> None:
+        self.provider = provider
+        self.log_dir = log_dir
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str]] = {}
+        self.liveput = [str(Path(sys.executable).with_name("liveput"))]
+
+    def sync(self) -> None:
+        for record in self.provider.instances():
+            iid = record.instance_id
+            if record.state is InstanceState.RUNNING and iid not in self.processes:
+                self._boot(iid)
+            elif record.state is InstanceState.TERMINATED and iid in self.processes:
+                # The instance shuts down: its agent gets SIGTERM, as on EC2 (not waited for
+                # here: the agent may leave the job gracefully, which takes coordinator ticks).
+                if self.processes[iid].poll() is None:
+                    self.processes[iid].terminate()
+
+    def _boot(self, instance_id: str) -> None:
+        answer = self.provider.client.describe_instance_attribute(InstanceId=instance_id,
+                                                                  Attribute="userData")
+        script = base64.b64decode(answer["UserData"]["Value"]).decode()
+        command = parse_agent_command(script)
+        argv = command.resolved(self.liveput, "127.0.0.1")
+        self.commands[instance_id] = argv
+        with open(self.log_dir / f"{instance_id}.log", "ab") as log:
+            self.processes[instance_id] = subprocess.Popen(
+                argv, env={**os.environ, **command.env}, stdout=log, stderr=log,
+                stdin=subprocess.DEVNULL)
+
+    def log(self, instance_id: str) -> str:
+        return (self.log_dir / f"{instance_id}.log").read_text(errors="replace")
+
+    def close(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
