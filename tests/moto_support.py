@@ -23,6 +23,7 @@ from pathlib import Path
 
 from liveput.cloud import InstanceState
 from liveput.cloud.aws import AwsProvider
+from liveput.runtime.processes import MARKET_ENV
 from liveput.cloud.userdata import parse_agent_command
 
 __all__ = ["moto_endpoint", "MotoInstanceRunner", "DUMMY_CREDENTIALS"]
@@ -90,19 +91,22 @@ class MotoInstanceRunner:
         for record in self.provider.instances():
             iid = record.instance_id
             if record.state is InstanceState.RUNNING and iid not in self.processes:
-                self._boot(iid)
+                self._boot(iid, record.market.value)
             elif record.state is InstanceState.TERMINATED and iid in self.processes:
                 # The instance shuts down: its agent gets SIGTERM, as on EC2 (not waited for
                 # here: the agent may leave the job gracefully, which takes coordinator ticks).
                 if self.processes[iid].poll() is None:
                     self.processes[iid].terminate()
 
-    def _boot(self, instance_id: str) -> None:
+    def _boot(self, instance_id: str, market: str) -> None:
         answer = self.provider.client.describe_instance_attribute(InstanceId=instance_id,
                                                                   Attribute="userData")
         script = base64.b64decode(answer["UserData"]["Value"]).decode()
         command = parse_agent_command(script)
         argv = command.resolved(self.liveput, "127.0.0.1")
+        # The boot script reads the market from the instance metadata, which moto does not
+        # serve: the runner answers for it.
+        command.env[MARKET_ENV] = market
         self.commands[instance_id] = argv
         with open(self.log_dir / f"{instance_id}.log", "ab") as log:
             self.processes[instance_id] = subprocess.Popen(

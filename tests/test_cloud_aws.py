@@ -4,6 +4,7 @@ trains -> release, and the provider's calls, errors and retries through botocore
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,6 +105,9 @@ def test_request_boot_join_train_release_and_bill(moto: str, tmp_path: Path) -> 
         report = verify_ledger(store, job.global_batch_size, 12)
         assert report.steps_applied == 12 and report.exactly_once  # trained on without it
 
+        markets = [json.loads(v).get("market") for v in store.get_prefix("members/").values()]
+        assert markets.count("on-demand") == 1 and "spot" in markets, markets
+
         clock.set(3600.0)  # an hour on the provider's clock: the bill is exact
         rest = [i for i in ids if i != released]
         assert sorted(provider.release(ids)) == sorted(rest)
@@ -143,6 +147,7 @@ def test_the_launch_template_boots_liveput_agent_with_the_coordinator_and_token(
     assert command.argv[1:] == ["agent", "--coordinator", "10.0.0.1:29400", "--host",
                                 "${LIVEPUT_HOST}", "--notices", "aws,sigterm"]
     assert command.env == {"LIVEPUT_TOKEN": TOKEN}
+    assert "meta-data/instance-life-cycle" in script and "export LIVEPUT_MARKET" in script
     assert data["ImageId"].startswith("ami-")  # the SSM default image
     assert provider.launch_template_id() == template  # made once per provider
     again = provider_for(moto, ManualClock())

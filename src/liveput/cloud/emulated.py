@@ -255,8 +255,8 @@ class EmulatedProvider(Provider):
     def _launch(self, iid: str, now: float) -> None:
         self._records[iid] = dataclasses.replace(self._records[iid], state=InstanceState.RUNNING,
                                                  launch_s=now)
-        pid = self._procs.launch(iid) if self._procs is not None else None
         record = self._records[iid]
+        pid = self._procs.launch(iid, record.market.value) if self._procs is not None else None
         self._event(ProviderEventKind.LAUNCH, f"{iid} {record.market.value} {record.instance_type} "
                     f"in {record.zone}" + (f" (pid {pid})" if pid is not None else ""),
                     instance_id=iid)

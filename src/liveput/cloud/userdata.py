@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from liveput import __version__
 from liveput.errors import LiveputError
+from liveput.runtime.processes import MARKET_ENV
 
 __all__ = ["AgentBoot", "AgentCommand", "agent_user_data", "parse_agent_command", "HOST_VARIABLE"]
 
@@ -83,6 +84,11 @@ def agent_user_data(boot: AgentBoot) -> str:
         '-H "X-aws-ec2-metadata-token-ttl-seconds: 300")',
         f'{HOST_VARIABLE}=$(curl -s -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" '
         f'"{_METADATA}/meta-data/local-ipv4")',
+        # The agent registers its market (the planner spreads on-demand instances over stages).
+        f'{MARKET_ENV}=$(curl -s -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" '
+        f'"{_METADATA}/meta-data/instance-life-cycle")',
+        f'[ "${MARKET_ENV}" = on-demand ] || {MARKET_ENV}=spot',
+        f"export {MARKET_ENV}",
         f"export LIVEPUT_TOKEN={boot.token}",
         f"exec {argv}",
         "",
@@ -109,7 +115,7 @@ def parse_agent_command(user_data: str) -> AgentCommand:
     env: dict[str, str] = {}
     argv: list[str] | None = None
     for line in user_data.splitlines():
-        if line.startswith("export "):
+        if line.startswith("export ") and "=" in line:  # a bare `export X` is set at boot
             name, _, value = line[len("export "):].partition("=")
             env[name] = shlex.split(value)[0] if value else ""
         elif line.startswith("exec "):

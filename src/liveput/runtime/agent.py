@@ -57,8 +57,6 @@ whose migration failed, goes back to WAITING without training."""
 
 MARKETS = ("spot", "on-demand")
 """How an instance is rented."""
-MARKET_ENV = "LIVEPUT_MARKET"
-"""Environment variable a provider's launch sets to the instance's market (default spot)."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ INSTANCE_ID_ENV = "LIVEPUT_INSTANCE_ID"
 """Environment variable carrying a launched agent's instance id."""
 NOTICE_FILE_ENV = "LIVEPUT_NOTICE_FILE"
 """Environment variable carrying the path where the emulator writes the agent's notice."""
+MARKET_ENV = "LIVEPUT_MARKET"
+"""Environment variable a provider's launch sets to the instance's market (default spot)."""
 
 
 @dataclass(frozen=True)
@@ -40,11 +42,15 @@ class InstanceSpec:
     """The new instance's id (``i-0000``, ``i-0001``, ...)."""
     notice_file: Path
     """Where the emulator will write this instance's preemption notice."""
+    market: str = "spot"
+    """``spot`` or ``on-demand``: the agent registers it (the planner spreads on-demand ones)."""
 
     @property
     def env(self) -> dict[str, str]:
-        """Environment variables that tell the agent who it is and where its notice lands."""
-        return {INSTANCE_ID_ENV: self.instance_id, NOTICE_FILE_ENV: str(self.notice_file)}
+        """Environment variables that tell the agent who it is, how it is rented and where its
+        notice lands."""
+        return {INSTANCE_ID_ENV: self.instance_id, NOTICE_FILE_ENV: str(self.notice_file),
+                MARKET_ENV: self.market}
 
 
 Launcher = Callable[[InstanceSpec], subprocess.Popen]
@@ -110,9 +116,9 @@ class InstanceProcesses:
         """Live instances: id -> process id."""
         return {iid: p.process.pid for iid, p in self._live.items()}
 
-    def launch(self, instance_id: str) -> int:
-        """Start ``instance_id``'s agent; its pid."""
-        spec = InstanceSpec(instance_id, self.notice_dir / f"{instance_id}.notice.json")
+    def launch(self, instance_id: str, market: str = "spot") -> int:
+        """Start ``instance_id``'s agent (rented on ``market``); its pid."""
+        spec = InstanceSpec(instance_id, self.notice_dir / f"{instance_id}.notice.json", market)
         spec.notice_file.unlink(missing_ok=True)
         try:
             process = self.launcher(spec)
