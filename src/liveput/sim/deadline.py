@@ -62,8 +62,9 @@ CAP_FACTOR = 2.0
 
 
 def make_deadline_context(trace: IntervalTrace, profile: ModelProfile, objective: JobObjective,
-                          config: SimulationConfig) -> DeadlineContext:
-    """What every deadline policy knows before the replay; refuses impossible objectives."""
+                          config: SimulationConfig, check: bool = True) -> DeadlineContext:
+    """What every deadline policy knows before the replay; refuses impossible objectives (a
+    deadline before the fastest possible finish only when ``check``)."""
     base = make_context(trace, profile, config)
     on_demand_max = (trace.max_count if objective.on_demand_max is None
                      else objective.on_demand_max)
@@ -74,7 +75,11 @@ def make_deadline_context(trace: IntervalTrace, profile: ModelProfile, objective
     context = DeadlineContext(base, objective, objective.samples(profile.global_batch_size),
                               on_demand_max, config.launch_delay_max_s)
     fastest_s = fastest_finish_s(context, config)
-    if objective.deadline_s < fastest_s:
+    if math.isinf(fastest_s):
+        raise LiveputError(
+            f"no configuration of {profile.model} fits the {on_demand_max} on-demand instances "
+            "allowed: no deadline can be promised (raise the on-demand maximum)")
+    if check and objective.deadline_s < fastest_s:
         raise LiveputError(
             f"deadline {objective.deadline_hours:g} h is shorter than the fastest possible "
             f"finish: {fastest_s / 3600:.2f} h for {context.target_samples:,.0f} samples on "
@@ -93,6 +98,14 @@ def fastest_finish_s(context: DeadlineContext, config: SimulationConfig) -> floa
         return math.inf
     return (config.launch_delay_min_s + restart_s(context.policy, best)
             + context.target_samples / lookup.throughput(best))
+
+
+def all_on_demand_hours(trace: IntervalTrace, profile: ModelProfile, objective: JobObjective,
+                        config: SimulationConfig) -> float:
+    """Hours the objective's work takes on the largest allowed on-demand cluster (the unit of
+    the sweep's deadlines)."""
+    context = make_deadline_context(trace, profile, objective, config, check=False)
+    return fastest_finish_s(context, config) / 3600.0
 
 
 def _extended(trace: IntervalTrace, num_intervals: int) -> IntervalTrace:
@@ -272,13 +285,13 @@ def simulate_deadline_policy(trace: IntervalTrace, profile: ModelProfile, policy
                 usd_spot + usd_on_demand)
     return DeadlineRun(
         policy=policy,
-        deadline_met=finish_s is not None and late_s <= 1e-6,
-        hours_late=max(late_s, 0.0) / 3600.0,
-        finished_hours=None if finish_s is None else finish_s / 3600.0,
-        usd=usd_spot + usd_on_demand,
-        usd_spot=usd_spot,
-        usd_on_demand=usd_on_demand,
-        on_demand_hours=on_demand_s / 3600.0,
+        deadline_met=bool(finish_s is not None and late_s <= 1e-6),
+        hours_late=float(max(late_s, 0.0) / 3600.0),
+        finished_hours=None if finish_s is None else float(finish_s / 3600.0),
+        usd=float(usd_spot + usd_on_demand),
+        usd_spot=float(usd_spot),
+        usd_on_demand=float(usd_on_demand),
+        on_demand_hours=float(on_demand_s / 3600.0),
         samples=float(job.samples),
         interval_s=interval_s,
         spot=np.array(series["spot"], dtype=np.int64),

@@ -13,7 +13,8 @@ Choices a = (m, o): hold at most m spot instances and o on-demand ones (m <= cap
 or every spot instance and 1 <= o <= the on-demand cap: spot is the cheaper, so on-demand only
 tops up a full spot fleet). In interval j it trains ``S_j(a) = T * E_n[rate(min(n_j, m) + o_j)]``
 and costs ``U_j(a) = T * E_n[min(used, min(n_j, m)) * spot price + o_j * on-demand price]`` with
-``o_j`` the on-demand instances usable then (those held and launching before ``lag``).
+``o_j`` the on-demand instances usable then (before ``lag``: at most those held, or launching,
+already; a release is at once, an addition waits for the launch).
 
 Objective: minimize ``sum_j U_j(a)`` (expected dollars to the deadline).
 Constraints: (1) expected work ``e * sum_j S_j(a) >= (1 + margin) * W`` (with a constant choice
@@ -105,9 +106,10 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         caps = np.concatenate([np.arange(capacity + 1), np.full(cap, capacity)])
         extra = np.concatenate([np.zeros(capacity + 1, dtype=int), np.arange(1, cap + 1)])
         spot = np.minimum(np.arange(capacity + 1)[None, :], caps[:, None])  # (A, n)
+        # Releasing is at once, adding takes the lead time.
+        before = np.where(index == 0, observation.num_on_demand, launched)
         on_demand = np.where(chosen_from[None, :], extra[:, None],
-                             np.where(index[None, :] == 0, observation.num_on_demand,
-                                      launched))  # (A, rows)
+                             np.minimum(extra[:, None], before[None, :]))  # (A, rows)
         size = np.minimum(spot[:, None, :] + on_demand[:, :, None], len(self.rate_by_size) - 1)
         rate = self.rate_by_size[size]  # (A, rows, n)
         spot_used = np.minimum(self.used_by_size[size], spot[:, None, :])
