@@ -3,18 +3,20 @@
 Notation (at the start of interval t). W: samples still to train; K = floor(L / T) whole
 intervals to the deadline (L seconds); n_j: spot instances available in interval t + j (n_0
 known, n_1..n_H the predictor's distribution ``pmf``, later ones the history's distribution of
-counts: the long run); ``rate(m)``: samples/s of the best (D, P) on m instances, ``used(m)`` the
+counts, with a prior worth an hour of history that the capacity asked for is granted: the
+long run); ``rate(m)``: samples/s of the best (D, P) on m instances, ``used(m)`` the
 instances it uses; ``lag = lead_s / T``: an on-demand instance asked for now is usable from
 interval t + lag (launch delay), the ones running or launching already from t + 1; ``e``: the
 job's efficiency so far (samples trained over the samples of the configurations it ran: what
 migrations, restarts and losses cost), 0.9 before there is evidence.
 
-Choices a = (m, o): hold at most m spot instances and o on-demand ones (m <= capacity and o = 0,
-or every spot instance and 1 <= o <= the on-demand cap: spot is the cheaper, so on-demand only
-tops up a full spot fleet). In interval j it trains ``S_j(a) = T * E_n[rate(min(n_j, m) + o_j)]``
-and costs ``U_j(a) = T * E_n[min(used, min(n_j, m)) * spot price + o_j * on-demand price]`` with
-``o_j`` the on-demand instances usable then (before ``lag``: at most those held, or launching,
-already; a release is at once, an addition waits for the launch).
+Choices a: a spot cap m (hold at most m spot instances, no on-demand; m <= capacity), or a
+top-up to M (spot first, on-demand for the rest: ``o_j = min(M - min(n_j, M), cap)``, so
+on-demand runs where spot is short, as the omniscient schedule does). In interval j it trains
+``S_j(a) = T * E_n[rate(min(n_j, M) + o_j)]`` and costs ``U_j(a) = T * E_n[min(used, min(n_j,
+M)) * spot price + o_j * on-demand price]`` with ``o_j`` the on-demand instances usable then
+(before ``lag``: at most those held, or launching, already; a release is at once, an addition
+waits for the launch).
 
 Objective: minimize ``sum_j U_j(a)`` (expected dollars to the deadline).
 Constraints: (1) expected work ``e * sum_j S_j(a) >= (1 + margin) * W`` (with a constant choice
@@ -49,6 +51,8 @@ MARGIN = 0.03
 """Extra expected work asked for (constraint 1): the forecast's own error."""
 LOW_QUANTILE = 0.1
 """q of the bad spot outcome the hard deadline must survive (constraint 3)."""
+PRIOR_INTERVALS = 60
+"""Weight, in intervals of history, of the long-run distribution's prior (the capacity)."""
 PRIOR_EFFICIENCY = 0.9
 """Efficiency assumed before the job has run ten intervals."""
 
@@ -92,6 +96,9 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         # Rows: distributions of n_j and how many intervals each stands for.
         counts = np.clip(observation.history.count, 0, capacity)
         long_run = np.bincount(counts, minlength=capacity + 1)[: capacity + 1].astype(float)
+        # A prior worth PRIOR_INTERVALS of history: the capacity asked for is granted. A job
+        # that starts in a drought does not conclude spot never comes; the history soon rules.
+        long_run[capacity] += PRIOR_INTERVALS
         long_run /= long_run.sum()
         now = np.zeros(capacity + 1)
         now[min(observation.num_available, capacity)] = 1.0
@@ -102,28 +109,33 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         # On-demand usable in each row: held now, held and launching from j = 1, chosen from lag.
         launched = observation.num_on_demand + observation.on_demand_pending
         chosen_from = index >= lag
-        # Choices: (m, 0) for m = 0..capacity, then (capacity, o) for o = 1..cap.
-        caps = np.concatenate([np.arange(capacity + 1), np.full(cap, capacity)])
-        extra = np.concatenate([np.zeros(capacity + 1, dtype=int), np.arange(1, cap + 1)])
+        # Choices: spot cap m = 0..capacity (no on-demand), then top-up to M = 1..capacity + cap
+        # (spot first, on-demand for the rest, at most cap).
+        caps = np.concatenate([np.arange(capacity + 1), np.arange(1, capacity + cap + 1)])
+        topup = np.concatenate([np.zeros(capacity + 1, dtype=bool),
+                                np.ones(capacity + cap, dtype=bool)])
         spot = np.minimum(np.arange(capacity + 1)[None, :], caps[:, None])  # (A, n)
+        wants = np.where(topup[:, None], np.minimum(caps[:, None] - spot, cap), 0)  # (A, n)
         # Releasing is at once, adding takes the lead time.
         before = np.where(index == 0, observation.num_on_demand, launched)
-        on_demand = np.where(chosen_from[None, :], extra[:, None],
-                             np.minimum(extra[:, None], before[None, :]))  # (A, rows)
-        size = np.minimum(spot[:, None, :] + on_demand[:, :, None], len(self.rate_by_size) - 1)
+        limit = np.where(chosen_from, np.iinfo(np.int64).max // 4, before)  # (rows,)
+        on_demand = np.minimum(wants[:, None, :], limit[None, :, None])  # (A, rows, n)
+        size = np.minimum(spot[:, None, :] + on_demand, len(self.rate_by_size) - 1)
         rate = self.rate_by_size[size]  # (A, rows, n)
         spot_used = np.minimum(self.used_by_size[size], spot[:, None, :])
         dollars = (spot_used * base.spot_price_usd_per_hour
-                   + on_demand[:, :, None] * base.on_demand_price_usd_per_hour)
+                   + on_demand * base.on_demand_price_usd_per_hour)
         samples = efficiency * interval_s * np.einsum("arn,rn,r->a", rate, rows, weights)
         cost = interval_s / 3600.0 * np.einsum("arn,rn,r->a", dollars, rows, weights)
         feasible = samples >= (1.0 + MARGIN) * remaining
         choice = (int(np.argmin(np.where(feasible, cost, np.inf))) if feasible.any()
                   else int(np.argmax(samples)))
-        spot_cap, wanted = int(caps[choice]), int(extra[choice])
+        spot_cap = int(caps[choice])
+        now_spot = min(observation.num_available, capacity)
+        wanted = int(wants[choice, now_spot])
         wanted = self._hard_deadline(observation, rows, lag, wanted, cap, efficiency,
                                      intervals, capacity)
-        if wanted > 0:
+        if wanted > int(wants[choice, now_spot]):
             spot_cap = capacity
         self.spot_cap = spot_cap
         return Provisioning(spot=min(spot_cap, observation.num_available), on_demand=wanted)
