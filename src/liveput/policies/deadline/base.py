@@ -179,7 +179,9 @@ class DeadlinePolicy(ABC):
 
     def _move(self, current: Configuration | None, target: Configuration | None, room: int,
               remaining_s: float) -> tuple[Configuration | None, str, float, float]:
-        seconds = self.optimizer.migration_s(current, target, room) if target else 0.0
+        # The spares are released: the move involves the instances the target uses.
+        seconds = (self.optimizer.migration_s(current, target, target.num_instances)
+                   if target else 0.0)
         kind = migration_kind(
             0 if current is None else current.data_parallel,
             0 if current is None else current.pipeline_stages,
