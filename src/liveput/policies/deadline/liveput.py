@@ -3,8 +3,9 @@
 Notation (at the start of interval t). W: samples still to train; K = floor(L / T) whole
 intervals to the deadline (L seconds); n_j: spot instances available in interval t + j (n_0
 known, n_1..n_H the predictor's distribution ``pmf``, later ones the history's distribution of
-counts, with a prior worth an hour of history that the capacity asked for is granted: the
-long run); ``rate(m)``: samples/s of the best (D, P) on m instances, ``used(m)`` the
+counts, with a prior worth an hour of history that the capacity asked for is granted, and a
+hedge: an outage (no spot) with probability ``OUTAGE`` that the history may not have shown yet:
+the long run); ``rate(m)``: samples/s of the best (D, P) on m instances, ``used(m)`` the
 instances it uses; ``lag = lead_s / T``: an on-demand instance asked for now is usable from
 interval t + lag (launch delay), the ones running or launching already from t + 1; ``e``: the
 job's efficiency so far (samples trained over the samples of the configurations it ran: what
@@ -51,6 +52,8 @@ MARGIN = 0.03
 """Extra expected work asked for (constraint 1): the forecast's own error."""
 LOW_QUANTILE = 0.1
 """q of the bad spot outcome the hard deadline must survive (constraint 3)."""
+OUTAGE = 0.1
+"""Probability the plan gives a spot outage in any interval past the forecast (a hedge)."""
 PRIOR_INTERVALS = 60
 """Weight, in intervals of history, of the long-run distribution's prior (the capacity)."""
 PRIOR_EFFICIENCY = 0.9
@@ -100,6 +103,10 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         # that starts in a drought does not conclude spot never comes; the history soon rules.
         long_run[capacity] += PRIOR_INTERVALS
         long_run /= long_run.sum()
+        # Hedge: an outage of spot may come that the history has not shown (the longer the job
+        # runs, the likelier); the plan counts on it with probability OUTAGE.
+        long_run = (1.0 - OUTAGE) * long_run
+        long_run[0] += OUTAGE
         now = np.zeros(capacity + 1)
         now[min(observation.num_available, capacity)] = 1.0
         ahead = min(base.horizon, intervals - 1)
