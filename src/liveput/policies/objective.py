@@ -63,7 +63,8 @@ class JobObjective:
 
     def check_budget(self, cheapest_usd_per_hour: float) -> None:
         """Refuse a budget that cannot pay for one instance (one hour of it for a total)."""
-        if self.budget_usd_per_hour is not None and self.budget_usd_per_hour < cheapest_usd_per_hour:
+        per_hour = self.budget_usd_per_hour
+        if per_hour is not None and per_hour < cheapest_usd_per_hour:
             raise LiveputError(
                 f"budget ${self.budget_usd_per_hour:g}/h is below the cheapest instance "
                 f"(${cheapest_usd_per_hour:g}/h)")

@@ -1,4 +1,4 @@
-"""``liveput`` (deadline): the least expected cost that meets the deadline, re-planned each interval.
+"""``liveput`` (deadline): the least expected cost meeting the deadline, re-planned each interval.
 
 Notation (at the start of interval t). W: samples still to train; K = floor(L / T) whole
 intervals to the deadline (L seconds); n_j: spot instances available in interval t + j (n_0
@@ -166,7 +166,8 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         for count in range(wanted, cap + 1):
             on_demand[lag: lag + 1] = count
             sizes = np.minimum(per_interval + on_demand, top)
-            if efficiency * interval_s * self.rate_by_size[sizes].sum() >= observation.samples_remaining:
+            trained = efficiency * interval_s * self.rate_by_size[sizes].sum()
+            if trained >= observation.samples_remaining:
                 return count
         return cap
 

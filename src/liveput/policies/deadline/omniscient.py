@@ -1,14 +1,15 @@
 """``omniscient``: the least-cost schedule of a policy that knows the whole trace (the bound).
 
 Model: at its first decision it reads the true future (``Observation.future``, only an executor
-that knows it fills it) and solves the deadline program of :mod:`liveput.plan.deadline` over
-the intervals before the deadline less the on-demand lead time (its reserve to react). Its choice in interval k is a cluster size m (0 to the spot
-count plus ``on_demand_max``), filled with spot instances first (they are cheaper), on-demand
-ones for the rest, for a block of ``BLOCK_INTERVALS`` intervals: ``s = min(m_used, n_k)`` spot and ``o = m_used - s`` on-demand, where ``m_used``
-is what the best (D, P) on m instances uses and ``n_k = count[k] - preempted[k]`` (the count
-that lasts the whole interval). It trains ``thr(m) * T`` samples and costs ``T * (s * spot price
-+ o * on-demand price)``. Migrations and launch delays are not in the program (they only raise
-the cost of a real run), so its value is a lower bound of any policy's cost with the same
+that knows it fills it) and solves the deadline program of :mod:`liveput.plan.deadline` over the
+intervals before the deadline less the on-demand lead time (its reserve to react). Its choice for
+each block of ``BLOCK_INTERVALS`` intervals is a cluster size m (0 to the spot count plus
+``on_demand_max``), filled with spot instances first (they are cheaper), on-demand ones for the
+rest: ``s = min(m_used, n_k)`` spot and ``o = m_used - s`` on-demand in interval k, where
+``m_used`` is what the best (D, P) on m instances uses and ``n_k = count[k] - preempted[k]`` (the
+count that lasts the whole interval). It trains ``thr(m) * T`` samples and costs ``T * (s * spot
+price + o * on-demand price)``. Migrations and launch delays are not in the program (they only
+raise the cost of a real run), so its value is a lower bound of any policy's cost with the same
 choices. Executed, it reads the program's choice table with the work actually left (closed loop:
 a migration that cost samples is made up for), asks for on-demand instances the launch lead time
 ahead (the most any of the next intervals of the lead time wants), and when no schedule can
