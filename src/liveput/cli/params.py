@@ -132,5 +132,15 @@ LOSS = number(0.0, 1e6, low_open=True)
 """A training loss to reach."""
 GIGABYTES = number(0.0, 1e5)
 """A size, GB."""
+OPTIONAL_HOURS = optional(HOURS)
+"""Hours > 0, or unset."""
+OPTIONAL_STEPS = optional(STEPS)
+"""Training steps >= 1, or unset."""
+OPTIONAL_SAMPLES = optional(SAMPLES)
+"""Samples > 0, or unset."""
+OPTIONAL_PRICE_POSITIVE = optional(PRICE_POSITIVE)
+"""Dollars > 0, or unset."""
+OPTIONAL_SOME_INSTANCES = optional(SOME_INSTANCES)
+"""Instances >= 0, or unset."""
 FLAG = ""
 """Metavar of an on/off flag: it takes no value, so help shows none (not ``<bool>``)."""

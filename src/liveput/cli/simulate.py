@@ -16,6 +16,8 @@ from liveput.errors import LiveputError
 from liveput.files import check_output_file, check_output_folder, write_text_atomic
 from liveput.perf import ModelProfile, estimate_configs, load_profile
 from liveput.policies import POLICIES
+from liveput.policies.deadline import DEADLINE_POLICIES, DEADLINE_POLICY_NAMES
+from liveput.policies.objective import JobObjective
 from liveput.sim import DEFAULT_POLICIES, SimulationConfig, default_trace, simulate
 from liveput.sim.engine import DEFAULT_MODEL, check_size
 from liveput.sim.sweep import SWEEP_MODELS, SweepRow, default_sweep_traces, sweep
@@ -134,6 +136,48 @@ def _print_sweep(rows: list[SweepRow]) -> None:
     console.print(view)
 
 
+def _deadline_job(traces: list[Path] | None, model: str, policies: str | None,
+                  config: SimulationConfig, deadline_hours: float | None, steps: int | None,
+                  target_samples: float | None, budget_usd: float | None,
+                  budget_usd_per_hour: float | None, on_demand_max: int | None,
+                  start_hour: float | None, end_hour: float | None, output: Path | None,
+                  report: Path | None, as_json: bool, run_sweep: bool) -> None:
+    """The deadline policies on one job (or the sweep over deadlines and seeds)."""
+    from liveput.cli.simulate_deadline import run_deadline, run_deadline_sweep
+
+    if steps is None and target_samples is None:
+        raise LiveputError("a deadline job needs its work: --steps or --target-samples")
+    if steps is not None and target_samples is not None:
+        raise LiveputError("give --steps or --target-samples, not both")
+    if deadline_hours is None and not run_sweep:
+        raise LiveputError("a deadline job needs --deadline-hours (or --sweep over deadlines)")
+    names = _names(policies or ",".join(DEADLINE_POLICY_NAMES), "policies")
+    for name in names:
+        DEADLINE_POLICIES.get(name)  # an unknown name is refused before any work
+    objective = JobObjective(deadline_hours=deadline_hours or 1.0, steps=steps,
+                             target_samples=target_samples, budget_usd=budget_usd,
+                             budget_usd_per_hour=budget_usd_per_hour,
+                             on_demand_max=on_demand_max)
+    if run_sweep:
+        if report is not None:
+            raise LiveputError("--report shows one simulation; drop it with --sweep")
+        if model != DEFAULT_MODEL and "," in model:
+            raise LiveputError("a deadline sweep takes one --model")
+        loaded = ([_load(path, config.interval_s, start_hour, end_hour) for path in traces]
+                  if traces else [default_trace(config.interval_s)])
+        run_deadline_sweep(loaded, model, objective, names, config, output, as_json)
+        return
+    if traces and len(traces) > 1:
+        raise LiveputError("several --trace files need --sweep")
+    if traces:
+        trace = _load(traces[0], config.interval_s, start_hour, end_hour)
+    else:
+        if start_hour is not None or end_hour is not None:
+            raise LiveputError("--start-hour and --end-hour need a --trace")
+        trace = default_trace(config.interval_s)
+    run_deadline(trace, model, objective, names, config, output, report, as_json)
+
+
 def register(app: typer.Typer) -> None:
     """Add the `simulate` command to the root app."""
 
@@ -143,8 +187,10 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option(DEFAULT_MODEL, "--model",
                                   help="Built-in model or profile .json (comma-separated with "
                                        "--sweep)."),
-        policies: str = typer.Option(",".join(DEFAULT_POLICIES), "--policies",
-                                     help="Comma-separated policies to compare."),
+        policies: str | None = typer.Option(
+            None, "--policies",
+            help="Comma-separated policies to compare (default: " + ",".join(DEFAULT_POLICIES)
+                 + "; with a deadline: " + ",".join(DEADLINE_POLICY_NAMES) + ")."),
         objective: str = typer.Option("throughput", "--objective",
                                       help="What liveput optimizes: throughput or cost."),
         interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
@@ -177,11 +223,33 @@ def register(app: typer.Typer) -> None:
                                            help="Write the results as JSON to this file."),
         report: Path | None = typer.Option(None, "--report",
                                            help="Write an HTML report and its PNGs here."),
+        deadline_hours: float | None = typer.Option(
+            None, "--deadline-hours", parser=params.OPTIONAL_HOURS,
+            help="Finish the work (--steps or --target-samples) by this many hours: compares "
+                 "the deadline policies (spot and on-demand, dollars, deadlines met)."),
+        steps: int | None = typer.Option(None, "--steps", parser=params.OPTIONAL_STEPS,
+                                         help="Work of a deadline job: iterations of the "
+                                              "model's global batch."),
+        target_samples: float | None = typer.Option(
+            None, "--target-samples", parser=params.OPTIONAL_SAMPLES,
+            help="Work of a deadline job, in samples (instead of --steps)."),
+        budget_usd: float | None = typer.Option(
+            None, "--budget-usd", parser=params.OPTIONAL_PRICE_POSITIVE,
+            help="Most dollars a deadline job may cost in all."),
+        budget_usd_per_hour: float | None = typer.Option(
+            None, "--budget-usd-per-hour", parser=params.OPTIONAL_PRICE_POSITIVE,
+            help="Most dollars per hour a deadline job may spend."),
+        on_demand_max: int | None = typer.Option(
+            None, "--on-demand-max", parser=params.OPTIONAL_SOME_INSTANCES,
+            help="Most on-demand instances a deadline job holds at once (default: the trace's "
+                 "peak count)."),
         run_sweep: bool = typer.Option(False, "--sweep", metavar=FLAG,
                                        help="Run the models x traces x policies matrix "
                                             "(default models: "
                                             + ",".join(SWEEP_MODELS) + "; default traces: one "
-                                            "generated per market regime)."),
+                                            "generated per market regime; with a job: "
+                                            "deadlines of 1.1x to 2x the all-on-demand time "
+                                            "and three seeds)."),
     ) -> None:
         """Replay an availability trace with each policy: samples, dollars, and why."""
         # Outputs are checked before any work: a bad path costs nothing and writes nothing.
@@ -194,7 +262,14 @@ def register(app: typer.Typer) -> None:
                                   on_demand_price_usd_per_hour=on_demand_price,
                                   num_on_demand=on_demand, seed=seed,
                                   preemption_notice_s=notice)
-        names = _names(policies, "policies")
+        job = (deadline_hours, steps, target_samples, budget_usd, budget_usd_per_hour,
+               on_demand_max)
+        if any(value is not None for value in job):
+            _deadline_job(traces, model, policies, config, deadline_hours, steps,
+                          target_samples, budget_usd, budget_usd_per_hour, on_demand_max,
+                          start_hour, end_hour, output, report, as_json, run_sweep)
+            return
+        names = _names(policies or ",".join(DEFAULT_POLICIES), "policies")
         for name in names:
             POLICIES.get(name)  # an unknown name is refused before any work
         if run_sweep:

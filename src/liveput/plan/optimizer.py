@@ -187,6 +187,7 @@ class LiveputOptimizer:
                                               + num_on_demand
                                               * self.config.on_demand_price_usd_per_hour)
         price_weight = 0.0
+        best: tuple[float, int, np.ndarray, float] | None = None
         for _ in range(4 if self.config.objective == "cost" else 1):
             penalty = dollars * price_weight
             future = self._values(rewards, penalty, instances)
@@ -198,8 +199,14 @@ class LiveputOptimizer:
             samples = float(sum(rewards[h, c] * keeps[b][c]
                                 for h, (b, c) in enumerate(zip(previous, path, strict=True))))
             spent = float(sum(dollars[h, c] for h, c in enumerate(path)))
+            ratio = samples / spent if spent > 0 else 0.0
+            # At Dinkelbach's fixed point the best plan is worth 0, as much as running nothing:
+            # keep the plan of the best ratio seen, not the last argmax (a tie may pick nothing).
+            if best is None or ratio > best[0]:
+                best = (ratio, choice, first, samples)
             if spent > 0:
-                price_weight = samples / spent
+                price_weight = ratio
+        _, choice, first, samples = best
         order = np.argsort(-first, kind="stable")[:10]
         alternatives = tuple(
             Alternative(self._configuration(c), float(first[c]),

@@ -12,6 +12,7 @@ from liveput.policies.base import (
     Observation,
     Policy,
     PolicyContext,
+    Provisioning,
     make_policy,
 )
 # Registration of the built-in policies (after the names above: they import them).
@@ -31,5 +32,6 @@ __all__ = [
     "Observation",
     "Policy",
     "PolicyContext",
+    "Provisioning",
     "make_policy",
 ]

@@ -85,6 +85,36 @@ class Observation:
     """On ``preemption``: idle spot instances (spares) lost."""
     remaining_s: float = 0.0
     """Seconds left in the interval when the policy is asked (``interval_s`` at its start)."""
+    samples_done: float = 0.0
+    """Samples trained so far (deadline jobs; 0 otherwise)."""
+    samples_remaining: float = 0.0
+    """Samples still to train before the job is done (deadline jobs; 0: no fixed amount)."""
+    seconds_to_deadline: float = float("inf")
+    """Seconds from ``time_s`` to the job's deadline (negative once it has passed; inf: no
+    deadline)."""
+    on_demand_pending: int = 0
+    """On-demand instances requested and still launching (not usable yet, not billed yet)."""
+    usd_spent: float = 0.0
+    """Dollars paid so far (spot and on-demand)."""
+
+
+@dataclass(frozen=True)
+class Provisioning:
+    """How many instances the job wants to hold from now on (a target the executor reaches:
+    the simulator's emulated cloud or a provider). Pure data: effects live in the executor."""
+
+    spot: int
+    """Spot instances to hold and request: those available above it are released (gone for
+    the next interval), those below it are asked for (granted as the market allows)."""
+    on_demand: int
+    """On-demand instances to hold from the next interval on: more are requested now (usable
+    after their launch delay), fewer are released now (pending launches first)."""
+
+    def __post_init__(self) -> None:
+        if self.spot < 0 or self.on_demand < 0:
+            raise LiveputError(
+                f"provisioning: spot ({self.spot}) and on-demand ({self.on_demand}) counts must "
+                "be >= 0")
 
 
 @dataclass(frozen=True)
@@ -115,8 +145,18 @@ class Decision:
     num_instances_used: int | None = None
     """Instances the configuration actually occupies when fewer than ``D * P`` (a degraded mode
     where survivors cover lost stages); None: ``D * P``."""
+    provisioning: Provisioning | None = None
+    """Instances to hold next (deadline policies); None: the executor's current targets. When
+    given, ``num_on_demand`` is its on-demand target (derived when left None)."""
 
     def __post_init__(self) -> None:
+        if self.provisioning is not None:
+            if self.num_on_demand is None:
+                object.__setattr__(self, "num_on_demand", self.provisioning.on_demand)
+            elif self.num_on_demand != self.provisioning.on_demand:
+                raise LiveputError(
+                    f"decision: {self.num_on_demand} on-demand instances but provisioning asks "
+                    f"for {self.provisioning.on_demand}")
         if self.downtime_s < 0 or self.rollback_s < 0 or self.checkpoint_s < 0:
             raise LiveputError("decision: downtime, rollback and checkpoint seconds must be >= 0")
         if not 0.0 <= self.throughput_factor <= 1.0:

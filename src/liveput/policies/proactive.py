@@ -17,8 +17,8 @@ Model:
   leaving instances during the cloud's preemption notice (Parcae's agents listen to it): when one
   stage's state can be sent within the notice, it moves to a spare or a re-partitioned pipeline
   (rebuild + transfer); otherwise the job restores from its checkpoint.
-- *Objective* ``cost``: the optimizer maximizes samples per dollar and the policy stops its idle
-  spares for the interval (they are not billed; the simulator keeps them available).
+- *Objective* ``cost``: the optimizer maximizes samples per dollar and the policy releases its
+  idle spares (they are not billed, and come back only as the cloud grants new instances).
 """
 
 from __future__ import annotations
@@ -82,11 +82,13 @@ class LiveputPolicy(Policy):
                         release=self._spares(chosen, observation))
 
     def _spares(self, chosen: Configuration | None, observation: Observation) -> int:
-        """Idle spot instances to stop for the interval: under the ``cost`` objective (which
-        prices only the instances a configuration uses), every spare."""
-        if self.context.objective != "cost":
+        """Idle spot instances to give back: under the ``cost`` objective (which prices only
+        the instances a configuration uses), every spare while a configuration runs. Released
+        instances come back only as the cloud grants new ones, so while nothing runs the job
+        keeps what it has: it is what it starts again on."""
+        if self.context.objective != "cost" or chosen is None:
             return 0
-        used = 0 if chosen is None else chosen.num_instances
+        used = chosen.num_instances
         return max(observation.num_available - max(used - observation.num_on_demand, 0), 0)
 
     def _recover(self, observation: Observation) -> Decision:

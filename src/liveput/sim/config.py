@@ -32,6 +32,12 @@ class SimulationConfig:
     """Warning before a preemption, seconds (AWS: 120; GCP: 30; 0: none): ``liveput`` moves a
     wholly lost stage's state off the leaving instances when the transfer fits in it. (``reactive``
     always saves its checkpoint in the notice: at most 33 s for the built-in models.)"""
+    launch_delay_min_s: float = 60.0
+    """Shortest launch of an on-demand instance, seconds (deadline jobs; CM-DARE measured 70 to
+    92 s)."""
+    launch_delay_max_s: float = 90.0
+    """Longest launch of an on-demand instance, seconds (each request draws uniformly between
+    the two, from the seed: every policy meets the same delays)."""
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -48,5 +54,9 @@ class SimulationConfig:
         if not self.preemption_notice_s >= 0:
             raise LiveputError(
                 f"preemption notice must be >= 0 s, got {self.preemption_notice_s}")
+        if not 0 <= self.launch_delay_min_s <= self.launch_delay_max_s:
+            raise LiveputError(
+                f"launch delays must satisfy 0 <= min <= max, got {self.launch_delay_min_s} and "
+                f"{self.launch_delay_max_s} s")
         if self.num_on_demand < 0:
             raise LiveputError(f"on-demand instances must be >= 0, got {self.num_on_demand}")

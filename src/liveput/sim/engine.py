@@ -21,8 +21,11 @@ preempted[t]`` lost and ``a = allocated[t]`` granted during it, ``o`` on-demand 
 4. *Allocations* of the interval become usable at the next interval (instances boot in 70 to 92 s,
    CM-DARE measurement, more than a 60-s interval).
 5. *Cost.* Every instance held is billed per second at its price: spot instances until they are
-   lost or released (``Decision.release`` stops idle spares for the interval), granted ones from the
-   next interval, on-demand ones all along.
+   lost or released, granted ones from the next interval, on-demand ones all along.
+6. *Released spares are gone for the next interval.* ``Decision.release`` gives idle spares
+   back to the cloud: asked for again, they boot like any grant (70 to 92 s), so the next
+   interval has ``count[t + 1]`` minus the released ones that were not lost, and they join at the
+   one after (at most the trace's count: what the market offers then).
 
 The draws (u and the loss order of each interval) come from ``seed`` and the interval index
 only, so every policy meets the same losses at the same times (common random numbers). The
@@ -252,9 +255,10 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
     on_demand = np.zeros(num_intervals, dtype=np.int64)
     cumulative_samples = np.zeros(num_intervals)
     cumulative_cost = np.zeros(num_intervals)
+    gone = 0  # released in the interval before, booting again
     for t in range(num_intervals):
         start_s = t * interval_s
-        available = int(trace.count[t])
+        available = max(int(trace.count[t]) - gone, 0)
         observation = Observation(
             time_s=start_s, interval_index=t, interval_s=interval_s, history=trace.head(t + 1),
             num_available=available, current=job.current, num_on_demand=job.num_on_demand,
@@ -268,27 +272,31 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
         held = available - max(released, 0)
         before = job.samples
         num_lost = int(trace.preempted[t])
+        lost_held = 0
         if num_lost == 0:
             job.run(interval_s)
             job.bill(held * interval_s, interval_s)
         else:
             hit_s = float(draws.loss_fraction[t]) * interval_s
             job.run(hit_s)
-            order = draws.loss_order(t, available)
+            # The losses fall among the market's instances; the job's are its first positions.
+            order = draws.loss_order(t, int(trace.count[t]))
             lost_positions = order[:num_lost]
+            lost_positions = lost_positions[lost_positions < available]
             lost_slots, lost_spares = _lost_slots(job.current, job.num_on_demand, lost_positions)
             # Lost instances were held until the loss (released spares sit last in the order).
             lost_held = int(np.sum(lost_positions < held))
             job.bill(held * hit_s + (held - lost_held) * (interval_s - hit_s), hit_s)
             event = Observation(
                 time_s=start_s + hit_s, interval_index=t, interval_s=interval_s,
-                history=observation.history, num_available=available - num_lost,
+                history=observation.history, num_available=available - len(lost_positions),
                 current=job.current, num_on_demand=job.num_on_demand, future=observation.future,
                 capacity=context.capacity, event="preemption", lost_slots=lost_slots,
                 lost_spares=lost_spares, remaining_s=interval_s - hit_s)
-            job.apply(decider.decide(event), available - num_lost, start_s + hit_s)
+            job.apply(decider.decide(event), available - len(lost_positions), start_s + hit_s)
             job.run(interval_s - hit_s)
             job.bill(0.0, interval_s - hit_s)
+        gone = (available - held) - (len(lost_positions) - lost_held if num_lost else 0)
         if job.samples < before or min(job.moving_s, job.redo_s) < -1e-9:
             raise InvariantError(f"interval {t}: samples decreased or negative lost time")
         cumulative_samples[t] = job.samples
