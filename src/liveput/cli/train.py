@@ -46,9 +46,25 @@ def train(
                                  "the run (default: logs/ beside --output, else ./liveput-logs)."),
     keep_checkpoints: int = typer.Option(2, "--keep-checkpoints", parser=params.KEEP,
                                          help="Complete checkpoints kept on disk (the newest)."),
+    deadline_hours: float = typer.Option(
+        None, "--deadline-hours", parser=params.OPTIONAL_HOURS,
+        help="Finish the --steps by this many trace hours at the least cost: the deadline "
+        "policy rents spot and on-demand instances from the emulated provider."),
+    on_demand_max: int = typer.Option(
+        None, "--on-demand-max", parser=params.OPTIONAL_SOME_INSTANCES,
+        help="Most on-demand instances held at once (with --deadline-hours; default: the "
+        "trace's peak count)."),
+    instance_type: str = typer.Option(
+        "p3.2xlarge", "--instance-type",
+        help="Catalog instance type rented and priced (with --deadline-hours)."),
+    deadline_policy: str = typer.Option(
+        "liveput", "--deadline-policy",
+        help="Deadline policy (with --deadline-hours): liveput, uniform-progress, greedy, "
+        "on-demand or spot-only."),
 ) -> None:
     """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
     from liveput.runtime.job import resolve_job
+    from liveput.runtime.deadline import DeadlineJob
     from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
     from liveput.traces import generate_trace, read_trace
 
@@ -60,7 +76,9 @@ def train(
         model=model, workers=workers, steps=steps, time_scale=time_scale,
         notice_lead_s=notice_lead_s, store_url=store, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, seed=seed, log_dir=str(log_dir),
-        keep_checkpoints=keep_checkpoints)
+        keep_checkpoints=keep_checkpoints,
+        deadline=None if deadline_hours is None else DeadlineJob(
+            deadline_hours, on_demand_max, instance_type, deadline_policy))
     trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)
     if output is not None:
         # Fail now, not after the training, if the summary cannot be written there.
@@ -113,10 +131,22 @@ def _summary_table(summary: dict) -> Table:
             ("plans", f"{len(summary['plans'])} ({moves})"),
             ("steps rolled back and redone", str(summary["steps_rolled_back"])),
             ("exactly once", "yes" if summary["exactly_once"] else "NO"),
+            *_deadline_rows(summary),
             ("wall time", f"{summary['wall_s']:.1f} s"),
             ("agents' logs", summary["log_dir"])):
         view.add_row(what, value)
     return view
+
+
+def _deadline_rows(summary: dict) -> list[tuple[str, str]]:
+    if "deadline_met" not in summary:
+        return []
+    met = "met" if summary["deadline_met"] else "MISSED"
+    return [("deadline", f"{met}: finished at {summary['finished_hours']:.3f} h of "
+                         f"{summary['deadline_hours']:g} h"),
+            ("dollars (spot / on-demand)", f"${summary['usd']:.2f} (${summary['usd_spot']:.2f} / "
+                                           f"${summary['usd_on_demand']:.2f})"),
+            ("on-demand hours", f"{summary['on_demand_hours']:.3f}")]
 
 
 def _interrupt(signum: int, frame: object) -> None:

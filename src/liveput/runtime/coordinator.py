@@ -20,13 +20,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from typing import Protocol
 
 import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf.estimator import estimate_configs
 from liveput.perf.types import ModelProfile
-from liveput.policies import Configuration, Observation, PolicyContext, make_policy
+from liveput.policies import (Configuration, Observation, PolicyContext, Provisioning,
+                              make_policy)
+from liveput.policies.deadline import DeadlineContext, make_deadline_policy
 from liveput.runtime import ledger, protocol
 from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock, MonotonicClock
@@ -39,23 +42,45 @@ from liveput.runtime.store import Store
 from liveput.traces.trace import IntervalTrace
 
 LOG = logging.getLogger(__name__)
-__all__ = ["Coordinator", "CoordinatorConfig"]
+__all__ = ["Coordinator", "CoordinatorConfig", "MarketView"]
+
+
+class MarketView(Protocol):
+    """What a deadline policy needs from the executor's provider (read only)."""
+
+    def on_demand_pending(self) -> int:
+        """On-demand instances asked for and still launching."""
+
+    def usd_spent(self) -> float:
+        """Dollars paid so far, spot and on-demand."""
 
 
 class Coordinator:
     """Observes the store, asks :func:`decide`, publishes plans; state lives in the store."""
 
     def __init__(self, store: Store, profile: ModelProfile, config: CoordinatorConfig,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, deadline: DeadlineContext | None = None,
+                 market: MarketView | None = None) -> None:
+        """``deadline``: a deadline job (``config.policy`` names a deadline policy, whose
+        provisioning decisions :attr:`provisioning` holds for the executor's provider, which
+        ``market`` reads)."""
         self.store = store
         self.profile = profile
         self.config = config
         self.clock = clock or MonotonicClock()
-        self.table = estimate_configs(profile, config.capacity)
-        self.policy = make_policy(config.policy, PolicyContext(
-            profile=profile, table=self.table, costs=config.costs,
-            interval_s=config.policy_interval_s, horizon=config.horizon,
-            capacity=config.capacity, predictor=config.predictor))
+        self.deadline = deadline
+        self.market = market
+        self.provisioning: Provisioning | None = None
+        """The deadline policy's latest provisioning decision (None: none yet, or no deadline)."""
+        if deadline is not None:
+            self.table = deadline.policy.table
+            self.policy = make_deadline_policy(config.policy, deadline)
+        else:
+            self.table = estimate_configs(profile, config.capacity)
+            self.policy = make_policy(config.policy, PolicyContext(
+                profile=profile, table=self.table, costs=config.costs,
+                interval_s=config.policy_interval_s, horizon=config.horizon,
+                capacity=config.capacity, predictor=config.predictor))
         self._seen: dict[int, float] = {}
         self._beats: dict[int, bytes] = {}
         self._first_seen: dict[str, float] = {}
@@ -179,7 +204,9 @@ class Coordinator:
         interval_due = now >= self._next_interval_s
         if interval_due:
             self._next_interval_s = now + self.config.interval_s
+            # The history is the spot market's (what forecasts are about): on-demand left out.
             self._record_interval(sum(1 for m in members.values() if not m.left and not m.noticed
+                                      and not m.on_demand
                                       and m.heartbeat_age_s <= self.config.heartbeat_timeout_s))
         if plan is None:
             return CoordinatorView(now - self.started_s, members, None, None, -1,
@@ -256,14 +283,36 @@ class Coordinator:
                 interval_s=self.config.policy_interval_s, history=history,
                 num_available=available, current=current, capacity=self.config.capacity,
                 event=event, lost_slots=lost_slots, remaining_s=self.config.policy_interval_s)
+            if self.deadline is not None:
+                observation = self._deadline_observation(observation, view, available)
             try:
-                wanted = self.policy.decide(observation).configuration
+                decision = self.policy.decide(observation)
+                wanted = decision.configuration
+                if decision.provisioning is not None:
+                    self.provisioning = decision.provisioning
             except LiveputError as error:
                 LOG.warning("policy %s failed (%s); keeping the fastest fit",
                             self.config.policy, error)
                 wanted = None
             return self._fit(wanted or current, available)
         return choose
+
+    def _deadline_observation(self, observation: Observation, view: CoordinatorView,
+                              available: int) -> Observation:
+        """What a deadline policy sees besides: spot and on-demand apart, the work done and
+        left, the time to the deadline (policy seconds since this coordinator started)."""
+        assert self.deadline is not None
+        on_demand = min(available, sum(
+            1 for m in view.members.values() if m.on_demand and not (m.noticed or m.left)
+            and m.heartbeat_age_s <= self.config.heartbeat_timeout_s))
+        done = float(max(self.committed + 1, 0) * self.profile.global_batch_size)
+        return dataclasses.replace(
+            observation, num_available=available - on_demand, num_on_demand=on_demand,
+            samples_done=done,
+            samples_remaining=max(self.deadline.target_samples - done, 0.0),
+            seconds_to_deadline=self.deadline.objective.deadline_s - observation.time_s,
+            on_demand_pending=0 if self.market is None else self.market.on_demand_pending(),
+            usd_spent=0.0 if self.market is None else self.market.usd_spent())
 
     # --- acting -----------------------------------------------------------------------------
     def _publish(self, action: Action, view: CoordinatorView) -> None:

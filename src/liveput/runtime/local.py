@@ -8,6 +8,7 @@ says. One decision interval is one trace minute, i.e. ``60 / time_scale`` wall s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from liveput.errors import LiveputError
 from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.cloud import EmulatedCloud, command_launcher
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+from liveput.runtime.deadline import DeadlineJob, ProvidedCloud, deadline_context
 from liveput.runtime.job import resolve_job
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.ledger import verify_ledger
@@ -63,6 +65,9 @@ class LocalTrainingConfig:
     """Directory of the agents' logs (``i-<n>.log``), kept after the run."""
     keep_checkpoints: int = 2
     """K: only the newest K complete checkpoints stay on disk."""
+    deadline: DeadlineJob | None = None
+    """A deadline job: the deadline policy decides, and the emulated provider rents, the spot
+    and on-demand instances (:mod:`liveput.runtime.deadline`); None: the trace's instances."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.steps < 1:
@@ -93,9 +98,13 @@ class TrainingResult:
     """Per-step records (the JSONL log), not in the JSON summary."""
     events: list[dict] = field(default_factory=list)
     """The coordinator's plans (time, reason, kind, configuration)."""
+    deadline: dict | None = None
+    """A deadline job's figures (``deadline_met``, ``finished_hours``, dollars), else None."""
 
     def summary(self) -> dict:
-        data = {k: v for k, v in self.__dict__.items() if k not in ("steps", "events")}
+        data = {k: v for k, v in self.__dict__.items()
+                if k not in ("steps", "events", "deadline")}
+        data.update(self.deadline or {})
         data["plans"] = self.events
         return data
 
@@ -144,30 +153,51 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                                         store_outage_s=heartbeat_timeout_s,
                                         keep_checkpoints=config.keep_checkpoints))
             profile = profile_job(job)
-            coordinator = Coordinator(store, profile, CoordinatorConfig(
+            deadline = None if config.deadline is None else deadline_context(
+                trace, profile, config.deadline, config.steps, config.time_scale)
+            coordinator_config = CoordinatorConfig(
                 num_steps=config.steps, num_micro_batches=job.num_micro_batches,
                 interval_s=interval_s, policy_interval_s=60.0,
                 heartbeat_timeout_s=heartbeat_timeout_s, capacity=config.workers,
                 initial_workers=max(1, _initial_count(trace)), start_grace_s=20.0,
                 # The per-step log is written from the ledger records at the end: keep them.
-                prune=PruneConfig(fold_ledger=False)))
+                prune=PruneConfig(fold_ledger=False))
+            if config.deadline is not None and deadline is not None:
+                coordinator_config = dataclasses.replace(
+                    coordinator_config, policy=config.deadline.policy,
+                    capacity=config.workers + deadline.on_demand_max)
             environment = {**os.environ, "LIVEPUT_TOKEN": token}
             launcher = command_launcher(
                 [sys.executable, "-m", "liveput.runtime", "--store", url,
                  "--notices", "sigterm,emulator"], env=environment, log_dir=log_dir)
             notice_dir = Path(scratch) / "notices"
             notice_dir.mkdir()
-            cloud = EmulatedCloud(trace, launcher, MonotonicClock(), notice_dir,
-                                  time_scale=config.time_scale,
-                                  notice_lead_s=config.notice_lead_s, seed=config.seed)
-            cloud.start_background()
+            if config.deadline is None:
+                cloud = EmulatedCloud(trace, launcher, MonotonicClock(), notice_dir,
+                                      time_scale=config.time_scale,
+                                      notice_lead_s=config.notice_lead_s, seed=config.seed)
+                cloud.start_background()
+            else:
+                cloud = ProvidedCloud(trace, launcher, MonotonicClock(), notice_dir,
+                                      workers=config.workers, time_scale=config.time_scale,
+                                      notice_lead_s=config.notice_lead_s,
+                                      instance_type=config.deadline.instance_type,
+                                      seed=config.seed)
+            coordinator = Coordinator(store, profile, coordinator_config, deadline=deadline,
+                                      market=cloud if isinstance(cloud, ProvidedCloud) else None)
+            if isinstance(cloud, ProvidedCloud):
+                cloud.start_background(interval_s)
             while coordinator.tick():
+                if isinstance(cloud, ProvidedCloud) and coordinator.provisioning is not None:
+                    cloud.hold_on_demand(coordinator.provisioning.on_demand)
                 if on_progress is not None:
                     on_progress(_progress(store, coordinator))
                 if time.monotonic() - started > config.timeout_s:
                     raise LiveputError(f"train: not done after {config.timeout_s:g} s "
                                        f"({coordinator.status})")
                 time.sleep(coordinator.config.tick_s)
+            if isinstance(cloud, ProvidedCloud):
+                cloud.finish()
             if on_progress is not None:
                 on_progress(_progress(store, coordinator))
             report = verify_ledger(store, job.global_batch_size, config.steps)
@@ -186,7 +216,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 migrations={kind: stats.get(kind, 0) for kind in MIGRATION_KINDS},
                 steps_rolled_back=report.steps_rolled_back, exactly_once=report.exactly_once,
                 wall_s=round(time.monotonic() - started, 2), log_dir=str(log_dir),
-                steps=report.records, events=events)
+                steps=report.records, events=events,
+                deadline=None if config.deadline is None
+                else cloud.summary(config.deadline.deadline_hours))
         except LiveputError as error:  # one line, saying where to look
             raise LiveputError(f"{error}; agents' logs in {log_dir}") from None
         finally:
@@ -202,7 +234,7 @@ def _initial_count(trace: Trace | IntervalTrace) -> int:
     return int(trace.initial_count if isinstance(trace, Trace) else trace.count[0])
 
 
-def _wait_agents(cloud: EmulatedCloud, grace_s: float = 15.0) -> None:
+def _wait_agents(cloud: EmulatedCloud | ProvidedCloud, grace_s: float = 15.0) -> None:
     """Let finished agents exit by themselves, then stop the cloud (which kills the rest)."""
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and cloud.instances:

@@ -86,7 +86,10 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         base = self.context.policy
         interval_s = base.interval_s
         efficiency = self.efficiency(observation)
-        capacity = max(base.capacity, observation.num_available)
+        # An executor's history may hold more than the capacity the context was made for (a
+        # runtime counts the instances that joined): the forecast's support must cover it.
+        capacity = max(base.capacity, observation.num_available,
+                       int(observation.history.count.max(initial=0)))
         forecast = self.predictor.forecast(observation.history, base.horizon, capacity)
         self.forecast = forecast
         remaining = observation.samples_remaining
