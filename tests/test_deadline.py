@@ -172,6 +172,29 @@ def test_liveput_meets_the_deadlines_of_seeded_traces_and_pays_less_than_on_dema
             assert liveput.usd < result.runs["on-demand"].usd
 
 
+def test_a_budget_per_hour_caps_the_on_demand_instances() -> None:
+    trace = flat_trace(8, 300)
+    # The deadline asks for about 14 on-demand instances; the budget allows 10.
+    job = JobObjective(deadline_hours=4.0, target_samples=400_000.0, on_demand_max=16,
+                       budget_usd_per_hour=31.0)
+    context = make_deadline_context(trace, GPT, job, FAST)
+    run = simulate_deadline_policy(trace, GPT, "on-demand", context, FAST)
+    # $31/h buys 10 on-demand instances at $3.06 (no spot held).
+    assert run.on_demand.max() == 10 and run.spot.sum() == 0
+
+
+def test_a_policy_that_never_trains_is_reported_unfinished_at_the_cap() -> None:
+    trace = flat_trace(4, 60)  # gpt-1.5b needs 6 instances at least
+    job = JobObjective(deadline_hours=1.0, target_samples=10_000.0, on_demand_max=16)
+    result = simulate_deadline(trace, GPT, job, ["spot-only", "on-demand"], FAST)
+    stuck = result.runs["spot-only"]
+    assert stuck.finished_hours is None and not stuck.deadline_met
+    assert stuck.hours_late == pytest.approx(1.0)  # the replay stops at twice the deadline
+    # Nothing runs, but the four spot instances are kept (what it would start on): 2 h of them.
+    assert stuck.samples == 0.0 and stuck.usd == pytest.approx(4 * 2.0 * 1.25)
+    assert result.runs["on-demand"].deadline_met
+
+
 def test_the_deadline_is_refused_below_the_fastest_possible_finish() -> None:
     trace = flat_trace(16, 100)
     with pytest.raises(LiveputError, match="fastest possible finish"):

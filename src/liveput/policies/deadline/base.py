@@ -121,9 +121,9 @@ class DeadlinePolicy(ABC):
         if observation.event == "preemption":
             return self._recover(observation)
         wanted = self.provision(observation)
-        on_demand = min(wanted.on_demand, self.on_demand_cap(observation))
-        usable_on_demand = min(observation.num_on_demand, on_demand)
         spot = min(wanted.spot, observation.num_available)
+        on_demand = min(wanted.on_demand, self.on_demand_cap(observation, spot))
+        usable_on_demand = min(observation.num_on_demand, on_demand)
         chosen, migration, seconds, expected = self.configure(observation, spot,
                                                               usable_on_demand)
         if chosen is not None:
@@ -132,8 +132,9 @@ class DeadlinePolicy(ABC):
                         expected_samples=expected, release=observation.num_available - spot,
                         provisioning=Provisioning(spot, on_demand))
 
-    def on_demand_cap(self, observation: Observation) -> int:
-        """Most on-demand instances now: ``on_demand_max`` and what the budget leaves."""
+    def on_demand_cap(self, observation: Observation, num_spot: int | None = None) -> int:
+        """Most on-demand instances now: ``on_demand_max`` and what the budget leaves beside
+        ``num_spot`` spot instances (default: all those available)."""
         objective = self.context.objective
         base = self.context.policy
         cap = self.context.on_demand_max
@@ -144,7 +145,8 @@ class DeadlinePolicy(ABC):
             rate = max(objective.budget_usd - observation.usd_spent, 0.0) / hours
         else:
             return cap
-        spot_usd = observation.num_available * base.spot_price_usd_per_hour
+        num_spot = observation.num_available if num_spot is None else num_spot
+        spot_usd = num_spot * base.spot_price_usd_per_hour
         room = max(rate - spot_usd, 0.0) / max(base.on_demand_price_usd_per_hour, 1e-12)
         return min(cap, int(room))
 
