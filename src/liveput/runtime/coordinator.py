@@ -70,6 +70,7 @@ class Coordinator:
         self.clock = clock or MonotonicClock()
         self.deadline = deadline
         self.market = market
+        self._policy_asks = 0
         self.provisioning: Provisioning | None = None
         """The deadline policy's latest provisioning decision (None: none yet, or no deadline)."""
         if deadline is not None:
@@ -285,6 +286,7 @@ class Coordinator:
                 event=event, lost_slots=lost_slots, remaining_s=self.config.policy_interval_s)
             if self.deadline is not None:
                 observation = self._deadline_observation(observation, view, available)
+            self._policy_asks += 1
             try:
                 decision = self.policy.decide(observation)
                 wanted = decision.configuration
@@ -401,7 +403,14 @@ class Coordinator:
         self.available = sorted(i for i, m in view.members.items() if not m.left
                                 and not m.noticed
                                 and m.heartbeat_age_s <= self.config.heartbeat_timeout_s)
-        action = decide(view, self.config, self._choose(view))
+        choose = self._choose(view)
+        asked = self._policy_asks
+        action = decide(view, self.config, choose)
+        if (self.deadline is not None and view.interval_due and self._policy_asks == asked
+                and action.kind is not ActionKind.FINISH):
+            # A deadline job provisions every interval, also before its first plan or while it
+            # waits with no instance (when the control loop has no configuration to ask for).
+            choose(len(self.available), "interval", ())
         if action.status != self.status:
             LOG.info("coordinator: %s", action.status)
         self.status = action.status
