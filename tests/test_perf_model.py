@@ -235,20 +235,22 @@ def test_cost_model_matches_the_published_figures() -> None:
 def test_profiler_predicts_a_plain_training_loop() -> None:
     """The profile's (1, 1) estimate is within 35% of a plain loop of the same model and batch.
 
-    Both are wall-clock measurements on a machine other work may share: a systematic model error
-    fails every attempt, a burst of load on the machine only one.
+    Both are wall-clock measurements on a machine other work may share (CI beside other jobs),
+    and load only ever slows a measurement down: each side keeps its fastest over interleaved
+    attempts, so a burst that hits one measurement of one side is discarded, while a
+    systematic model error fails every attempt.
     """
     import torch
 
     target = tiny_gpt_target()
     model = torch.nn.Sequential(*target.layers)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    ratios = []
-    for _ in range(3):
+    predicted, measured = 0.0, 0.0
+    for _ in range(5):
         profile = profile_model(target, micro_batch_size=8, repeats=2)
         assert profile.num_params == sum(p.numel() for layer in target.layers
                                          for p in layer.parameters())
-        predicted = estimate_configs(profile, 1).samples_per_s[0]
+        predicted = max(predicted, float(estimate_configs(profile, 1).samples_per_s[0]))
         # A plain single-process loop (4 micro-batches of 8, then Adam); its fastest pass.
         inputs, targets = target.make_batch(profile.global_batch_size)
         timings = []
@@ -260,11 +262,10 @@ def test_profiler_predicts_a_plain_training_loop() -> None:
             optimizer.step()
             optimizer.zero_grad()
             timings.append(time.perf_counter() - start)
-        measured = profile.global_batch_size / min(timings[1:])
-        ratios.append(predicted / measured)
-        if abs(ratios[-1] - 1) <= 0.35:
+        measured = max(measured, profile.global_batch_size / min(timings[1:]))
+        if abs(predicted / measured - 1) <= 0.35:
             break
-    assert min(abs(r - 1) for r in ratios) <= 0.35, f"predicted / measured: {ratios}"
+    assert abs(predicted / measured - 1) <= 0.35, f"predicted / measured: {predicted / measured}"
 
 
 def test_cli_perf_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
