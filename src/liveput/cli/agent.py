@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 
 import typer
 
@@ -100,12 +102,21 @@ def coordinator(
                                  "aws; default: the newest Amazon Linux 2023)."),
     trace_path: str = typer.Option(None, "--trace", help="Spot trace the emulated provider "
                                    "replays (default: a generated hour)."),
+    deadline_hours: float = typer.Option(
+        None, "--deadline-hours", parser=params.OPTIONAL_HOURS,
+        help="Finish the --steps by this many hours at the least cost (with --provider): a "
+        "deadline policy decides the on-demand instances (at most --on-demand-max) besides "
+        "the --spot-max spot ones."),
+    deadline_policy: str = typer.Option(
+        "liveput", "--deadline-policy", help="Deadline policy (with --deadline-hours): "
+        "liveput, uniform-progress, greedy, on-demand or spot-only."),
 ) -> None:
     """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
     plans. Restarted with the same --etcd-dir, it resumes the job. With --provider, it also
     rents the instances (--spot-max, --on-demand-max) and gives them back at the end."""
     from pathlib import Path
 
+    from liveput.cloud.holding import Holding
     from liveput.runtime.coordinator import CoordinatorConfig
     from liveput.runtime.etcd import EtcdConfig, LocalEtcd
     from liveput.runtime.job import resolve_job
@@ -121,6 +132,14 @@ def coordinator(
                      address=advertise or store or (f"tcp://{listen}" if embedded else listen),
                      token=token, image_id=image_id, trace=trace_path,
                      work_dir=Path(etcd_dir).parent / "liveput-provider")
+    deadline = None
+    if deadline_hours is not None:
+        if holder is None:
+            raise LiveputError("--deadline-hours needs --provider (emulated or aws): the job "
+                               "rents its on-demand instances")
+        deadline = _deadline(holder, job, steps, spot_max, on_demand_max, deadline_hours,
+                             deadline_policy, trace_path, interval_s)
+        holder.target = Holding(spot_max, 0)  # on-demand: as the deadline policy decides
     etcd = None
     if store is None and not embedded:
         try:
@@ -136,14 +155,23 @@ def coordinator(
         if holder is not None:
             holder.start_background(interval_s)
         try:
-            run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every),
-                            CoordinatorConfig(num_steps=steps,
-                                              num_micro_batches=job.num_micro_batches,
-                                              capacity=capacity, interval_s=interval_s,
-                                              policy_interval_s=interval_s,
-                                              initial_workers=workers,
-                                              start_grace_s=start_grace_s,
-                                              heartbeat_timeout_s=heartbeat_timeout_s))
+            config = CoordinatorConfig(num_steps=steps, num_micro_batches=job.num_micro_batches,
+                                       capacity=capacity, interval_s=interval_s,
+                                       policy_interval_s=interval_s, initial_workers=workers,
+                                       start_grace_s=start_grace_s,
+                                       heartbeat_timeout_s=heartbeat_timeout_s)
+            if deadline is not None:
+                from liveput.runtime.deadline import HolderMarket
+
+                config = dataclasses.replace(config, policy=deadline_policy)
+                run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every),
+                                config, deadline=deadline[0],
+                                market=HolderMarket(holder, spot_max))
+                elapsed_h = (time.monotonic() - deadline[1]) / 3600.0
+                typer.echo(f"deadline {'met' if elapsed_h <= deadline_hours else 'MISSED'}: "
+                           f"done at {elapsed_h:.3f} h of {deadline_hours:g} h", err=True)
+            else:
+                run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every), config)
         finally:
             if holder is not None:  # the job is done or this process stops: give them back
                 released = holder.close()
@@ -181,6 +209,29 @@ def _holder(name: str | None, *, region: str, instance_types: str | None, spot_m
                                 spot_max=spot_max, work_dir=work_dir)
     provider = build_provider(name, settings)
     return InstanceHolder(provider, Holding(spot_max, on_demand_max), provider.instance_types)
+
+
+def _deadline(holder, job, steps: int, spot_max: int, on_demand_max: int,  # noqa: ANN001, ANN202
+              deadline_hours: float, policy: str, trace_path: str | None, interval_s: float):
+    """(the deadline policy's context, the monotonic time the deadline counts from), checked
+    before anything starts: the provider's prices, the spot it holds (or its trace)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from liveput.runtime.deadline import DeadlineJob, deadline_context
+    from liveput.runtime.planning import profile_job
+    from liveput.traces import Trace, read_trace
+
+    types = holder.instance_types
+    quote = holder.provider.prices(types[0])[0]
+    trace = (read_trace(Path(trace_path)) if trace_path
+             else Trace.from_counts("spot-max", np.array([0.0]), np.array([spot_max]), 3600.0))
+    context = deadline_context(
+        trace, profile_job(job), DeadlineJob(deadline_hours, on_demand_max, types[0], policy),
+        steps, interval_s=interval_s,
+        prices_usd_per_hour=(quote.spot_usd_per_hour, quote.on_demand_usd_per_hour))
+    return context, time.monotonic()
 
 
 def register(app: typer.Typer) -> None:

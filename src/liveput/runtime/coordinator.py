@@ -46,13 +46,17 @@ __all__ = ["Coordinator", "CoordinatorConfig", "MarketView"]
 
 
 class MarketView(Protocol):
-    """What a deadline policy needs from the executor's provider (read only)."""
+    """The executor's provider as a deadline job sees it: what it reads, and the one thing the
+    coordinator has it do (carry out a provisioning decision; only providers call a cloud)."""
 
     def on_demand_pending(self) -> int:
         """On-demand instances asked for and still launching."""
 
     def usd_spent(self) -> float:
         """Dollars paid so far, spot and on-demand."""
+
+    def provision(self, provisioning: Provisioning) -> None:
+        """Hold what the policy wants from now on."""
 
 
 class Coordinator:
@@ -292,6 +296,8 @@ class Coordinator:
                 wanted = decision.configuration
                 if decision.provisioning is not None:
                     self.provisioning = decision.provisioning
+                    if self.market is not None:
+                        self.market.provision(decision.provisioning)
             except LiveputError as error:
                 LOG.warning("policy %s failed (%s); keeping the fastest fit",
                             self.config.policy, error)

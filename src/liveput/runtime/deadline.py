@@ -25,6 +25,7 @@ from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig
 from liveput.cloud.holding import Holding, InstanceHolder
 from liveput.cloud.types import InstanceState, Market, ProviderEventKind
 from liveput.perf.types import ModelProfile
+from liveput.policies.base import Provisioning
 from liveput.policies.deadline import DEADLINE_POLICIES, DeadlineContext
 from liveput.policies.objective import JobObjective
 from liveput.runtime.clock import Clock
@@ -34,7 +35,7 @@ from liveput.sim.deadline import make_deadline_context
 from liveput.traces import IntervalTrace, Trace
 
 LOG = logging.getLogger(__name__)
-__all__ = ["DeadlineJob", "ProvidedCloud", "deadline_context"]
+__all__ = ["DeadlineJob", "HolderMarket", "ProvidedCloud", "deadline_context"]
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,14 @@ class DeadlineJob:
 
 
 def deadline_context(trace: Trace | IntervalTrace, profile: ModelProfile, job: DeadlineJob,
-                     steps: int, time_scale: float = 1.0,
-                     interval_s: float = 60.0) -> DeadlineContext:
+                     steps: int, time_scale: float = 1.0, interval_s: float = 60.0,
+                     prices_usd_per_hour: tuple[float, float] | None = None) -> DeadlineContext:
     """What the deadline policy knows: the work (``steps``), the deadline, the catalog prices of
     ``job.instance_type``; a deadline shorter than the fastest possible finish is refused.
 
     The profile was measured in wall seconds and the policy counts trace seconds, of which
-    ``time_scale`` pass per wall second: its compute times are stretched by ``time_scale``."""
+    ``time_scale`` pass per wall second: its compute times are stretched by ``time_scale``.
+    ``prices_usd_per_hour`` (spot, on-demand) replace the catalog's (a provider's quote)."""
     intervals = trace.resample(interval_s) if isinstance(trace, Trace) else trace
     profile = dataclasses.replace(profile, layers=tuple(
         dataclasses.replace(layer, forward_s=layer.forward_s * time_scale,
@@ -72,10 +74,37 @@ def deadline_context(trace: Trace | IntervalTrace, profile: ModelProfile, job: D
                             optimizer_s=layer.optimizer_s * time_scale)
         for layer in profile.layers))
     spec = load_catalog("aws").get(job.instance_type)
+    spot_usd, on_demand_usd = prices_usd_per_hour or (spec.spot_usd_per_hour,
+                                                      spec.on_demand_usd_per_hour)
     objective = JobObjective(job.deadline_hours, steps=steps, on_demand_max=job.on_demand_max)
     return make_deadline_context(intervals, profile, objective, SimulationConfig(
-        interval_s=interval_s, spot_price_usd_per_hour=spec.spot_usd_per_hour,
-        on_demand_price_usd_per_hour=spec.on_demand_usd_per_hour))
+        interval_s=interval_s, spot_price_usd_per_hour=spot_usd,
+        on_demand_price_usd_per_hour=on_demand_usd))
+
+
+class HolderMarket:
+    """A deadline job's view of any provider (a :class:`~liveput.runtime.coordinator.MarketView`):
+    the holder asks for ``spot`` instances all along (the runtime does not release idle spot
+    spares) and for the on-demand instances the policy wants."""
+
+    def __init__(self, holder: InstanceHolder, spot: int) -> None:
+        self.holder = holder
+        self.spot = spot
+
+    def on_demand_pending(self) -> int:
+        return sum(1 for r in self.holder.provider.instances()
+                   if r.market is Market.ON_DEMAND and r.state is InstanceState.PENDING)
+
+    def usd_spent(self) -> float:
+        return self.holder.provider.bill().usd
+
+    def provision(self, provisioning: Provisioning) -> None:
+        target = Holding(self.spot, provisioning.on_demand)
+        if target != self.holder.target:
+            LOG.info("provisioning: %d spot and %d on-demand instances (was %s)", target.spot,
+                     target.on_demand, self.holder.target)
+            self.holder.target = target
+            self.holder.reconcile()
 
 
 class ProvidedCloud:
@@ -90,30 +119,15 @@ class ProvidedCloud:
             instance_types=(instance_type,), time_scale=time_scale,
             notice_lead_s=notice_lead_s, seed=seed), launcher=launcher, notice_dir=notice_dir)
         self.holder = InstanceHolder(self.provider, Holding(workers, 0), [instance_type])
+        self.market = HolderMarket(self.holder, workers)
         self.finished_s: float | None = None
         """Cloud seconds at which the job's last step committed (set by :meth:`finish`)."""
-
-    # --- what the coordinator reads (a MarketView) --------------------------------------------
-    def on_demand_pending(self) -> int:
-        return sum(1 for r in self.provider.instances()
-                   if r.market is Market.ON_DEMAND and r.state is InstanceState.PENDING)
-
-    def usd_spent(self) -> float:
-        return self.provider.bill().usd
 
     # --- acting -------------------------------------------------------------------------------
     def start_background(self, interval_s: float) -> None:
         self.holder.reconcile()
         self.provider.start_background()
         self.holder.start_background(interval_s)
-
-    def hold_on_demand(self, count: int) -> None:
-        """The policy's on-demand target (reached at the holder's next reconcile)."""
-        if count != self.holder.target.on_demand:
-            LOG.info("provisioning: %d on-demand instances (was %d)", count,
-                     self.holder.target.on_demand)
-            self.holder.target = dataclasses.replace(self.holder.target, on_demand=count)
-            self.holder.reconcile()
 
     def finish(self) -> None:
         """The job is done: hold nothing more (agents already ending finish by themselves)."""

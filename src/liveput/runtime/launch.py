@@ -138,19 +138,20 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
 
 
 def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
-                    profile: ModelProfile | None = None) -> Coordinator:
+                    profile: ModelProfile | None = None, **deciding: object) -> Coordinator:
     """Publish the job and run the control loop until the job is done.
 
     A restarted coordinator may find its store down (an etcd restarting): it waits for it as
     the agents do, ``spec.store_outage_s``. The job's profile is kept in the store
-    (``job/profile``), so a restart plans with the same one instead of profiling again."""
+    (``job/profile``), so a restart plans with the same one instead of profiling again.
+    ``deciding``: a deadline job's ``deadline`` and ``market`` (see the coordinator)."""
     # Imported here: agents import this module and need none of the deciding code.
     from liveput.runtime.coordinator import Coordinator
 
     through_outage(lambda: publish_spec(store, spec), spec.store_outage_s)
     if profile is None:
         profile = through_outage(lambda: job_profile(store, spec.job), spec.store_outage_s)
-    coordinator = through_outage(lambda: Coordinator(store, profile, config),
+    coordinator = through_outage(lambda: Coordinator(store, profile, config, **deciding),
                                  spec.store_outage_s)
     coordinator.run()
     return coordinator

@@ -184,12 +184,11 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                                       instance_type=config.deadline.instance_type,
                                       seed=config.seed)
             coordinator = Coordinator(store, profile, coordinator_config, deadline=deadline,
-                                      market=cloud if isinstance(cloud, ProvidedCloud) else None)
+                                      market=cloud.market if isinstance(cloud, ProvidedCloud)
+                                      else None)
             if isinstance(cloud, ProvidedCloud):
                 cloud.start_background(interval_s)
             while coordinator.tick():
-                if isinstance(cloud, ProvidedCloud) and coordinator.provisioning is not None:
-                    cloud.hold_on_demand(coordinator.provisioning.on_demand)
                 if on_progress is not None:
                     on_progress(_progress(store, coordinator))
                 if time.monotonic() - started > config.timeout_s:
