@@ -35,7 +35,7 @@ from liveput.policies.base import (
     Policy,
     PolicyContext,
 )
-from liveput.policies.common import stage_state_bytes, surviving_pipelines
+from liveput.policies.common import recovery_start
 
 
 @POLICIES.register("liveput")
@@ -92,18 +92,7 @@ class LiveputPolicy(Policy):
         return max(observation.num_available - max(used - observation.num_on_demand, 0), 0)
 
     def _recover(self, observation: Observation) -> Decision:
-        current = observation.current
-        start: Configuration | None = current
-        if current is not None and observation.lost_slots:
-            survivors = surviving_pipelines(current, observation.lost_slots)
-            start = Configuration(survivors, current.pipeline_stages) if survivors > 0 else None
-        salvage = None
-        if start is None and current is not None:
-            # Every replica of a stage is leaving: its state can still be sent out during the
-            # notice, when the transfer fits in it.
-            stage_bytes = stage_state_bytes(self.context, current.pipeline_stages)
-            if self.context.costs.transfer_s(stage_bytes) <= self.context.preemption_notice_s:
-                salvage = current.pipeline_stages
+        start, salvage = recovery_start(self.context, observation)
         plan = self.optimizer.recover(start, observation.num_available, observation.remaining_s,
                                       observation.num_on_demand, salvage_stages=salvage)
         return Decision(plan.configuration, migration=plan.migration, downtime_s=plan.migration_s,

@@ -39,12 +39,7 @@ from liveput.policies.base import (
     PolicyContext,
     Provisioning,
 )
-from liveput.policies.common import (
-    ConfigurationLookup,
-    restart_s,
-    stage_state_bytes,
-    surviving_pipelines,
-)
+from liveput.policies.common import ConfigurationLookup, recovery_start, restart_s
 from liveput.policies.objective import JobObjective
 from liveput.registry import Registry
 
@@ -194,17 +189,7 @@ class DeadlinePolicy(ABC):
 
     def _recover(self, observation: Observation) -> Decision:
         """Regroup the survivors, fail over or restart (the liveput optimizer's recovery)."""
-        current = observation.current
-        start: Configuration | None = current
-        if current is not None and observation.lost_slots:
-            survivors = surviving_pipelines(current, observation.lost_slots)
-            start = Configuration(survivors, current.pipeline_stages) if survivors > 0 else None
-        salvage = None
-        if start is None and current is not None:
-            stage_bytes = stage_state_bytes(self.context.policy, current.pipeline_stages)
-            if (self.context.policy.costs.transfer_s(stage_bytes)
-                    <= self.context.policy.preemption_notice_s):
-                salvage = current.pipeline_stages
+        start, salvage = recovery_start(self.context.policy, observation)
         plan = self.optimizer.recover(start, observation.num_available, observation.remaining_s,
                                       observation.num_on_demand, salvage_stages=salvage)
         return Decision(plan.configuration, migration=plan.migration, downtime_s=plan.migration_s,
