@@ -23,6 +23,7 @@ from liveput.runtime.cloud import (
     command_launcher,
 )
 from liveput.runtime.notices import GCP_NOTICE_LEAD_S, Notice, read_notice_file
+from liveput.runtime.processes import MARKET_ENV
 from liveput.runtime.store import MemoryStore
 from liveput.traces import IntervalTrace, Trace
 
@@ -269,7 +270,8 @@ def test_launcher_fills_template_and_environment(tmp_path: Path) -> None:
         log_dir=tmp_path,
     )  # fmt: skip
     spec = InstanceSpec("i-0042", tmp_path / "n.json")
-    assert spec.env == {INSTANCE_ID_ENV: "i-0042", NOTICE_FILE_ENV: str(tmp_path / "n.json")}
+    assert spec.env == {INSTANCE_ID_ENV: "i-0042", NOTICE_FILE_ENV: str(tmp_path / "n.json"),
+                        MARKET_ENV: "spot"}
     assert launcher(spec).wait(timeout=30) == 0
     assert (tmp_path / "i-0042.log").read_text().split() == [f"i-0042:{tmp_path / 'n.json'}", "i-0042", str(tmp_path / "n.json")]
     with pytest.raises(LiveputError, match="bad placeholder"):

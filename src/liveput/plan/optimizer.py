@@ -201,8 +201,9 @@ class LiveputOptimizer:
             spent = float(sum(dollars[h, c] for h, c in enumerate(path)))
             ratio = samples / spent if spent > 0 else 0.0
             # At Dinkelbach's fixed point the best plan is worth 0, as much as running nothing:
-            # keep the plan of the best ratio seen, not the last argmax (a tie may pick nothing).
-            if best is None or ratio > best[0]:
+            # keep the plan of the best ratio seen, not the last argmax (a tie may pick nothing);
+            # the latest round among those as good (up to rounding), as before that fix.
+            if best is None or ratio >= best[0] * (1.0 - 1e-9):
                 best = (ratio, choice, first, samples)
             if spent > 0:
                 price_weight = ratio
