@@ -171,9 +171,7 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, hosts: NetnsHosts,
                 raise TestbedError("no step committed in 120 s")
             injector = Injector(cluster, rng, tmpfs)
             for kind in plan.faults:
-                # A step or two of training between faults (the wait below already ensures
-                # the job took the last blow).
-                time.sleep(rng.uniform(0.1, 0.3))
+                time.sleep(rng.uniform(0.2, 0.8))
                 began = None if cluster.done() else injector.do(kind)
                 if began is None:
                     skipped.append(kind)
