@@ -490,3 +490,67 @@ def test_a_writer_killed_while_indexing_a_key_hides_no_later_key(tcp_host: Store
         assert set(tcp_host.get_prefix("members/")) == {f"members/{i}" for i in range(1, 5)}
     finally:
         joiner.close()
+
+
+class _Killed(BaseException):
+    """The writer dies here (as a SIGKILL would end it: nothing after runs)."""
+
+
+class _DiesRightAfterItsWrite(TCPStoreBackend):
+    """A client whose process is killed the moment its write of a key has landed."""
+
+    def _swap(self, key: str, expected_raw: bytes | None, new_raw: bytes) -> bytes:
+        result = super()._swap(key, expected_raw, new_raw)
+        if not key.startswith("__liveput_index__/"):
+            raise _Killed(key)
+        return result
+
+
+@pytest.mark.parametrize("write", ["compare_and_set", "add"])
+def test_a_writer_killed_right_after_its_write_leaves_the_key_listed(tcp_host: Store,
+                                                                     write: str) -> None:
+    """The lost ledger record of a CI run: the agent whose compare-and-set created
+    ``ledger/2/124`` was SIGKILLed before it indexed the key; the other writers lost the CAS and
+    indexed nothing, so the step, applied everywhere, was missing from every listing. Keys are
+    indexed before the write that may create them."""
+    assert isinstance(tcp_host, TCPStoreBackend)
+    dying = _DiesRightAfterItsWrite("127.0.0.1", tcp_host.port, timeout_s=5.0)
+    try:
+        with pytest.raises(_Killed):
+            if write == "add":
+                dying.add("hb/7", 1)
+            else:
+                dying.compare_and_set("ledger/2/124", None, b"record")
+    finally:
+        dying.close()
+    key = "hb/7" if write == "add" else "ledger/2/124"
+    assert tcp_host.get(key) is not None  # the write landed
+    # A survivor's write of the same key loses the race (or adds to it) and lists it.
+    if write == "add":
+        assert tcp_host.add(key, 1) == 2
+    else:
+        assert not tcp_host.compare_and_set(key, None, b"record")
+    assert set(tcp_host.get_prefix(key.rsplit("/", 1)[0] + "/")) == {key}
+    reader = TCPStoreBackend("127.0.0.1", tcp_host.port, timeout_s=5.0)
+    try:
+        assert set(reader.get_prefix(key.rsplit("/", 1)[0] + "/")) == {key}
+    finally:
+        reader.close()
+
+
+def test_a_key_indexed_before_its_write_is_listed_once_written(tcp_host: Store) -> None:
+    """Indexed first, written after: a listing in between does not see it, and does not lose it
+    either (its marker says a writer is at it), so the next listing does."""
+    assert isinstance(tcp_host, TCPStoreBackend)
+    tcp_host._register("ledger/0/5")
+    reader = TCPStoreBackend("127.0.0.1", tcp_host.port, timeout_s=5.0)
+    try:
+        assert reader.get_prefix("ledger/") == {}
+        tcp_host.set("ledger/0/5", b"r")
+        assert reader.get_prefix("ledger/") == {"ledger/0/5": b"r"}
+        tcp_host.delete("ledger/0/5")
+        assert reader.get_prefix("ledger/") == {}
+        tcp_host.set("ledger/0/5", b"again")  # written again after its delete: listed again
+        assert reader.get_prefix("ledger/") == {"ledger/0/5": b"again"}
+    finally:
+        reader.close()

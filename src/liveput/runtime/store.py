@@ -268,11 +268,15 @@ class TCPStoreBackend(Store):
     with the hosting process.
 
     Prefix listing reads an index of the keys this contract has written, kept in the store itself:
-    the first writer of a key (an atomic ``add`` on its marker returns 1) appends it to an
-    append-only list (``count`` and one key per entry). An entry counted but not written is read
-    again at each listing, and the entries after it are listed meanwhile. ``TCPStore.list_keys``
-    is not used: it was seen to hang forever, with the server spinning, after clients were
-    SIGKILLed mid-job.
+    an append-only list (``count`` and one key per entry) and a marker per indexed key. A writer
+    that may create a key indexes it *before* the write (unless its marker is there: a new entry,
+    then the marker), so a writer killed right after its write (a SIGKILLed agent whose ledger
+    record had just landed) leaves the key listed; it checks the marker again after the write,
+    for a key deleted meanwhile. Writers racing on a new key may index it twice (both entries go
+    with the key). An entry counted but not written is read again at each listing, and the
+    entries after it are listed meanwhile; a listed key not written yet (its marker is there) is
+    kept and read again at the next listing. ``TCPStore.list_keys`` is not used: it was seen to
+    hang forever, with the server spinning, after clients were SIGKILLed mid-job.
 
     :meth:`delete` removes the key's marker, then its index entries, then the key, so a pruned
     job keeps a bounded index: a write that lands after the delete finds no marker and is
@@ -387,24 +391,27 @@ class TCPStoreBackend(Store):
     def _register(self, key: str) -> None:
         """Put ``key`` in the listing index unless its marker says it is there (class docstring).
 
-        Called after every write that may have created the key: a key deleted and written again
-        (by any client) must be indexed again."""
-        if self._call(lambda s: s.add(f"{_TCP_INDEX}seen/{key}", 1)) == 1:
+        Called before every write that may create the key (a writer killed just after it leaves
+        it listed) and after it (a key deleted meanwhile, by any client, is indexed again)."""
+        marker = f"{_TCP_INDEX}seen/{key}"
+        if self._raw_get(marker) is None:
             entry = self._call(lambda s: s.add(f"{_TCP_INDEX}count", 1))
             self._call(lambda s: s.set(f"{_TCP_INDEX}{entry}", key.encode()))
+            self._call(lambda s: s.set(marker, b"1"))
 
     def set(self, key: str, value: bytes) -> None:
         raw = _tcp_encode(_check_value(value))
-        self._call(lambda s: s.set(_check_key(key), raw))
+        self._register(_check_key(key))
+        self._call(lambda s: s.set(key, raw))
         self._register(key)
 
     def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
         _check_key(key)
         new_raw = _tcp_encode(_check_value(value))
         if expected is None:
+            self._register(key)
             swapped = self._swap(key, None, new_raw) == new_raw
-            if swapped:
-                self._register(key)
+            self._register(key)
             return swapped
         expected = bytes(expected)
         for _ in range(_CAS_MAX_ROUNDS):
@@ -455,13 +462,15 @@ class TCPStoreBackend(Store):
             self._sweep_at = max(_SWEEP_MIN_ENTRIES, 2 * len(self._entries))
 
     def _forget(self, key: str) -> None:
-        """``key`` was deleted: drop it here (a new write indexes it again), and its index
-        entries if its marker is gone too. A writer's ``set`` is one-way, so a deleter may read
-        the entry after deleting the key; the entry would stay in the store for good."""
+        """``key`` is not there: if its marker is gone too it was deleted: drop it here (a new
+        write indexes it again) and its index entries (a writer's ``set`` is one-way, so a
+        deleter may read the entry after deleting the key; the entry would stay for good). With
+        its marker there, a writer indexed it and is about to write it: keep it listed."""
+        if self._raw_get(f"{_TCP_INDEX}seen/{key}") is not None:
+            return
         entries = self._entries.pop(key, set())
-        if entries and self._raw_get(f"{_TCP_INDEX}seen/{key}") is None:
-            for entry in sorted(entries):
-                self._call(lambda s, e=entry: s.delete_key(f"{_TCP_INDEX}{e}"))
+        for entry in sorted(entries):
+            self._call(lambda s, e=entry: s.delete_key(f"{_TCP_INDEX}{e}"))
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         self._read_index()
@@ -480,6 +489,8 @@ class TCPStoreBackend(Store):
             raw = self._raw_get(key)
             new = _parse_counter(key, None if raw is None else _tcp_decode(raw)) + int(amount)
             new_raw = _tcp_encode(str(new).encode("ascii"))
+            if raw is None:
+                self._register(key)
             if self._swap(key, raw, new_raw) == new_raw:
                 if raw is None:
                     self._register(key)
