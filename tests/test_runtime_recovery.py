@@ -119,8 +119,10 @@ def test_a_coordinator_owning_its_etcd_crashes_with_it_and_a_restart_resumes_the
     agents = AgentProcesses(url, tmp_path)
     store = None
     try:
-        wait_until(lambda: (etcd_dir / "etcd.pid").exists() or coordinator.poll() is not None,
-                   60, "the coordinator's etcd")
+        # The pid file comes before etcd answers (a crashed owner's etcd must be found even if
+        # it never did); the coordinator says the store's address once it answers.
+        wait_until(lambda: "store: etcd://" in log.read_text(errors="replace")
+                   or coordinator.poll() is not None, 60, "the coordinator's etcd")
         assert coordinator.poll() is None, log.read_text()[-2000:]
         etcd_pid = int((etcd_dir / "etcd.pid").read_text())
         store = open_store(url, token=TOKEN)
