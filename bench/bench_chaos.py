@@ -38,13 +38,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench chaos", description=__doc__.split("\n")[0])
     parser.add_argument("--faults", type=int, default=TARGET_FAULTS, help="faults to do (>= 1)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the campaign")
+    parser.add_argument("--lanes", type=int, default=CampaignConfig.lanes,
+                        help="runs done at once, each with its own hosts, tmpfs and etcd")
     parser.add_argument("--json", metavar="FILE", help="write the summary here")
     parser.add_argument("--kinds", default=",".join(FAULT_KINDS),
                         help="comma-separated fault kinds to draw (default: all)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log each fault")
     args = parser.parse_args(argv or [])
-    if args.faults < 1:
-        parser.error("--faults must be >= 1")
+    if args.faults < 1 or args.lanes < 1:
+        parser.error("--faults and --lanes must be >= 1")
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown or not kinds:
@@ -52,9 +54,10 @@ def main(argv: list[str] | None = None) -> None:
                      f"known: {', '.join(FAULT_KINDS)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
-    print(f"fault campaign: {args.faults} faults, seed {args.seed}; kinds: "
+    print(f"fault campaign: {args.faults} faults, seed {args.seed}, {args.lanes} lane(s); kinds: "
           f"{', '.join(kinds)}", flush=True)
-    result = run_campaign(CampaignConfig(faults=args.faults, seed=args.seed, kinds=kinds),
+    result = run_campaign(CampaignConfig(faults=args.faults, seed=args.seed, kinds=kinds,
+                                         lanes=args.lanes),
                           on_run=_print_run)
     summary = result.summary()
     print("downtime per fault kind (fault -> next committed step):")

@@ -172,3 +172,40 @@ def test_coordinator_without_etcd_installed_says_what_to_install(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "etcd-server" in lines[0] and "--store" in lines[0], result.stderr
+
+
+def test_a_coordinator_started_during_a_store_outage_waits_as_long_as_told(etcd_server, etcd_url,
+                                                                            tmp_path):
+    """A restarted coordinator may find etcd restarting: it waits ``--store-wait`` (default as
+    long as the agents ride out an outage) for it, then says in one line that it is gone."""
+    etcd_server.stop()
+    try:
+        command = [sys.executable, "-m", "liveput.cli.main", "coordinator", "--store", etcd_url,
+                   "--model", JOB, "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt")]
+        env = {**os.environ, "LIVEPUT_TOKEN": TOKEN,
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                              os.environ.get("PYTHONPATH", "")])}
+        started = time.monotonic()
+        refused = subprocess.run([*command, "--store-wait", "1"], env=env, capture_output=True,
+                                 text=True, timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and "unreachable" in lines[0] and etcd_url in lines[0], \
+            refused.stderr
+        assert time.monotonic() - started < 30  # not the 30 s of a store call's own retries
+        waiting = subprocess.Popen([*command, "--store-wait", "60"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   stdin=subprocess.DEVNULL)
+        try:
+            time.sleep(4)
+            assert waiting.poll() is None, waiting.stderr.read().decode()
+            etcd_server.start()
+            with open_store(etcd_url, token=TOKEN) as store:
+                wait_until(lambda: store.get("job/spec") is not None, 60,
+                           "the waiting coordinator to publish the job")
+        finally:
+            waiting.kill()
+            waiting.wait(timeout=10)
+    finally:
+        if etcd_server.process is None:
+            etcd_server.start()

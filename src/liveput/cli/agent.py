@@ -110,6 +110,10 @@ def coordinator(
     deadline_policy: str = typer.Option(
         "liveput", "--deadline-policy", help="Deadline policy (with --deadline-hours): "
         "liveput, uniform-progress, greedy, on-demand or spot-only."),
+    store_wait_s: float = typer.Option(
+        120.0, "--store-wait", parser=params.SECONDS,
+        help="Longest wait for --store to answer at start, seconds: a restarted coordinator may "
+        "find its etcd restarting (agents ride out as long an outage)."),
 ) -> None:
     """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
     plans. Restarted with the same --etcd-dir, it resumes the job. With --provider, it also
@@ -120,7 +124,7 @@ def coordinator(
     from liveput.runtime.coordinator import CoordinatorConfig
     from liveput.runtime.etcd import EtcdConfig, LocalEtcd
     from liveput.runtime.job import resolve_job
-    from liveput.runtime.launch import JobSpec, run_coordinator
+    from liveput.runtime.launch import JobSpec, run_coordinator, through_outage
     from liveput.runtime.store import open_store, parse_host_port
 
     if store is not None and embedded:
@@ -151,7 +155,12 @@ def coordinator(
         typer.echo(f"store: {etcd.url} (etcd pid {etcd.pid}, data in {etcd.data_dir})", err=True)
     try:
         url = store or (f"tcp://{listen}" if embedded else etcd.url)
-        handle = open_store(url, host=embedded, token=token)
+        if embedded:
+            handle = open_store(url, host=True, token=token)
+        else:
+            handle = through_outage(lambda: open_store(url, token=token,
+                                                       timeout_s=min(30.0, store_wait_s)),
+                                    store_wait_s)
         if holder is not None:
             holder.start_background(interval_s)
         try:

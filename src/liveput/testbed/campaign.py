@@ -4,17 +4,25 @@ After every run: the ledger must show every step applied exactly once (lost: ste
 doubled: applied twice in the final lineage), and the final parameters must equal a fault-free
 run's (:mod:`liveput.testbed.reference`). Downtime of a fault: from the moment it began to the
 next committed step. A run that fails keeps its logs (``kept_logs``) to find out why.
+
+Runs are done in ``lanes`` at once. A lane owns everything a fault can touch (its namespace hosts,
+its checkpoint tmpfs, its etcd server), so a fault in one lane never reaches another; most of a
+run's time is waiting (a store outage, a frozen agent, a heartbeat timeout), so two lanes on two
+cores finish sooner than one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import queue
 import random
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +52,8 @@ class CampaignConfig:
     """Seeds the whole campaign: kinds, their order, victims, durations."""
     faults_per_run: int = 12
     """Faults dealt to each run (more: fewer startups per fault)."""
+    lanes: int = 2
+    """Runs done at once, each in a lane of its own (hosts, checkpoint tmpfs, etcd server)."""
     workers: int = 4
     """Agents of each run."""
     steps_per_fault: int = 18
@@ -60,8 +70,8 @@ class CampaignConfig:
     """The fault kinds drawn."""
 
     def __post_init__(self) -> None:
-        if self.faults < 1 or self.faults_per_run < 1 or self.workers < 2:
-            raise ValueError("CampaignConfig: faults, faults_per_run >= 1 and workers >= 2")
+        if self.faults < 1 or self.faults_per_run < 1 or self.lanes < 1 or self.workers < 2:
+            raise ValueError("CampaignConfig: faults, faults_per_run, lanes >= 1 and workers >= 2")
         if self.steps_per_fault < 1 or self.extra_steps < 0 or self.run_timeout_s <= 0:
             raise ValueError("CampaignConfig: steps_per_fault >= 1, extra_steps >= 0, "
                              "run_timeout_s > 0")
@@ -147,20 +157,36 @@ def _downtime(began: float, commits: list[float]) -> float:
     return after[0] - began if after else float("nan")
 
 
-def _run(index: int, plan: RunPlan, config: CampaignConfig, hosts: NetnsHosts,
-         etcd: EtcdServer, tmpfs: Path, references: dict) -> RunOutcome:
+@dataclass
+class _Lane:
+    """Where one run at a time is done: nothing here is shared with another lane."""
+
+    hosts: NetnsHosts
+    etcd: EtcdServer
+    tmpfs: Path
+
+
+def _reference(references: dict, lock: threading.Lock, job, steps: int) -> list:  # noqa: ANN001
+    with lock:  # lanes ask for the same step counts: compute each once
+        if steps not in references:
+            references[steps] = reference_parameters(job, steps)
+        return references[steps]
+
+
+def _run(index: int, plan: RunPlan, config: CampaignConfig, lane: _Lane, references: dict,
+         lock: threading.Lock) -> RunOutcome:
     steps = config.steps_per_fault * len(plan.faults) + config.extra_steps
     job = resolve_job("tiny-gpt-small")
-    if steps not in references:
-        references[steps] = reference_parameters(job, steps)
+    reference = _reference(references, lock, job, steps)
     started = time.monotonic()
     rng = random.Random(plan.seed)
     with tempfile.TemporaryDirectory(prefix="liveput-chaos-") as directory:
-        checkpoints = tmpfs / f"run-{index}"
+        checkpoints = lane.tmpfs / f"run-{index}"
         cluster = ChaosCluster(ClusterConfig(steps=steps, workers=config.workers,
                                              capacity=config.workers + 2, store=plan.store),
-                               hosts, Path(directory), checkpoints, etcd)
+                               lane.hosts, Path(directory), checkpoints, lane.etcd)
         done: list[tuple[str, float]] = []
+        downtimes: list[float] = []
         skipped: list[str] = []
         error = ""
         lost = doubled = 0
@@ -169,7 +195,7 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, hosts: NetnsHosts,
             cluster.start()
             if not cluster.wait_until(lambda: cluster.committed() >= 0, 120.0):
                 raise TestbedError("no step committed in 120 s")
-            injector = Injector(cluster, rng, tmpfs)
+            injector = Injector(cluster, rng, lane.tmpfs)
             for kind in plan.faults:
                 time.sleep(rng.uniform(0.2, 0.8))
                 began = None if cluster.done() else injector.do(kind)
@@ -181,12 +207,15 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, hosts: NetnsHosts,
                 # Let the job take the blow before the next one (a commit after it).
                 cluster.wait_until(lambda b=began: any(c > b for c in cluster.commit_times()),
                                    60.0, poll_s=0.2)
+                # Timed now: the job prunes the ledger records of steps older than its newest
+                # checkpoint, so read at the end they would show later commits as the first.
+                downtimes.append(_downtime(began, _commit_times(cluster)))
             code = cluster.wait_done(config.run_timeout_s - (time.monotonic() - started))
             if code != 0:
                 raise TestbedError(f"the coordinator exited with code {code}")
             lost, doubled, problems = _ledger_counts(cluster.store, job.global_batch_size, steps)
             mismatches = parameter_mismatches(final_parameters(checkpoints, job.num_layers),
-                                              references[steps])
+                                              reference)
             equal = not mismatches
             if problems or mismatches:
                 error = f"ledger: {problems[:3]}; parameters differ: {mismatches[:3]}"
@@ -197,11 +226,7 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, hosts: NetnsHosts,
             except Exception:  # noqa: BLE001 - the store may be what failed
                 lost = steps
         finally:
-            commits = []
-            try:
-                commits = cluster.commit_times()
-            except Exception:  # noqa: BLE001
-                pass
+            commits = _commit_times(cluster)
             cluster.close()
             if error:
                 kept = Path(config.kept_logs) / f"seed{config.seed}-run{index}"
@@ -211,36 +236,88 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, hosts: NetnsHosts,
                     f"{kind} at unix {began:.3f}\n" for kind, began in done) + f"error: {error}\n")
                 error += f" (logs kept in {kept})"
             shutil.rmtree(checkpoints, ignore_errors=True)
-    return RunOutcome(index, plan.store, [(k, _downtime(b, commits)) for k, b in done], skipped,
-                      lost, doubled, equal, time.monotonic() - started, error)
+    # A fault the run ended during (no wait finished) is timed from what the store held last.
+    downtimes += [_downtime(began, commits) for _, began in done[len(downtimes):]]
+    downtimes = [d if d == d else _downtime(b, commits) for d, (_, b) in zip(downtimes, done)]
+    return RunOutcome(index, plan.store, [(kind, d) for (kind, _), d in zip(done, downtimes)],
+                      skipped, lost, doubled, equal, time.monotonic() - started, error)
+
+
+def _commit_times(cluster: ChaosCluster) -> list[float]:
+    try:
+        return cluster.commit_times()
+    except Exception:  # noqa: BLE001 - the store may be down: a fault
+        return []
+
+
+def _lane_subnet(config: CampaignConfig, lane: int) -> str:
+    if config.subnet:
+        first, second, third = config.subnet.split(".")
+        return f"{first}.{second}.{(int(third) + lane) % 250}"
+    pid = os.getpid()
+    return f"10.{80 + pid % 100}.{(pid // 100 + lane) % 250}"
 
 
 def run_campaign(config: CampaignConfig, on_run=None) -> CampaignResult:  # noqa: ANN001
-    """Run runs until ``config.faults`` faults are done; ``on_run(outcome)`` after each."""
+    """Run runs until ``config.faults`` faults are done; ``on_run(outcome)`` after each (from
+    the lane that ran it, one call at a time)."""
     started = time.monotonic()
     result = CampaignResult()
     references: dict[int, list] = {}
-    subnet = config.subnet or f"10.{80 + os.getpid() % 100}.{os.getpid() // 100 % 250}"
-    tmpfs = _Tmpfs()
-    try:
-        with NetnsHosts(config.workers + 4, subnet=subnet, gateway=True) as hosts, \
-                tempfile.TemporaryDirectory(prefix="liveput-chaos-etcd-") as etcd_dir:
+    lock = threading.Lock()
+    todo: queue.Queue = queue.Queue()
+    with contextlib.ExitStack() as stack:
+        lanes = []
+        for number in range(config.lanes):
+            tmpfs = _Tmpfs()
+            stack.callback(tmpfs.close)
+            hosts = stack.enter_context(NetnsHosts(config.workers + 4,
+                                                   subnet=_lane_subnet(config, number),
+                                                   gateway=True))
+            etcd_dir = stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="liveput-chaos-etcd-"))
             etcd = EtcdServer(Path(etcd_dir) / "data", host=hosts.gateway_address)
             etcd.start()
-            try:
-                round_seed = config.seed
-                while (done := sum(len(r.faults) for r in result.runs)) < config.faults:
-                    for plan in draw_campaign(config.faults - done, round_seed,
-                                              config.faults_per_run, config.kinds):
-                        outcome = _run(len(result.runs), plan, config, hosts, etcd, tmpfs.path,
-                                       references)
+            stack.callback(etcd.stop)
+            lanes.append(_Lane(hosts, etcd, tmpfs.path))
+
+        def work(lane: _Lane) -> None:
+            # A lane's thread lives as long as the campaign: an etcd it restarted dies with it.
+            while (item := todo.get()) is not None:
+                index, plan = item
+                try:
+                    try:
+                        outcome = _run(index, plan, config, lane, references, lock)
+                    except Exception as failure:  # noqa: BLE001 - a lane must not stop the rest
+                        LOG.exception("run %d failed outside its checks", index)
+                        outcome = RunOutcome(index, plan.store, [], list(plan.faults), 0, 0,
+                                             False, 0.0, f"{type(failure).__name__}: {failure}")
+                    with lock:
                         result.runs.append(outcome)
                         if on_run is not None:
                             on_run(outcome)
-                    round_seed += 1_000_003
-            finally:
-                etcd.stop()
-    finally:
-        tmpfs.close()
+                finally:
+                    todo.task_done()
+            todo.task_done()
+
+        threads = [threading.Thread(target=work, args=(lane,), name=f"lane-{n}", daemon=True)
+                   for n, lane in enumerate(lanes)]
+        for thread in threads:
+            thread.start()
+        try:
+            round_seed, dealt = config.seed, 0
+            while (done := sum(len(r.faults) for r in result.runs)) < config.faults:
+                for plan in draw_campaign(config.faults - done, round_seed,
+                                          config.faults_per_run, config.kinds):
+                    todo.put((dealt, plan))
+                    dealt += 1
+                todo.join()
+                round_seed += 1_000_003
+        finally:
+            for _ in threads:
+                todo.put(None)
+            for thread in threads:
+                thread.join()
+    result.runs.sort(key=lambda run: run.index)
     result.wall_s = time.monotonic() - started
     return result
