@@ -166,18 +166,21 @@ class _Lane:
     tmpfs: Path
 
 
-def _reference(references: dict, lock: threading.Lock, job, steps: int) -> list:  # noqa: ANN001
-    with lock:  # lanes ask for the same step counts: compute each once
+def _job_and_reference(references: dict, lock: threading.Lock, steps: int):  # noqa: ANN202
+    """The campaign's job and its fault-free parameters after ``steps`` steps. Under the lock:
+    building a job seeds torch's global generator (a lane building one while another lane's was
+    being initialized changed both), and lanes ask for the same step counts."""
+    with lock:
+        job = resolve_job("tiny-gpt-small")
         if steps not in references:
             references[steps] = reference_parameters(job, steps)
-        return references[steps]
+        return job, references[steps]
 
 
 def _run(index: int, plan: RunPlan, config: CampaignConfig, lane: _Lane, references: dict,
          lock: threading.Lock) -> RunOutcome:
     steps = config.steps_per_fault * len(plan.faults) + config.extra_steps
-    job = resolve_job("tiny-gpt-small")
-    reference = _reference(references, lock, job, steps)
+    job, reference = _job_and_reference(references, lock, steps)
     started = time.monotonic()
     rng = random.Random(plan.seed)
     with tempfile.TemporaryDirectory(prefix="liveput-chaos-") as directory:
