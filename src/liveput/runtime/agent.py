@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from liveput.errors import LiveputError
 from liveput.runtime import protocol
 from liveput.runtime.clock import Clock, MonotonicClock
+from liveput.runtime.comm import configure_error_handling
 from liveput.runtime.engine import Ending, Engine
 from liveput.runtime.logs import RepeatFilter
 from liveput.runtime.notices import Notice, NoticeMonitor, NoticeWatcher
@@ -96,6 +97,7 @@ class Agent:
 
     def __init__(self, config: AgentConfig, store: Store, engine: Engine,
                  watchers: list[NoticeWatcher] | None = None, clock: Clock | None = None) -> None:
+        configure_error_handling()  # before the engine makes any process group
         self.config = config
         self.store = store
         self.engine = engine

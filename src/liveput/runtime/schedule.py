@@ -123,7 +123,7 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
         else:
             backward()
     for work in sends:
-        work.wait()
+        groups.wait(work)
     return loss_sum
 
 
