@@ -176,6 +176,9 @@ class Agent:
             try:
                 if self.store.get("job/done") is not None:
                     return None
+                failure = protocol.job_error(self.store)
+                if failure is not None:
+                    raise failure
                 raw = self.store.get("plan/current")
                 if raw is not None and int(raw) > after:
                     plan = protocol.load_plan(self.store, int(raw))
@@ -186,6 +189,8 @@ class Agent:
                     return None
                 failing_since_s = None
                 self._store_warnings.flush()
+            except protocol.JobFailure:
+                raise
             except LiveputError as error:
                 now_s = self.clock.now_s()
                 failing_since_s = now_s if failing_since_s is None else failing_since_s

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +62,8 @@ class _Watchdog(threading.Thread):
         """Why it aborted the groups (empty: it did not)."""
 
     def _over(self) -> str:
+        if self.store.get(protocol.JOB_ERROR_KEY) is not None:
+            return "ended with the job"
         if self.store.get(protocol.failed_key(self.generation)) is not None:
             return "failed elsewhere"
         step = self.current_step()
@@ -270,10 +273,19 @@ class Engine:
             result = self._train(plan, groups, position, keep_going, started, needed)
             self._report(plan.generation, result.ending.value)
             return result
+        except protocol.JobFailure as failure:
+            # The job itself is wrong: every instance and the coordinator stop with this line.
+            LOG.error("instance %d: %s", self.instance, failure)
+            discard_gradients(list(self.layers.values()))
+            self._retry(lambda: protocol.fail_job(self.store, failure))
+            raise
         except CommAborted:
             # The watchdog ended the generation's communication: it is over for every rank
             # (the step in flight can no longer commit), and the store already says why.
             assert watchdog is not None
+            if watchdog.reason == "ended with the job":
+                discard_gradients(list(self.layers.values()))
+                raise protocol.job_error(self.store) or protocol.JobFailure("the job failed")
             LOG.warning("instance %d: generation %d %s; left its communication at step %s",
                         self.instance, plan.generation, watchdog.reason,
                         "-" if self._step is None else self._step)
@@ -352,6 +364,10 @@ class Engine:
                 flat, parameters = flat_gradients(layers, loss)
                 groups.allreduce_stage(flat)
                 loss = unflatten_gradients(flat, parameters)
+            if position.is_last and not math.isfinite(loss):
+                # Never voted for, so never committed: no instance applies this step.
+                raise protocol.JobFailure(f"the loss is {loss} at step {step}; the step was "
+                                          "not committed")
             reduced = time.perf_counter()
             if len(self.layers) > len(needed):
                 # The generation is about to commit its first step: the layers kept in case it
@@ -412,4 +428,10 @@ class Engine:
             try:
                 return self.store.wait_for(key, self.config.outcome_poll_s)
             except LiveputError:
+                pass
+            try:
+                failure = protocol.job_error(self.store)
+            except LiveputError:
                 continue
+            if failure is not None:
+                raise failure
