@@ -8,6 +8,16 @@ States (:class:`AgentState`) and their transitions::
     MIGRATING --has a slot--> TRAINING          MIGRATING --spare, or a peer failed--> WAITING
     TRAINING --fenced or a peer failed--> WAITING
     TRAINING --last step applied--> DONE
+    WAITING, MIGRATING, TRAINING --the job failed (job/error)--> FAILED
+
+Leaving TRAINING (or MIGRATING) for WAITING never waits for a communication timeout: a watcher
+thread aborts the generation's process groups as soon as the store says the generation is over
+(a failure report, a fence of the step in flight, a newer plan, or the job's failure), and the
+training thread, blocked in a collective on a frozen or cut-off peer, leaves it at once
+(:class:`~liveput.runtime.comm.CommAborted`). The step in flight is not applied; the agent waits
+for the next plan. An agent that was itself frozen or cut off finds, when it wakes, its
+generation over the same way and joins the plan after as a member again. FAILED ends the agent
+with the job's one-line error (a layer raised, the loss is not finite).
 
 A notice does not stop training by itself: the agent reports it at once (``notice/<id>``) and keeps
 going until the coordinator's next plan, which moves its layers away while it is still alive;
@@ -44,13 +54,16 @@ class AgentState(enum.Enum):
     TRAINING = "training"
     DONE = "done"
     LEFT = "left"
+    FAILED = "failed"
 
 
 _TRANSITIONS = {
     AgentState.JOINING: {AgentState.WAITING},
-    AgentState.WAITING: {AgentState.MIGRATING, AgentState.DONE, AgentState.LEFT},
-    AgentState.MIGRATING: {AgentState.TRAINING, AgentState.WAITING, AgentState.DONE},
-    AgentState.TRAINING: {AgentState.WAITING, AgentState.DONE},
+    AgentState.WAITING: {AgentState.MIGRATING, AgentState.DONE, AgentState.LEFT,
+                         AgentState.FAILED},
+    AgentState.MIGRATING: {AgentState.TRAINING, AgentState.WAITING, AgentState.DONE,
+                           AgentState.FAILED},
+    AgentState.TRAINING: {AgentState.WAITING, AgentState.DONE, AgentState.FAILED},
 }
 """Allowed moves. MIGRATING covers rebuilding groups and moving layers; a spare, or an instance
 whose migration failed, goes back to WAITING without training."""
@@ -216,7 +229,8 @@ class Agent:
         return final
 
     def run(self) -> AgentState:
-        """Join, then follow plans; the final state (DONE or LEFT)."""
+        """Join, then follow plans; the final state (DONE or LEFT). The job's failure
+        (:class:`~liveput.runtime.protocol.JobFailure`) is raised after the move to FAILED."""
         if self.state is AgentState.JOINING:
             self.join()
         generation = -1
@@ -232,6 +246,9 @@ class Agent:
                 if result.ending is Ending.FINISHED:
                     return self._finish(job_done=True)
                 self._move(AgentState.WAITING)
+        except protocol.JobFailure:
+            self._move(AgentState.FAILED)
+            raise
         finally:
             self.close()
 
