@@ -18,6 +18,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from liveput.runtime import protocol
 from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import verify_ledger
@@ -146,3 +148,16 @@ def test_a_frozen_instance_releases_its_peers_at_the_heartbeat_timeout(tmp_path)
 
 def test_a_partitioned_host_releases_its_peers_at_the_heartbeat_timeout(tmp_path):
     _check(_fault_mid_step(tmp_path, "partition"))
+
+
+def test_train_takes_the_heartbeat_timeout_in_wall_seconds_and_refuses_a_bad_one(capsys):
+    from liveput.cli.main import main
+    from liveput.errors import LiveputError
+    from liveput.runtime.local import LocalTrainingConfig
+
+    assert LocalTrainingConfig(heartbeat_timeout_s=4.0, time_scale=0.5).heartbeat_timeout_s == 4.0
+    with pytest.raises(LiveputError, match=r"^train: --heartbeat-timeout must be positive"):
+        LocalTrainingConfig(heartbeat_timeout_s=0.0)
+    assert main(["train", "--heartbeat-timeout", "0", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "--heartbeat-timeout" in err and "\n" not in err
