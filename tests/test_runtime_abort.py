@@ -153,9 +153,14 @@ def test_a_partitioned_host_releases_its_peers_at_the_heartbeat_timeout(tmp_path
 def test_train_takes_the_heartbeat_timeout_in_wall_seconds_and_refuses_a_bad_one(capsys):
     from liveput.cli.main import main
     from liveput.errors import LiveputError
-    from liveput.runtime.local import LocalTrainingConfig
+    from liveput.runtime.local import LocalTrainingConfig, detection_times_s
 
-    assert LocalTrainingConfig(heartbeat_timeout_s=4.0, time_scale=0.5).heartbeat_timeout_s == 4.0
+    # Two decision intervals by default (120 s at time scale 1), the user's seconds otherwise.
+    assert detection_times_s(LocalTrainingConfig(time_scale=1.0)) == (120.0, 120.0)
+    assert detection_times_s(LocalTrainingConfig(time_scale=1.0, heartbeat_timeout_s=4.0)) == \
+        (4.0, 120.0)
+    assert detection_times_s(LocalTrainingConfig(time_scale=60.0, heartbeat_timeout_s=8.0)) == \
+        (8.0, 8.0)
     with pytest.raises(LiveputError, match=r"^train: --heartbeat-timeout must be positive"):
         LocalTrainingConfig(heartbeat_timeout_s=0.0)
     assert main(["train", "--heartbeat-timeout", "0", "--steps", "1"]) == 2

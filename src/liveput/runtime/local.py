@@ -128,6 +128,15 @@ class Progress:
     """What the job is doing (the coordinator's words: training, migrating, restoring, ...)."""
 
 
+def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
+    """(heartbeat timeout, how long agents outlive a silent store), wall seconds: the user's
+    detection time, or two decision intervals (at least 3 s); the store-outage limit is never
+    shorter than that default, so a short detection time does not end agents at a store hiccup."""
+    default_s = max(3.0, 2 * 60.0 / config.time_scale)
+    heartbeat_timeout_s = config.heartbeat_timeout_s or default_s
+    return heartbeat_timeout_s, max(default_s, heartbeat_timeout_s)
+
+
 def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace,
                        on_progress: Callable[[Progress], None] | None = None) -> TrainingResult:
     """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done."""
@@ -154,13 +163,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
         finished = False
         try:
             interval_s = 60.0 / config.time_scale
-            # Detection time (the user's, or two intervals) and how long agents outlive a
-            # silent store (never shorter than the default: a short detection time must not
-            # end agents at a store hiccup).
-            outage_s = max(3.0, 2 * interval_s)
-            heartbeat_timeout_s = config.heartbeat_timeout_s or outage_s
+            heartbeat_timeout_s, outage_s = detection_times_s(config)
             publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every,
-                                        store_outage_s=max(outage_s, heartbeat_timeout_s),
+                                        store_outage_s=outage_s,
                                         keep_checkpoints=config.keep_checkpoints))
             profile = profile_job(job)
             deadline = None if config.deadline is None else deadline_context(
