@@ -83,6 +83,8 @@ def coordinator(
                                      help="Seconds between decisions."),
     heartbeat_timeout_s: float = typer.Option(3.0, "--heartbeat-timeout", parser=params.SECONDS,
                                               help="Seconds of silence before an agent is dead."),
+    policy: str = typer.Option("liveput", "--policy", help="Policy choosing the configuration "
+                               "by its registered name (liveput, reactive, ...)."),
     provider: str = typer.Option(None, "--provider", help="Rent the instances: emulated (a "
                                  "spot trace, agents on this machine) or aws (EC2); default: "
                                  "none, agents started by anything else join."),
@@ -168,7 +170,7 @@ def coordinator(
                                        capacity=capacity, interval_s=interval_s,
                                        policy_interval_s=interval_s, initial_workers=workers,
                                        start_grace_s=start_grace_s,
-                                       heartbeat_timeout_s=heartbeat_timeout_s)
+                                       heartbeat_timeout_s=heartbeat_timeout_s, policy=policy)
             if deadline is not None:
                 from liveput.runtime.deadline import HolderMarket
 

@@ -38,6 +38,10 @@ def train(
                              help="Seed of the generated trace and the victims "
                              "(20: its 5-minute trace for 6 workers has 7 preemptions and 5 "
                              "allocations; most 5-minute traces have one or two)."),
+    heartbeat_timeout_s: float = typer.Option(
+        None, "--heartbeat-timeout", parser=params.optional(params.SECONDS),
+        help="Wall seconds of silence before an agent is taken for dead, whatever the time "
+        "scale: the failure detection time (default: two decision intervals, at least 3 s)."),
     as_json: bool = typer.Option(False, "--json", metavar=params.FLAG,
                                  help="Print one JSON object (the summary) instead of the table."),
     output: Path = typer.Option(None, "-o", "--output", help="Write the summary here as JSON and "
@@ -76,7 +80,7 @@ def train(
         model=model, workers=workers, steps=steps, time_scale=time_scale,
         notice_lead_s=notice_lead_s, store_url=store, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, seed=seed, log_dir=str(log_dir),
-        keep_checkpoints=keep_checkpoints,
+        keep_checkpoints=keep_checkpoints, heartbeat_timeout_s=heartbeat_timeout_s,
         deadline=None if deadline_hours is None else DeadlineJob(
             deadline_hours, on_demand_max, instance_type, deadline_policy))
     trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)

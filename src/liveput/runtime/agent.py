@@ -8,6 +8,16 @@ States (:class:`AgentState`) and their transitions::
     MIGRATING --has a slot--> TRAINING          MIGRATING --spare, or a peer failed--> WAITING
     TRAINING --fenced or a peer failed--> WAITING
     TRAINING --last step applied--> DONE
+    WAITING, MIGRATING, TRAINING --the job failed (job/error)--> FAILED
+
+Leaving TRAINING (or MIGRATING) for WAITING never waits for a communication timeout: a watcher
+thread aborts the generation's process groups as soon as the store says the generation is over
+(a failure report, a fence of the step in flight, a newer plan, or the job's failure), and the
+training thread, blocked in a collective on a frozen or cut-off peer, leaves it at once
+(:class:`~liveput.runtime.comm.CommAborted`). The step in flight is not applied; the agent waits
+for the next plan. An agent that was itself frozen or cut off finds, when it wakes, its
+generation over the same way and joins the plan after as a member again. FAILED ends the agent
+with the job's one-line error (a layer raised, the loss is not finite).
 
 A notice does not stop training by itself: the agent reports it at once (``notice/<id>``) and keeps
 going until the coordinator's next plan, which moves its layers away while it is still alive;
@@ -26,6 +36,7 @@ from dataclasses import dataclass
 from liveput.errors import LiveputError
 from liveput.runtime import protocol
 from liveput.runtime.clock import Clock, MonotonicClock
+from liveput.runtime.comm import configure_error_handling
 from liveput.runtime.engine import Ending, Engine
 from liveput.runtime.logs import RepeatFilter
 from liveput.runtime.notices import Notice, NoticeMonitor, NoticeWatcher
@@ -43,13 +54,16 @@ class AgentState(enum.Enum):
     TRAINING = "training"
     DONE = "done"
     LEFT = "left"
+    FAILED = "failed"
 
 
 _TRANSITIONS = {
     AgentState.JOINING: {AgentState.WAITING},
-    AgentState.WAITING: {AgentState.MIGRATING, AgentState.DONE, AgentState.LEFT},
-    AgentState.MIGRATING: {AgentState.TRAINING, AgentState.WAITING, AgentState.DONE},
-    AgentState.TRAINING: {AgentState.WAITING, AgentState.DONE},
+    AgentState.WAITING: {AgentState.MIGRATING, AgentState.DONE, AgentState.LEFT,
+                         AgentState.FAILED},
+    AgentState.MIGRATING: {AgentState.TRAINING, AgentState.WAITING, AgentState.DONE,
+                           AgentState.FAILED},
+    AgentState.TRAINING: {AgentState.WAITING, AgentState.DONE, AgentState.FAILED},
 }
 """Allowed moves. MIGRATING covers rebuilding groups and moving layers; a spare, or an instance
 whose migration failed, goes back to WAITING without training."""
@@ -96,6 +110,7 @@ class Agent:
 
     def __init__(self, config: AgentConfig, store: Store, engine: Engine,
                  watchers: list[NoticeWatcher] | None = None, clock: Clock | None = None) -> None:
+        configure_error_handling()  # before the engine makes any process group
         self.config = config
         self.store = store
         self.engine = engine
@@ -174,6 +189,9 @@ class Agent:
             try:
                 if self.store.get("job/done") is not None:
                     return None
+                failure = protocol.job_error(self.store)
+                if failure is not None:
+                    raise failure
                 raw = self.store.get("plan/current")
                 if raw is not None and int(raw) > after:
                     plan = protocol.load_plan(self.store, int(raw))
@@ -184,6 +202,8 @@ class Agent:
                     return None
                 failing_since_s = None
                 self._store_warnings.flush()
+            except protocol.JobFailure:
+                raise
             except LiveputError as error:
                 now_s = self.clock.now_s()
                 failing_since_s = now_s if failing_since_s is None else failing_since_s
@@ -209,7 +229,8 @@ class Agent:
         return final
 
     def run(self) -> AgentState:
-        """Join, then follow plans; the final state (DONE or LEFT)."""
+        """Join, then follow plans; the final state (DONE or LEFT). The job's failure
+        (:class:`~liveput.runtime.protocol.JobFailure`) is raised after the move to FAILED."""
         if self.state is AgentState.JOINING:
             self.join()
         generation = -1
@@ -225,6 +246,9 @@ class Agent:
                 if result.ending is Ending.FINISHED:
                     return self._finish(job_done=True)
                 self._move(AgentState.WAITING)
+        except protocol.JobFailure:
+            self._move(AgentState.FAILED)
+            raise
         finally:
             self.close()
 

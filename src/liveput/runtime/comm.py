@@ -5,12 +5,27 @@ a c10d store prefixed by the generation, never through the global default group,
 groups are simply dropped and rebuilt at the next one. Groups: the world (every instance of the
 plan, for layer transfers and pipeline send/recv) and, per stage, its D replicas (gradient
 all-reduce). Tensors of unknown shape travel as a small header then the payload.
+
+**Abort.** A generation's groups are aborted from a watcher thread (:meth:`Groups.abort`) when the
+generation is fenced or superseded, so that no rank waits out ``timeout_s`` on a frozen or
+cut-off peer. ``ProcessGroupNCCL.abort()`` ends the communicators' kernels, but
+``ProcessGroupGloo.abort()`` (torch 2.13) does not wake an operation already blocked, and the
+shrink APIs are NCCL-only. So every blocking call goes through :meth:`Groups.call` (waits:
+:meth:`Groups.wait`), which runs it on a helper thread and raises :class:`CommAborted` in the
+caller as soon as the groups are aborted. An abandoned operation ends by itself at its timeout;
+until then its groups are parked (:func:`_park`): destroying a gloo group joins its worker
+threads, which may still be blocked in it.
 """
 
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -18,6 +33,62 @@ import torch.distributed as dist
 _DTYPES = (torch.float32, torch.int64, torch.float16, torch.bfloat16, torch.float64, torch.int32,
            torch.uint8)
 _HEADER = 8
+
+
+NCCL_ERROR_HANDLING = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+"""NCCL watchdog settings an agent sets (unless the user did) before any group is made: a
+blocking wait raises a timed-out operation's error in the thread that waits (the training
+thread, through :meth:`Groups.call`), and the watchdog, instead of tearing the process down
+(torch's default, 3: ``SkipCleanUp``), only aborts the communicators (2: ``CleanUpOnly``). A
+timeout then ends one generation, not the instance. Read by ``ProcessGroupNCCL`` only."""
+
+
+def configure_error_handling() -> None:
+    """Apply :data:`NCCL_ERROR_HANDLING` to this process's environment (before groups exist)."""
+    for name, value in NCCL_ERROR_HANDLING.items():
+        os.environ.setdefault(name, value)
+
+
+class CommAborted(RuntimeError):
+    """A wait on groups that were aborted from another thread (their generation is over)."""
+
+
+def _park(groups: Groups, keep_s: float) -> None:
+    """Keep ``groups`` alive ``keep_s`` more seconds, in a daemon thread: an operation abandoned
+    by an abort ends by itself at its timeout, and destroying the groups before would block the
+    dropping thread (a gloo group joins its worker threads). A daemon thread's references are
+    never released at interpreter exit, so neither does a process ending meanwhile wait."""
+    threading.Thread(target=_hold, args=(groups, keep_s), name="liveput-parked-groups",
+                     daemon=True).start()
+
+
+def _hold(groups: Groups, keep_s: float) -> None:
+    time.sleep(keep_s)
+
+
+class _Call:
+    """One blocking call handed to the helper thread; ``wake`` is set when it is finished or
+    the groups are aborted, whichever comes first."""
+
+    def __init__(self, function: Callable[[], object]) -> None:
+        self.function = function
+        self.wake = threading.Event()
+        self.finished = False
+        self.result: object = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.function()
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller
+            self.error = error
+        self.finished = True
+        self.wake.set()
+
+
+def _serve(calls: queue.SimpleQueue) -> None:
+    while (call := calls.get()) is not None:
+        call.run()
 
 
 def _make_group(store: dist.Store, prefix: str, rank: int, size: int,
@@ -47,6 +118,15 @@ class Groups:
     stage: dist.ProcessGroup | None
     """The replicas of this instance's stage (None when D = 1 or it is a spare)."""
     device: torch.device
+    timeout_s: float = 60.0
+    """Timeout of one operation: the longest an abandoned one stays blocked, seconds."""
+
+    def __post_init__(self) -> None:
+        self.aborted = threading.Event()
+        """Set by :meth:`abort`: every call then raises :class:`CommAborted`."""
+        self._lock = threading.Lock()
+        self._pending: set[_Call] = set()
+        self._calls: queue.SimpleQueue | None = None
 
     @classmethod
     def build(cls, store: dist.Store, generation: int, rank: int, world_size: int,
@@ -61,7 +141,34 @@ class Groups:
             name = "-".join(map(str, stage_ranks))
             stage = _make_group(store, f"g{generation}/stage/{name}/", stage_ranks.index(rank),
                                 len(stage_ranks), device, timeout_s, host)
-        return cls(world, rank, stage, device)
+        return cls(world, rank, stage, device, timeout_s)
+
+    # --- abortable calls --------------------------------------------------------------------
+    def call(self, function: Callable[[], object]) -> object:
+        """``function()``, a blocking C++ call, run on this rank's helper thread; raises
+        :class:`CommAborted` as soon as the groups are aborted (the call is then abandoned)."""
+        call = _Call(function)
+        with self._lock:
+            if self.aborted.is_set():
+                raise CommAborted("communication aborted")
+            if self._calls is None:
+                self._calls = queue.SimpleQueue()
+                threading.Thread(target=_serve, args=(self._calls,), daemon=True,
+                                 name=f"liveput-comm-{self.rank}").start()
+            self._pending.add(call)
+            self._calls.put(call)
+        call.wake.wait()
+        with self._lock:
+            self._pending.discard(call)
+        if not call.finished:
+            raise CommAborted("communication aborted")
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def wait(self, work: dist.Work) -> None:
+        """``work.wait()``; :class:`CommAborted` once the groups are aborted."""
+        self.call(work.wait)
 
     # --- point to point ---------------------------------------------------------------------
     def isend_tensor(self, tensor: torch.Tensor, peer: int, tag: int) -> list[dist.Work]:
@@ -76,11 +183,11 @@ class Groups:
 
     def recv_tensor(self, peer: int, tag: int) -> torch.Tensor:
         header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
-        self.world.recv([header], peer, 2 * tag).wait()
+        self.wait(self.world.recv([header], peer, 2 * tag))
         header = header.cpu()
         shape = [int(x) for x in header[2:2 + int(header[1])]]
         tensor = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=self.device)
-        self.world.recv([tensor], peer, 2 * tag + 1).wait()
+        self.wait(self.world.recv([tensor], peer, 2 * tag + 1))
         return tensor
 
     def isend_bytes(self, data: bytes, peer: int, tag: int) -> tuple[list[dist.Work], torch.Tensor]:
@@ -95,18 +202,34 @@ class Groups:
     def allreduce_stage(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` in place over the replicas of this stage."""
         if self.stage is not None:
-            self.stage.allreduce([flat]).wait()
+            self.wait(self.stage.allreduce([flat]))
 
     def barrier(self) -> None:
         flag = torch.zeros(1, device=self.device)
-        self.world.allreduce([flag]).wait()
+        self.wait(self.world.allreduce([flag]))
 
     def abort(self) -> None:
-        """Abort every operation of these groups, also one blocked in another thread (which
-        then fails): a peer of this generation failed, or a newer plan is out."""
-        self.close()
+        """Abort every operation of these groups, also one another thread waits on (which
+        then raises :class:`CommAborted`): a peer of this generation failed, or a newer plan
+        is out. Any thread may call it, any number of times."""
+        with self._lock:
+            first = not self.aborted.is_set()
+            self.aborted.set()
+            pending = list(self._pending)
+            calls, self._calls = self._calls, None
+        for call in pending:
+            call.wake.set()
+        if calls is not None:
+            calls.put(None)  # the helper ends once the call in its hands (if any) returns
+        if first:
+            self._abort_groups()
+            _park(self, self.timeout_s + 5.0)
 
     def close(self) -> None:
+        """End of the generation for this rank: abort whatever may still be in flight."""
+        self.abort()
+
+    def _abort_groups(self) -> None:
         for group in (self.stage, self.world):
             if group is not None and hasattr(group, "abort"):
                 try:

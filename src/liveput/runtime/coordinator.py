@@ -35,7 +35,7 @@ from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.decide import (Action, ActionKind, CoordinatorConfig, CoordinatorView,
                                     Member, decide)
-from liveput.runtime.planning import PlanContext, plan_generation
+from liveput.runtime.planning import PlanContext, plan_generation, require_a_fit
 from liveput.runtime.prune import (PruneView, Pruner, checkpoint_point, forgotten,
                                    instances_named, read_floor)
 from liveput.runtime.store import Store
@@ -82,6 +82,7 @@ class Coordinator:
             self.policy = make_deadline_policy(config.policy, deadline)
         else:
             self.table = estimate_configs(profile, config.capacity)
+            require_a_fit(self.table, profile, config.capacity)
             self.policy = make_policy(config.policy, PolicyContext(
                 profile=profile, table=self.table, costs=config.costs,
                 interval_s=config.policy_interval_s, horizon=config.horizon,
@@ -405,6 +406,9 @@ class Coordinator:
         """One observation and, if needed, one action; False once the job is done."""
         if self.store.get("job/done") is not None:
             return False
+        failure = self.store.get(protocol.JOB_ERROR_KEY)
+        if failure is not None:
+            raise LiveputError(failure.decode())
         view = self.observe()
         self.available = sorted(i for i, m in view.members.items() if not m.left
                                 and not m.noticed

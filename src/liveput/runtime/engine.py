@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from liveput.errors import LiveputError
 from liveput.runtime import protocol
 from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
-from liveput.runtime.comm import Groups
+from liveput.runtime.comm import CommAborted, Groups
 from liveput.runtime.job import Job
 from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
 from liveput.runtime.protocol import LedgerRecord, RuntimePlan
@@ -41,33 +42,46 @@ _WATCH_S = 0.2
 
 
 class _Watchdog(threading.Thread):
-    """Aborts a generation's communication once a peer reports a failure or a newer plan is out.
+    """Aborts a generation's communication once it is over: a peer reported a failure, the
+    coordinator fenced the step this rank is at, or a newer plan is out.
 
-    A rank whose peer died usually sees its connection close; one blocked on a live peer (a
-    collective whose other members already gave up) would wait, in C++, for the whole
-    communication timeout. The failure report or the new plan in the store ends that wait."""
+    A rank whose peer died usually sees its connection close; one blocked on a frozen or cut-off
+    peer (or in a collective whose other members already gave up) would wait, in C++, for the
+    whole communication timeout. The abort ends that wait at once (:meth:`Groups.abort`)."""
 
-    def __init__(self, store: Store, generation: int, groups: Groups, instance: int) -> None:
+    def __init__(self, store: Store, generation: int, groups: Groups, instance: int,
+                 current_step: Callable[[], int | None]) -> None:
         super().__init__(name=f"liveput-watch-{generation}", daemon=True)
         self.store = store
         self.generation = generation
         self.groups = groups
         self.instance = instance
+        self.current_step = current_step
         self.done = threading.Event()
-        self.fired = False
+        self.reason = ""
+        """Why it aborted the groups (empty: it did not)."""
+
+    def _over(self) -> str:
+        if self.store.get(protocol.JOB_ERROR_KEY) is not None:
+            return "ended with the job"
+        if self.store.get(protocol.failed_key(self.generation)) is not None:
+            return "failed elsewhere"
+        step = self.current_step()
+        if step is not None and \
+                protocol.step_outcome(self.store, self.generation, step) == protocol.ABORTED:
+            return f"was fenced at step {step}"
+        return "was superseded" if protocol.superseded(self.store, self.generation) else ""
 
     def run(self) -> None:
         while not self.done.wait(_WATCH_S):
             try:
-                failed = self.store.get(protocol.failed_key(self.generation)) is not None
-                newer = failed or protocol.superseded(self.store, self.generation)
+                reason = self._over()
             except LiveputError:
                 continue  # the store is restarting; look again
-            if newer and not self.done.is_set():
+            if reason and not self.done.is_set():
+                self.reason = reason
                 LOG.info("instance %d: generation %d %s; aborting its communication",
-                         self.instance, self.generation,
-                         "failed elsewhere" if failed else "was superseded")
-                self.fired = True
+                         self.instance, self.generation, reason)
                 self.groups.abort()
                 return
 
@@ -195,7 +209,7 @@ class Engine:
                 received[transfer.layer] = layer
         self._peer = None
         for work in sends:
-            work.wait()
+            groups.wait(work)
         missing = [i for i in needed if i not in self.layers and i not in received]
         if missing:
             raise LiveputError(f"plan {plan.generation} leaves instance {self.instance} "
@@ -223,6 +237,7 @@ class Engine:
         groups = None
         watchdog = None
         self._peer = None
+        self._step = None
         try:
             if len(world) == 1:
                 protocol.arrive(self.store, plan, self.instance)  # the plan has met
@@ -231,7 +246,8 @@ class Engine:
                 groups = Groups.build(self.rendezvous(plan, rank), plan.generation, rank,
                                       len(world), stage_ranks, self.device,
                                       self.config.comm_timeout_s, plan.hosts.get(self.instance))
-                watchdog = _Watchdog(self.store, plan.generation, groups, self.instance)
+                watchdog = _Watchdog(self.store, plan.generation, groups, self.instance,
+                                     lambda: self._step)
                 watchdog.start()
             if plan.restore_step is not None:
                 self._restore(plan, needed)
@@ -257,6 +273,26 @@ class Engine:
             result = self._train(plan, groups, position, keep_going, started, needed)
             self._report(plan.generation, result.ending.value)
             return result
+        except protocol.JobFailure as failure:
+            # The job itself is wrong: every instance and the coordinator stop with this line.
+            LOG.error("instance %d: %s", self.instance, failure)
+            discard_gradients(list(self.layers.values()))
+            self._retry(lambda: protocol.fail_job(self.store, failure))
+            raise
+        except CommAborted:
+            # The watchdog ended the generation's communication: it is over for every rank
+            # (the step in flight can no longer commit), and the store already says why.
+            assert watchdog is not None
+            if watchdog.reason == "ended with the job":
+                discard_gradients(list(self.layers.values()))
+                raise protocol.job_error(self.store) or protocol.JobFailure("the job failed")
+            LOG.warning("instance %d: generation %d %s; left its communication at step %s",
+                        self.instance, plan.generation, watchdog.reason,
+                        "-" if self._step is None else self._step)
+            discard_gradients(list(self.layers.values()))
+            ending = Ending.FAILED if watchdog.reason == "failed elsewhere" else Ending.FENCED
+            self._report(plan.generation, ending.value)
+            return GenerationResult(ending, self.last_applied, time.perf_counter() - started)
         except (RuntimeError, dist.DistBackendError, LiveputError) as error:
             # A peer died or never came (rendezvous timed out): the generation is over for us.
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -318,6 +354,7 @@ class Engine:
             if not keep_going():
                 result.ending = Ending.STOPPED
                 break
+            self._step = step
             if step == plan.start_step:
                 result.setup_s = time.perf_counter() - started
             begin = time.perf_counter()
@@ -327,6 +364,10 @@ class Engine:
                 flat, parameters = flat_gradients(layers, loss)
                 groups.allreduce_stage(flat)
                 loss = unflatten_gradients(flat, parameters)
+            if position.is_last and not math.isfinite(loss):
+                # Never voted for, so never committed: no instance applies this step.
+                raise protocol.JobFailure(f"the loss is {loss} at step {step}; the step was "
+                                          "not committed")
             reduced = time.perf_counter()
             if len(self.layers) > len(needed):
                 # The generation is about to commit its first step: the layers kept in case it
@@ -387,4 +428,10 @@ class Engine:
             try:
                 return self.store.wait_for(key, self.config.outcome_poll_s)
             except LiveputError:
+                pass
+            try:
+                failure = protocol.job_error(self.store)
+            except LiveputError:
                 continue
+            if failure is not None:
+                raise failure

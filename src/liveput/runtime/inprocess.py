@@ -53,6 +53,8 @@ class ThreadCluster:
         self.plan: protocol.RuntimePlan | None = None
         self.last_applied = protocol.FRESH_START
         self.kinds: list[str] = []
+        self.failures = {}
+        """Instances whose last generation stopped the job (the error each raised)."""
 
     def engine(self, instance: int) -> Engine:
         if instance not in self.engines:
@@ -90,15 +92,21 @@ class ThreadCluster:
             protocol.fence(self.store, plan.generation, run_until, plan.num_working)
         protocol.publish_plan(self.store, plan)
         results: dict[int, GenerationResult] = {}
+        self.failures = {}
 
         def run(instance: int) -> None:
-            results[instance] = self.engine(instance).run_generation(plan)
+            try:
+                results[instance] = self.engine(instance).run_generation(plan)
+            except protocol.JobFailure as failure:
+                self.failures[instance] = failure
 
         threads = [threading.Thread(target=run, args=(i,)) for i in plan.world]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        if self.failures:
+            raise next(iter(self.failures.values()))
         working = [r for i, r in results.items() if plan.slots[i] is not None]
         self.last_applied = min(r.last_applied for r in working)
         self.plan = plan

@@ -60,6 +60,9 @@ class Job:
             raise LiveputError("Job.dataset must have a length (a map-style Dataset)") from None
         if size < 1:
             raise LiveputError("Job.dataset is empty")
+        if size < self.global_batch_size:
+            raise LiveputError(f"Job {self.name}: the dataset has {size} samples, fewer than one "
+                               f"batch ({self.global_batch_size})")
         self.layers = list(self.layers)
 
     @property

@@ -65,6 +65,9 @@ class LocalTrainingConfig:
     """Directory of the agents' logs (``i-<n>.log``), kept after the run."""
     keep_checkpoints: int = 2
     """K: only the newest K complete checkpoints stay on disk."""
+    heartbeat_timeout_s: float | None = None
+    """Wall seconds of silence before the coordinator takes an agent for dead, whatever the
+    time scale (the failure detection time; None: two decision intervals, at least 3 s)."""
     deadline: DeadlineJob | None = None
     """A deadline job: the deadline policy decides, and the emulated provider rents, the spot
     and on-demand instances (:mod:`liveput.runtime.deadline`); None: the trace's instances."""
@@ -76,6 +79,9 @@ class LocalTrainingConfig:
             raise LiveputError("train: --keep-checkpoints must be >= 1")
         if self.time_scale <= 0 or self.notice_lead_s < 0 or self.timeout_s <= 0:
             raise LiveputError("train: --time-scale must be positive and the notice lead >= 0")
+        if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= 0:
+            raise LiveputError(f"train: --heartbeat-timeout must be positive, got "
+                               f"{self.heartbeat_timeout_s:g}")
 
 
 @dataclass
@@ -122,6 +128,15 @@ class Progress:
     """What the job is doing (the coordinator's words: training, migrating, restoring, ...)."""
 
 
+def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
+    """(heartbeat timeout, how long agents outlive a silent store), wall seconds: the user's
+    detection time, or two decision intervals (at least 3 s); the store-outage limit is never
+    shorter than that default, so a short detection time does not end agents at a store hiccup."""
+    default_s = max(3.0, 2 * 60.0 / config.time_scale)
+    heartbeat_timeout_s = config.heartbeat_timeout_s or default_s
+    return heartbeat_timeout_s, max(default_s, heartbeat_timeout_s)
+
+
 def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace,
                        on_progress: Callable[[Progress], None] | None = None) -> TrainingResult:
     """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done."""
@@ -148,9 +163,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
         finished = False
         try:
             interval_s = 60.0 / config.time_scale
-            heartbeat_timeout_s = max(3.0, 2 * interval_s)
+            heartbeat_timeout_s, outage_s = detection_times_s(config)
             publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every,
-                                        store_outage_s=heartbeat_timeout_s,
+                                        store_outage_s=outage_s,
                                         keep_checkpoints=config.keep_checkpoints))
             profile = profile_job(job)
             deadline = None if config.deadline is None else deadline_context(

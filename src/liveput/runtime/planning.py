@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from liveput.perf.partition import partition_layers
-from liveput.perf.types import ModelProfile
+from liveput.errors import LiveputError
+from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.plan.costs import CostModel
 from liveput.plan.migration import (CHECKPOINT, Assignment, MigrationPlan, Slot,
                                     plan_from_holdings)
@@ -137,3 +138,21 @@ def profile_job(job: Job, repeats: int = 2) -> ModelProfile:
     layers = [copy.deepcopy(layer) for layer in job.layers]
     target = ProfileTarget(job.name, layers, make_batch, job.loss_fn, job.global_batch_size)
     return profile_model(target, micro_batch_size=job.micro_batch_size, repeats=repeats)
+
+
+def require_a_fit(table: ConfigTable, profile: ModelProfile, capacity: int) -> None:
+    """A one-line error when no configuration of up to ``capacity`` instances fits the model in
+    memory (naming the smallest memory per instance it would need), else nothing."""
+    if table.feasible.any():
+        return
+    memory_only = [i for i, reason in enumerate(table.reason)
+                   if reason is not None and reason.startswith("out of memory")]
+    if not memory_only:
+        raise LiveputError(f"{profile.model} fits no configuration of up to {capacity} "
+                           f"instances: {table.reason[0] if table.reason else 'none exists'}")
+    best = min(memory_only, key=lambda i: table.memory_gb[i])
+    raise LiveputError(
+        f"{profile.model} fits no configuration of up to {capacity} instances of "
+        f"{profile.instance_type.name} ({profile.instance_type.gpu_memory_gb:g} GB each): it needs "
+        f"at least {table.memory_gb[best]:.3g} GB per instance "
+        f"(D={int(table.data_parallel[best])}, P={int(table.pipeline_stages[best])})")

@@ -17,6 +17,8 @@ Keys (all under the job's store):
   generation's state is in place and when a generation ends for it.
 - ``fail/<g>/<id>``: instance id's generation g failed (:class:`FailureReport`); ``failed/<g>``:
   some instance's did (peers abort their communication of generation g when they see it).
+- ``job/error``: why the job cannot go on (a layer raised, the loss is not finite): every agent
+  and the coordinator stop with this one line.
 - ``coord/...``: the coordinator's own records (interval history; ``coord/floor``: the steps
   whose commit keys were pruned, see :mod:`liveput.runtime.prune`).
 
@@ -45,6 +47,23 @@ COMMITTED = b"committed"
 ABORTED = b"aborted"
 FRESH_START = -1
 """``restore_step`` of a plan that starts from the job's initial weights."""
+
+
+JOB_ERROR_KEY = "job/error"
+
+
+class JobFailure(LiveputError):
+    """The job itself is wrong (a layer raised, the loss is not finite): no plan can fix it."""
+
+
+def fail_job(store: Store, failure: JobFailure) -> None:
+    """Record why the job stops (the first failure stays)."""
+    store.compare_and_set(JOB_ERROR_KEY, None, str(failure).encode())
+
+
+def job_error(store: Store) -> JobFailure | None:
+    raw = store.get(JOB_ERROR_KEY)
+    return None if raw is None else JobFailure(raw.decode())
 
 
 def commit_key(generation: int, step: int) -> str:

@@ -18,13 +18,15 @@ batch, the same for every (D, P).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from liveput.runtime.comm import Groups
+from liveput.runtime.comm import CommAborted, Groups
 from liveput.runtime.job import Job, replica_micro_batches
 from liveput.runtime.layer_state import LayerState
+from liveput.runtime.protocol import JobFailure
 
 
 @dataclass(frozen=True)
@@ -70,10 +72,45 @@ def stage_order(num_micro: int, pipeline_stages: int, stage: int) -> list[tuple[
     return order + [(BACKWARD, index) for index in range(done, num_micro)]
 
 
-def _forward(layers: list[LayerState], x: torch.Tensor) -> torch.Tensor:
+class _Tracker:
+    """Which layer a step is in, to name the one that raises: in forward, the layer called; in
+    backward, the layer whose output's gradient was computed last (its own backward runs next)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.in_backward: int | None = None
+
+    def mark(self, index: int) -> None:
+        self.in_backward = index
+
+    def failure(self, index: int | None, phase: str, error: Exception) -> JobFailure:
+        text = str(error).strip().splitlines()
+        where = "the loss" if index is None else f"layer {index}"
+        return JobFailure(f"{where} raised in {phase} at step {self.step}: "
+                          f"{type(error).__name__}: {text[0] if text else ''}"[:400])
+
+
+def _forward(layers: list[LayerState], x: torch.Tensor, tracker: _Tracker) -> torch.Tensor:
     for layer in layers:
-        x = layer.module(x)
+        try:
+            x = layer.module(x)
+        except CommAborted:
+            raise
+        except Exception as error:  # noqa: BLE001 - the user's code: named, then the job stops
+            raise tracker.failure(layer.index, "forward", error) from None
+        if x.requires_grad:
+            x.register_hook(lambda grad, index=layer.index: tracker.mark(index))
     return x
+
+
+def _backward(tracker: _Tracker, run: Callable[[], None]) -> None:
+    tracker.in_backward = None
+    try:
+        run()
+    except CommAborted:
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's code: named, then the job stops
+        raise tracker.failure(tracker.in_backward, "backward", error) from None
 
 
 def compute_gradients(job: Job, layers: list[LayerState], position: StagePosition,
@@ -85,6 +122,7 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     if position.is_first and position.is_last:
         return _whole_replica(job, layers, micro, device, step)
     scale = job.micro_batch_size / job.global_batch_size
+    tracker = _Tracker(step)
     in_flight: deque[tuple[int, torch.Tensor | None, torch.Tensor]] = deque()
     sends = []
     loss_sum = 0.0
@@ -99,9 +137,9 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
             if x.is_floating_point():
                 x.requires_grad_(True)
             source = x
-        y = _forward(layers, x)
+        y = _forward(layers, x, tracker)
         if position.is_last:
-            loss = job.loss_fn(y, job.micro_batch(step, j)[1].to(device)) * scale
+            loss = _loss(job, y, job.micro_batch(step, j)[1].to(device), tracker) * scale
             loss_sum += float(loss.detach())
             in_flight.append((j, source, loss))
         else:
@@ -111,9 +149,10 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     def backward() -> None:
         j, source, output = in_flight.popleft()
         if position.is_last:
-            output.backward()
+            _backward(tracker, output.backward)
         else:
-            output.backward(groups.recv_tensor(position.next_rank, 2 * j + 1))
+            gradient = groups.recv_tensor(position.next_rank, 2 * j + 1)
+            _backward(tracker, lambda: output.backward(gradient))
         if source is not None and source.grad is not None:
             sends.extend(groups.isend_tensor(source.grad, position.previous_rank, 2 * j + 1))
 
@@ -123,7 +162,7 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
         else:
             backward()
     for work in sends:
-        work.wait()
+        groups.wait(work)
     return loss_sum
 
 
@@ -134,9 +173,19 @@ def _whole_replica(job: Job, layers: list[LayerState], micro: range, device: tor
     batches = [job.micro_batch(step, j) for j in micro]
     inputs = torch.cat([b[0] for b in batches]).to(device)
     targets = torch.cat([b[1] for b in batches]).to(device)
-    loss = job.loss_fn(_forward(layers, inputs), targets) * (len(inputs) / job.global_batch_size)
-    loss.backward()
+    tracker = _Tracker(step)
+    loss = _loss(job, _forward(layers, inputs, tracker), targets, tracker) * (
+        len(inputs) / job.global_batch_size)
+    _backward(tracker, loss.backward)
     return float(loss.detach())
+
+
+def _loss(job: Job, outputs: torch.Tensor, targets: torch.Tensor,
+          tracker: _Tracker) -> torch.Tensor:
+    try:
+        return job.loss_fn(outputs, targets)
+    except Exception as error:  # noqa: BLE001 - the user's code: named, then the job stops
+        raise tracker.failure(None, "forward", error) from None
 
 
 def flat_gradients(layers: list[LayerState], extra: float) -> tuple[torch.Tensor, list]:

@@ -77,6 +77,13 @@ class ClusterConfig:
     """Seconds between the coordinator's decisions."""
     store: str = "tcp"
     """``tcp`` (a TCPStore hosted by this process) or ``etcd`` (the campaign's etcd server)."""
+    policy: str = "liveput"
+    """The coordinator's policy (``reactive``: the best configuration for the instances up,
+    no change otherwise)."""
+    job: str = CHAOS_JOB
+    """The job (``module:function`` importable by the agents)."""
+    environment: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables of the coordinator and the agents."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.workers < 1 or self.capacity < self.workers:
@@ -147,7 +154,8 @@ class ChaosCluster:
             self.start_agent()
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "LIVEPUT_TOKEN": TOKEN, "TORCH_CPP_LOG_LEVEL": "FATAL"}
+        return {**os.environ, "LIVEPUT_TOKEN": TOKEN, "TORCH_CPP_LOG_LEVEL": "FATAL",
+                **dict(self.config.environment)}
 
     def start_coordinator(self) -> None:
         if self.coordinator is not None and self.coordinator.poll() is None:
@@ -156,11 +164,11 @@ class ChaosCluster:
         with open(self.logs / "coordinator.log", "ab") as log:
             self.coordinator = subprocess.Popen(
                 [sys.executable, "-m", "liveput.cli.main", "-v", "coordinator", "--store",
-                 self.url, "--model", CHAOS_JOB, "--steps", str(c.steps), "--workers",
+                 self.url, "--model", c.job, "--steps", str(c.steps), "--workers",
                  str(c.workers), "--capacity", str(c.capacity), "--checkpoint-dir",
                  str(self.checkpoint_dir), "--checkpoint-every", str(c.checkpoint_every),
                  "--interval", str(c.interval_s), "--heartbeat-timeout",
-                 str(c.heartbeat_timeout_s), "--start-grace", "60"],
+                 str(c.heartbeat_timeout_s), "--start-grace", "60", "--policy", c.policy],
                 env=self._env(), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
 
     def kill_coordinator(self) -> None:
