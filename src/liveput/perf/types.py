@@ -6,9 +6,12 @@ using D * P instances, each instance holding one stage of one pipeline.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from liveput.errors import LiveputError
 
 
 @dataclass(frozen=True)
@@ -122,3 +125,25 @@ class ConfigTable:
             int(self.pipeline_stages[best]),
             float(self.samples_per_s[best]),
         )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The measured iteration time of one configuration."""
+
+    data_parallel: int
+    """D."""
+    pipeline_stages: int
+    """P."""
+    iteration_s: float
+    """Seconds per training step (the median of its measured intervals)."""
+    steps: int = 1
+    """Intervals the figure summarizes."""
+
+    def __post_init__(self) -> None:
+        if self.data_parallel < 1 or self.pipeline_stages < 1:
+            raise LiveputError(f"measurement: D and P must be >= 1, not "
+                               f"({self.data_parallel}, {self.pipeline_stages})")
+        if not (math.isfinite(self.iteration_s) and self.iteration_s > 0):
+            raise LiveputError(f"measurement of ({self.data_parallel}, {self.pipeline_stages}): "
+                               f"iteration time must be positive, not {self.iteration_s}")

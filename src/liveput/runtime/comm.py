@@ -47,13 +47,18 @@ class Groups:
     stage: dist.ProcessGroup | None
     """The replicas of this instance's stage (None when D = 1 or it is a spare)."""
     device: torch.device
+    pipeline: dist.ProcessGroup | None = None
+    """The stages of this instance's pipeline, built only for a global gradient norm (None when
+    P = 1, not needed, or a spare)."""
 
     @classmethod
     def build(cls, store: dist.Store, generation: int, rank: int, world_size: int,
               stage_ranks: list[int] | None, device: torch.device,
-              timeout_s: float = 60.0, host: str | None = None) -> Groups:
+              timeout_s: float = 60.0, host: str | None = None,
+              pipeline_ranks: list[int] | None = None) -> Groups:
         """``stage_ranks``: world ranks holding this rank's stage (its replicas, itself included);
-        ``host``: the address to bind (None: gloo's default)."""
+        ``host``: the address to bind (None: gloo's default); ``pipeline_ranks``: world ranks of
+        this rank's pipeline, when a step needs the stages to reduce together."""
         world = _make_group(store, f"g{generation}/world/", rank, world_size, device, timeout_s,
                             host)
         stage = None
@@ -61,7 +66,13 @@ class Groups:
             name = "-".join(map(str, stage_ranks))
             stage = _make_group(store, f"g{generation}/stage/{name}/", stage_ranks.index(rank),
                                 len(stage_ranks), device, timeout_s, host)
-        return cls(world, rank, stage, device)
+        pipeline = None
+        if pipeline_ranks is not None and len(pipeline_ranks) > 1:
+            name = "-".join(map(str, pipeline_ranks))
+            pipeline = _make_group(store, f"g{generation}/pipeline/{name}/",
+                                   pipeline_ranks.index(rank), len(pipeline_ranks), device,
+                                   timeout_s, host)
+        return cls(world, rank, stage, device, pipeline)
 
     # --- point to point ---------------------------------------------------------------------
     def isend_tensor(self, tensor: torch.Tensor, peer: int, tag: int) -> list[dist.Work]:
@@ -97,6 +108,14 @@ class Groups:
         if self.stage is not None:
             self.stage.allreduce([flat]).wait()
 
+    def allreduce_pipeline(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum of ``values`` (a CPU tensor) over the stages of this pipeline."""
+        if self.pipeline is None:
+            return values
+        buffer = values.to(self.device)
+        self.pipeline.allreduce([buffer]).wait()
+        return buffer.cpu()
+
     def barrier(self) -> None:
         flag = torch.zeros(1, device=self.device)
         self.world.allreduce([flag]).wait()
@@ -107,7 +126,7 @@ class Groups:
         self.close()
 
     def close(self) -> None:
-        for group in (self.stage, self.world):
+        for group in (self.pipeline, self.stage, self.world):
             if group is not None and hasattr(group, "abort"):
                 try:
                     group.abort()

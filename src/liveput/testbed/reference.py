@@ -15,7 +15,8 @@ import torch
 from liveput import Job
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.layer_state import fresh_layer
-from liveput.runtime.schedule import StagePosition, apply_step, compute_gradients
+from liveput.runtime.optimizer_step import OptimizerStep
+from liveput.runtime.schedule import StagePosition, compute_gradients
 
 __all__ = ["RTOL", "ATOL", "reference_parameters", "final_parameters", "parameter_mismatches"]
 
@@ -26,11 +27,14 @@ ATOL = 1e-6
 
 
 def reference_parameters(job: Job, steps: int) -> list[dict[str, torch.Tensor]]:
-    """Every layer's parameters after an uninterrupted single-process run of ``steps`` steps."""
+    """Every layer's parameters after an uninterrupted single-process run of ``steps`` steps
+    (with the job's precision, clipping and schedule)."""
     layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    update = OptimizerStep(job.training)
     for step in range(steps):
-        compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step)
-        apply_step(layers)
+        compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step,
+                          update.loss_scale)
+        update.apply(layers, step, update.decide(layers, job.num_layers))
     return [layer.module.state_dict() for layer in layers]
 
 
