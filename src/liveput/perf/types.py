@@ -13,6 +13,9 @@ import numpy as np
 
 from liveput.errors import LiveputError
 
+ACTIVATION_CHECKPOINTING = ("stage", "none", "layer")
+"""Values of :attr:`ModelProfile.activation_checkpointing`."""
+
 
 @dataclass(frozen=True)
 class LayerProfile:
@@ -69,6 +72,18 @@ class ModelProfile:
     min_pipeline_stages: int = 1
     """Smallest pipeline depth known to run (published or measured); shallower ones are
     infeasible whatever the memory model says."""
+    activation_checkpointing: str = "stage"
+    """What the training engine keeps for the backward pass (``estimator`` docstring):
+    ``stage`` (the built-in tables' DeepSpeed runs: each stage's input, its forward recomputed,
+    the recompute inside the calibrated compute scale), ``none`` (every layer's activations per
+    micro-batch in flight) or ``layer`` (liveput's per-layer checkpointing: each layer's input,
+    each layer's forward run again in the backward)."""
+
+    def __post_init__(self) -> None:
+        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+            raise LiveputError(f"profile {self.model}: activation_checkpointing must be one of "
+                               f"{', '.join(ACTIVATION_CHECKPOINTING)}, not "
+                               f"{self.activation_checkpointing!r}")
 
     @property
     def num_layers(self) -> int:
