@@ -150,3 +150,41 @@ def test_online_fit_with_few_configurations_fits_fewer_constants():
     assert prediction_mape(profile, [Measurement(1, 12, 2.0 * base_s)], fitted) < 1e-6
     with pytest.raises(LiveputError, match="iteration time must be positive"):
         Measurement(1, 1, 0.0)
+
+
+def test_the_runtime_measures_what_it_runs_and_the_coordinator_refits(tmp_path):
+    """Engines publish the step times of each configuration they run; the coordinator's next
+    interval re-fits the estimator to them and plans with the new table."""
+    from liveput.policies.base import Configuration
+    from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+    from liveput.runtime.engine import EngineConfig
+    from liveput.runtime.inprocess import ThreadCluster
+    from liveput.runtime.job import resolve_job
+    from liveput.runtime.planning import profile_job
+    from liveput.runtime.step_times import read_measurements
+    from liveput.runtime.store import MemoryStore
+
+    job = resolve_job("tiny-gpt-small")
+    profile = profile_job(job, repeats=1)
+    cluster = ThreadCluster(job, profile, str(tmp_path / "ckpt"), 24,
+                            EngineConfig(checkpoint_every=0, comm_timeout_s=20))
+    cluster.migrate(Configuration(1, 2), set(), [0, 1], run_until=8)
+    cluster.migrate(Configuration(2, 1), set(), [], run_until=16)
+    cluster.migrate(Configuration(1, 1), {1}, [], run_until=24)
+    measured = read_measurements(cluster.store)
+    assert [(m.data_parallel, m.pipeline_stages) for m in measured] == [(1, 1), (1, 2), (2, 1)]
+    assert all(m.steps >= 5 and 0 < m.iteration_s < 10 for m in measured)
+    store = MemoryStore()
+    for key, value in cluster.store.get_prefix("perf/").items():
+        store.set(key, value)
+    coordinator = Coordinator(store, profile, CoordinatorConfig(
+        num_steps=10, num_micro_batches=job.num_micro_batches, capacity=4))
+    before = coordinator.table.samples_per_s.copy()
+    coordinator.observe()  # the first observation is an interval's
+    assert coordinator.measurements == tuple(measured)
+    assert coordinator.calibration == fit_online(profile, measured)
+    assert coordinator.calibration != Calibration()
+    assert not np.allclose(coordinator.table.samples_per_s, before)
+    assert prediction_mape(profile, measured, coordinator.calibration) < \
+        prediction_mape(profile, measured, Calibration())
+    assert coordinator.policy.context.table is coordinator.table
