@@ -31,6 +31,7 @@ from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.prune import PruneConfig
 from liveput.runtime.planning import profile_job
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
+from liveput.runtime.training import TrainingConfig
 from liveput.traces import IntervalTrace, Trace
 
 LOG = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class LocalTrainingConfig:
     """Directory of the agents' logs (``i-<n>.log``), kept after the run."""
     keep_checkpoints: int = 2
     """K: only the newest K complete checkpoints stay on disk."""
+    training: TrainingConfig | None = None
+    """Precision, clipping, schedule, activation checkpointing (None: the job's own)."""
     deadline: DeadlineJob | None = None
     """A deadline job: the deadline policy decides, and the emulated provider rents, the spot
     and on-demand instances (:mod:`liveput.runtime.deadline`); None: the trace's instances."""
@@ -128,6 +131,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
     started = time.monotonic()
     token = secrets.token_hex(16)
     job = resolve_job(config.model)
+    if config.training is not None:
+        job = dataclasses.replace(job, training=config.training)
     log_dir = Path(config.log_dir)
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -151,7 +156,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             heartbeat_timeout_s = max(3.0, 2 * interval_s)
             publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every,
                                         store_outage_s=heartbeat_timeout_s,
-                                        keep_checkpoints=config.keep_checkpoints))
+                                        keep_checkpoints=config.keep_checkpoints,
+                                        training=None if config.training is None
+                                        else config.training.to_dict()))
             profile = profile_job(job)
             deadline = None if config.deadline is None else deadline_context(
                 trace, profile, config.deadline, config.steps, config.time_scale)
