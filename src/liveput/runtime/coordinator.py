@@ -46,6 +46,8 @@ from liveput.runtime.store import Store
 from liveput.traces.trace import IntervalTrace
 
 LOG = logging.getLogger(__name__)
+_REFIT_CHANGE = 0.05
+"""The online fit runs again once a configuration is new or its step time moved this much."""
 __all__ = ["Coordinator", "CoordinatorConfig", "MarketView"]
 
 
@@ -135,8 +137,11 @@ class Coordinator:
     def _refit(self) -> None:
         """Feed the measured step times to the online fit; plan with what it learned."""
         measurements = tuple(read_measurements(self.store))
-        if not measurements or measurements == self.measurements:
-            return
+        before = {(m.data_parallel, m.pipeline_stages): m.iteration_s for m in self.measurements}
+        if not measurements or (len(before) == len(measurements) and all(
+                abs(m.iteration_s / before.get((m.data_parallel, m.pipeline_stages), 0.0) - 1)
+                <= _REFIT_CHANGE for m in measurements)):
+            return  # nothing new: the same configurations, each within 5% of the last fit's
         self.measurements = measurements
         calibration = fit_online(self.profile, measurements, calibration_for(self.profile.model))
         LOG.info("performance model re-fitted to %d measured configurations (%s): %s",
