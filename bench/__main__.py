@@ -1,6 +1,7 @@
 """Run every benchmark module (``bench/bench_*.py``, each with a ``main()``) or the ones named.
 
-Usage: ``python -m bench [NAME ...]`` where NAME is e.g. ``forecast`` for ``bench_forecast.py``;
+Usage: ``python -m bench [NAME ...]`` where NAME is e.g. ``forecast`` for ``bench_forecast.py``
+(``calibrate-online`` for ``bench_calibrate_online.py``);
 ``python -m bench NAME --option ...`` passes the options to that one benchmark's
 ``main(argv)`` (e.g. ``python -m bench chaos --faults 200 --seed 1 --json out.json``).
 Each benchmark prints its figures and the ratio to its target.
@@ -24,7 +25,7 @@ def main(argv: list[str]) -> int:
     names = names or sorted(p.stem.removeprefix("bench_") for p in here.glob("bench_*.py"))
     for name in names:
         print(f"== bench {name}", flush=True)
-        module = importlib.import_module(f"bench.bench_{name}")
+        module = importlib.import_module(f"bench.bench_{name.replace('-', '_')}")
         if options:
             module.main(options)
         else:

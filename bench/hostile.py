@@ -260,6 +260,8 @@ def _name_cases() -> Iterator[Case]:
         "profile --device": ("profile", "--device", "bogus", "-o", "{dir}/p.json"),
         "profile --model": ("profile", "--model", "bogus", "-o", "{dir}/p.json"),
         "train --model": ("train", "--model", "bogus", "--steps", "3"),
+        "train --precision": ("train", "--precision", "fp8", "--steps", "3"),
+        "train --lr-schedule": ("train", "--lr-schedule", "cosine:warm=2", "--steps", "3"),
         "agent --notices": ("agent", "--coordinator", "127.0.0.1:1", "--token", "t",
                             "--notices", "bogus"),
         "unknown command": ("bogus",),

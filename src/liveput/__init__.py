@@ -8,10 +8,11 @@ from liveput.errors import LiveputError
 
 if TYPE_CHECKING:
     from liveput.runtime.job import Job
+    from liveput.runtime.training import LRSchedule, TrainingConfig
 
 __version__ = "0.1.0"
 
-__all__ = ["Job", "LiveputError", "__version__"]
+__all__ = ["Job", "LRSchedule", "LiveputError", "TrainingConfig", "__version__"]
 
 
 def __getattr__(name: str) -> object:
@@ -20,4 +21,8 @@ def __getattr__(name: str) -> object:
         from liveput.runtime.job import Job
 
         return Job
+    if name in ("TrainingConfig", "LRSchedule"):
+        from liveput.runtime import training
+
+        return getattr(training, name)
     raise AttributeError(f"module 'liveput' has no attribute {name!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 from pathlib import Path
@@ -12,7 +13,9 @@ from rich.table import Table
 from liveput.cli import params
 from liveput.cli import agent as agent_commands
 from liveput.cli.output import console, err_console, print_json, progress, to_json
+from liveput.errors import LiveputError
 from liveput.files import check_output_file, write_text_atomic
+from liveput.runtime.training import TrainingConfig
 
 
 def train(
@@ -65,6 +68,18 @@ def train(
         "liveput", "--deadline-policy",
         help="Deadline policy (with --deadline-hours): liveput, uniform-progress, greedy, "
         "on-demand or spot-only."),
+    precision: str = typer.Option(
+        None, "--precision", help="fp32, bf16 (autocast) or fp16 (autocast and a loss scaler); "
+        "weights and optimizer state stay fp32 (default: the job's own)."),
+    clip_grad_norm: float = typer.Option(
+        None, "--clip-grad-norm", parser=params.optional(params.POSITIVE),
+        help="Clip gradients to this global L2 norm, over all stages."),
+    lr_schedule: str = typer.Option(
+        None, "--lr-schedule", help="Learning rate by global step: "
+        "constant|linear|cosine[:warmup=N][,min=F][,steps=N] (steps default: --steps)."),
+    activation_checkpointing: bool = typer.Option(
+        False, "--activation-checkpointing", metavar=params.FLAG,
+        help="Recompute each layer's forward in the backward pass (less memory, more compute)."),
 ) -> None:
     """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
     from liveput.runtime.job import resolve_job
@@ -72,7 +87,9 @@ def train(
     from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
     from liveput.traces import generate_trace, read_trace
 
-    resolve_job(model)  # an unknown model is refused before anything starts or is printed
+    job = resolve_job(model)  # an unknown model is refused before anything starts or is printed
+    training = training_options(job.training, steps, precision, clip_grad_norm, lr_schedule,
+                                activation_checkpointing)
 
     if log_dir is None:
         log_dir = output.parent / "logs" if output is not None else Path("liveput-logs")
@@ -81,6 +98,7 @@ def train(
         notice_lead_s=notice_lead_s, store_url=store, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, seed=seed, log_dir=str(log_dir),
         keep_checkpoints=keep_checkpoints, heartbeat_timeout_s=heartbeat_timeout_s,
+        training=training,
         deadline=None if deadline_hours is None else DeadlineJob(
             deadline_hours, on_demand_max, instance_type, deadline_policy))
     trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)
@@ -117,6 +135,28 @@ def train(
         print_json(summary)
     else:
         console.print(_summary_table(summary))
+
+
+def training_options(base: TrainingConfig, steps: int, precision: str | None,
+                     clip_grad_norm: float | None, lr_schedule: str | None,
+                     activation_checkpointing: bool) -> TrainingConfig | None:
+    """The job's training options with the flags given applied (None: no flag, the job's own;
+    a bad value is a one-line LiveputError)."""
+    from liveput.runtime.training import LRSchedule
+
+    changes: dict = {}
+    try:
+        if precision is not None:
+            changes["precision"] = precision
+        if clip_grad_norm is not None:
+            changes["clip_grad_norm"] = clip_grad_norm
+        if lr_schedule is not None:
+            changes["lr_schedule"] = LRSchedule.parse(lr_schedule, total_steps=steps)
+        if activation_checkpointing:
+            changes["activation_checkpointing"] = True
+        return dataclasses.replace(base, **changes) if changes else None
+    except LiveputError as error:
+        raise LiveputError(f"train: {error}") from None
 
 
 def _summary_table(summary: dict) -> Table:

@@ -39,55 +39,72 @@ TINY = 1e-12
 """Floor of the non-negative constants in log space (a constant this small is zero)."""
 
 
-def throughput_mape(features: np.ndarray, iteration_s: np.ndarray, theta: np.ndarray) -> float:
-    """Mean absolute percentage error of the throughput predicted with ``theta``."""
-    predicted_s = features @ theta
+def throughput_mape(features: np.ndarray, iteration_s: np.ndarray, theta: np.ndarray,
+                    offset_s: np.ndarray | float = 0.0) -> float:
+    """Mean absolute percentage error of the throughput predicted with ``theta`` (plus the
+    seconds ``offset_s`` of constants held fixed)."""
+    predicted_s = features @ theta + offset_s
     return float(np.mean(np.abs(iteration_s / np.maximum(predicted_s, TINY) - 1)))
 
 
-def _least_squares(features: np.ndarray, iteration_s: np.ndarray) -> np.ndarray:
-    lower = [COMPUTE_SCALE_BOUNDS[0], 0.0, 0.0, 0.0, 0.0]
-    upper = [COMPUTE_SCALE_BOUNDS[1], np.inf, np.inf, np.inf, np.inf]
+def _least_squares(features: np.ndarray, iteration_s: np.ndarray,
+                   offset_s: np.ndarray | float = 0.0,
+                   bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS) -> np.ndarray:
+    width = features.shape[1]
+    lower = [bounds[0]] + [0.0] * (width - 1)
+    upper = [bounds[1]] + [np.inf] * (width - 1)
     weights = 1.0 / iteration_s
-    return lsq_linear(features * weights[:, None], iteration_s * weights,
+    return lsq_linear(features * weights[:, None], (iteration_s - offset_s) * weights,
                       bounds=(lower, upper)).x
 
 
-def _least_absolute(features: np.ndarray, iteration_s: np.ndarray) -> np.ndarray:
-    """min (1/K) sum e_k  s.t.  -e_k <= f_k . theta / T_k - 1 <= e_k, with (1) and (2)."""
+def _least_absolute(features: np.ndarray, iteration_s: np.ndarray,
+                    offset_s: np.ndarray | float = 0.0,
+                    bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS) -> np.ndarray:
+    """min (1/K) sum e_k  s.t.  -e_k <= (f_k . theta + o_k) / T_k - 1 <= e_k, with (1), (2)."""
     rows, width = features.shape
     relative = features / iteration_s[:, None]
     identity = np.eye(rows)
+    free = 1 - offset_s / iteration_s
     result = linprog(
         np.concatenate([np.zeros(width), np.full(rows, 1.0 / rows)]),
         A_ub=np.block([[relative, -identity], [-relative, -identity]]),
-        b_ub=np.concatenate([np.ones(rows), -np.ones(rows)]),
-        bounds=[COMPUTE_SCALE_BOUNDS] + [(0.0, None)] * (width - 1 + rows), method="highs")
+        b_ub=np.concatenate([free, -free]),
+        bounds=[bounds] + [(0.0, None)] * (width - 1 + rows), method="highs")
     return result.x[:width]
 
 
-def _to_theta(z: np.ndarray) -> np.ndarray:
-    low, high = COMPUTE_SCALE_BOUNDS
+def _to_theta(z: np.ndarray, bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS) -> np.ndarray:
+    low, high = bounds
     alpha = low + (high - low) / (1 + np.exp(-z[0]))
     return np.concatenate([[alpha], np.exp(z[1:])])
 
 
-def _to_z(theta: np.ndarray) -> np.ndarray:
-    low, high = COMPUTE_SCALE_BOUNDS
+def _to_z(theta: np.ndarray, bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS) -> np.ndarray:
+    low, high = bounds
     share = np.clip((theta[0] - low) / (high - low), 1e-6, 1 - 1e-6)
     return np.concatenate([[np.log(share / (1 - share))], np.log(np.maximum(theta[1:], TINY))])
 
 
-def fit_constants(features: np.ndarray, iteration_s: np.ndarray) -> np.ndarray:
-    """theta minimizing the throughput MAPE (module docstring), deterministic."""
-    best = _least_squares(features, iteration_s)
-    for start in (best, _least_absolute(features, iteration_s)):
-        refined = minimize(lambda z: throughput_mape(features, iteration_s, _to_theta(z)),
-                           _to_z(start), method="Nelder-Mead",
-                           options={"maxiter": 20000, "xatol": 1e-7, "fatol": 1e-10})
-        for candidate in (start, _to_theta(refined.x)):
-            if throughput_mape(features, iteration_s, candidate) < \
-                    throughput_mape(features, iteration_s, best):
+def fit_constants(features: np.ndarray, iteration_s: np.ndarray,
+                  offset_s: np.ndarray | None = None,
+                  compute_scale_bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS) -> np.ndarray:
+    """theta minimizing the throughput MAPE (module docstring), deterministic.
+
+    ``features`` may hold a subset of the formula's columns, alpha's first (constraint (1)
+    bounds the first constant, to ``compute_scale_bounds``); ``offset_s`` are the seconds of
+    each row that the constants held fixed contribute (the online fit, ``perf.online``)."""
+    offset = np.zeros(len(iteration_s)) if offset_s is None else np.asarray(offset_s, float)
+    bounds = compute_scale_bounds
+    best = _least_squares(features, iteration_s, offset, bounds)
+    for start in (best, _least_absolute(features, iteration_s, offset, bounds)):
+        refined = minimize(
+            lambda z: throughput_mape(features, iteration_s, _to_theta(z, bounds), offset),
+            _to_z(start, bounds), method="Nelder-Mead",
+            options={"maxiter": 20000, "xatol": 1e-7, "fatol": 1e-10})
+        for candidate in (start, _to_theta(refined.x, bounds)):
+            if throughput_mape(features, iteration_s, candidate, offset) < \
+                    throughput_mape(features, iteration_s, best, offset):
                 best = candidate
     return best
 

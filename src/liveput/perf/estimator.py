@@ -28,11 +28,21 @@ stage-to-stage messages, s), ``beta`` (all-reduce inefficiency, 1) and ``d`` (s)
 throughput non-monotone in P: a cut through an early, high-resolution layer sends megabytes per
 micro-batch over the 10 Gb/s link, and the engine blocks on it every slot.
 
-Memory of stage s (0-based) under 1F1B with activation checkpointing (as the DeepSpeed engine of
-the measured runs): the stage keeps its input for each of the ``min(P - s, m)`` micro-batches in
-flight and the full activations of one micro-batch while it recomputes and runs its backward:
+Memory of stage s (0-based) under 1F1B, bytes, with ``n_s = min(P - s, m)`` micro-batches in
+flight, ``A_l`` the bytes layer l keeps for its backward per micro-batch (``activation_memory_bytes``)
+and ``x_l`` its input's bytes per micro-batch, by the profile's ``activation_checkpointing``:
 
-    M_s = params_s * state_bytes_per_param + act_mem_s + input_s * min(P - s, m)
+    stage (the DeepSpeed engine of the built-in tables): the stage's input per micro-batch in
+           flight, and the full activations of one micro-batch while it recomputes and runs its
+           backward (the recompute's time is inside the calibrated alpha):
+           M_s = params_s * state_bytes_per_param + sum_{l in s} A_l + x_first(s) * n_s
+    none:  every layer's activations for every micro-batch in flight:
+           M_s = params_s * state_bytes_per_param + n_s * sum_{l in s} A_l
+    layer: each layer keeps only its input; the backward recomputes one layer at a time:
+           M_s = params_s * state_bytes_per_param + max_{l in s} A_l + n_s * sum_{l in s} x_l
+           and every layer's forward runs twice: t_P sums 2 f_l + b_l (seconds) instead of
+           f_l + b_l, so checkpointing trades about f / (f + b) (a third, with b = 2 f) more
+           compute for the activations of n_s micro-batches.
 
 A configuration is feasible when ``max_s M_s <= GPU memory``, ``P <= L``, ``m >= 1`` and P is at
 least the profile's known minimum depth.
@@ -161,8 +171,14 @@ def stage_memory_bytes(
 ) -> np.ndarray:
     """Memory of every stage of each configuration, bytes, shape (K, P_max)."""
     occupied = in_flight > 0
+    state = table.stage_params[stages] * profile.state_bytes_per_param
+    if profile.activation_checkpointing == "none":
+        return state + table.stage_activation_memory[stages] * in_flight
+    if profile.activation_checkpointing == "layer":
+        return (state + table.stage_max_layer_memory[stages] * occupied
+                + table.stage_layer_inputs_bytes[stages] * in_flight)
     return (
-        table.stage_params[stages] * profile.state_bytes_per_param
+        state
         + table.stage_activation_memory[stages] * occupied
         + table.stage_input_bytes[stages] * in_flight
     )

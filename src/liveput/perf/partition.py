@@ -65,11 +65,19 @@ class PartitionTable:
     from its saved input under activation checkpointing), shape (P_max + 1, P_max)."""
     stage_input_bytes: np.ndarray
     """Bytes of the input activation stage s keeps per micro-batch in flight, same shape."""
+    stage_layer_inputs_bytes: np.ndarray
+    """Sum of the inputs of stage s's layers, per micro-batch (what per-layer activation
+    checkpointing keeps), same shape."""
+    stage_max_layer_memory: np.ndarray
+    """The largest activation memory of one layer of stage s, per micro-batch (what per-layer
+    checkpointing holds while it recomputes that layer), same shape."""
 
 
 def _layer_arrays(profile: ModelProfile) -> tuple[np.ndarray, ...]:
     layers = profile.layers
-    time_s = np.array([layer.forward_s + layer.backward_s for layer in layers])
+    # Per-layer checkpointing runs each forward twice (the estimator docstring).
+    recompute = 1.0 if profile.activation_checkpointing == "layer" else 0.0
+    time_s = np.array([(1 + recompute) * layer.forward_s + layer.backward_s for layer in layers])
     optimizer_s = np.array([layer.optimizer_s for layer in layers])
     params = np.array([layer.num_params for layer in layers], dtype=np.float64)
     memory = np.array([layer.activation_memory_bytes for layer in layers], dtype=np.float64)
@@ -179,6 +187,9 @@ def _partition_table(profile: ModelProfile, max_stages: int, method: str) -> Par
     stage_params = np.zeros(shape)
     stage_memory = np.zeros(shape)
     stage_inputs = np.zeros(shape)
+    stage_layer_inputs = np.zeros(shape)
+    stage_max_memory = np.zeros(shape)
+    inputs_prefix = np.concatenate(([0.0], np.cumsum(inputs[:-1])))
     max_time = np.zeros(max_stages + 1)
     max_optimizer = np.zeros(max_stages + 1)
     max_boundary = np.zeros(max_stages + 1)
@@ -191,6 +202,8 @@ def _partition_table(profile: ModelProfile, max_stages: int, method: str) -> Par
         stage_params[depth, :depth] = param_prefix[ends] - param_prefix[starts]
         stage_memory[depth, :depth] = memory_prefix[ends] - memory_prefix[starts]
         stage_inputs[depth, :depth] = inputs[starts]
+        stage_layer_inputs[depth, :depth] = inputs_prefix[ends] - inputs_prefix[starts]
+        stage_max_memory[depth, :depth] = np.maximum.reduceat(memory, starts)
         max_time[depth] = (time_prefix[ends] - time_prefix[starts]).max()
         max_optimizer[depth] = (optimizer_prefix[ends] - optimizer_prefix[starts]).max()
         max_boundary[depth] = inputs[starts[1:]].max(initial=0.0)
@@ -204,6 +217,8 @@ def _partition_table(profile: ModelProfile, max_stages: int, method: str) -> Par
         stage_params=stage_params,
         stage_activation_memory=stage_memory,
         stage_input_bytes=stage_inputs,
+        stage_layer_inputs_bytes=stage_layer_inputs,
+        stage_max_layer_memory=stage_max_memory,
     )
 
 

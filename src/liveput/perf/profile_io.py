@@ -29,6 +29,8 @@ def profile_from_dict(document: dict) -> ModelProfile:
             global_batch_size=int(document["global_batch_size"]),
             micro_batch_size=int(document["micro_batch_size"]),
             state_bytes_per_param=int(document.get("state_bytes_per_param", 16)),
+            min_pipeline_stages=int(document.get("min_pipeline_stages", 1)),
+            activation_checkpointing=str(document.get("activation_checkpointing", "stage")),
         )
     except LiveputError:
         raise

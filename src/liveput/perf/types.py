@@ -6,9 +6,15 @@ using D * P instances, each instance holding one stage of one pipeline.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from liveput.errors import LiveputError
+
+ACTIVATION_CHECKPOINTING = ("stage", "none", "layer")
+"""Values of :attr:`ModelProfile.activation_checkpointing`."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,18 @@ class ModelProfile:
     min_pipeline_stages: int = 1
     """Smallest pipeline depth known to run (published or measured); shallower ones are
     infeasible whatever the memory model says."""
+    activation_checkpointing: str = "stage"
+    """What the training engine keeps for the backward pass (``estimator`` docstring):
+    ``stage`` (the built-in tables' DeepSpeed runs: each stage's input, its forward recomputed,
+    the recompute inside the calibrated compute scale), ``none`` (every layer's activations per
+    micro-batch in flight) or ``layer`` (liveput's per-layer checkpointing: each layer's input,
+    each layer's forward run again in the backward)."""
+
+    def __post_init__(self) -> None:
+        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+            raise LiveputError(f"profile {self.model}: activation_checkpointing must be one of "
+                               f"{', '.join(ACTIVATION_CHECKPOINTING)}, not "
+                               f"{self.activation_checkpointing!r}")
 
     @property
     def num_layers(self) -> int:
@@ -122,3 +140,25 @@ class ConfigTable:
             int(self.pipeline_stages[best]),
             float(self.samples_per_s[best]),
         )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The measured iteration time of one configuration."""
+
+    data_parallel: int
+    """D."""
+    pipeline_stages: int
+    """P."""
+    iteration_s: float
+    """Seconds per training step (the median of its measured intervals)."""
+    steps: int = 1
+    """Intervals the figure summarizes."""
+
+    def __post_init__(self) -> None:
+        if self.data_parallel < 1 or self.pipeline_stages < 1:
+            raise LiveputError(f"measurement: D and P must be >= 1, not "
+                               f"({self.data_parallel}, {self.pipeline_stages})")
+        if not (math.isfinite(self.iteration_s) and self.iteration_s > 0):
+            raise LiveputError(f"measurement of ({self.data_parallel}, {self.pipeline_stages}): "
+                               f"iteration time must be positive, not {self.iteration_s}")

@@ -120,6 +120,9 @@ class Groups:
     device: torch.device
     timeout_s: float = 60.0
     """Timeout of one operation: the longest an abandoned one stays blocked, seconds."""
+    pipeline: dist.ProcessGroup | None = None
+    """The stages of this instance's pipeline, built only for a global gradient norm (None when
+    P = 1, not needed, or a spare)."""
 
     def __post_init__(self) -> None:
         self.aborted = threading.Event()
@@ -131,9 +134,11 @@ class Groups:
     @classmethod
     def build(cls, store: dist.Store, generation: int, rank: int, world_size: int,
               stage_ranks: list[int] | None, device: torch.device,
-              timeout_s: float = 60.0, host: str | None = None) -> Groups:
+              timeout_s: float = 60.0, host: str | None = None,
+              pipeline_ranks: list[int] | None = None) -> Groups:
         """``stage_ranks``: world ranks holding this rank's stage (its replicas, itself included);
-        ``host``: the address to bind (None: gloo's default)."""
+        ``host``: the address to bind (None: gloo's default); ``pipeline_ranks``: world ranks of
+        this rank's pipeline, when a step needs the stages to reduce together."""
         world = _make_group(store, f"g{generation}/world/", rank, world_size, device, timeout_s,
                             host)
         stage = None
@@ -141,7 +146,13 @@ class Groups:
             name = "-".join(map(str, stage_ranks))
             stage = _make_group(store, f"g{generation}/stage/{name}/", stage_ranks.index(rank),
                                 len(stage_ranks), device, timeout_s, host)
-        return cls(world, rank, stage, device, timeout_s)
+        pipeline = None
+        if pipeline_ranks is not None and len(pipeline_ranks) > 1:
+            name = "-".join(map(str, pipeline_ranks))
+            pipeline = _make_group(store, f"g{generation}/pipeline/{name}/",
+                                   pipeline_ranks.index(rank), len(pipeline_ranks), device,
+                                   timeout_s, host)
+        return cls(world, rank, stage, device, timeout_s, pipeline)
 
     # --- abortable calls --------------------------------------------------------------------
     def call(self, function: Callable[[], object]) -> object:
@@ -204,6 +215,14 @@ class Groups:
         if self.stage is not None:
             self.wait(self.stage.allreduce([flat]))
 
+    def allreduce_pipeline(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum of ``values`` (a CPU tensor) over the stages of this pipeline."""
+        if self.pipeline is None:
+            return values
+        buffer = values.to(self.device)
+        self.wait(self.pipeline.allreduce([buffer]))
+        return buffer.cpu()
+
     def barrier(self) -> None:
         flag = torch.zeros(1, device=self.device)
         self.wait(self.world.allreduce([flag]))
@@ -230,7 +249,7 @@ class Groups:
         self.abort()
 
     def _abort_groups(self) -> None:
-        for group in (self.stage, self.world):
+        for group in (self.pipeline, self.stage, self.world):
             if group is not None and hasattr(group, "abort"):
                 try:
                     group.abort()

@@ -11,7 +11,9 @@ Everything it needs to go on is in the store (the current plan, the committed st
 started, the interval history, the counters), so a restarted coordinator recovers and carries on: a
 generation that was fenced but whose successor was never published is simply planned again.
 
-Once per ``prune.interval_s`` it also prunes the store (:mod:`liveput.runtime.prune`): keys no
+Once per interval it also re-fits the throughput table the policy plans with to the step times
+the agents measured (``runtime.step_times``, ``perf.online.fit_online``): the estimator learns this
+hardware as the job runs. Once per ``prune.interval_s`` it also prunes the store (:mod:`liveput.runtime.prune`): keys no
 reader needs any more are deleted a few per tick, so a days-long job's store stays bounded.
 """
 
@@ -25,7 +27,8 @@ from typing import Protocol
 import numpy as np
 
 from liveput.errors import LiveputError
-from liveput.perf.estimator import estimate_configs
+from liveput.perf.estimator import Calibration, calibration_for, estimate_configs
+from liveput.perf.online import fit_online
 from liveput.perf.types import ModelProfile
 from liveput.policies import (Configuration, Observation, PolicyContext, Provisioning,
                               make_policy)
@@ -38,10 +41,13 @@ from liveput.runtime.decide import (Action, ActionKind, CoordinatorConfig, Coord
 from liveput.runtime.planning import PlanContext, plan_generation, require_a_fit
 from liveput.runtime.prune import (PruneView, Pruner, checkpoint_point, forgotten,
                                    instances_named, read_floor)
+from liveput.runtime.step_times import read_measurements
 from liveput.runtime.store import Store
 from liveput.traces.trace import IntervalTrace
 
 LOG = logging.getLogger(__name__)
+_REFIT_CHANGE = 0.05
+"""The online fit runs again once a configuration is new or its step time moved this much."""
 __all__ = ["Coordinator", "CoordinatorConfig", "MarketView"]
 
 
@@ -78,15 +84,14 @@ class Coordinator:
         self.provisioning: Provisioning | None = None
         """The deadline policy's latest provisioning decision (None: none yet, or no deadline)."""
         if deadline is not None:
+            self.calibration = calibration_for(profile.model)
             self.table = deadline.policy.table
             self.policy = make_deadline_policy(config.policy, deadline)
         else:
-            self.table = estimate_configs(profile, config.capacity)
+            self._plan_with(calibration_for(profile.model))
             require_a_fit(self.table, profile, config.capacity)
-            self.policy = make_policy(config.policy, PolicyContext(
-                profile=profile, table=self.table, costs=config.costs,
-                interval_s=config.policy_interval_s, horizon=config.horizon,
-                capacity=config.capacity, predictor=config.predictor))
+        self.measurements: tuple = ()
+        """The step times the table was last fitted to (``perf.types.Measurement``)."""
         self._seen: dict[int, float] = {}
         self._beats: dict[int, bytes] = {}
         self._first_seen: dict[str, float] = {}
@@ -119,6 +124,32 @@ class Coordinator:
             self._next_interval_s = self.started_s + config.heartbeat_timeout_s
             LOG.info("coordinator recovered: generation %d, committed step %d",
                      self.plan.generation, self.committed)
+
+    def _plan_with(self, calibration: Calibration) -> None:
+        """Score every configuration with ``calibration``; a policy that plans with the table."""
+        self.calibration = calibration
+        """The estimator's constants the table was scored with."""
+        self.table = estimate_configs(self.profile, self.config.capacity, calibration)
+        self.policy = make_policy(self.config.policy, PolicyContext(
+            profile=self.profile, table=self.table, costs=self.config.costs,
+            interval_s=self.config.policy_interval_s, horizon=self.config.horizon,
+            capacity=self.config.capacity, predictor=self.config.predictor))
+
+    def _refit(self) -> None:
+        """Feed the measured step times to the online fit; plan with what it learned."""
+        measurements = tuple(read_measurements(self.store))
+        before = {(m.data_parallel, m.pipeline_stages): m.iteration_s for m in self.measurements}
+        if not measurements or (len(before) == len(measurements) and all(
+                abs(m.iteration_s / before.get((m.data_parallel, m.pipeline_stages), 0.0) - 1)
+                <= _REFIT_CHANGE for m in measurements)):
+            return  # nothing new: the same configurations, each within 5% of the last fit's
+        self.measurements = measurements
+        calibration = fit_online(self.profile, measurements, calibration_for(self.profile.model))
+        LOG.info("performance model re-fitted to %d measured configurations (%s): %s",
+                 len(measurements), ", ".join(f"{m.data_parallel}x{m.pipeline_stages} "
+                                              f"{m.iteration_s:.3f} s" for m in measurements),
+                 calibration)
+        self._plan_with(calibration)
 
     # --- observation ------------------------------------------------------------------------
     def _load(self, generation: int) -> protocol.RuntimePlan | None:
@@ -210,6 +241,8 @@ class Coordinator:
         interval_due = now >= self._next_interval_s
         if interval_due:
             self._next_interval_s = now + self.config.interval_s
+            if self.config.online_calibration and self.deadline is None:
+                self._refit()
             # The history is the spot market's (what forecasts are about): on-demand left out.
             self._record_interval(sum(1 for m in members.values() if not m.left and not m.noticed
                                       and not m.on_demand

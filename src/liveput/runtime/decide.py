@@ -105,6 +105,9 @@ class CoordinatorConfig:
     """Migration costs the policy plans with (calibrate from measured downtimes: docs)."""
     prune: PruneConfig = field(default_factory=PruneConfig)
     """How the store is pruned as the job runs (:mod:`liveput.runtime.prune`)."""
+    online_calibration: bool = True
+    """Re-fit the throughput table to the step times the agents measure, once per interval
+    when they changed (``perf.online``; not for deadline jobs, whose policy owns its table)."""
 
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.num_micro_batches < 1:

@@ -26,9 +26,11 @@ from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
 from liveput.runtime.comm import CommAborted, Groups
 from liveput.runtime.job import Job
 from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
+from liveput.runtime.optimizer_step import OptimizerStep
 from liveput.runtime.protocol import LedgerRecord, RuntimePlan
-from liveput.runtime.schedule import (StagePosition, apply_step, compute_gradients,
-                                      discard_gradients, flat_gradients, unflatten_gradients)
+from liveput.runtime.schedule import (StagePosition, compute_gradients, discard_gradients,
+                                      flat_gradients, unflatten_gradients)
+from liveput.runtime.step_times import StepTimer
 from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)
@@ -150,6 +152,8 @@ class Engine:
         self.last_applied = protocol.FRESH_START
         self.epoch = 0
         """Restore epoch of the layers' values (with ``last_applied``: the point they are at)."""
+        self.update = OptimizerStep(job.training)
+        """Unscaling, global norm, clipping, schedule, and the loss scaler's state."""
 
     def _report(self, generation: int, ending: str = "") -> None:
         """Tell the coordinator what this instance holds (it plans from this, nothing else)."""
@@ -229,10 +233,13 @@ class Engine:
         slot = plan.slots.get(self.instance)
         world = plan.world
         rank = world.index(self.instance)
-        stage_ranks = None
+        stage_ranks = pipeline_ranks = None
         if slot is not None:
             stage_ranks = sorted(plan.rank_of(i) for i, s in plan.slots.items()
                                  if s is not None and s[1] == slot[1])
+            if self.job.training.global_norm_needed:
+                pipeline_ranks = sorted(plan.rank_of(i) for i, s in plan.slots.items()
+                                        if s is not None and s[0] == slot[0])
         needed = plan.layers_of(slot[1]) if slot is not None else range(0)
         groups = None
         watchdog = None
@@ -245,7 +252,8 @@ class Engine:
                 self._await_peers(plan)
                 groups = Groups.build(self.rendezvous(plan, rank), plan.generation, rank,
                                       len(world), stage_ranks, self.device,
-                                      self.config.comm_timeout_s, plan.hosts.get(self.instance))
+                                      self.config.comm_timeout_s, plan.hosts.get(self.instance),
+                                      pipeline_ranks)
                 watchdog = _Watchdog(self.store, plan.generation, groups, self.instance,
                                      lambda: self._step)
                 watchdog.start()
@@ -255,6 +263,7 @@ class Engine:
                 self.epoch = plan.epoch
             else:
                 self._transfer(plan, groups, needed)
+            self.update.adopt(list(self.layers.values()))
             if slot is None:
                 self.layers = {}
                 self._report(plan.generation, Ending.SPARE.value)
@@ -347,6 +356,8 @@ class Engine:
         layers = [self.layers[i] for i in needed]
         result = GenerationResult(Ending.FINISHED, self.last_applied)
         step = plan.start_step
+        timer = StepTimer(self.store, plan) if position.pipeline == 0 and position.is_last \
+            else None
         while step < plan.end_step:
             if protocol.step_outcome(self.store, plan.generation, step) == protocol.ABORTED:
                 result.ending = Ending.FENCED
@@ -358,7 +369,10 @@ class Engine:
             if step == plan.start_step:
                 result.setup_s = time.perf_counter() - started
             begin = time.perf_counter()
-            loss = compute_gradients(self.job, layers, position, groups, step)
+            if timer is not None:
+                timer.step_started(begin)
+            loss = compute_gradients(self.job, layers, position, groups, step,
+                                     self.update.loss_scale)
             computed = time.perf_counter()
             if groups is not None and groups.stage is not None:
                 flat, parameters = flat_gradients(layers, loss)
@@ -368,6 +382,7 @@ class Engine:
                 # Never voted for, so never committed: no instance applies this step.
                 raise protocol.JobFailure(f"the loss is {loss} at step {step}; the step was "
                                           "not committed")
+            decision = self.update.decide(layers, self.job.num_layers, groups)
             reduced = time.perf_counter()
             if len(self.layers) > len(needed):
                 # The generation is about to commit its first step: the layers kept in case it
@@ -387,7 +402,7 @@ class Engine:
                 result.ending = Ending.FENCED
                 break
             committed = time.perf_counter()
-            apply_step(layers)
+            self.update.apply(layers, step, decision)
             self.last_applied = step
             LOG.debug("instance %d step %d: compute %.3f s, reduce %.3f s, commit %.3f s, "
                       "apply %.3f s", self.instance, step, computed - begin, reduced - computed,
@@ -406,6 +421,8 @@ class Engine:
                 self.checkpointer.save_async(plan.epoch, step, layers, self.job.num_layers)
             step += 1
         result.last_applied = self.last_applied
+        if timer is not None:
+            timer.flush()
         if result.ending is Ending.FINISHED and position.pipeline == 0 and self.checkpointer:
             self.checkpointer.save_now("final", layers)
         return result

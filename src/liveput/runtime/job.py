@@ -9,13 +9,14 @@ Built-in jobs are registered by name in :data:`JOBS`; a user's job is ``module:f
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from liveput.errors import LiveputError
 from liveput.registry import Registry, call_spec
+from liveput.runtime.training import TrainingConfig
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -42,6 +43,9 @@ class Job:
     """Samples per micro-batch; ``global_batch_size`` must be a multiple of it."""
     name: str = "job"
     """Name used in logs and profiles."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Precision, gradient clipping, learning-rate schedule, activation checkpointing
+    (:mod:`liveput.runtime.training`)."""
 
     def __post_init__(self) -> None:
         if not self.layers or not all(isinstance(layer, nn.Module) for layer in self.layers):
@@ -63,6 +67,8 @@ class Job:
         if size < self.global_batch_size:
             raise LiveputError(f"Job {self.name}: the dataset has {size} samples, fewer than one "
                                f"batch ({self.global_batch_size})")
+        if not isinstance(self.training, TrainingConfig):
+            raise LiveputError("Job.training must be a liveput.TrainingConfig")
         self.layers = list(self.layers)
 
     @property

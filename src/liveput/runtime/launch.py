@@ -8,6 +8,7 @@ everything else from there. Every value the agents read is signed with the token
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from liveput.runtime.notices import (AwsNoticeWatcher, EmulatorNoticeWatcher, Gc
                                      NoticeWatcher, SignalNoticeWatcher)
 from liveput.runtime.rendezvous import StoreRendezvous
 from liveput.runtime.store import Store, open_store
+from liveput.runtime.training import TrainingConfig
 
 if TYPE_CHECKING:
     from liveput.perf.types import ModelProfile
@@ -59,6 +61,9 @@ class JobSpec:
     (``liveput train`` sets the coordinator's heartbeat timeout: its store dies with it)."""
     keep_checkpoints: int = 2
     """K: only the newest K complete checkpoints stay on disk."""
+    training: dict | None = None
+    """The job's training options (``TrainingConfig.to_dict``) when the command line set
+    them; None: the job's own."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
@@ -122,6 +127,8 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
             instance = store.add("ids/next", 1) + 10_000
         watchers = notice_watchers(notices if notices is not None else ["sigterm", "emulator"])
         job = resolve_job(spec.job)
+        if spec.training is not None:
+            job = dataclasses.replace(job, training=TrainingConfig.from_dict(spec.training))
         device = "cuda" if spec.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
         engine = Engine(job, instance, store, StoreRendezvous(store, host, timeout_s),
                         Checkpointer(store, spec.checkpoint_dir, keep=spec.keep_checkpoints,

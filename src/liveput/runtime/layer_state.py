@@ -12,7 +12,7 @@ import copy
 import hashlib
 import hmac
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -33,17 +33,22 @@ class LayerState:
     """The layer (this instance's own copy)."""
     optimizer: torch.optim.Optimizer | None
     """Its optimizer; ``None`` for a layer without parameters."""
+    training: dict = field(default_factory=dict)
+    """The job-wide training state as of this layer's step (the fp16 loss scaler's:
+    ``optimizer_step.OptimizerStep.state_dict``); empty for a fresh layer."""
 
     def state_dict(self) -> dict:
         return {
             "module": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer else {},
+            "training": dict(self.training),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["module"])
         if self.optimizer is not None and state["optimizer"]:
             self.optimizer.load_state_dict(state["optimizer"])
+        self.training = dict(state.get("training", {}))
 
 
 def fresh_layer(job: Job, index: int, device: torch.device) -> LayerState:

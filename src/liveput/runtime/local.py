@@ -31,6 +31,7 @@ from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.prune import PruneConfig
 from liveput.runtime.planning import profile_job
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
+from liveput.runtime.training import TrainingConfig
 from liveput.traces import IntervalTrace, Trace
 
 LOG = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class LocalTrainingConfig:
     heartbeat_timeout_s: float | None = None
     """Wall seconds of silence before the coordinator takes an agent for dead, whatever the
     time scale (the failure detection time; None: two decision intervals, at least 3 s)."""
+    training: TrainingConfig | None = None
+    """Precision, clipping, schedule, activation checkpointing (None: the job's own)."""
     deadline: DeadlineJob | None = None
     """A deadline job: the deadline policy decides, and the emulated provider rents, the spot
     and on-demand instances (:mod:`liveput.runtime.deadline`); None: the trace's instances."""
@@ -143,6 +146,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
     started = time.monotonic()
     token = secrets.token_hex(16)
     job = resolve_job(config.model)
+    if config.training is not None:
+        job = dataclasses.replace(job, training=config.training)
     log_dir = Path(config.log_dir)
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -166,7 +171,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             heartbeat_timeout_s, outage_s = detection_times_s(config)
             publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every,
                                         store_outage_s=outage_s,
-                                        keep_checkpoints=config.keep_checkpoints))
+                                        keep_checkpoints=config.keep_checkpoints,
+                                        training=None if config.training is None
+                                        else config.training.to_dict()))
             profile = profile_job(job)
             deadline = None if config.deadline is None else deadline_context(
                 trace, profile, config.deadline, config.steps, config.time_scale)

@@ -10,6 +10,7 @@ committed after that checkpoint are redone: the rollback is counted.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -137,7 +138,11 @@ def profile_job(job: Job, repeats: int = 2) -> ModelProfile:
 
     layers = [copy.deepcopy(layer) for layer in job.layers]
     target = ProfileTarget(job.name, layers, make_batch, job.loss_fn, job.global_batch_size)
-    return profile_model(target, micro_batch_size=job.micro_batch_size, repeats=repeats)
+    profile = profile_model(target, micro_batch_size=job.micro_batch_size, repeats=repeats)
+    # The layers are measured without recomputation; the estimator adds it (and its memory
+    # saving) when the job checkpoints activations.
+    return dataclasses.replace(profile, activation_checkpointing=(
+        "layer" if job.training.activation_checkpointing else "none"))
 
 
 def require_a_fit(table: ConfigTable, profile: ModelProfile, capacity: int) -> None:

@@ -13,6 +13,10 @@ earlier slot of the schedule produced, so no stage blocks on a send and the sche
 deadlock. The last stage scales each micro-batch's mean loss by ``micro / global`` so that the
 sum over all replicas (the stage all-reduce) is the gradient of the mean loss over the global
 batch, the same for every (D, P).
+
+Forwards and the loss run under the job's precision (``optimizer_step.autocast``); backwards run
+outside autocast, as PyTorch recommends. With activation checkpointing each layer runs under
+``torch.utils.checkpoint`` (non-reentrant: it recomputes under the same autocast state).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 
 from liveput.runtime.comm import CommAborted, Groups
 from liveput.runtime.job import Job, replica_micro_batches
 from liveput.runtime.layer_state import LayerState
+from liveput.runtime.optimizer_step import autocast
 from liveput.runtime.protocol import JobFailure
 
 
@@ -90,10 +96,14 @@ class _Tracker:
                           f"{type(error).__name__}: {text[0] if text else ''}"[:400])
 
 
-def _forward(layers: list[LayerState], x: torch.Tensor, tracker: _Tracker) -> torch.Tensor:
+def _forward(layers: list[LayerState], x: torch.Tensor, tracker: _Tracker,
+             checkpointing: bool = False) -> torch.Tensor:
     for layer in layers:
         try:
-            x = layer.module(x)
+            if checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(layer.module, x, use_reentrant=False)
+            else:
+                x = layer.module(x)
         except CommAborted:
             raise
         except Exception as error:  # noqa: BLE001 - the user's code: named, then the job stops
@@ -114,13 +124,15 @@ def _backward(tracker: _Tracker, run: Callable[[], None]) -> None:
 
 
 def compute_gradients(job: Job, layers: list[LayerState], position: StagePosition,
-                      groups: Groups | None, step: int) -> float:
+                      groups: Groups | None, step: int, loss_scale: float = 1.0) -> float:
     """Run forward and backward of this replica's micro-batches; gradients accumulate in the
-    layers' ``.grad``. Returns the replica's part of the step's loss (last stage; else 0)."""
+    layers' ``.grad``, multiplied by ``loss_scale`` (fp16). Returns the replica's part of the
+    step's loss, unscaled (last stage; else 0)."""
     device = groups.device if groups is not None else torch.device("cpu")
     micro = replica_micro_batches(job.num_micro_batches, position.data_parallel, position.pipeline)
-    if position.is_first and position.is_last:
-        return _whole_replica(job, layers, micro, device, step)
+    checkpointing = job.training.activation_checkpointing
+    if position.is_first and position.is_last and job.training.precision == "fp32":
+        return _whole_replica(job, layers, micro, device, step, loss_scale)
     scale = job.micro_batch_size / job.global_batch_size
     tracker = _Tracker(step)
     in_flight: deque[tuple[int, torch.Tensor | None, torch.Tensor]] = deque()
@@ -137,11 +149,13 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
             if x.is_floating_point():
                 x.requires_grad_(True)
             source = x
-        y = _forward(layers, x, tracker)
+        with autocast(job.training, device):
+            y = _forward(layers, x, tracker, checkpointing)
+            if position.is_last:
+                loss = _loss(job, y, job.micro_batch(step, j)[1].to(device), tracker) * scale
         if position.is_last:
-            loss = _loss(job, y, job.micro_batch(step, j)[1].to(device), tracker) * scale
             loss_sum += float(loss.detach())
-            in_flight.append((j, source, loss))
+            in_flight.append((j, source, loss * loss_scale if loss_scale != 1.0 else loss))
         else:
             sends.extend(groups.isend_tensor(y, position.next_rank, 2 * j))
             in_flight.append((j, source, y))
@@ -167,16 +181,20 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
 
 
 def _whole_replica(job: Job, layers: list[LayerState], micro: range, device: torch.device,
-                   step: int) -> float:
-    """Without a pipeline (P = 1) micro-batches buy nothing: the replica's samples go through in
-    one batch (the same mean loss, up to floating-point rounding)."""
+                   step: int, loss_scale: float = 1.0) -> float:
+    """Without a pipeline (P = 1) micro-batches buy nothing in fp32: the replica's samples go
+    through in one batch (the same mean loss, up to fp32 rounding). Under bf16 or fp16 they do
+    not: a weight gradient summed over a batch in 16 bits rounds (and, fp16, overflows)
+    differently from one summed per micro-batch, so P = 1 runs its micro-batches one by one as a
+    pipeline stage does, and every (D, P) computes the same 16-bit partial sums."""
     batches = [job.micro_batch(step, j) for j in micro]
     inputs = torch.cat([b[0] for b in batches]).to(device)
     targets = torch.cat([b[1] for b in batches]).to(device)
     tracker = _Tracker(step)
-    loss = _loss(job, _forward(layers, inputs, tracker), targets, tracker) * (
-        len(inputs) / job.global_batch_size)
-    _backward(tracker, loss.backward)
+    with autocast(job.training, device):
+        loss = _loss(job, _forward(layers, inputs, tracker, job.training.activation_checkpointing),
+                     targets, tracker) * (len(inputs) / job.global_batch_size)
+    _backward(tracker, (loss * loss_scale if loss_scale != 1.0 else loss).backward)
     return float(loss.detach())
 
 
@@ -209,6 +227,7 @@ def unflatten_gradients(flat: torch.Tensor, parameters: list) -> float:
 
 
 def apply_step(layers: list[LayerState]) -> None:
+    """A plain update (fp32, no clipping, no schedule); :class:`OptimizerStep` does the rest."""
     for layer in layers:
         if layer.optimizer is not None:
             layer.optimizer.step()

@@ -14,10 +14,12 @@ import torch
 
 from liveput import Job
 from liveput.runtime.checkpoint import Checkpointer
-from liveput.runtime.layer_state import fresh_layer
-from liveput.runtime.schedule import StagePosition, apply_step, compute_gradients
+from liveput.runtime.layer_state import LayerState, fresh_layer
+from liveput.runtime.optimizer_step import OptimizerStep
+from liveput.runtime.schedule import StagePosition, compute_gradients
 
-__all__ = ["RTOL", "ATOL", "reference_parameters", "final_parameters", "parameter_mismatches"]
+__all__ = ["RTOL", "ATOL", "reference_layers", "reference_parameters", "final_parameters",
+           "parameter_mismatches"]
 
 RTOL = 1e-4
 """Relative tolerance of a parameter against the reference (``torch.allclose``)."""
@@ -25,13 +27,21 @@ ATOL = 1e-6
 """Absolute tolerance of a parameter against the reference."""
 
 
+def reference_layers(job: Job, steps: int) -> list[LayerState]:
+    """Every layer (parameters, optimizer, training state) after an uninterrupted
+    single-process run of ``steps`` steps, with the job's precision, clipping and schedule."""
+    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    update = OptimizerStep(job.training)
+    for step in range(steps):
+        compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step,
+                          update.loss_scale)
+        update.apply(layers, step, update.decide(layers, job.num_layers))
+    return layers
+
+
 def reference_parameters(job: Job, steps: int) -> list[dict[str, torch.Tensor]]:
     """Every layer's parameters after an uninterrupted single-process run of ``steps`` steps."""
-    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
-    for step in range(steps):
-        compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step)
-        apply_step(layers)
-    return [layer.module.state_dict() for layer in layers]
+    return [layer.module.state_dict() for layer in reference_layers(job, steps)]
 
 
 def final_parameters(checkpoint_dir: str | Path, num_layers: int) -> list[dict[str, torch.Tensor]]:

@@ -1,0 +1,116 @@
+"""The performance model re-fitted to the step times the runtime measures (online calibration).
+
+A running job measures the iteration time ``T_k`` of each configuration ``(D_k, P_k)`` it runs
+(``runtime.step_times``). :func:`fit_online` is a pure function from those measurements to the
+estimator's constants, by the same fit as the built-in models' (``calibrate.fit_constants``,
+which minimizes the throughput MAPE). Notation as in ``estimator`` and ``calibrate``: feature
+rows ``f_k`` (``iteration_features``), constants ``theta = (alpha, gamma, c, beta, d)``, the
+prior constants ``theta0`` (the job's calibration before any measurement).
+
+A few configurations cannot pin five constants, so only a set F of them is fitted and the rest
+keep their prior values:
+
+    minimize    (1 / K) sum_k |T_k / (f_k[F] . theta[F] + f_k[~F] . theta0[~F]) - 1|
+    subject to  (1') 0.001 <= alpha <= 1000,   (2) theta[F] >= 0
+
+(1') is wider than the built-in tables' (1), 0.5 <= alpha <= 4: their layer times are derived
+from FLOPs, here they were measured on this machine, and the measurements are the truth when a
+profile was taken while the machine was busy (on this shared 2-core machine a fresh profile of
+the same layers came out 1x and 17x slower in two runs minutes apart).
+
+F takes the constants in the order alpha (compute), d (fixed per iteration), c (per slot),
+beta (all-reduce), gamma (boundary transfer), skipping any whose column the measured rows cannot
+tell from those already taken (beta while only D = 1 ran, gamma while only P = 1 ran or, for a
+transformer, whose boundary activation is the same at every cut, gamma beside c), and holds
+``K - 1`` of them (at least alpha, at most all five): fewer constants than measured configurations, so the
+fit is checked by more than it explains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import numpy as np
+
+from liveput.errors import LiveputError
+from liveput.perf.calibrate import fit_constants, throughput_mape
+from liveput.perf.estimator import Calibration, iteration_features
+from liveput.perf.partition import partition_table
+from liveput.perf.types import Measurement, ModelProfile
+
+__all__ = ["FIT_ORDER", "Measurement", "fit_online", "free_constants", "measured_features",
+           "prediction_mape"]
+
+ONLINE_COMPUTE_SCALE_BOUNDS = (1e-3, 1e3)
+"""Constraint (1'): the range of alpha the online fit may choose."""
+FIT_ORDER = (0, 4, 2, 3, 1)
+"""Indices into theta, in the order constants become free: alpha, d, c, beta, gamma."""
+
+
+def _theta(calibration: Calibration) -> np.ndarray:
+    return np.array([calibration.compute_scale, calibration.transfer_scale,
+                     calibration.slot_overhead_s, calibration.allreduce_scale,
+                     calibration.iteration_overhead_s])
+
+
+def _calibration(theta: np.ndarray) -> Calibration:
+    alpha, gamma, slot_s, beta, fixed_s = (float(v) for v in theta)
+    return Calibration(compute_scale=alpha, transfer_scale=gamma, slot_overhead_s=slot_s,
+                       allreduce_scale=beta, iteration_overhead_s=fixed_s)
+
+
+def measured_features(profile: ModelProfile, measurements: Sequence[Measurement]) -> np.ndarray:
+    """The formula's feature rows of the measured configurations, shape (K, 5)."""
+    data_parallel = np.array([m.data_parallel for m in measurements])
+    stages = np.array([m.pipeline_stages for m in measurements])
+    if stages.max() > profile.num_layers:
+        raise LiveputError(f"measurement with P = {stages.max()} > the model's "
+                           f"{profile.num_layers} layers")
+    table = partition_table(profile, int(stages.max()))
+    return iteration_features(profile, table, data_parallel, stages)
+
+
+def free_constants(features: np.ndarray) -> list[int]:
+    """F of the module docstring: the theta indices fitted, ascending (alpha first)."""
+    # Columns scaled to unit length, so the rank test does not depend on their units.
+    scaled = features / np.maximum(np.linalg.norm(features, axis=0), 1e-300)
+    identifiable: list[int] = []
+    for index in FIT_ORDER:
+        trial = identifiable + [index]
+        if np.linalg.matrix_rank(scaled[:, trial], tol=1e-9) == len(trial):
+            identifiable = trial
+    count = max(1, min(len(features) - 1, len(identifiable)))
+    return sorted(identifiable[:count])
+
+
+def fit_online(profile: ModelProfile, measurements: Sequence[Measurement],
+               prior: Calibration | None = None) -> Calibration:
+    """The constants that best explain ``measurements`` (module docstring); ``prior`` when
+    there are none. Several measurements of one configuration count as one, their
+    step-weighted mean."""
+    prior = prior or Calibration()
+    pooled: dict[tuple[int, int], tuple[float, int]] = {}
+    for m in measurements:
+        total_s, steps = pooled.get((m.data_parallel, m.pipeline_stages), (0.0, 0))
+        pooled[(m.data_parallel, m.pipeline_stages)] = (total_s + m.iteration_s * m.steps,
+                                                        steps + m.steps)
+    rows = [Measurement(d, p, total_s / steps, steps)
+            for (d, p), (total_s, steps) in sorted(pooled.items())]
+    if not rows:
+        return prior
+    features = measured_features(profile, rows)
+    iteration_s = np.array([m.iteration_s for m in rows])
+    theta = _theta(prior)
+    free = free_constants(features)
+    fixed = [i for i in range(len(theta)) if i not in free]
+    offset_s = features[:, fixed] @ theta[fixed]
+    theta[free] = fit_constants(features[:, free], iteration_s, offset_s,
+                                ONLINE_COMPUTE_SCALE_BOUNDS)
+    return _calibration(theta)
+
+
+def prediction_mape(profile: ModelProfile, measurements: Sequence[Measurement],
+                    calibration: Calibration) -> float:
+    """Throughput MAPE of ``calibration`` on ``measurements`` (a fraction)."""
+    features = measured_features(profile, measurements)
+    iteration_s = np.array([m.iteration_s for m in measurements])
+    return throughput_mape(features, iteration_s, _theta(calibration))

@@ -1,0 +1,72 @@
+"""Step times the runtime measures, per configuration, for the online performance model.
+
+One instance of each generation (pipeline 0, last stage: it commits the loss) times the interval
+between the starts of consecutive steps: compute, communication, the commit vote and the update,
+all that the job's throughput is made of. It publishes the median every few steps under
+``perf/steps/<generation>``; the coordinator reads every generation's record
+(:func:`read_measurements`) and re-fits the performance model from them (``perf.online``).
+The first interval of a generation is left out (caches and allocator warm up).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+
+from liveput.errors import LiveputError
+from liveput.perf.types import Measurement
+from liveput.runtime.protocol import RuntimePlan
+from liveput.runtime.store import Store
+
+LOG = logging.getLogger(__name__)
+PREFIX = "perf/steps/"
+REPORT_EVERY = 5
+"""Publish the median after every this many new intervals."""
+
+
+class StepTimer:
+    """Times one generation's steps and publishes their median."""
+
+    def __init__(self, store: Store, plan: RuntimePlan) -> None:
+        self.store = store
+        self.plan = plan
+        self.intervals_s: list[float] = []
+        self._last_start: float | None = None
+        self._unpublished = 0
+
+    def step_started(self, now_s: float) -> None:
+        if self._last_start is not None:
+            self.intervals_s.append(now_s - self._last_start)
+            self._unpublished += 1
+        self._last_start = now_s
+        if self._unpublished >= REPORT_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Publish the median of the intervals so far (the first one left out)."""
+        kept = self.intervals_s[1:]
+        if not kept or not self._unpublished:
+            return
+        record = {"data_parallel": self.plan.data_parallel,
+                  "pipeline_stages": self.plan.pipeline_stages,
+                  "step_s": statistics.median(kept), "steps": len(kept)}
+        try:
+            self.store.set(f"{PREFIX}{self.plan.generation}", json.dumps(record).encode())
+            self._unpublished = 0
+        except LiveputError as error:  # a measurement is not worth stalling training for
+            LOG.debug("step times not published: %s", error)
+
+
+def read_measurements(store: Store) -> list[Measurement]:
+    """Every generation's published step times, one measurement per configuration (the
+    intervals of its generations pooled by their counts: a step-weighted mean of medians)."""
+    pooled: dict[tuple[int, int], tuple[float, int]] = {}
+    for raw in store.get_prefix(PREFIX).values():
+        record = json.loads(raw)
+        key = (int(record["data_parallel"]), int(record["pipeline_stages"]))
+        total_s, steps = pooled.get(key, (0.0, 0))
+        pooled[key] = (total_s + float(record["step_s"]) * int(record["steps"]),
+                       steps + int(record["steps"]))
+    return [Measurement(d, p, total_s / steps, steps)
+            for (d, p), (total_s, steps) in sorted(pooled.items()) if steps]
