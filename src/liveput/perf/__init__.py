@@ -11,7 +11,8 @@ from liveput.perf.estimator import Calibration, estimate_configs
 from liveput.perf.partition import partition_layers
 from liveput.perf.types import ConfigTable, InstanceType, LayerProfile, ModelProfile
 
-LOCAL_MODELS = ("tiny-gpt",)
+LOCAL_MODELS = ("tiny-gpt", "gpt2-small", "llama-tiny", "resnet50")
+"""Models measured on this machine when asked for (the profiler's targets and built-in jobs)."""
 
 
 def builtin_model_names() -> list[str]:
@@ -23,9 +24,9 @@ def load_profile(name_or_path: str) -> ModelProfile:
     if name_or_path in BUILTIN_SPECS:
         return builtin_profile(name_or_path)
     if name_or_path in LOCAL_MODELS:
-        from liveput.perf.profiler import tiny_gpt_profile
+        from liveput.perf.profiler import local_profile
 
-        return tiny_gpt_profile()
+        return local_profile(name_or_path)
     path = Path(name_or_path)
     if path.suffix == ".json" and path.is_file():
         from liveput.perf.profile_io import read_profile

@@ -43,6 +43,8 @@ class LocalTrainingConfig:
 
     model: str = "tiny-gpt"
     """Built-in job or ``module:function``."""
+    data: str | None = None
+    """The file a built-in job that takes ``--data`` trains on."""
     workers: int = 8
     """Instances requested (the trace is generated or scaled for this many)."""
     steps: int = 300
@@ -127,7 +129,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
     """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done."""
     started = time.monotonic()
     token = secrets.token_hex(16)
-    job = resolve_job(config.model)
+    job = resolve_job(config.model, config.data)
     log_dir = Path(config.log_dir)
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -151,7 +153,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             heartbeat_timeout_s = max(3.0, 2 * interval_s)
             publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every,
                                         store_outage_s=heartbeat_timeout_s,
-                                        keep_checkpoints=config.keep_checkpoints))
+                                        keep_checkpoints=config.keep_checkpoints,
+                                        data=config.data))
             profile = profile_job(job)
             deadline = None if config.deadline is None else deadline_context(
                 trace, profile, config.deadline, config.steps, config.time_scale)
