@@ -6,7 +6,9 @@ step. It runs ``w = min(P - 1 - p, m)`` forwards first (warm-up), then alternate
 micro-batch in flight (receiving gradients from p + 1, sending to p - 1), and ends with the
 backwards left. A stage so keeps at most ``P - p`` micro-batches' activations, where GPipe (all
 forwards, then all backwards) keeps all m; the bubble is the same ``P - 1`` slots. This is the
-schedule ``perf.estimator`` models. With P = 1 the replica's samples go through in one batch.
+schedule ``perf.estimator`` models. With P = 1 the replica's samples go through in one batch,
+unless a layer normalizes over the batch (BatchNorm): then the micro-batch stays the unit, so that
+every (D, P) normalizes over the same samples.
 
 Sends are asynchronous and waited at the end, and every receive waits only on work that an
 earlier slot of the schedule produced, so no stage blocks on a send and the schedule cannot
@@ -130,7 +132,18 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
 def _whole_replica(job: Job, layers: list[LayerState], micro: range, device: torch.device,
                    step: int) -> float:
     """Without a pipeline (P = 1) micro-batches buy nothing: the replica's samples go through in
-    one batch (the same mean loss, up to floating-point rounding)."""
+    one batch (the same mean loss, up to floating-point rounding), unless the batch's statistics
+    enter the computation (BatchNorm): then one micro-batch at a time, as a pipeline runs them."""
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+           for layer in layers for m in layer.module.modules()):
+        loss_sum = 0.0
+        for j in micro:
+            inputs, targets = job.micro_batch(step, j)
+            loss = job.loss_fn(_forward(layers, inputs.to(device)), targets.to(device))
+            loss = loss * (len(inputs) / job.global_batch_size)
+            loss.backward()
+            loss_sum += float(loss.detach())
+        return loss_sum
     batches = [job.micro_batch(step, j) for j in micro]
     inputs = torch.cat([b[0] for b in batches]).to(device)
     targets = torch.cat([b[1] for b in batches]).to(device)
