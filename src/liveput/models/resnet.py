@@ -82,6 +82,12 @@ class ResNet(nn.Module):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
 
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(images))))
+        for stage in range(1, self.num_stages + 1):
+            x = getattr(self, f"layer{stage}")(x)
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
 
 class Stem(nn.Module):
     """7x7 convolution, BatchNorm, ReLU, max-pool."""
