@@ -114,3 +114,36 @@ def test_a_model_family_trains_through_preemptions_as_one_uninterrupted_run(make
         "training moved no parameter"
     losses = [r["loss"] for r in report.records]
     assert all(loss == loss and loss < float("inf") for loss in losses)
+
+
+
+def test_liveput_train_gives_the_users_file_to_the_agent_processes(tmp_path):
+    """`liveput train --model llama-tiny --data FILE`: the agent processes train on the file (the
+    first step's loss is the initial model's loss on the file's first samples), exactly once.
+    (Preemptions are the in-process tests' part above: agents importing transformers are slow
+    to start on a shared 2-core machine, so this run is short.)"""
+    import json
+
+    from liveput.cli.main import main
+    from liveput.runtime.job import resolve_job
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs\n"
+                              for i in range(400)))
+    out = tmp_path / "run.json"
+    assert main(["train", "--model", "llama-tiny", "--data", str(corpus), "--workers", "2",
+                 "--steps", "4", "--time-scale", "10", "--seed", "1",
+                 "--checkpoint-every", "2", "-o", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["exactly_once"] is True and summary["steps_completed"] == 4
+    job = resolve_job("llama-tiny", str(corpus))
+    with torch.no_grad():
+        losses = []
+        for j in range(job.num_micro_batches):
+            inputs, targets = job.micro_batch(0, j)
+            for layer in job.layers:
+                inputs = layer(inputs)
+            losses.append(float(job.loss_fn(inputs, targets)))
+    first = json.loads(out.with_suffix(".jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0
+    assert first["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-4)
