@@ -4,9 +4,10 @@ checks for tiny-gpt).
 
 Models are reduced so that a step takes milliseconds on CPU: Llama and GPT-2 with 2 blocks, 32
 wide, 16-token contexts, byte tokens from 50 kB of the standard library's sources; ResNet-50 (all
-16 bottlenecks, 18 layers) at width 4 (ResNet-50's is 64) on 32x32 synthetic images in micro-batches of 4 of 10
-classes; an ``nn.Sequential`` MLP. SGD with momentum, as the engine test uses (bit-stable
-across configurations).
+16 bottlenecks, 18 layers) at width 4 (ResNet-50's is 64) on 32x32 synthetic images of 10
+classes, in micro-batches of 4 (BatchNorm over 2 samples is ill-conditioned); an
+``nn.Sequential`` MLP. SGD with momentum, as the engine test uses (bit-stable across
+configurations).
 """
 
 from __future__ import annotations
