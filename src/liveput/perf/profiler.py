@@ -31,6 +31,7 @@ from liveput.registry import call_spec
 if TYPE_CHECKING:
     from liveput.runtime.job import Job
 
+
 def local_cpu_instance() -> InstanceType:
     """This machine as an instance type: its RAM as the device memory; loopback links, which
     measured 9-20 Gb/s for gloo here, priced as the 10 Gb/s of the cloud types."""
