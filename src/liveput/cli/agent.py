@@ -68,6 +68,8 @@ def coordinator(
                                   "process does)."),
     token: str = typer.Option(None, "--token", help="Job token (or LIVEPUT_TOKEN)."),
     model: str = typer.Option("tiny-gpt", "--model", help="Built-in job or module:function."),
+    data: str = typer.Option(None, "--data", help="Text, Arrow or Parquet file the job trains "
+                             "on (gpt2-small, llama-tiny), at a path every instance reaches."),
     steps: int = typer.Option(200, "--steps", parser=params.STEPS,  help="Steps to train."),
     checkpoint_dir: str = typer.Option("liveput-checkpoints", "--checkpoint-dir",
                                        help="Directory or fsspec URL every instance reaches."),
@@ -131,7 +133,7 @@ def coordinator(
 
     if store is not None and embedded:
         raise LiveputError("give at most one of --store URL and --embedded")
-    job = resolve_job(model)
+    job = resolve_job(model, data)
     token = _token(token)
     holder = _holder(provider, region=region, instance_types=instance_types, spot_max=spot_max,
                      on_demand_max=on_demand_max, capacity=capacity,
@@ -175,14 +177,15 @@ def coordinator(
                 from liveput.runtime.deadline import HolderMarket
 
                 config = dataclasses.replace(config, policy=deadline_policy)
-                run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every),
-                                config, deadline=deadline[0],
+                spec = JobSpec(model, checkpoint_dir, checkpoint_every, data=data)
+                run_coordinator(handle, spec, config, deadline=deadline[0],
                                 market=HolderMarket(holder, spot_max))
                 elapsed_h = (time.monotonic() - deadline[1]) / 3600.0
                 typer.echo(f"deadline {'met' if elapsed_h <= deadline_hours else 'MISSED'}: "
                            f"done at {elapsed_h:.3f} h of {deadline_hours:g} h", err=True)
             else:
-                run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every), config)
+                run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every,
+                                                data=data), config)
         finally:
             if holder is not None:  # the job is done or this process stops: give them back
                 released = holder.close()

@@ -15,7 +15,7 @@ from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json
 
 PERFORMANCE_COMMANDS = ("perf", "plan", "simulate", "advise slo", "advise pool")
-JOB_COMMANDS = ("train", "coordinator")
+JOB_COMMANDS = ("train", "coordinator", "profile", "perf")
 PROFILE_COMMANDS = ("profile",)
 
 

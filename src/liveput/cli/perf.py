@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("perf")
     def perf(
-        model: str = typer.Argument(..., help="Built-in model name or a profile .json."),
+        model: str = typer.Argument(..., help="Built-in model name, built-in job (profiled "
+                                   "here first) or a profile .json."),
         nodes: int = typer.Option(32, "--nodes", parser=params.INSTANCES,
                                   help="Largest instance count to consider."),
         as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),

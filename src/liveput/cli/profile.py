@@ -16,10 +16,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command("profile")
     def profile(
-        model: str = typer.Option("tiny-gpt", "--model", help="Built-in name or module:function "
-                                  "returning a liveput.perf.profiler.ProfileTarget."),
-        micro_batch: int = typer.Option(8, "--micro-batch", parser=params.MICRO_BATCH,
-                                        help="Samples per micro-batch."),
+        model: str = typer.Option("tiny-gpt", "--model", help="Built-in name (tiny-gpt or a "
+                                  "built-in job) or module:function returning a "
+                                  "liveput.perf.profiler.ProfileTarget."),
+        micro_batch: int = typer.Option(None, "--micro-batch", parser=params.MICRO_BATCH,
+                                        help="Samples per micro-batch (default: the job's, "
+                                        "else 8)."),
         device: str = typer.Option("auto", "--device",
                                    help="cpu, cuda[:k], or auto: CUDA when present."),
         repeats: int = typer.Option(5, "--repeats", parser=params.REPEATS,
@@ -35,7 +37,8 @@ def register(app: typer.Typer) -> None:
         target = resolve_target(model)
         with progress() as bar:
             task = bar.add_task(f"profiling {target.name}", total=len(target.layers))
-            measured = profile_model(target, micro_batch, device, repeats,
+            measured = profile_model(target, micro_batch or target.micro_batch_size or 8,
+                                     device, repeats,
                                      on_layer=lambda done, _: bar.update(task, completed=done))
         write_profile(measured, output)
         console.print(f"wrote {output}: {measured.num_layers} layers, "

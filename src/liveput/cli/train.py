@@ -20,6 +20,8 @@ from liveput.runtime.training import TrainingConfig
 
 def train(
     model: str = typer.Option("tiny-gpt", "--model", help="Built-in job or module:function."),
+    data: Path = typer.Option(None, "--data", help="Text, Arrow or Parquet file the job trains "
+                              "on (gpt2-small, llama-tiny; default: the job's own data)."),
     workers: int = typer.Option(8, "--workers", parser=params.INSTANCES,
                                 help="Instances requested."),
     trace_path: Path = typer.Option(None, "--trace", help="Trace file to replay (default: a "
@@ -87,14 +89,16 @@ def train(
     from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
     from liveput.traces import generate_trace, read_trace
 
-    job = resolve_job(model)  # an unknown model is refused before anything starts or is printed
+    data_path = None if data is None else str(data.resolve())
+    # An unknown model is refused before anything starts or is printed.
+    job = resolve_job(model, data_path)
     training = training_options(job.training, steps, precision, clip_grad_norm, lr_schedule,
                                 activation_checkpointing)
 
     if log_dir is None:
         log_dir = output.parent / "logs" if output is not None else Path("liveput-logs")
     config = LocalTrainingConfig(
-        model=model, workers=workers, steps=steps, time_scale=time_scale,
+        model=model, data=data_path, workers=workers, steps=steps, time_scale=time_scale,
         notice_lead_s=notice_lead_s, store_url=store, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, seed=seed, log_dir=str(log_dir),
         keep_checkpoints=keep_checkpoints, heartbeat_timeout_s=heartbeat_timeout_s,

@@ -12,6 +12,8 @@ from liveput.perf.partition import partition_layers
 from liveput.perf.types import ConfigTable, InstanceType, LayerProfile, ModelProfile
 
 LOCAL_MODELS = ("tiny-gpt",)
+"""Performance models measured on this machine when asked for (built-in jobs are too, by name:
+``liveput perf llama-tiny``)."""
 
 
 def builtin_model_names() -> list[str]:
@@ -22,19 +24,26 @@ def load_profile(name_or_path: str) -> ModelProfile:
     """A built-in model by name, or a profile JSON written by ``liveput profile``."""
     if name_or_path in BUILTIN_SPECS:
         return builtin_profile(name_or_path)
-    if name_or_path in LOCAL_MODELS:
-        from liveput.perf.profiler import tiny_gpt_profile
-
-        return tiny_gpt_profile()
     path = Path(name_or_path)
+    if name_or_path in LOCAL_MODELS or (path.suffix != ".json" and _is_job(name_or_path)):
+        from liveput.perf.profiler import local_profile
+
+        return local_profile(name_or_path)
     if path.suffix == ".json" and path.is_file():
         from liveput.perf.profile_io import read_profile
 
         return read_profile(path)
     raise LiveputError(
         f"unknown model {name_or_path!r}; built-in: {', '.join(builtin_model_names())} "
-        "(or a profile .json written by `liveput profile`)"
+        "(or a built-in job, or a profile .json written by `liveput profile`)"
     )
+
+
+def _is_job(name: str) -> bool:
+    # Imported here: the job registry imports PyTorch, which the other models never need.
+    from liveput.runtime.job import JOBS
+
+    return name in JOBS
 
 
 __all__ = [

@@ -1,8 +1,9 @@
 """Measure a real PyTorch model, layer by layer, on the local device (CPU, or CUDA when present).
 
 A model to profile is a sequence of layers (each maps one tensor to one tensor) with a way to make
-an input batch and a loss: :class:`ProfileTarget`. Built-in: ``tiny-gpt``; a user's model is
-``module:function`` returning a ``ProfileTarget``. For each layer we time ``repeats`` passes of
+an input batch and a loss: :class:`ProfileTarget`. Built-in: ``tiny-gpt`` and every built-in
+job (``gpt2-small``, ``llama-tiny``, ``resnet50``, ...); a user's model is ``module:function``
+returning a ``ProfileTarget``. For each layer we time ``repeats`` passes of
 forwards and backwards of a few micro-batches in flight, as a pipeline stage runs them (after a
 warm-up), and one Adam step over its parameters, and record its parameters and output activation
 size, and the bytes its forward keeps for the backward.
@@ -10,6 +11,7 @@ size, and the bytes its forward keeps for the backward.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import statistics
@@ -17,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -24,6 +27,10 @@ from torch import nn
 from liveput.errors import LiveputError
 from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
 from liveput.registry import call_spec
+
+if TYPE_CHECKING:
+    from liveput.runtime.job import Job
+
 
 def local_cpu_instance() -> InstanceType:
     """This machine as an instance type: its RAM as the device memory; loopback links, which
@@ -47,6 +54,8 @@ class ProfileTarget:
     """Loss of the last layer's output against the targets."""
     global_batch_size: int = 32
     """Samples per training iteration."""
+    micro_batch_size: int | None = None
+    """Samples per micro-batch the model trains with (None: the caller chooses)."""
 
 
 def tiny_gpt_target() -> ProfileTarget:
@@ -66,11 +75,26 @@ def tiny_gpt_target() -> ProfileTarget:
 TARGETS: dict[str, Callable[[], ProfileTarget]] = {"tiny-gpt": tiny_gpt_target}
 
 
+def job_target(job: Job) -> ProfileTarget:
+    """What to profile of a training job: its layers (copies), batches and loss."""
+
+    def make_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = [job.dataset[i] for i in range(size)]
+        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+    return ProfileTarget(job.name, [copy.deepcopy(layer) for layer in job.layers], make_batch,
+                         job.loss_fn, job.global_batch_size, job.micro_batch_size)
+
+
 def resolve_target(spec: str) -> ProfileTarget:
-    """A built-in name or ``module:function``."""
+    """A built-in name (a target, else a built-in job) or ``module:function``."""
+    from liveput.runtime.job import JOBS, resolve_job
+
     if spec in TARGETS:
         return TARGETS[spec]()
-    return call_spec(spec, ProfileTarget, "model", TARGETS)
+    if spec in JOBS:
+        return job_target(resolve_job(spec))
+    return call_spec(spec, ProfileTarget, "model", [*TARGETS, *JOBS])
 
 
 def _sync(device: torch.device) -> None:
@@ -194,7 +218,14 @@ def profile_model(
     )
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=4)
+def local_profile(name: str) -> ModelProfile:
+    """Built-in model ``name`` measured on this machine at its micro-batch (8 where it has
+    none), cached for the process."""
+    target = resolve_target(name)
+    return profile_model(target, micro_batch_size=target.micro_batch_size or 8, repeats=3)
+
+
 def tiny_gpt_profile() -> ModelProfile:
     """tiny-gpt measured on this machine (cached for the process)."""
-    return profile_model(tiny_gpt_target(), micro_batch_size=8, repeats=3)
+    return local_profile("tiny-gpt")

@@ -8,6 +8,7 @@ Built-in jobs are registered by name in :data:`JOBS`; a user's job is ``module:f
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -101,7 +102,9 @@ def replica_micro_batches(num_micro_batches: int, data_parallel: int, pipeline: 
     return range(start, (pipeline + 1) * num_micro_batches // data_parallel)
 
 
-JOBS: Registry[Callable[[], Job]] = Registry("job")
+JOBS: Registry[Callable[..., Job]] = Registry("job")
+"""Built-in jobs by name: factories called without arguments, or with ``data=PATH`` (the
+user's ``--data``) where they take it."""
 
 
 @dataclass(frozen=True)
@@ -160,8 +163,21 @@ JOBS.register("tiny-gpt-small")(lambda: tiny_gpt_job(TinyGPTJobConfig(
     learning_rate=0.05, sgd=True, corpus_bytes=200_000)))
 
 
-def resolve_job(spec: str) -> Job:
-    """A built-in job by name or ``module:function`` returning a :class:`Job`."""
+def resolve_job(spec: str, data: str | None = None) -> Job:
+    """A built-in job by name or ``module:function`` returning a :class:`Job`; ``data``: the
+    file a built-in job that takes one trains on."""
+    if data is not None:
+        takers = [name for name in JOBS.names()
+                  if "data" in inspect.signature(JOBS.get(name)).parameters]
+        if spec not in takers:
+            raise LiveputError(f"job {spec!r} takes no --data; the built-in jobs that do: "
+                               f"{', '.join(takers)}")
+        return JOBS.get(spec)(data=data)
     if spec in JOBS:
         return JOBS.get(spec)()
     return call_spec(spec, Job, "job", JOBS.names())
+
+
+# The built-in jobs of real models register themselves (their imports of transformers and the
+# like wait until one is built).
+import liveput.models.jobs  # noqa: E402,F401

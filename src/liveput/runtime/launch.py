@@ -64,6 +64,8 @@ class JobSpec:
     training: dict | None = None
     """The job's training options (``TrainingConfig.to_dict``) when the command line set
     them; None: the job's own."""
+    data: str | None = None
+    """The file a built-in job that takes ``--data`` trains on (every agent must reach it)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
@@ -126,7 +128,7 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
         if instance is None:
             instance = store.add("ids/next", 1) + 10_000
         watchers = notice_watchers(notices if notices is not None else ["sigterm", "emulator"])
-        job = resolve_job(spec.job)
+        job = resolve_job(spec.job, spec.data)
         if spec.training is not None:
             job = dataclasses.replace(job, training=TrainingConfig.from_dict(spec.training))
         device = "cuda" if spec.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
@@ -157,26 +159,28 @@ def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
 
     through_outage(lambda: publish_spec(store, spec), spec.store_outage_s)
     if profile is None:
-        profile = through_outage(lambda: job_profile(store, spec.job), spec.store_outage_s)
+        profile = through_outage(lambda: job_profile(store, spec.job, spec.data),
+                                 spec.store_outage_s)
     coordinator = through_outage(lambda: Coordinator(store, profile, config, **deciding),
                                  spec.store_outage_s)
     coordinator.run()
     return coordinator
 
 
-def job_profile(store: Store, job_name: str) -> ModelProfile:
-    """The profile of job ``job_name``: the one in the store, else a fresh one, kept there."""
+def job_profile(store: Store, job_name: str, data: str | None = None) -> ModelProfile:
+    """The profile of job ``job_name`` (on ``data``): the one in the store, else a fresh one,
+    kept there."""
     from liveput.perf.profile_io import profile_from_dict, profile_to_dict
     from liveput.runtime.planning import profile_job
 
     raw = store.get(PROFILE_KEY)
     if raw is not None:
         kept = json.loads(raw)
-        if kept.get("job") == job_name:
+        if kept.get("job") == job_name and kept.get("data") == data:
             LOG.info("the job's profile from the store (measured by an earlier coordinator)")
             return profile_from_dict(kept["profile"])
-    profile = profile_job(resolve_job(job_name))
-    store.set(PROFILE_KEY, json.dumps({"job": job_name,
+    profile = profile_job(resolve_job(job_name, data))
+    store.set(PROFILE_KEY, json.dumps({"job": job_name, "data": data,
                                        "profile": profile_to_dict(profile)}).encode())
     return profile
 

@@ -44,6 +44,8 @@ class LocalTrainingConfig:
 
     model: str = "tiny-gpt"
     """Built-in job or ``module:function``."""
+    data: str | None = None
+    """The file a built-in job that takes ``--data`` trains on."""
     workers: int = 8
     """Instances requested (the trace is generated or scaled for this many)."""
     steps: int = 300
@@ -145,7 +147,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
     """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done."""
     started = time.monotonic()
     token = secrets.token_hex(16)
-    job = resolve_job(config.model)
+    job = resolve_job(config.model, config.data)
     if config.training is not None:
         job = dataclasses.replace(job, training=config.training)
     log_dir = Path(config.log_dir)
@@ -173,7 +175,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                                         store_outage_s=outage_s,
                                         keep_checkpoints=config.keep_checkpoints,
                                         training=None if config.training is None
-                                        else config.training.to_dict()))
+                                        else config.training.to_dict(),
+                                        data=config.data))
             profile = profile_job(job)
             deadline = None if config.deadline is None else deadline_context(
                 trace, profile, config.deadline, config.steps, config.time_scale)

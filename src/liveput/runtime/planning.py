@@ -9,12 +9,9 @@ committed after that checkpoint are redone: the rollback is counted.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-
-import torch
 
 from liveput.perf.partition import partition_layers
 from liveput.errors import LiveputError
@@ -130,15 +127,10 @@ def to_runtime_plan(profile: ModelProfile, migration: MigrationPlan, context: Pl
 
 def profile_job(job: Job, repeats: int = 2) -> ModelProfile:
     """Measure the job's layers on this machine (what the optimizer and planner need)."""
-    from liveput.perf.profiler import ProfileTarget, profile_model
+    from liveput.perf.profiler import job_target, profile_model
 
-    def make_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [job.dataset[i] for i in range(size)]
-        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-
-    layers = [copy.deepcopy(layer) for layer in job.layers]
-    target = ProfileTarget(job.name, layers, make_batch, job.loss_fn, job.global_batch_size)
-    profile = profile_model(target, micro_batch_size=job.micro_batch_size, repeats=repeats)
+    profile = profile_model(job_target(job), micro_batch_size=job.micro_batch_size,
+                            repeats=repeats)
     # The layers are measured without recomputation; the estimator adds it (and its memory
     # saving) when the job checkpoints activations.
     return dataclasses.replace(profile, activation_checkpointing=(

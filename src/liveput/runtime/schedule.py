@@ -6,7 +6,9 @@ step. It runs ``w = min(P - 1 - p, m)`` forwards first (warm-up), then alternate
 micro-batch in flight (receiving gradients from p + 1, sending to p - 1), and ends with the
 backwards left. A stage so keeps at most ``P - p`` micro-batches' activations, where GPipe (all
 forwards, then all backwards) keeps all m; the bubble is the same ``P - 1`` slots. This is the
-schedule ``perf.estimator`` models. With P = 1 the replica's samples go through in one batch.
+schedule ``perf.estimator`` models. With P = 1 the replica's samples go through in one batch,
+unless a layer normalizes over the batch (BatchNorm): then the micro-batch stays the unit, so that
+every (D, P) normalizes over the same samples.
 
 Sends are asynchronous and waited at the end, and every receive waits only on work that an
 earlier slot of the schedule produced, so no stage blocks on a send and the schedule cannot
@@ -131,7 +133,7 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     device = groups.device if groups is not None else torch.device("cpu")
     micro = replica_micro_batches(job.num_micro_batches, position.data_parallel, position.pipeline)
     checkpointing = job.training.activation_checkpointing
-    if position.is_first and position.is_last and job.training.precision == "fp32":
+    if position.is_first and position.is_last and _one_batch_is_the_same(job, layers):
         return _whole_replica(job, layers, micro, device, step, loss_scale)
     scale = job.micro_batch_size / job.global_batch_size
     tracker = _Tracker(step)
@@ -180,13 +182,20 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     return loss_sum
 
 
+def _one_batch_is_the_same(job: Job, layers: list[LayerState]) -> bool:
+    return job.training.precision == "fp32" and not any(
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+        for layer in layers for m in layer.module.modules())
+
+
 def _whole_replica(job: Job, layers: list[LayerState], micro: range, device: torch.device,
                    step: int, loss_scale: float = 1.0) -> float:
     """Without a pipeline (P = 1) micro-batches buy nothing in fp32: the replica's samples go
-    through in one batch (the same mean loss, up to fp32 rounding). Under bf16 or fp16 they do
-    not: a weight gradient summed over a batch in 16 bits rounds (and, fp16, overflows)
-    differently from one summed per micro-batch, so P = 1 runs its micro-batches one by one as a
-    pipeline stage does, and every (D, P) computes the same 16-bit partial sums."""
+    through in one batch (the same mean loss, up to fp32 rounding). Not when the batch's
+    statistics enter the computation (BatchNorm), nor under bf16 or fp16 (a weight gradient
+    summed over a batch in 16 bits rounds, and in fp16 overflows, differently from one summed
+    per micro-batch): then P = 1 runs its micro-batches one by one as a pipeline stage does
+    (:func:`_one_batch_is_the_same`), and every (D, P) computes the same thing."""
     batches = [job.micro_batch(step, j) for j in micro]
     inputs = torch.cat([b[0] for b in batches]).to(device)
     targets = torch.cat([b[1] for b in batches]).to(device)

@@ -1,0 +1,144 @@
+"""Decoder-only transformers from ``transformers`` configs, cut into layers liveput can pipeline.
+
+A causal LM becomes ``[embedding, block_0, ..., block_{n-1}, head]``: token ids ``(B, T)`` ->
+hidden states ``(B, T, C)`` -> ... -> logits ``(B, T, V)``. Layers pass only tensors, so whatever
+a block needs besides the hidden states (the causal mask, Llama's rotary position embeddings) is
+computed inside the block from the hidden states' shape, as the whole model would compute it for
+a batch without padding or cache. Weights are randomly initialized from the config (nothing is
+downloaded). Families are registered by the config's ``model_type`` in :data:`FAMILIES`.
+
+Tied input and output embeddings (GPT-2's default) are untied: the embedding and the head may
+sit in different pipeline stages, and each layer owns its parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from liveput.errors import LiveputError
+from liveput.models.extras import require
+from liveput.registry import Registry
+
+CutFn = Callable[[nn.Module], list[nn.Module]]
+FAMILIES: Registry[CutFn] = Registry("causal LM family")
+"""``model_type`` of a config -> how to cut a ``*ForCausalLM`` of that family into layers."""
+
+
+def _causal_mask(config: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Any:
+    """The mask the whole model would give its blocks for an unpadded batch without cache (the
+    attention implementation's own form: ``None`` lets SDPA use its causal kernel)."""
+    masking = require("transformers.masking_utils", "a transformers model")
+    return masking.create_causal_mask(config=config, inputs_embeds=hidden, attention_mask=None,
+                                      cache=None, position_ids=positions)
+
+
+class TokenEmbedding(nn.Module):
+    """Token embedding, plus learned positions and dropout where the family has them (GPT-2)."""
+
+    def __init__(self, token: nn.Module, position: nn.Module | None = None,
+                 dropout: nn.Module | None = None) -> None:
+        super().__init__()
+        self.token = token
+        self.position = position
+        self.dropout = dropout if dropout is not None else nn.Identity()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden = self.token(tokens)
+        if self.position is not None:
+            hidden = hidden + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        return self.dropout(hidden)
+
+
+class DecoderBlock(nn.Module):
+    """One decoder layer of a ``transformers`` model, called with what the model would pass it:
+    the causal mask and, for rotary families, the position embeddings."""
+
+    def __init__(self, block: nn.Module, config: Any, rotary: nn.Module | None = None) -> None:
+        super().__init__()
+        self.block = block
+        self.rotary = rotary
+        self.config = config
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        extra: dict[str, Any] = {}
+        if self.rotary is not None:
+            extra = {"position_ids": positions,
+                     "position_embeddings": self.rotary(hidden, positions)}
+        out = self.block(hidden, attention_mask=_causal_mask(self.config, hidden, positions),
+                         **extra)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class LMHead(nn.Module):
+    """Final norm and projection to the vocabulary."""
+
+    def __init__(self, norm: nn.Module, projection: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+        self.projection = projection
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.norm(hidden))
+
+
+@FAMILIES.register("gpt2")
+def _cut_gpt2(model: nn.Module) -> list[nn.Module]:
+    body = model.transformer
+    return [TokenEmbedding(body.wte, body.wpe, body.drop),
+            *(DecoderBlock(block, model.config) for block in body.h),
+            LMHead(body.ln_f, model.lm_head)]
+
+
+@FAMILIES.register("llama")
+def _cut_llama(model: nn.Module) -> list[nn.Module]:
+    body = model.model
+    # Rotary embeddings hold no parameters (their buffer is not saved): each block has its own.
+    return [TokenEmbedding(body.embed_tokens),
+            *(DecoderBlock(block, model.config, copy.deepcopy(body.rotary_emb))
+              for block in body.layers),
+            LMHead(body.norm, model.lm_head)]
+
+
+def _family(config: Any) -> CutFn:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise LiveputError(f"causal LM family {model_type!r} is not supported; "
+                           f"known: {', '.join(FAMILIES.names())}")
+    return FAMILIES.get(model_type)
+
+
+def hf_causal_lm_layers(model: nn.Module) -> list[nn.Module]:
+    """Cut an existing ``*ForCausalLM`` into layers (they share its modules). Its input and
+    output embeddings must not be tied."""
+    cut = _family(model.config)
+    layers = cut(model)
+    shared = {id(p) for p in layers[0].parameters()} & {id(p) for p in layers[-1].parameters()}
+    if shared:
+        raise LiveputError("the model's input and output embeddings are tied: build it with "
+                           "tie_word_embeddings=False (each pipeline stage owns its weights)")
+    return layers
+
+
+def from_hf_causal_lm(config: Any, seed: int = 0) -> list[nn.Module]:
+    """A randomly initialized decoder-only transformer from a ``transformers`` config (GPT-2 or
+    Llama family), as layers; initialization is deterministic in ``seed``."""
+    transformers = require("transformers", "liveput.models.from_hf_causal_lm")
+    if not isinstance(config, transformers.PretrainedConfig):
+        raise LiveputError(f"from_hf_causal_lm: expected a transformers config, "
+                           f"got {type(config).__name__}")
+    _family(config)
+    config = copy.deepcopy(config)
+    config.tie_word_embeddings = False
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return hf_causal_lm_layers(model.train())

@@ -1,0 +1,171 @@
+"""Built-in jobs of the models people train: ``gpt2-small``, ``llama-tiny`` and ``resnet50``.
+
+The language models train on a text file given with ``--data`` (plain text, Arrow or Parquet;
+byte-level tokens) or, without one, on the standard library's sources (as ``tiny-gpt`` does);
+their vocabulary is the tokenizer's. ``resnet50`` trains on seeded synthetic images
+(:class:`~liveput.models.resnet.SyntheticImages`): nothing is downloaded. Dropout is off, so a
+run is the same computation whatever configuration trains it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from liveput.errors import LiveputError
+from liveput.models.extras import require
+from liveput.runtime.job import JOBS, Job
+
+
+@dataclass(frozen=True)
+class CausalLMJobConfig:
+    """Training settings of a built-in language-model job."""
+
+    seq_len: int = 128
+    """Context length in tokens."""
+    global_batch_size: int = 16
+    """Samples per step."""
+    micro_batch_size: int = 4
+    """Samples per micro-batch."""
+    learning_rate: float = 1e-3
+    """AdamW learning rate (SGD with momentum when ``sgd``)."""
+    sgd: bool = False
+    """SGD with momentum instead of AdamW (bit-stable across configurations; tests)."""
+    data: str | None = None
+    """Text, Arrow or Parquet file to train on (None: the standard library's sources)."""
+    tokenizer: str = "byte"
+    """``byte`` or the path of a ``tokenizer.json`` (with ``data``)."""
+    corpus_bytes: int = 2_000_000
+    """Bytes of the standard library's sources read when ``data`` is None."""
+    seed: int = 0
+    """Initialization seed."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1 or self.learning_rate <= 0 or self.corpus_bytes < 1:
+            raise LiveputError("language-model job: seq_len, learning_rate and corpus_bytes "
+                               "must be positive")
+        if self.data is None and self.tokenizer != "byte":
+            raise LiveputError("language-model job: a tokenizer needs a --data file")
+
+
+def _text_dataset(config: CausalLMJobConfig) -> tuple[torch.utils.data.Dataset, int]:
+    """The dataset and its vocabulary size."""
+    from liveput.models.corpus import ByteWindows, load_stdlib_corpus
+    from liveput.models.text import TextDataset
+
+    if config.data is None:
+        return ByteWindows(load_stdlib_corpus(config.corpus_bytes), config.seq_len), 256
+    dataset = TextDataset(config.data, config.tokenizer, config.seq_len)
+    return dataset, dataset.vocab_size
+
+
+def _optimizer(rate: float, sgd: bool, weight_decay: float = 0.0) -> Callable[
+        [list[nn.Parameter]], torch.optim.Optimizer]:
+    def make(parameters: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if sgd:
+            return torch.optim.SGD(parameters, lr=rate, momentum=0.9, weight_decay=weight_decay)
+        return torch.optim.AdamW(parameters, lr=rate, weight_decay=weight_decay)
+    return make
+
+
+def causal_lm_job(name: str, make_config: Callable[[int, int], Any],
+                  config: CausalLMJobConfig) -> Job:
+    """A ``transformers`` causal LM job: ``make_config(vocab_size, seq_len)`` gives its
+    config once the dataset has said how many tokens it has."""
+    from liveput.models.hf import from_hf_causal_lm
+    from liveput.models.tiny_gpt import language_model_loss
+
+    dataset, vocab_size = _text_dataset(config)
+    return Job(layers=from_hf_causal_lm(make_config(vocab_size, config.seq_len), config.seed),
+               dataset=dataset, loss_fn=language_model_loss,
+               optimizer=_optimizer(config.learning_rate, config.sgd),
+               global_batch_size=config.global_batch_size,
+               micro_batch_size=config.micro_batch_size, name=name)
+
+
+def gpt2_config(layers: int = 12, width: int = 768, heads: int = 12,
+                positions: int = 1024) -> Callable[[int, int], Any]:
+    """GPT-2's config maker (defaults: GPT-2 small's shape), dropout off."""
+    def make(vocab_size: int, seq_len: int) -> Any:
+        transformers = require("transformers", "the GPT-2 jobs")
+        if seq_len > positions:
+            raise LiveputError(f"gpt2: seq_len {seq_len} exceeds its {positions} positions")
+        return transformers.GPT2Config(
+            vocab_size=vocab_size, n_positions=positions, n_embd=width, n_layer=layers,
+            n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)
+    return make
+
+
+def llama_config(layers: int = 4, width: int = 256, heads: int = 4, kv_heads: int = 2,
+                 intermediate: int = 688) -> Callable[[int, int], Any]:
+    """Llama's config maker (defaults: ``llama-tiny``, grouped-query attention)."""
+    def make(vocab_size: int, seq_len: int) -> Any:
+        transformers = require("transformers", "the Llama jobs")
+        return transformers.LlamaConfig(
+            vocab_size=vocab_size, hidden_size=width, intermediate_size=intermediate,
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+            max_position_embeddings=seq_len, attention_dropout=0.0, bos_token_id=None,
+            eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    return make
+
+
+@dataclass(frozen=True)
+class ResNetJobConfig:
+    """Shape and training settings of a ResNet-50 job on synthetic images."""
+
+    width: int = 64
+    """Channels of the stem (64: ResNet-50; every stage scales with it)."""
+    image_size: int = 224
+    """Side of the square images."""
+    num_classes: int = 1000
+    """Classes (ImageNet's 1000)."""
+    num_samples: int = 50_000
+    """Synthetic images in the dataset."""
+    global_batch_size: int = 32
+    """Samples per step."""
+    micro_batch_size: int = 8
+    """Samples per micro-batch."""
+    learning_rate: float = 0.0125
+    """SGD learning rate (0.1 per 256 images, the usual ImageNet recipe)."""
+    weight_decay: float = 1e-4
+    """SGD weight decay."""
+    seed: int = 0
+    """Initialization and data seed."""
+
+
+def resnet50_job(config: ResNetJobConfig | None = None) -> Job:
+    """ResNet-50 on seeded synthetic images."""
+    from liveput.models.resnet import SyntheticImages, build_resnet50
+
+    config = config or ResNetJobConfig()
+    return Job(layers=build_resnet50(config.num_classes, config.width, config.seed),
+               dataset=SyntheticImages(config.num_samples, config.image_size,
+                                       config.num_classes, config.seed),
+               loss_fn=F.cross_entropy,
+               optimizer=_optimizer(config.learning_rate, True, config.weight_decay),
+               global_batch_size=config.global_batch_size,
+               micro_batch_size=config.micro_batch_size, name="resnet50")
+
+
+@JOBS.register("gpt2-small")
+def gpt2_small_job(data: str | None = None) -> Job:
+    """GPT-2 small's shape (12 blocks, 768 wide, 12 heads; untied head), 256-token contexts,
+    batch 8 in micro-batches of 2."""
+    return causal_lm_job("gpt2-small", gpt2_config(), CausalLMJobConfig(
+        seq_len=256, global_batch_size=8, micro_batch_size=2, learning_rate=3e-4, data=data))
+
+
+@JOBS.register("llama-tiny")
+def llama_tiny_job(data: str | None = None) -> Job:
+    """A Llama of about 3 M parameters (4 blocks, 256 wide, 4 heads, 2 key-value heads),
+    128-token contexts, batch 16 in micro-batches of 4."""
+    return causal_lm_job("llama-tiny", llama_config(), CausalLMJobConfig(data=data))
+
+
+JOBS.register("resnet50")(lambda: resnet50_job())
