@@ -68,6 +68,8 @@ class LocalTrainingConfig:
     deadline: DeadlineJob | None = None
     """A deadline job: the deadline policy decides, and the emulated provider rents, the spot
     and on-demand instances (:mod:`liveput.runtime.deadline`); None: the trace's instances."""
+    token: str | None = None
+    """The job token (default: a fresh one; a launched job keeps its own in its state dir)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.steps < 1:
@@ -123,10 +125,15 @@ class Progress:
 
 
 def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace,
-                       on_progress: Callable[[Progress], None] | None = None) -> TrainingResult:
-    """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done."""
+                       on_progress: Callable[[Progress], None] | None = None,
+                       on_tick: Callable[[Coordinator, bool], None] | None = None
+                       ) -> TrainingResult:
+    """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done.
+
+    ``on_tick(coordinator, done)`` is called after every tick of the coordinator (``done``: the
+    last one), in its thread; a LiveputError it raises ends the run."""
     started = time.monotonic()
-    token = secrets.token_hex(16)
+    token = config.token or secrets.token_hex(16)
     job = resolve_job(config.model)
     log_dir = Path(config.log_dir)
     try:
@@ -191,6 +198,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             while coordinator.tick():
                 if on_progress is not None:
                     on_progress(_progress(store, coordinator))
+                if on_tick is not None:
+                    on_tick(coordinator, False)
                 if time.monotonic() - started > config.timeout_s:
                     raise LiveputError(f"train: not done after {config.timeout_s:g} s "
                                        f"({coordinator.status})")
@@ -199,6 +208,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 cloud.finish()
             if on_progress is not None:
                 on_progress(_progress(store, coordinator))
+            if on_tick is not None:
+                on_tick(coordinator, True)
             report = verify_ledger(store, job.global_batch_size, config.steps)
             stats = {k.rsplit("/", 1)[1]: int(v)
                      for k, v in store.get_prefix("stats/migrations/").items()}
