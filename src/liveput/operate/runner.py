@@ -152,13 +152,13 @@ def run_job(job: JobFile, *, resume: bool = False,
     model = resolve_job(job.model)
     num_steps = job.num_steps(model.global_batch_size)
     checkpoint_url = job.checkpoint.url or str(state_dir / "checkpoints")
-    check_writable(checkpoint_url)
     dashboard = None
     if job.dashboard.port is not None:
         from liveput.operate.dashboard import Dashboard
 
         dashboard = Dashboard(job.dashboard.host, job.dashboard.port)  # binds: a busy port fails
     try:
+        check_writable(checkpoint_url)
         state_dir.mkdir(parents=True, exist_ok=True)
         token, token_file = _token(state_dir)
         port = job.store.port or (int(place.store.rsplit(":", 1)[1]) if place is not None
