@@ -25,7 +25,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from liveput.runtime.checkpoint import latest_checkpoint
 from liveput.runtime.store import Store
 
 if TYPE_CHECKING:
@@ -99,7 +98,7 @@ class StatusRecorder:
         self._generation = -1 if previous.get("generation") is None else previous["generation"]
         self._noticed: set[str] = set(store.get_prefix("notice/"))
         self._lost: set[str] = set(store.get_prefix("lost/"))
-        self._checkpoint = latest_checkpoint(store)
+        self._checkpoint = _latest_checkpoint(store)
         self._downtime: dict | None = None
         """The newest plan's event until its first step commits (its downtime is then known)."""
         self._plan_at_s = 0.0
@@ -141,7 +140,7 @@ class StatusRecorder:
                         reason="noticed: leaves the job" if f"notice/{instance}" in noticed
                         else "no heartbeat: preempted or dead")
         self._noticed, self._lost = noticed, lost
-        checkpoint = latest_checkpoint(store)
+        checkpoint = _latest_checkpoint(store)
         if checkpoint is not None and checkpoint != self._checkpoint:
             self._event("checkpoint", now_s, step=checkpoint, reason="complete on storage")
         self._checkpoint = checkpoint
@@ -290,6 +289,13 @@ def read_series(store: Store) -> dict:
     """The dashboard's series: ``{"fields": [...], "points": [[...], ...]}``."""
     series = _json(store.get(SERIES_KEY)) or {}
     return {"fields": list(SERIES_FIELDS), "points": series.get("points", [])}
+
+
+def _latest_checkpoint(store: Store) -> int | None:
+    # Imported here: readers of the status (``liveput status``) need no torch.
+    from liveput.runtime.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(store)
 
 
 def _json(raw: bytes | None) -> object:

@@ -25,12 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import fsspec
-
 from liveput.errors import LiveputError
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
-from liveput.runtime.prune import INSTANCE_PREFIXES
 from liveput.runtime.store import Store, open_store
 
 LOG = logging.getLogger(__name__)
@@ -77,6 +74,8 @@ def pid_alive(pid: int) -> bool:
 
 def check_writable(url: str) -> None:
     """Write and remove a probe file under ``url``; one-line LiveputError if it cannot."""
+    import fsspec
+
     try:
         fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
         fs.makedirs(root, exist_ok=True)
@@ -122,6 +121,8 @@ def _token(state_dir: Path) -> tuple[str, Path]:
 
 def forget_instances(store: Store) -> int:
     """Delete every instance's keys (all of them are gone); how many."""
+    from liveput.runtime.prune import INSTANCE_PREFIXES
+
     count = 0
     for prefix in INSTANCE_PREFIXES:
         for key in store.get_prefix(prefix):
@@ -260,6 +261,7 @@ def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str
         _final(recorder, last, "finished" if result.exactly_once else "failed", reason, board)
         summary = result.summary()
         summary.update(model=str(output), state_dir=str(state_dir), store=place.store)
+        (state_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
     except LiveputError as error:
         _final(recorder, last, "failed", str(error).split("; agents' logs")[0], board)

@@ -26,10 +26,9 @@ from liveput.runtime.cloud import EmulatedCloud, command_launcher
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.deadline import DeadlineJob, ProvidedCloud, deadline_context
 from liveput.runtime.job import resolve_job
-from liveput.runtime.launch import JobSpec, publish_spec
+from liveput.runtime.launch import JobSpec, job_profile, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.prune import PruneConfig
-from liveput.runtime.planning import profile_job
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
 from liveput.traces import IntervalTrace, Trace
 
@@ -159,7 +158,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every,
                                         store_outage_s=heartbeat_timeout_s,
                                         keep_checkpoints=config.keep_checkpoints))
-            profile = profile_job(job)
+            # Kept in the store: a resumed job plans with the profile it started with.
+            profile = job_profile(store, config.model)
             deadline = None if config.deadline is None else deadline_context(
                 trace, profile, config.deadline, config.steps, config.time_scale)
             coordinator_config = CoordinatorConfig(
