@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10_000, help="steps of the job's store")
     parser.add_argument("--skip-dashboard", action="store_true", help="status latency only")
-    args = parser.parse_args(argv)
+    args = parser.parse_args([] if argv is None else argv)
     status = status_latency(args.steps)
     print(f"status on a {status['steps']:,}-step job's store ({status['store_keys']} keys): "
           f"read median {status['read_median_ms']} ms, p95 {status['read_p95_ms']} ms "

@@ -201,21 +201,36 @@ def status(
 
     with _open(store, token_file, token, job_file) as handle:
         if watch and not as_json:
-            snapshot = read_status(handle, events)
+            snapshot = _stale(read_status(handle, events))
             with Live(_status_view(snapshot), console=console, auto_refresh=False) as live:
                 while snapshot["state"] not in ("finished", "failed"):
                     time.sleep(1.0)
-                    snapshot = read_status(handle, events)
+                    snapshot = _stale(read_status(handle, events))
                     live.update(_status_view(snapshot), refresh=True)
             return
-        snapshot = read_status(handle, events)
+        snapshot = _stale(read_status(handle, events))
         if as_json:
             print_json(snapshot)
         else:
             console.print(_status_view(snapshot))
 
 
+STALE_S = 30.0
+"""A running job whose status has not changed for this long may have lost its launcher."""
+
+
+def _stale(snapshot: dict) -> dict:
+    """``stale_s``: seconds since a running job's status last changed, when that is long."""
+    age_s = time.time() - snapshot.get("updated_unix_s", time.time())
+    snapshot["stale_s"] = round(age_s, 1) if snapshot["state"] == "running" and \
+        age_s > STALE_S else None
+    return snapshot
+
+
 def _status_view(s: dict) -> Table:
+    if s.get("stale_s"):
+        s = {**s, "reason": f"no update for {s['stale_s']:.0f} s: its launcher may be gone "
+                            "(liveput resume continues it)"}
     view = Table(title=f"job {s['job']}: {s['state']}" + (f" ({s['reason']})" if s["reason"]
                                                            else ""), show_header=False)
     view.add_column("what")
@@ -258,11 +273,12 @@ def stop(
     kept readable for status, goes."""
     from liveput.operate.runner import read_place, stop_job
 
-    place = None
+    place, state_dir = None, None
     if job_file is not None:
-        place = read_place(_job(job_file).state_path)
+        state_dir = _job(job_file).state_path
+        place = read_place(state_dir)
     with _open(store, token_file, token, job_file) as handle:
-        ended = stop_job(handle, place)
+        ended = stop_job(handle, place, state_dir)
     err_console.print("stopped" if ended else "asked to stop; the launcher has not ended yet")
 
 

@@ -302,15 +302,26 @@ def _linger(store: Store | None, linger_s: float) -> None:
         time.sleep(0.2)
 
 
-def stop_job(store: Store, place: JobPlace | None, wait_s: float = 60.0) -> bool:
+def stop_job(store: Store, place: JobPlace | None, state_dir: Path | None = None,
+             wait_s: float = 60.0) -> bool:
     """Ask the job's launcher to stop (a running job ends, a lingering store goes); whether it
-    was seen to end within ``wait_s``."""
+    was seen to end within ``wait_s``. A launcher that is gone (killed) left its etcd running,
+    on purpose (a resume adopts it): with ``state_dir``, that etcd is stopped too."""
+    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+
     store.set(STOP_KEY, b"1")
     if place is None:
         return True
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if not pid_alive(place.pid):
-            return True
+    while pid_alive(place.pid):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.2)
-    return False
+    if state_dir is not None:
+        store.close()
+        etcd = LocalEtcd(EtcdConfig(state_dir / "etcd",
+                                    client_port=int(place.store.rsplit(":", 1)[1])))
+        if etcd._running_pid() is not None:
+            etcd.start()  # adopts it
+            etcd.stop()
+    return True
