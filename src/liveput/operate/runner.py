@@ -131,6 +131,23 @@ def forget_instances(store: Store) -> int:
     return count
 
 
+def end_dead_generation(store: Store) -> int | None:
+    """Fence the generation in force at its first uncommitted step (its instances are all
+    gone): new agents, whose instance ids may be the dead ones', must not join it as if they
+    held its layers; the recovered coordinator sees the fence and plans a checkpoint restore.
+    The fenced step (None: no plan, or the job is done)."""
+    from liveput.runtime import protocol
+    from liveput.runtime.prune import read_floor
+
+    plan = protocol.current_plan(store)
+    if plan is None or store.get("job/done") is not None:
+        return None
+    floor = read_floor(store, plan.generation)
+    committed = protocol.last_committed(store, plan.generation,
+                                        max(plan.start_step, floor or 0))
+    return protocol.fence(store, plan.generation, committed + 1, plan.num_working)
+
+
 def run_job(job: JobFile, *, resume: bool = False,
             on_ready: Callable[[JobPlace], None] | None = None) -> dict:
     """Run ``job`` to its end (or continue it with ``resume``), then linger; its summary.
@@ -180,6 +197,7 @@ def run_job(job: JobFile, *, resume: bool = False,
                                    f"is {state_dir / 'model.pt'}")
             store.delete(STOP_KEY)
             forget_instances(store)
+            end_dead_generation(store)
         place = JobPlace(etcd.url, str(token_file.resolve()),
                          None if dashboard is None else dashboard.url, os.getpid())
         (state_dir / JOB_JSON).write_text(json.dumps(place.__dict__) + "\n")
