@@ -37,8 +37,9 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def write_job_store(store, steps: int) -> None:  # noqa: ANN001
-    """A ``steps``-step job's store, written through the runtime's own code (see above)."""
+def write_job_store(store, steps: int, profile=None, series_points: int = 240) -> None:  # noqa: ANN001
+    """A ``steps``-step job's store, written through the runtime's own code (see above);
+    ``profile``: the job's (default: measured now, as a launched job does)."""
     from liveput.operate.recorder import RecorderConfig, StatusRecorder
     from liveput.runtime import protocol
     from liveput.runtime.checkpoint import Checkpointer
@@ -49,7 +50,7 @@ def write_job_store(store, steps: int) -> None:  # noqa: ANN001
 
     job = resolve_job("tiny-gpt")
     publish_spec(store, JobSpec("tiny-gpt", tempfile.mkdtemp(prefix="bench-operate-ckpt-")))
-    profile = job_profile(store, "tiny-gpt")
+    profile = profile or job_profile(store, "tiny-gpt")
     store.set("members/0", json.dumps({"host": "127.0.0.1", "market": "spot"}).encode())
     plan = protocol.RuntimePlan(
         generation=0, epoch=0, start_step=0, end_step=steps, data_parallel=1,
@@ -62,7 +63,7 @@ def write_job_store(store, steps: int) -> None:  # noqa: ANN001
         num_steps=steps, num_micro_batches=job.num_micro_batches, capacity=4), clock=clock)
     recorder = StatusRecorder(store, RecorderConfig(
         job="bench", num_steps=steps, global_batch_size=job.global_batch_size,
-        spot_usd_per_hour=0.9, on_demand_usd_per_hour=3.06))
+        spot_usd_per_hour=0.9, on_demand_usd_per_hour=3.06, series_points=series_points))
     checkpointer = Checkpointer(store, tempfile.mkdtemp(prefix="bench-operate-ckpt-"))
     started = time.monotonic()
     for step in range(steps):

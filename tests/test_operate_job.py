@@ -262,3 +262,4 @@ def _stop_etcd(state_dir: Path) -> None:
         while Path(f"/proc/{pid_file.read_text().strip()}").exists() and \
                 time.monotonic() < deadline:
             time.sleep(0.1)
+
