@@ -14,20 +14,29 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Debian packages the tests need (a real etcd server for the runtime's store tests; `ip` from
-# iproute2 for the network-namespace hosts).
+# Debian packages the tests need (a real etcd server for the runtime's store, which `make run`'s
+# launched job uses too; `ip` from iproute2 for the network-namespace hosts; chromium and its
+# driver for the dashboard's browser test).
 system-deps:
-	@{ command -v etcd && command -v ip; } >/dev/null 2>&1 || { \
+	@{ command -v etcd && command -v ip && command -v chromium && command -v chromedriver; } \
+	  >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq etcd-server iproute2 >/dev/null; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq etcd-server iproute2 \
+	    chromium chromium-driver >/dev/null; }
 
-run: setup
+run: setup system-deps
 	mkdir -p out
 	$(BIN)/liveput trace generate --nodes 32 --hours 12 --seed 0 -o out/default-trace.csv
 	$(BIN)/liveput trace stats out/default-trace.csv
 	$(BIN)/liveput trace plot out/default-trace.csv -o out/default-trace.png
 	$(BIN)/liveput simulate --trace out/default-trace.csv -o out/simulation.json \
 	  --report out/report
+	$(BIN)/liveput stop docs/examples/local.yaml >/dev/null 2>&1 || true
+	rm -rf out/local-job
+	$(BIN)/liveput launch docs/examples/local.yaml --detach --json
+	$(BIN)/liveput status docs/examples/local.yaml --watch
+	$(BIN)/liveput status docs/examples/local.yaml --json > out/local-job-status.json
+	$(BIN)/liveput stop docs/examples/local.yaml
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q

@@ -23,11 +23,14 @@ LIVEPUT = Path(sys.executable).with_name("liveput")
 
 
 def _make_run_commands() -> list[str]:
-    """The ``liveput`` lines of the Makefile's ``run`` recipe (continuations joined)."""
+    """The ``liveput`` lines of the Makefile's ``run`` recipe (continuations joined), up to the
+    example job it launches."""
     text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
     recipe = text.split("\nrun:", 1)[1].split("\n\n", 1)[0]
+    # The launched example job at its end is tested by tests/test_operate_job.py.
     return [" ".join(line.split()).replace("$(BIN)/liveput", "liveput")
-            for line in recipe.splitlines() if "$(BIN)/liveput" in line]
+            for line in recipe.splitlines() if "$(BIN)/liveput" in line
+            and "docs/examples/" not in line]
 
 
 def _readme_commands() -> list[str]:

@@ -11,6 +11,7 @@ import typer
 from liveput.cli.output import set_quiet
 from liveput.cli.params import FLAG
 from liveput.cli import advise, models, perf, plan, predict, profile, simulate, trace, train
+from liveput.cli import operate
 from liveput.errors import LiveputError
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ profile.register(app)
 plan.register(app)
 simulate.register(app)
 train.register(app)
+operate.register(app)
 
 
 @app.callback()

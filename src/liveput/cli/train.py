@@ -82,8 +82,15 @@ def train(
     activation_checkpointing: bool = typer.Option(
         False, "--activation-checkpointing", metavar=params.FLAG,
         help="Recompute each layer's forward in the backward pass (less memory, more compute)."),
+    job_file: Path = typer.Option(None, "--job", help="Take the model, steps, checkpoints, "
+                                  "provider, objective and notices from this job file (the "
+                                  "options above are then ignored; see liveput launch)."),
 ) -> None:
     """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
+    if job_file is not None:
+        (model, workers, trace_path, time_scale, steps, checkpoint_dir, checkpoint_every,
+         notice_lead_s, seed, keep_checkpoints, deadline_hours, on_demand_max, instance_type,
+         deadline_policy) = _from_job_file(job_file)
     from liveput.runtime.job import resolve_job
     from liveput.runtime.deadline import DeadlineJob
     from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
@@ -161,6 +168,22 @@ def training_options(base: TrainingConfig, steps: int, precision: str | None,
         return dataclasses.replace(base, **changes) if changes else None
     except LiveputError as error:
         raise LiveputError(f"train: {error}") from None
+
+
+def _from_job_file(path: Path) -> tuple:
+    """``liveput train``'s settings from a job file (its store, dashboard and metrics are
+    ``liveput launch``'s)."""
+    from liveput.operate.jobfile import load_job_file
+    from liveput.runtime.job import resolve_job
+
+    job = load_job_file(path)
+    provider, objective = job.provider, job.objective
+    return (job.model, provider.workers,
+            Path(provider.trace) if provider.trace else None, provider.time_scale,
+            job.num_steps(resolve_job(job.model).global_batch_size), job.checkpoint.url,
+            job.checkpoint.every, job.notices.lead_s, provider.trace_seed, job.checkpoint.keep,
+            objective.deadline_hours, provider.on_demand_max, provider.instance_type,
+            objective.policy)
 
 
 def _summary_table(summary: dict) -> Table:

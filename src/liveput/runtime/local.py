@@ -26,10 +26,9 @@ from liveput.runtime.cloud import EmulatedCloud, command_launcher
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.deadline import DeadlineJob, ProvidedCloud, deadline_context
 from liveput.runtime.job import resolve_job
-from liveput.runtime.launch import JobSpec, publish_spec
+from liveput.runtime.launch import JobSpec, job_profile, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.prune import PruneConfig
-from liveput.runtime.planning import profile_job
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
 from liveput.runtime.training import TrainingConfig
 from liveput.traces import IntervalTrace, Trace
@@ -76,6 +75,8 @@ class LocalTrainingConfig:
     deadline: DeadlineJob | None = None
     """A deadline job: the deadline policy decides, and the emulated provider rents, the spot
     and on-demand instances (:mod:`liveput.runtime.deadline`); None: the trace's instances."""
+    token: str | None = None
+    """The job token (default: a fresh one; a launched job keeps its own in its state dir)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.steps < 1:
@@ -143,10 +144,15 @@ def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
 
 
 def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace,
-                       on_progress: Callable[[Progress], None] | None = None) -> TrainingResult:
-    """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done."""
+                       on_progress: Callable[[Progress], None] | None = None,
+                       on_tick: Callable[[Coordinator, bool], None] | None = None
+                       ) -> TrainingResult:
+    """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done.
+
+    ``on_tick(coordinator, done)`` is called after every tick of the coordinator (``done``: the
+    last one), in its thread; a LiveputError it raises ends the run."""
     started = time.monotonic()
-    token = secrets.token_hex(16)
+    token = config.token or secrets.token_hex(16)
     job = resolve_job(config.model, config.data)
     if config.training is not None:
         job = dataclasses.replace(job, training=config.training)
@@ -177,7 +183,11 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                                         training=None if config.training is None
                                         else config.training.to_dict(),
                                         data=config.data))
-            profile = profile_job(job)
+            # Kept in the store: a resumed job plans with the profile it started with (the
+            # layers are measured without recomputation; the job's checkpointing is its own).
+            profile = dataclasses.replace(
+                job_profile(store, config.model, config.data), activation_checkpointing=(
+                    "layer" if job.training.activation_checkpointing else "none"))
             deadline = None if config.deadline is None else deadline_context(
                 trace, profile, config.deadline, config.steps, config.time_scale)
             coordinator_config = CoordinatorConfig(
@@ -216,6 +226,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             while coordinator.tick():
                 if on_progress is not None:
                     on_progress(_progress(store, coordinator))
+                if on_tick is not None:
+                    on_tick(coordinator, False)
                 if time.monotonic() - started > config.timeout_s:
                     raise LiveputError(f"train: not done after {config.timeout_s:g} s "
                                        f"({coordinator.status})")
@@ -224,6 +236,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 cloud.finish()
             if on_progress is not None:
                 on_progress(_progress(store, coordinator))
+            if on_tick is not None:
+                on_tick(coordinator, True)
             report = verify_ledger(store, job.global_batch_size, config.steps)
             stats = {k.rsplit("/", 1)[1]: int(v)
                      for k, v in store.get_prefix("stats/migrations/").items()}

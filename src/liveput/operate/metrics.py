@@ -1,0 +1,115 @@
+"""The job's figures for other tools: Prometheus text exposition and TensorBoard scalars.
+
+Both are made from the status snapshot the store holds (:mod:`liveput.operate.recorder`), so
+what Prometheus scrapes, what TensorBoard plots and what ``liveput status`` prints agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from liveput.errors import LiveputError
+from liveput.runtime.store import Store
+
+MIGRATIONS_PREFIX = "stats/migrations/"
+
+
+class _StatusCollector:
+    """One scrape's metrics from one status snapshot."""
+
+    def __init__(self, status: dict, migrations: dict[str, int]) -> None:
+        self.status = status
+        self.migrations = migrations
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        status = self.status
+        job = status.get("job", "")
+        gauges = (("liveput_step", "Steps committed", status.get("step", 0)),
+                  ("liveput_samples_per_second", "Samples per second now",
+                   status.get("samples_per_s", 0.0)),
+                  ("liveput_samples_per_second_avg", "Samples per second averaged",
+                   status.get("samples_per_s_avg", 0.0)))
+        for name, text, value in gauges:
+            family = GaugeMetricFamily(name, text, labels=["job"])
+            family.add_metric([job], float(value))
+            yield family
+        if status.get("loss") is not None:
+            family = GaugeMetricFamily("liveput_loss", "Loss of the last committed step",
+                                       labels=["job"])
+            family.add_metric([job], float(status["loss"]))
+            yield family
+        instances = GaugeMetricFamily("liveput_instances", "Instances by market and state",
+                                      labels=["job", "market", "state"])
+        for market, states in status.get("instances", {}).items():
+            for state, count in states.items():
+                instances.add_metric([job, market, state], float(count))
+        yield instances
+        usd = CounterMetricFamily("liveput_usd", "Dollars spent by market",
+                                  labels=["job", "market"])
+        for market in ("spot", "on_demand"):
+            usd.add_metric([job, market.replace("_", "-")],
+                           float(status.get("usd", {}).get(market, 0.0)))
+        yield usd
+        saved = GaugeMetricFamily("liveput_usd_saved", "Dollars saved against on-demand",
+                                  labels=["job"])
+        saved.add_metric([job], float(status.get("usd", {}).get("savings", 0.0)))
+        yield saved
+        migrations = CounterMetricFamily("liveput_migrations", "Plans published by migration kind",
+                                         labels=["job", "kind"])
+        for kind, count in sorted(self.migrations.items()):
+            migrations.add_metric([job, kind], float(count))
+        yield migrations
+        downtime = CounterMetricFamily("liveput_downtime_seconds",
+                                       "Wall seconds from a plan to its first commit, summed",
+                                       labels=["job"])
+        downtime.add_metric([job], float(status.get("downtime_s", 0.0)))
+        yield downtime
+
+
+def prometheus_text(store: Store) -> bytes:
+    """The job's metrics in Prometheus' text format, read from its store."""
+    from liveput.operate.recorder import read_status
+
+    status = read_status(store, events=0)
+    migrations = {key.removeprefix(MIGRATIONS_PREFIX): int(value)
+                  for key, value in store.get_prefix(MIGRATIONS_PREFIX).items()}
+    registry = CollectorRegistry()
+    registry.register(_StatusCollector(status, migrations))
+    return generate_latest(registry)
+
+
+class TensorBoardScalars:
+    """Writes loss, samples/s, instances and dollars per committed step (TensorBoard's event
+    files, through ``torch.utils.tensorboard``) to a local directory."""
+
+    def __init__(self, directory: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise LiveputError(f"metrics.tensorboard: cannot create {directory}: "
+                               f"{error.strerror}") from None
+        self.writer = SummaryWriter(log_dir=directory)
+        self._step = -1
+
+    def add(self, status: dict) -> None:
+        step = int(status.get("step", 0))
+        if step == self._step:
+            return
+        self._step = step
+        scalars = {"samples_per_s": status.get("samples_per_s"), "loss": status.get("loss"),
+                   "usd/total": status.get("usd", {}).get("total"),
+                   "usd/savings": status.get("usd", {}).get("savings")}
+        for market, states in status.get("instances", {}).items():
+            scalars[f"instances/{market}"] = sum(states.values())
+        for tag, value in scalars.items():
+            if value is not None:
+                self.writer.add_scalar(tag, float(value), global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

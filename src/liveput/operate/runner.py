@@ -1,0 +1,345 @@
+"""Launching, stopping and resuming a job from its job file, on the emulated provider.
+
+A launched job lives in its state directory (``<state_dir>/``): ``etcd/`` (the store's data,
+on disk), ``token`` (the job token, mode 0600), ``job.json`` (store URL, token file, dashboard
+URL, the launcher's pid), ``checkpoints/`` (unless the file names a URL), ``logs/`` and, once
+finished, ``model.pt``. The launcher runs the store (a local etcd), the coordinator, the
+emulated provider and its agents, the dashboard and the metrics; the store stays up
+``linger_s`` after the job ends (or until ``liveput stop``) so ``liveput status`` can say how
+it ended. Its data stays on disk after that, so ``liveput resume`` can continue a job whose
+processes are all gone: it restarts (or adopts) the etcd, forgets the instances (none is left),
+and the coordinator recovers from the store, restoring from the newest complete checkpoint; the
+ledger, kept in the same store, proves exactly-once across the break.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from liveput.errors import LiveputError
+from liveput.operate.jobfile import JobFile
+from liveput.operate.recorder import RecorderConfig, StatusRecorder
+from liveput.runtime.store import Store, open_store
+
+LOG = logging.getLogger(__name__)
+STOP_KEY = "job/stop"
+JOB_JSON = "job.json"
+
+
+@dataclass(frozen=True)
+class JobPlace:
+    """Where a launched job can be reached (``--detach --json`` prints the first three)."""
+
+    store: str
+    """The store's URL."""
+    token_file: str
+    """The file holding the job token."""
+    dashboard: str | None
+    """The dashboard's URL (None: no dashboard)."""
+    pid: int
+    """The launcher's process id."""
+
+    def public(self) -> dict:
+        return {"store": self.store, "token_file": self.token_file, "dashboard": self.dashboard}
+
+
+def read_place(state_dir: Path) -> JobPlace | None:
+    try:
+        return JobPlace(**json.loads((state_dir / JOB_JSON).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def check_writable(url: str) -> None:
+    """Write and remove a probe file under ``url``; one-line LiveputError if it cannot."""
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
+        fs.makedirs(root, exist_ok=True)
+        probe = f"{root}/.liveput-probe-{uuid.uuid4().hex}"
+        with fs.open(probe, "wb") as handle:
+            handle.write(b"probe")
+        fs.rm(probe)
+    except Exception as error:  # noqa: BLE001 - any backend's failure says the same thing
+        reason = getattr(error, "strerror", None) or str(error).splitlines()[0] or type(error).__name__
+        raise LiveputError(f"checkpoint URL {url} cannot be written: {reason}") from None
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free on loopback (etcd's client and peer ports)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port < 65534 and _port_free(port + 1):
+            return port
+    raise LiveputError("no free pair of loopback ports for the job's etcd")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _token(state_dir: Path) -> tuple[str, Path]:
+    path = state_dir / "token"
+    if path.exists():
+        return path.read_text().strip(), path
+    token = secrets.token_hex(16)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    return token, path
+
+
+def forget_instances(store: Store) -> int:
+    """Delete every instance's keys (all of them are gone); how many."""
+    from liveput.runtime.prune import INSTANCE_PREFIXES
+
+    count = 0
+    for prefix in INSTANCE_PREFIXES:
+        for key in store.get_prefix(prefix):
+            store.delete(key)
+            count += 1
+    return count
+
+
+def end_dead_generation(store: Store) -> int | None:
+    """Fence the generation in force at its first uncommitted step (its instances are all
+    gone): new agents, whose instance ids may be the dead ones', must not join it as if they
+    held its layers; the recovered coordinator sees the fence and plans a checkpoint restore.
+    The fenced step (None: no plan, or the job is done)."""
+    from liveput.runtime import protocol
+    from liveput.runtime.prune import read_floor
+
+    plan = protocol.current_plan(store)
+    if plan is None or store.get("job/done") is not None:
+        return None
+    floor = read_floor(store, plan.generation)
+    committed = protocol.last_committed(store, plan.generation,
+                                        max(plan.start_step, floor or 0))
+    return protocol.fence(store, plan.generation, committed + 1, plan.num_working)
+
+
+def run_job(job: JobFile, *, resume: bool = False,
+            on_ready: Callable[[JobPlace], None] | None = None) -> dict:
+    """Run ``job`` to its end (or continue it with ``resume``), then linger; its summary.
+
+    Bad input is refused before anything of an existing job is touched."""
+    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+    from liveput.runtime.job import resolve_job
+
+    state_dir = job.state_path
+    place = read_place(state_dir)
+    if resume:
+        if place is None:
+            raise LiveputError(f"resume: no launched job in {state_dir} (liveput launch it)")
+        if pid_alive(place.pid) and place.pid != os.getpid():
+            raise LiveputError(f"resume: the job still runs (launcher pid {place.pid}); "
+                               "liveput stop it first")
+    elif place is not None or (state_dir / "etcd").exists():
+        raise LiveputError(f"launch: {state_dir} already holds job {job.job_name!r}: "
+                           "liveput resume continues it; remove that folder to start over")
+    model = resolve_job(job.model)
+    num_steps = job.num_steps(model.global_batch_size)
+    checkpoint_url = job.checkpoint.url or str(state_dir / "checkpoints")
+    dashboard = None
+    if job.dashboard.port is not None:
+        from liveput.operate.dashboard import Dashboard
+
+        dashboard = Dashboard(job.dashboard.host, job.dashboard.port)  # binds: a busy port fails
+    try:
+        check_writable(checkpoint_url)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        token, token_file = _token(state_dir)
+        port = job.store.port or (int(place.store.rsplit(":", 1)[1]) if place is not None
+                                  else free_port_pair())
+        etcd = LocalEtcd(EtcdConfig(state_dir / "etcd", client_port=port))
+        etcd.start()
+    except BaseException:
+        if dashboard is not None:
+            dashboard.close()
+        raise
+    store = None
+    started = False
+    try:
+        store = open_store(etcd.url, token=token, timeout_s=10.0)
+        if resume:
+            if store.get("job/done") is not None and (state_dir / "model.pt").exists():
+                raise LiveputError(f"resume: job {job.job_name!r} finished already; its model "
+                                   f"is {state_dir / 'model.pt'}")
+            store.delete(STOP_KEY)
+            forget_instances(store)
+            end_dead_generation(store)
+        place = JobPlace(etcd.url, str(token_file.resolve()),
+                         None if dashboard is None else dashboard.url, os.getpid())
+        (state_dir / JOB_JSON).write_text(json.dumps(place.__dict__) + "\n")
+        if dashboard is not None:
+            dashboard.serve(etcd.url, token)
+        started = True
+        return _train(job, model, num_steps, store, token, checkpoint_url, state_dir, place,
+                      on_ready)
+    except KeyboardInterrupt:
+        started = False  # Ctrl-C: no lingering; the data stays on disk for a resume
+        raise
+    finally:
+        try:
+            if started:
+                _linger(store, job.linger_s)
+        finally:
+            if dashboard is not None:
+                dashboard.close()
+            if store is not None:
+                store.close()
+            etcd.stop()
+
+
+def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str,
+           checkpoint_url: str, state_dir: Path, place: JobPlace,
+           on_ready: Callable[[JobPlace], None] | None) -> dict:
+    from liveput.advise.catalog import load_catalog
+    from liveput.operate.export import export_model
+    from liveput.operate.metrics import TensorBoardScalars
+    from liveput.runtime.deadline import DeadlineJob
+    from liveput.runtime.local import LocalTrainingConfig, run_local_training
+    from liveput.traces import generate_trace, read_trace
+
+    provider = job.provider
+    spec = load_catalog("aws").get(provider.instance_type)
+    objective = job.objective
+    recorder = StatusRecorder(store, RecorderConfig(
+        job=job.job_name, num_steps=num_steps, global_batch_size=model.global_batch_size,
+        time_scale=provider.time_scale, spot_usd_per_hour=spec.spot_usd_per_hour,
+        on_demand_usd_per_hour=spec.on_demand_usd_per_hour,
+        deadline_hours=objective.deadline_hours))
+    board = None if job.metrics.tensorboard is None else TensorBoardScalars(job.metrics.tensorboard)
+    config = LocalTrainingConfig(
+        model=job.model, workers=provider.workers, steps=num_steps,
+        time_scale=provider.time_scale, notice_lead_s=job.notices.lead_s,
+        store_url=place.store, checkpoint_dir=checkpoint_url,
+        checkpoint_every=job.checkpoint.every, timeout_s=30 * 24 * 3600.0,
+        seed=provider.trace_seed, log_dir=str(state_dir / "logs"),
+        keep_checkpoints=job.checkpoint.keep, token=token,
+        deadline=None if objective.deadline_hours is None else DeadlineJob(
+            objective.deadline_hours, provider.on_demand_max, provider.instance_type,
+            objective.policy))
+    trace = (read_trace(Path(provider.trace)) if provider.trace
+             else generate_trace(provider.workers, 5 / 60, provider.trace_seed))
+    last: dict = {}
+    ready = False
+
+    def tick(coordinator: object, done: bool) -> None:
+        nonlocal ready
+        last["coordinator"] = coordinator
+        snapshot = recorder.record(coordinator, time.monotonic())
+        if snapshot is not None and board is not None:
+            board.add(snapshot)
+        if not ready and on_ready is not None:
+            ready = True
+            on_ready(place)
+        if store.get(STOP_KEY) is not None:
+            raise LiveputError("stopped by liveput stop")
+        if objective.budget_usd is not None and recorder.usd_spot + recorder.usd_on_demand > \
+                objective.budget_usd:
+            raise LiveputError(f"budget of ${objective.budget_usd:g} spent")
+
+    try:
+        result = run_local_training(config, trace, on_tick=tick)
+        output = Path(job.export) if job.export else state_dir / "model.pt"
+        export_model(checkpoint_url, len(model.layers), output)
+        reason = (f"all {num_steps} steps, exactly once: "
+                  f"{'yes' if result.exactly_once else 'NO'}; model in {output}")
+        _final(recorder, last, "finished" if result.exactly_once else "failed", reason, board)
+        summary = result.summary()
+        summary.update(model=str(output), state_dir=str(state_dir), store=place.store)
+        (state_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+    except LiveputError as error:
+        _final(recorder, last, "failed", str(error).split("; agents' logs")[0], board)
+        raise
+    except KeyboardInterrupt:
+        _final(recorder, last, "failed", "interrupted", board)
+        raise
+    finally:
+        if board is not None:
+            board.close()
+
+
+def _final(recorder: StatusRecorder, last: dict, state: str, reason: str,
+           board: object) -> None:
+    coordinator = last.get("coordinator")
+    if coordinator is None:
+        return
+    try:
+        snapshot = recorder.record(coordinator, time.monotonic(), state=state, reason=reason,
+                                   force=True)
+        if snapshot is not None and board is not None:
+            board.add(snapshot)
+    except LiveputError as error:  # the store is gone: nothing more to say there
+        LOG.warning("could not record the end of the job: %s", error)
+
+
+def _linger(store: Store | None, linger_s: float) -> None:
+    """Keep the store up ``linger_s`` or until ``liveput stop``."""
+    if store is None:
+        return
+    deadline = time.monotonic() + linger_s
+    while time.monotonic() < deadline:
+        try:
+            if store.get(STOP_KEY) is not None:
+                return
+        except LiveputError:
+            return
+        time.sleep(0.2)
+
+
+def stop_job(store: Store, place: JobPlace | None, state_dir: Path | None = None,
+             wait_s: float = 60.0) -> bool:
+    """Ask the job's launcher to stop (a running job ends, a lingering store goes); whether it
+    was seen to end within ``wait_s``. A launcher that is gone (killed) left its etcd running,
+    on purpose (a resume adopts it): with ``state_dir``, that etcd is stopped too."""
+    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+
+    store.set(STOP_KEY, b"1")
+    if place is None:
+        return True
+    deadline = time.monotonic() + wait_s
+    while pid_alive(place.pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    if state_dir is not None:
+        store.close()
+        etcd = LocalEtcd(EtcdConfig(state_dir / "etcd",
+                                    client_port=int(place.store.rsplit(":", 1)[1])))
+        if etcd._running_pid() is not None:
+            etcd.start()  # adopts it
+            etcd.stop()
+    return True

@@ -1,0 +1,265 @@
+"""Operating a job from its job file: launch, status, the dashboard in a real browser, the
+metrics, a killed job resumed with exactly-once across the break, the exported model, and the
+bad input that must cost nothing of an existing job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from liveput.cli.main import main
+from liveput.operate.jobfile import parse_job_file
+from liveput.runtime.job import resolve_job
+from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.store import open_store
+
+LIVEPUT = [sys.executable, "-m", "liveput.cli.main"]
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*LIVEPUT, *argv], capture_output=True, text=True, timeout=timeout,
+                          env=_env(), stdin=subprocess.DEVNULL)
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+# --- the job file ------------------------------------------------------------------------------
+
+def test_a_job_file_becomes_the_typed_configs():
+    job = parse_job_file("model: tiny-gpt\ntarget_samples: 100\nprovider:\n  workers: 3\n"
+                         "  time_scale: 8\nobjective:\n  kind: deadline\n  deadline_hours: 1\n",
+                         "j.yaml")
+    assert job.provider.workers == 3 and job.provider.time_scale == 8.0
+    assert job.objective.deadline_hours == 1.0 and job.num_steps(16) == 7  # 100 / 16, rounded up
+    assert job.job_name == "j" and job.state_path.name == "j"
+
+
+def test_the_worked_example_is_a_valid_job_file_and_make_run_ends_with_it():
+    from liveput.operate.jobfile import load_job_file
+
+    root = Path(__file__).resolve().parents[1]
+    job = load_job_file(root / "docs" / "examples" / "local.yaml")
+    assert job.provider.name == "emulated" and job.model == "tiny-gpt"
+    recipe = (root / "Makefile").read_text().split("\nrun:", 1)[1].split("\n\n", 1)[0]
+    assert recipe.strip().splitlines()[-1].split()[-2:] == ["stop", "docs/examples/local.yaml"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("steps: 10\nprovider:\n  workerz: 3\n", "j.yaml:3: provider.workerz: unknown key"),
+    ("steps: many\n", "j.yaml:1: steps: expected int or null, got 'many'"),
+    ("steps: 10\ncheckpoint:\n  every: [1]\n", "j.yaml:3: checkpoint.every: expected int, got a list"),
+    ("steps: 10\nsteps: 11\n", "j.yaml:2: steps: given twice"),
+    ("model: x\nprovider: {workers: 2\n", "j.yaml:3: malformed YAML"),
+    ("objective:\n  kind: cheap\n", "j.yaml:2: objective: kind 'cheap' is not one of"),
+])
+def test_bad_job_files_are_one_line_naming_the_key_and_line(tmp_path, capsys, text, expected):
+    path = tmp_path / "j.yaml"
+    path.write_text(text)
+    line = _refused(["launch", str(path)], capsys)
+    assert expected in line.replace(str(tmp_path) + "/", "")
+    assert not (tmp_path / ".liveput").exists()
+
+
+def test_a_dashboard_port_in_use_or_an_unwritable_checkpoint_url_starts_nothing(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        path = tmp_path / "j.yaml"
+        path.write_text(f"steps: 5\nstate_dir: {tmp_path / 'state'}\ndashboard:\n  port: {port}\n")
+        assert f"dashboard: cannot listen on 127.0.0.1:{port}" in _refused(
+            ["launch", str(path)], capsys)
+    assert not (tmp_path / "state").exists()  # refused before the checkpoints' folder is made
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path.write_text(f"steps: 5\nstate_dir: {tmp_path / 'state'}\ncheckpoint:\n"
+                    f"  url: {blocker}/checkpoints\n")
+    assert f"checkpoint URL {blocker}/checkpoints cannot be written" in _refused(
+        ["launch", str(path)], capsys)
+    assert not (tmp_path / "state").exists()
+
+
+def test_status_of_an_unreachable_store_is_one_line(capsys):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    line = _refused(["status", "--store", f"etcd://127.0.0.1:{port}", "--token", "t"], capsys)
+    assert f"127.0.0.1:{port}" in line
+
+
+# --- a job's life --------------------------------------------------------------------------------
+
+def _browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def _wait(condition, timeout_s: float, what: str):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def _status(job_file: Path) -> dict:
+    done = _cli("status", str(job_file), "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_a_launched_job_is_watched_killed_resumed_and_exports_its_model(tmp_path):
+    steps = 24
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"""
+name: e2e
+model: tiny-gpt
+steps: {steps}
+state_dir: {tmp_path / 'state'}
+checkpoint: {{every: 3, keep: 2}}
+provider: {{workers: 3, trace_seed: 20, time_scale: 30}}
+notices: {{lead_s: 30}}
+dashboard: {{port: 0}}
+metrics: {{tensorboard: {tmp_path / 'tb'}}}
+""")
+    done = _cli("launch", str(job_file), "--detach", "--json")
+    assert done.returncode == 0, done.stderr
+    place = json.loads(done.stdout)
+    assert set(place) == {"store", "token_file", "dashboard"}
+    launcher = json.loads((tmp_path / "state" / "job.json").read_text())["pid"]
+    token = Path(place["token_file"]).read_text().strip()
+    try:
+        # The dashboard, in a real browser: it shows the running job and follows its steps.
+        browser = _browser()
+        try:
+            browser.get(place["dashboard"])
+            _wait(lambda: browser.find_element("id", "job").text == "e2e", 30, "job shown")
+            browser.execute_script("window.notReloaded = true;")
+            first = _wait(lambda: _step(browser) >= 1 and _step(browser), 60, "a step shown")
+            _wait(lambda: _step(browser) > first, 60, "a later step shown")
+            assert browser.execute_script("return window.notReloaded === true;")
+            assert browser.find_element("id", "state").text == "running"
+            assert browser.find_element("id", "plot-samples").find_elements(
+                "tag name", "polyline")
+        finally:
+            browser.quit()
+        status = _status(job_file)
+        assert status["state"] == "running" and status["step"] >= 1
+        assert status["configuration"] != "-" and status["usd"]["total"] > 0
+        assert set(status["instances"]) == {"spot", "on-demand"}
+        assert any(e["kind"] == "plan" and e["reason"] for e in status["events"])
+        wrong = _cli("status", "--store", place["store"], "--token", "not-the-token")
+        assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1
+        assert "wrong job token" in wrong.stderr
+        with urllib.request.urlopen(place["dashboard"] + "metrics", timeout=10) as reply:
+            metrics = reply.read().decode()
+        assert 'liveput_step{job="e2e"}' in metrics and "liveput_instances{" in metrics
+        # Coordinator and agents all gone (the launcher's process group), the store left.
+        with open_store(place["store"], token=token) as store:
+            _wait(lambda: (store.get("ckpt/latest") is not None and
+                           json.loads(store.get("status/now"))["step"] >= 4), 120,
+                  "a checkpoint and 4 steps")
+        killed_unix_s = time.time()
+        os.killpg(launcher, signal.SIGKILL)
+        step_at_kill = _status(job_file)["step"]
+        _wait(lambda: not Path(f"/proc/{launcher}").exists() or
+              Path(f"/proc/{launcher}/stat").read_text().split()[2] == "Z", 10, "launcher gone")
+        resumed = subprocess.Popen([*LIVEPUT, "resume", str(job_file), "--json"], env=_env(),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   stdin=subprocess.DEVNULL)
+        try:
+            _wait(lambda: _status(job_file)["state"] != "running", 240, "the job ends")
+            status = _status(job_file)
+            assert status["state"] == "finished", status
+            assert status["step"] == steps
+            # Nothing was left to hold the layers: the resumed job's first plan starts after a
+            # checkpoint, at or before the step it was killed at (steps redone, not skipped).
+            resumed_plans = [e for e in status["events"]
+                             if e["kind"] == "plan" and e["unix_s"] > killed_unix_s]
+            assert resumed_plans and resumed_plans[0]["start_step"] <= step_at_kill, (
+                step_at_kill, killed_unix_s, status["events"])
+            assert _cli("stop", str(job_file)).returncode == 0
+            out, err = resumed.communicate(timeout=60)
+        finally:
+            if resumed.poll() is None:
+                resumed.kill()
+        assert resumed.returncode == 0, err
+        summary = json.loads(out)
+        assert summary["exactly_once"] is True and summary["steps_completed"] == steps
+    finally:
+        _stop_etcd(tmp_path / "state")
+    # The ledger, kept in the same store, proves exactly-once across the break.
+    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+
+    etcd = LocalEtcd(EtcdConfig(tmp_path / "state" / "etcd",
+                                client_port=int(place["store"].rsplit(":", 1)[1])))
+    etcd.start()
+    try:
+        with open_store(place["store"], token=token) as store:
+            job = resolve_job("tiny-gpt")
+            report = verify_ledger(store, job.global_batch_size, steps)
+            assert report.exactly_once and report.steps_applied == steps
+    finally:
+        etcd.stop()
+    model = torch.nn.Sequential(*resolve_job("tiny-gpt").layers)
+    model.load_state_dict(torch.load(tmp_path / "state" / "model.pt"))
+    # TensorBoard reads the scalars the launcher wrote.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(tmp_path / "tb"))
+    board.Reload()
+    assert {"loss", "samples_per_s", "usd/total"} <= set(board.Tags()["scalars"])
+    # Launching it again is refused and loses nothing.
+    again = _cli("launch", str(job_file))
+    assert again.returncode == 2 and "already holds job 'e2e'" in again.stderr
+    assert (tmp_path / "state" / "model.pt").exists()
+    assert (tmp_path / "state" / "etcd" / "data").exists()
+
+
+def _step(browser) -> int:  # noqa: ANN001
+    text = browser.find_element("id", "step").text
+    return int(text.split("/")[0]) if "/" in text else 0
+
+
+def _stop_etcd(state_dir: Path) -> None:
+    """The etcd a killed launcher left (it outlives the launcher by design)."""
+    pid_file = state_dir / "etcd" / "etcd.pid"
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        except (ProcessLookupError, ValueError):
+            pass
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid_file.read_text().strip()}").exists() and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+
