@@ -170,7 +170,7 @@ def run_liveput(trace: Trace, settings: RunSettings, work: Path, policy: str,
             raise WindowOver
 
     config = LocalTrainingConfig(
-        model=settings.job, workers=max(1, trace.max_count), steps=10_000_000,
+        model=settings.job, workers=max(1, trace.max_count()), steps=10_000_000,
         time_scale=settings.time_scale, notice_lead_s=settings.notice_lead_s,
         checkpoint_dir=str(work / "checkpoints"), checkpoint_every=settings.checkpoint_every,
         seed=settings.seed, log_dir=str(work / "logs"), timeout_s=settings.window_s + 600,
@@ -214,7 +214,7 @@ def run_torchrun(trace: Trace, settings: RunSettings, work: Path) -> SystemRun:
     progress_file = work / "progress.jsonl"
     (work / "logs").mkdir(parents=True, exist_ok=True)
     (work / "notices").mkdir(parents=True, exist_ok=True)
-    maximum = max(1, trace.max_count)
+    maximum = max(1, trace.max_count())
     template = [
         sys.executable, "-m", "torch.distributed.run", f"--nnodes=1:{maximum}",
         "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{store.port}",
