@@ -43,14 +43,26 @@ STEADY_INSTANCES = 2
 """Instances of the no-preemption runs (one per core: per-step overhead, not contention)."""
 
 
-def p3_cut(workers: int, start_s: float = 3600.0, span_s: float = 300.0) -> Trace:
-    """A ``span_s`` cut of the shared p3 trace, its counts scaled from 32 to ``workers``."""
+def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trace:
+    """A ``span_s`` cut of the shared p3 trace (the default: its 5 minutes with the most
+    preemption events, 4), rescaled to ``workers``: the count scaled by ``workers / 32``, each
+    change keeping at least one instance so that no preemption event vanishes in the rounding."""
     import numpy as np
 
-    full = read_trace(P3_TRACE).slice(start_s, start_s + span_s)
-    times, counts = full.step_function()
-    scaled = np.maximum(np.round(counts * workers / max(full.max_count(), 1)), 0).astype(int)
-    return Trace.from_counts(f"p3-cut-{workers}", times, scaled, times[0] + span_s)
+    full = read_trace(P3_TRACE)
+    ratio = workers / 32
+    count = int(np.clip(round(int(full.count_at(start_s)) * ratio), 1, workers))
+    times, counts = [0.0], [count]
+    inside = (full.times_s > start_s) & (full.times_s < start_s + span_s)
+    for time_s, added, removed in zip(full.times_s[inside], full.added[inside],
+                                      full.removed[inside], strict=True):
+        delta = int(added) - int(removed)
+        if delta:
+            step = int(np.sign(delta)) * max(1, round(abs(delta) * ratio))
+            count = int(np.clip(count + step, 0, workers))
+            times.append(float(time_s - start_s))
+            counts.append(count)
+    return Trace.from_counts(f"p3-cut-{workers}", np.array(times), np.array(counts), span_s)
 
 
 def traces(quick: bool, seeds: list[int]) -> list[tuple[str, Trace, int]]:
