@@ -1,4 +1,4 @@
-"""The torchrun / TorchElastic peer: the liveput job's model as plain DDP, as a careful user runs it.
+"""The torchrun / TorchElastic peer: the liveput job's model as plain DDP, run as users run it.
 
 One torchrun agent per instance (``torchrun --nnodes=MIN:MAX --rdzv-backend=c10d``, one worker
 each, ``--max-restarts`` large). Every membership change restarts all workers; each start resumes

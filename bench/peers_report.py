@@ -87,7 +87,7 @@ def table(document: dict) -> str:
 
 
 def plot(document: dict, path: Path) -> None:
-    """Samples over time per system, one panel per trace, kills (red) and additions (green)
+    """Samples over time per system, one panel per trace, kills (dashed) and additions (dotted)
     marked."""
     import matplotlib
 
@@ -106,11 +106,11 @@ def plot(document: dict, path: Path) -> None:
             axis.step(times, samples, where="post", label=system)
             if not marked:
                 for kill in figures["kills_s"]:
-                    axis.axvline(kill, color="red", alpha=0.35, linestyle="--")
+                    axis.axvline(kill, color="black", alpha=0.5, linestyle="--")
                 for launch in figures["launches_s"]:
-                    axis.axvline(launch, color="green", alpha=0.35, linestyle=":")
+                    axis.axvline(launch, color="gray", alpha=0.6, linestyle=":")
                 marked = True
-        axis.set_title(f"{entry['trace']} (red: preemption, green: new instance)", fontsize=9)
+        axis.set_title(f"{entry['trace']} (dashed: preemption, dotted: new instance)", fontsize=9)
         axis.set_xlabel("wall seconds since the cloud started")
         axis.set_ylabel("samples trained")
         axis.legend(fontsize=8)

@@ -78,10 +78,14 @@ class SystemRun:
     """System-specific counts (liveput: migrations by kind)."""
 
     def downtimes_s(self) -> list[float]:
-        """Per kill: from the last progress before it to the first progress past where the job
-        was (so redone work counts as down time); the window's end if it never got there."""
+        """Per kill after the first step: from the last progress before it to the first
+        progress past where the job was (so redone work counts as down time); the window's end
+        if it never got there. Kills before the first step (start-up) are left out."""
         out = []
+        first = next((t for t, s in self.timeline if s > 0), None)
         for kill_s in self.kills_s:
+            if first is None or kill_s < first:
+                continue
             before = [(t, s) for t, s in self.timeline if t <= kill_s]
             last_t, last_samples = before[-1] if before else (0.0, 0)
             after = [t for t, s in self.timeline if t > kill_s and s > last_samples]

@@ -1,4 +1,4 @@
-"""The peers benchmark's pieces: the torchrun peer resumes exactly, the JSON has the issue's shape."""
+"""Peers benchmark pieces: the torchrun peer resumes exactly; the JSON has the issue's shape."""
 
 from __future__ import annotations
 
