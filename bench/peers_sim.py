@@ -41,8 +41,13 @@ class Measured:
 
 def measure(job_name: str) -> Measured:
     """Profile the job and time its migrations here (about a minute on two idle cores)."""
+    import torch
+
     from bench.bench_runtime import downtimes
 
+    # One thread, as every instance runs: with two on a busy two-core machine the profile came
+    # out about ten times slower than the runtime's steps (the simulator predicted 7 % of them).
+    torch.set_num_threads(1)
     job = resolve_job(job_name)
     profile = profile_job(job)
     with tempfile.TemporaryDirectory(prefix="peers-costs-") as directory:
