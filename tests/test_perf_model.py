@@ -232,6 +232,14 @@ def test_cost_model_matches_the_published_figures() -> None:
     assert MigrationCostModel(network_gbps=20).transfer_s(2**30) == pytest.approx(0.599, rel=0.01)
 
 
+def test_a_measured_restart_replaces_the_v100_table() -> None:
+    measured = MigrationCostModel(measured_restart_s=0.25)
+    assert measured.restart_s(1) == measured.restart_s(8) == 0.25
+    assert MigrationCostModel().restart_s(8) != 0.25
+    with pytest.raises(LiveputError, match="measured restart"):
+        MigrationCostModel(measured_restart_s=-1.0)
+
+
 def test_profiler_predicts_a_plain_training_loop() -> None:
     """The profile's (1, 1) estimate is within 35% of a plain loop of the same model and batch.
 

@@ -390,3 +390,33 @@ def test_any_sequence_of_losses_and_arrivals_reaches_the_end(events, initial):
     done = done or run(coordinator, agents, clock, 4000)
     assert done, (coordinator.status, coordinator.committed)
     assert agents.stale_trained == 0
+
+
+def test_a_policy_restart_is_carried_out_as_a_checkpoint_restore():
+    """``reactive`` (the simulator's restart baseline) answers a loss with a restart: the
+    runtime restores every layer from the checkpoint, where a policy that only picks a
+    configuration gets the survivors' layers."""
+    kinds = {}
+    for policy in ("reactive", "test-every-instance"):
+        store, clock = MemoryStore(), ManualClock()
+        config = CoordinatorConfig(num_steps=400, num_micro_batches=8, interval_s=2.0,
+                                   tick_s=TICK_S, heartbeat_timeout_s=6.0, initial_workers=4,
+                                   capacity=6, policy=policy)
+        coordinator = Coordinator(store, PROFILE, config, clock)
+        agents = ModelAgents(store, coordinator.profile.num_layers)
+        for instance in range(4):
+            agents.join(instance)
+        run(coordinator, agents, clock, 40)
+        assert coordinator.committed >= CHECKPOINT_EVERY
+        generation = coordinator.plan.generation
+        agents.kill(max(i for i, s in coordinator.plan.slots.items() if s is not None))
+        for _ in range(100):
+            if coordinator.plan.generation != generation:
+                break
+            run(coordinator, agents, clock, 1)
+        kinds[policy] = (coordinator.plan.kind, coordinator.plan.restore_step)
+        committed = coordinator.committed
+        run(coordinator, agents, clock, 30)
+        assert coordinator.committed > committed and agents.stale_trained == 0
+    assert kinds["reactive"][0] == "checkpoint-restore" and kinds["reactive"][1] is not None
+    assert kinds["test-every-instance"][1] is None

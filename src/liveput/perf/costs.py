@@ -45,10 +45,16 @@ class MigrationCostModel:
     """Checkpoint storage bandwidth, bytes/s, each way."""
     checkpoint_latency_s: float = 0.5
     """Fixed latency of a checkpoint save or load, s."""
+    measured_restart_s: float | None = None
+    """A restart's seconds as measured on the machine that runs the job (``bench runtime``),
+    whatever the instance count; None: the V100 table."""
 
     def __post_init__(self) -> None:
         if self.network_gbps <= 0 or self.checkpoint_bandwidth_bytes_per_s <= 0:
             raise LiveputError("migration cost model: bandwidths must be positive")
+        if self.measured_restart_s is not None and not self.measured_restart_s >= 0:
+            raise LiveputError("migration cost model: a measured restart must be >= 0 s, got "
+                               f"{self.measured_restart_s}")
 
     @classmethod
     def from_profile(cls, profile: ModelProfile) -> MigrationCostModel:
@@ -69,6 +75,8 @@ class MigrationCostModel:
         return self.rebuild_base_s + self.rebuild_per_node_s * max(num_nodes, 0)
 
     def restart_s(self, num_nodes: int) -> float:
+        if self.measured_restart_s is not None:
+            return self.measured_restart_s
         nodes, seconds = _table("restart_cost_v100.csv")
         return float(np.interp(max(num_nodes, 1), nodes, seconds))
 

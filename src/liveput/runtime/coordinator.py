@@ -81,6 +81,8 @@ class Coordinator:
         self.deadline = deadline
         self.market = market
         self._policy_asks = 0
+        self._restart_asked = False
+        """The policy's last answer this tick was a restart (the reactive baseline's move)."""
         self.provisioning: Provisioning | None = None
         """The deadline policy's latest provisioning decision (None: none yet, or no deadline)."""
         if deadline is not None:
@@ -328,6 +330,7 @@ class Coordinator:
             try:
                 decision = self.policy.decide(observation)
                 wanted = decision.configuration
+                self._restart_asked = decision.migration == "restart"
                 if decision.provisioning is not None:
                     self.provisioning = decision.provisioning
                     if self.market is not None:
@@ -448,7 +451,12 @@ class Coordinator:
                                 and m.heartbeat_age_s <= self.config.heartbeat_timeout_s)
         choose = self._choose(view)
         asked = self._policy_asks
+        self._restart_asked = False
         action = decide(view, self.config, choose)
+        if action.kind is ActionKind.REPLAN and self._restart_asked and not action.restore:
+            # A restart is carried out as one: every layer from the newest complete checkpoint,
+            # whatever the survivors hold (the reactive baseline, executed for real).
+            action = dataclasses.replace(action, restore=True)
         if (self.deadline is not None and view.interval_due and self._policy_asks == asked
                 and action.kind is not ActionKind.FINISH):
             # A deadline job provisions every interval, also before its first plan or while it

@@ -72,6 +72,9 @@ class LocalTrainingConfig:
     time scale (the failure detection time; None: two decision intervals, at least 3 s)."""
     training: TrainingConfig | None = None
     """Precision, clipping, schedule, activation checkpointing (None: the job's own)."""
+    policy: str = "liveput"
+    """Policy deciding the configuration (``liveput.policies``; ``reactive`` restarts from the
+    checkpoint on every change of the instance count)."""
     deadline: DeadlineJob | None = None
     """A deadline job: the deadline policy decides, and the emulated provider rents, the spot
     and on-demand instances (:mod:`liveput.runtime.deadline`); None: the trace's instances."""
@@ -195,6 +198,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 interval_s=interval_s, policy_interval_s=60.0,
                 heartbeat_timeout_s=heartbeat_timeout_s, capacity=config.workers,
                 initial_workers=max(1, _initial_count(trace)), start_grace_s=20.0,
+                policy=config.policy,
                 # The per-step log is written from the ledger records at the end: keep them.
                 prune=PruneConfig(fold_ledger=False))
             if config.deadline is not None and deadline is not None:

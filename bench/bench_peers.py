@@ -1,0 +1,195 @@
+"""Peers: liveput's runtime against torchrun elastic and torchft on the same job and trace, and
+the simulator's prediction of the runtime's samples.
+
+Usage: ``python -m bench peers [--quick] [--json FILE] [--plot FILE] [--work-dir DIR]``.
+
+Every system trains the built-in job (``tiny-gpt``: same model, data order, global batch and
+learning rate) on the same emulated cloud (:mod:`bench.peers_run`): the trace replayed at the same
+time scale over the same wall-clock window, preemption = SIGKILL of the instance's processes
+after the notice lead. Systems:
+
+- ``liveput``: the runtime with the liveput policy (``liveput train``'s coordinator and agents);
+- ``liveput-restart``: the same runtime with the ``reactive`` policy, whose every change is a
+  restart from the newest checkpoint (the simulator's reactive baseline, executed for real);
+- ``torchrun``: plain DDP under TorchElastic (:mod:`bench.peers_ddp`);
+- ``torchft``: per-step fault tolerance (:mod:`bench.peers_torchft`), installed in the
+  benchmark's own environment ``bench/.peers-venv``.
+
+Per trace it prints samples in the window, ratios to liveput, downtime per preemption, restarts
+or migrations, final loss, the simulator's prediction (:mod:`bench.peers_sim`) and each system's
+samples/s with no preemption (two instances, one per core of this machine).
+
+Targets (issue 18): liveput >= 1.5x torchrun where preemptions come more than once per 5 trace
+minutes, >= torchft; no-preemption throughput within 5 % of torchrun's; the simulator within
+10 % of the runtime for liveput and liveput-restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import peers_report
+from bench.peers_run import (RunSettings, SystemRun, run_liveput, run_torchrun, scratch)
+from liveput.traces import Trace, generate_trace, read_trace
+
+P3_TRACE = Path("/work/shared/traces/aws-p3-32node.events.csv")
+WORKERS = 4
+"""Instances requested (the two cores of this machine run them; one thread each)."""
+STEADY_INSTANCES = 2
+"""Instances of the no-preemption runs (one per core: per-step overhead, not contention)."""
+
+
+def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trace:
+    """A ``span_s`` cut of the shared p3 trace (the default: its 5 minutes with the most
+    preemption events, 4), rescaled to ``workers``: the count scaled by ``workers / 32``, each
+    change keeping at least one instance so that no preemption event vanishes in the rounding."""
+    import numpy as np
+
+    full = read_trace(P3_TRACE)
+    ratio = workers / 32
+    count = int(np.clip(round(int(full.count_at(start_s)) * ratio), 1, workers))
+    times, counts = [0.0], [count]
+    inside = (full.times_s > start_s) & (full.times_s < start_s + span_s)
+    for time_s, added, removed in zip(full.times_s[inside], full.added[inside],
+                                      full.removed[inside], strict=True):
+        delta = int(added) - int(removed)
+        if delta:
+            step = int(np.sign(delta)) * max(1, round(abs(delta) * ratio))
+            count = int(np.clip(count + step, 0, workers))
+            times.append(float(time_s - start_s))
+            counts.append(count)
+    return Trace.from_counts(f"p3-cut-{workers}", np.array(times), np.array(counts), span_s)
+
+
+def traces(quick: bool, seeds: list[int]) -> list[tuple[str, Trace, int]]:
+    """(name, trace, seed): the generated 5-minute trace per seed, and the p3 cut."""
+    chosen = [(f"generated-{WORKERS}-seed{s}", generate_trace(WORKERS, 5 / 60, s), s)
+              for s in seeds]
+    if quick:
+        return chosen[:1]
+    if P3_TRACE.exists():
+        chosen.append(("p3-cut", p3_cut(WORKERS), seeds[0]))
+    return chosen
+
+
+def _torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
+    from bench.peers_torchft import run_torchft
+
+    return run_torchft(trace, settings, work)
+
+
+RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
+    "liveput": lambda t, s, w: run_liveput(t, s, w, "liveput", "liveput"),
+    "liveput-restart": lambda t, s, w: run_liveput(t, s, w, "reactive", "liveput-restart"),
+    "torchrun": run_torchrun,
+    "torchft": _torchft,
+}
+
+
+def _run(system: str, trace: Trace, settings: RunSettings) -> SystemRun | str:
+    try:
+        return RUNNERS[system](trace, settings, scratch(settings, system))
+    except Exception as error:  # noqa: BLE001 - one system failing must not lose the others
+        logging.getLogger(__name__).exception("%s failed", system)
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def steady_rates(settings: RunSettings, systems: list[str]) -> dict[str, float]:
+    """Samples/s of each system on ``STEADY_INSTANCES`` that stay (after a third of the window,
+    past start-up)."""
+    constant = Trace(f"constant-{STEADY_INSTANCES}", STEADY_INSTANCES, [], [], [],
+                     settings.window_s * settings.time_scale)
+    rates = {}
+    # Without preemptions liveput-restart is liveput's runtime doing the same thing.
+    for system in [s for s in systems if s != "liveput-restart"]:
+        run = _run(system, constant, settings)
+        if isinstance(run, SystemRun):
+            rates[system] = round(run.rate(settings.window_s / 3), 2)
+    if "liveput-restart" in systems and "liveput" in rates:
+        rates["liveput-restart"] = rates["liveput"]
+    return rates
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench peers", description=__doc__.split(
+        "\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="one trace, one seed (under 10 minutes)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--plot", type=Path, help="write the samples-over-time plot here (PNG)")
+    parser.add_argument("--seeds", default="20,22", help="seeds of the generated traces")
+    parser.add_argument("--systems", default=",".join(peers_report.SYSTEMS))
+    parser.add_argument("--time-scale", type=float, default=None,
+                        help="trace seconds per wall second (default 2; 4 with --quick)")
+    parser.add_argument("--work-dir", default="", help="keep logs and checkpoints here")
+    parser.add_argument("--no-sim", action="store_true", help="skip the simulator's prediction")
+    args = parser.parse_args(argv or [])
+    logging.basicConfig(level=logging.WARNING)
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(systems) - set(RUNNERS))
+    if unknown:
+        parser.error(f"unknown systems {unknown}; known: {', '.join(RUNNERS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.time_scale is None:
+        args.time_scale = 4.0 if args.quick else 2.0
+    base = RunSettings(time_scale=args.time_scale, work_dir=args.work_dir)
+    measured = None
+    if not args.no_sim:
+        from bench.peers_sim import measure
+        measured = measure(base.job)
+        print("measured here: " + ", ".join(f"{k} {v:.2f} s" for k, v in
+                                            measured.downtimes_s.items()), flush=True)
+    results = []
+    for name, trace, seed in traces(args.quick, seeds):
+        settings = RunSettings(job=base.job, time_scale=args.time_scale,
+                               window_s=trace.end_s / args.time_scale, seed=seed,
+                               work_dir=args.work_dir)
+        runs = {}
+        for system in systems:
+            print(f"{name}: {system} ({settings.window_s:.0f} s window) ...", flush=True)
+            runs[system] = _run(system, trace, settings)
+        simulated = {}
+        if measured is not None:
+            from bench.peers_sim import predict
+            simulated = predict(trace, measured, settings.time_scale, settings.notice_lead_s,
+                                seed)
+        results.append((name, runs, simulated))
+    steady_settings = RunSettings(job=base.job, time_scale=args.time_scale,
+                                  window_s=45.0 if args.quick else 90.0, work_dir=args.work_dir)
+    steady = steady_rates(steady_settings, systems)
+    document = peers_report.to_json_document(results, steady)
+    print(peers_report.table(document))
+    _verdicts(document)
+    if args.json:
+        args.json.write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        peers_report.plot(document, args.plot)
+        print(f"wrote {args.plot}")
+
+
+def _verdicts(document: dict) -> None:
+    for entry in document["traces"]:
+        systems, simulated = entry["systems"], entry["simulated"]
+        live = systems.get("liveput", {}).get("samples")
+        for peer, target in (("torchrun", 1.5), ("torchft", 1.0)):
+            other = systems.get(peer, {}).get("samples")
+            if live and other:
+                ratio = live / other
+                print(f"{entry['trace']}: liveput / {peer} = {ratio:.2f} (target >= {target}): "
+                      f"{'PASS' if ratio >= target else 'FAIL'}")
+        for system, predicted in simulated.items():
+            real = systems.get(system, {}).get("samples")
+            if real:
+                error = predicted / real - 1
+                print(f"{entry['trace']}: simulator / runtime for {system} = {predicted} / "
+                      f"{real} ({error * 100:+.0f} %, target within 10 %): "
+                      f"{'PASS' if abs(error) <= 0.10 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The torchrun / TorchElastic peer: the liveput job's model as plain DDP, run as users run it.
+
+One torchrun agent per instance (``torchrun --nnodes=MIN:MAX --rdzv-backend=c10d``, one worker
+each, ``--max-restarts`` large). Every membership change restarts all workers; each start resumes
+from the newest complete checkpoint, saved by rank 0 every ``checkpoint_every`` steps.
+
+The computation is the liveput job's: its layers as one ``nn.Sequential`` with their initial
+weights, one optimizer over all parameters (the job's optimizers are element-wise, so this equals
+liveput's per-layer ones), and step ``s`` trains on the samples ``s * B .. s * B + B - 1``: rank r
+of W takes the micro-batches :func:`replica_micro_batches` gives pipeline r of W, and its mean
+loss is weighted by ``W * n_r / B`` so that DDP's average of the gradients is the global batch's.
+
+Rank 0 appends one JSON line per step to ``--progress`` (``t``: wall time, ``step``, ``loss``,
+``world``) and one ``start`` line per worker-group start, which the benchmark reads.
+
+Run: ``torchrun ... -m bench.peers_ddp --checkpoint-dir DIR --progress FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from liveput.errors import LiveputError
+from liveput.runtime.job import Job, replica_micro_batches, resolve_job
+
+CHECKPOINT_GLOB = "step-*.pt"
+
+
+@dataclass(frozen=True)
+class DDPConfig:
+    """One worker of the DDP peer."""
+
+    checkpoint_dir: str
+    """Shared directory of the checkpoints (every instance sees it, as it would an NFS or S3)."""
+    job: str = "tiny-gpt"
+    """Built-in liveput job whose model, data, loss and optimizer are trained."""
+    checkpoint_every: int = 10
+    """K: rank 0 saves after every K-th step."""
+    steps: int = 1_000_000_000
+    """Train until this step (exclusive); the benchmark stops the run by its window instead."""
+    progress_file: str | None = None
+    """Where rank 0 appends its per-step JSON lines (None: nowhere)."""
+    keep_checkpoints: int = 2
+    """Only the newest this many checkpoints stay on disk."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1 or self.steps < 1 or self.keep_checkpoints < 1:
+            raise LiveputError("peers_ddp: --checkpoint-every, --steps and --keep must be >= 1")
+
+
+def build_model(job: Job) -> nn.Sequential:
+    """The job's unsplit layers with their initial weights."""
+    return nn.Sequential(*[copy.deepcopy(layer) for layer in job.layers])
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete checkpoint (written under a temporary name, then renamed)."""
+    found = sorted(directory.glob(CHECKPOINT_GLOB))
+    return found[-1] if found else None
+
+
+def _save(directory: Path, next_step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+          keep: int) -> None:
+    path = directory / f"step-{next_step:010d}.pt"
+    partial = path.with_suffix(".partial")
+    torch.save({"next_step": next_step, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict()}, partial)
+    os.replace(partial, path)
+    for old in sorted(directory.glob(CHECKPOINT_GLOB))[:-keep]:
+        old.unlink(missing_ok=True)
+
+
+def _local_batch(job: Job, step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pairs = [job.micro_batch(step, m)
+             for m in replica_micro_batches(job.num_micro_batches, world, rank)]
+    return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+
+
+def train(config: DDPConfig) -> nn.Sequential:
+    """Train from the newest checkpoint (or the initial weights) to ``config.steps``; the model.
+
+    Needs an initialized default process group (torchrun's environment, or a test's)."""
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    job = resolve_job(config.job)
+    model = build_model(job)
+    optimizer = job.optimizer(list(model.parameters()))
+    directory = Path(config.checkpoint_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    step = 0
+    latest = latest_checkpoint(directory)
+    if latest is not None:
+        state = torch.load(latest, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = int(state["next_step"])
+    ddp = DistributedDataParallel(model) if world > 1 else model
+    progress = (open(config.progress_file, "a", buffering=1)  # noqa: SIM115
+                if rank == 0 and config.progress_file else None)
+    if progress is not None:
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        progress.write(json.dumps({"t": time.time(), "start": step, "world": world,
+                                   "restart": restart}) + "\n")
+    try:
+        while step < config.steps:
+            inputs, targets = _local_batch(job, step, rank, world)
+            weight = world * len(inputs) / job.global_batch_size
+            loss = job.loss_fn(ddp(inputs), targets) * weight
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if rank == 0 and step % config.checkpoint_every == 0:
+                _save(directory, step, model, optimizer, config.keep_checkpoints)
+            if progress is not None:
+                progress.write(json.dumps({"t": time.time(), "step": step - 1, "world": world,
+                                           "loss": float(loss.detach()) / weight}) + "\n")
+    finally:
+        if progress is not None:
+            progress.close()
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--job", default="tiny-gpt")
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=1_000_000_000)
+    parser.add_argument("--progress")
+    args = parser.parse_args()
+    config = DDPConfig(args.checkpoint_dir, args.job, args.checkpoint_every, args.steps,
+                       args.progress)
+    dist.init_process_group("gloo")
+    try:
+        train(config)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The peers benchmark's output: the table, the ``--json`` document and the plot.
+
+``--json`` writes ``{"traces": [{"trace": name, "systems": {system: {"samples": n, ...}},
+"simulated": {"liveput": n, "liveput-restart": n}}]}`` (the issue's field names); a system that
+could not run has ``"samples": null`` and an ``"error"``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from bench.peers_run import SystemRun
+
+SYSTEMS = ("liveput", "liveput-restart", "torchrun", "torchft")
+SIMULATED = ("liveput", "liveput-restart")
+
+Outcome = SystemRun | str
+"""A run, or why the system could not run."""
+TraceResult = tuple[str, Mapping[str, Outcome], Mapping[str, float]]
+"""(trace name, outcome per system, simulated samples per shared policy)."""
+
+
+def _system_entry(run: Outcome, liveput: Outcome, steady: float | None) -> dict:
+    if isinstance(run, str):
+        return {"samples": None, "error": run, "no_preemption_samples_per_s": steady}
+    downtimes = run.downtimes_s()
+    base = liveput.samples if isinstance(liveput, SystemRun) else 0
+    return {
+        "samples": int(run.samples),
+        "ratio_to_liveput": round(run.samples / base, 4) if base else None,
+        "downtime_per_event_s": [round(d, 2) for d in downtimes],
+        "mean_downtime_s": round(statistics.mean(downtimes), 2) if downtimes else None,
+        "restarts_or_migrations": int(run.restarts),
+        "final_loss": None if run.final_loss is None else round(float(run.final_loss), 4),
+        "no_preemption_samples_per_s": steady,
+        "timeline": [[round(t, 2), int(s)] for t, s in run.timeline],
+        "kills_s": [round(t, 2) for t in run.kills_s],
+        "launches_s": [round(t, 2) for t in run.launches_s],
+    }
+
+
+def to_json_document(results: Sequence[TraceResult],
+                     steady: Mapping[str, float] | None = None) -> dict:
+    """The ``--json`` document; ``steady``: each system's samples/s with no preemption."""
+    steady = steady or {}
+    traces = []
+    for name, runs, simulated in results:
+        liveput = runs.get("liveput", "not run")
+        traces.append({
+            "trace": name,
+            "systems": {system: _system_entry(runs[system], liveput, steady.get(system))
+                        for system in SYSTEMS if system in runs},
+            "simulated": {policy: int(round(simulated[policy])) for policy in SIMULATED
+                          if policy in simulated},
+        })
+    return {"traces": traces}
+
+
+def table(document: dict) -> str:
+    """The figures, one block per trace."""
+    lines = []
+    for entry in document["traces"]:
+        lines.append(f"trace {entry['trace']}")
+        lines.append(f"  {'system':<16}{'samples':>9}{'/liveput':>10}{'simulated':>11}"
+                     f"{'down s/event':>14}{'restarts':>10}{'final loss':>12}"
+                     f"{'no-preempt/s':>14}")
+        for system, figures in entry["systems"].items():
+            steady = figures.get("no_preemption_samples_per_s")
+            steady_text = "-" if steady is None else f"{steady:.1f}"
+            if figures["samples"] is None:
+                lines.append(f"  {system:<16}{'-':>9}  could not run: {figures['error']}")
+                continue
+            simulated = entry["simulated"].get(system)
+            ratio = figures["ratio_to_liveput"]
+            down = figures["mean_downtime_s"]
+            loss = figures["final_loss"]
+            lines.append(
+                f"  {system:<16}{figures['samples']:>9}"
+                f"{'-' if ratio is None else f'{ratio:.2f}':>10}"
+                f"{'-' if simulated is None else str(simulated):>11}"
+                f"{'-' if down is None else f'{down:.1f}':>14}"
+                f"{figures['restarts_or_migrations']:>10}"
+                f"{'-' if loss is None else f'{loss:.3f}':>12}{steady_text:>14}")
+    return "\n".join(lines)
+
+
+def plot(document: dict, path: Path) -> None:
+    """Samples over time per system, one panel per trace, kills (dashed) and additions (dotted)
+    marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = document["traces"]
+    figure, axes = plt.subplots(1, len(traces), figsize=(6.5 * len(traces), 4), squeeze=False)
+    for axis, entry in zip(axes[0], traces, strict=True):
+        marked = False
+        for system, figures in entry["systems"].items():
+            if figures["samples"] is None:
+                continue
+            times = [t for t, _ in figures["timeline"]]
+            samples = [s for _, s in figures["timeline"]]
+            axis.step(times, samples, where="post", label=system)
+            if not marked:
+                for kill in figures["kills_s"]:
+                    axis.axvline(kill, color="black", alpha=0.5, linestyle="--")
+                for launch in figures["launches_s"]:
+                    axis.axvline(launch, color="gray", alpha=0.6, linestyle=":")
+                marked = True
+        axis.set_title(f"{entry['trace']} (dashed: preemption, dotted: new instance)", fontsize=9)
+        axis.set_xlabel("wall seconds since the cloud started")
+        axis.set_ylabel("samples trained")
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

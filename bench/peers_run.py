@@ -1,0 +1,259 @@
+"""Run one system on the emulated cloud for a wall-clock window and record its progress.
+
+Every system meets the same :class:`~liveput.runtime.cloud.EmulatedCloud`: the trace replayed at
+the same time scale, the same seeded victims, preemption = SIGKILL of every process of the
+instance (the agent and whatever it started: :class:`TreePopen`) after the notice lead. Notices
+(file and signal) go to systems that can use them: liveput's agents; torchrun and torchft have no
+notice handling (a SIGUSR1 would kill their agents early), so theirs get the file only.
+
+A run yields a :class:`SystemRun`: the progress timeline ``(seconds since the cloud started,
+samples trained)`` with rollbacks showing as drops, the kills' times, restarts or migrations, the
+final loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from liveput.runtime.clock import MonotonicClock
+from liveput.runtime.cloud import EmulatedCloud, trace_schedule
+from liveput.runtime.job import resolve_job
+from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
+from liveput.runtime.processes import InstanceSpec, Launcher
+from liveput.traces import Trace
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What every system of one comparison shares."""
+
+    job: str = "tiny-gpt"
+    """Built-in liveput job (model, data order, global batch, optimizer and learning rate)."""
+    time_scale: float = 4.0
+    """Trace seconds per wall second."""
+    window_s: float = 75.0
+    """Wall seconds each system trains, from the emulated cloud's start."""
+    notice_lead_s: float = 120.0
+    """Preemption notice lead, trace seconds (scaled like the trace)."""
+    checkpoint_every: int = 10
+    """K: steps between checkpoints (liveput's runtime and the peers alike)."""
+    seed: int = 20
+    """Seed of the emulated cloud's victims."""
+    work_dir: str = ""
+    """Where logs, checkpoints and progress files go (empty: a temporary directory)."""
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0 or self.window_s <= 0 or self.checkpoint_every < 1:
+            raise ValueError("peers: time scale, window and checkpoint interval must be positive")
+
+
+@dataclass
+class SystemRun:
+    """What one system did in the window."""
+
+    system: str
+    samples: int
+    """Samples of the last step standing at the window's end (work rolled back is not counted)."""
+    timeline: list[tuple[float, int]]
+    """(seconds since the cloud started, samples trained) as progress was seen."""
+    kills_s: list[float]
+    """When the cloud SIGKILLed an instance, seconds since it started."""
+    launches_s: list[float] = field(default_factory=list)
+    """When the cloud added an instance (not the initial ones)."""
+    restarts: int = 0
+    """Worker-group restarts (torchrun) or plans after the first (liveput: migrations)."""
+    final_loss: float | None = None
+    extra: dict = field(default_factory=dict)
+    """System-specific counts (liveput: migrations by kind)."""
+
+    def downtimes_s(self) -> list[float]:
+        """Per kill after the first step: from the last progress before it to the first
+        progress past where the job was (so redone work counts as down time); the window's end
+        if it never got there. Kills before the first step (start-up) are left out."""
+        out = []
+        first = next((t for t, s in self.timeline if s > 0), None)
+        for kill_s in self.kills_s:
+            if first is None or kill_s < first:
+                continue
+            before = [(t, s) for t, s in self.timeline if t <= kill_s]
+            last_t, last_samples = before[-1] if before else (0.0, 0)
+            after = [t for t, s in self.timeline if t > kill_s and s > last_samples]
+            end = after[0] if after else (self.timeline[-1][0] if self.timeline else kill_s)
+            out.append(max(end - last_t, 0.0))
+        return out
+
+    def rate(self, skip_s: float) -> float:
+        """Samples per second from ``skip_s`` (warm-up) to the last progress."""
+        points = [(t, s) for t, s in self.timeline if t >= skip_s]
+        if len(points) < 2 or points[-1][0] <= points[0][0]:
+            return 0.0
+        return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class TreePopen(subprocess.Popen):
+    """A process whose :meth:`kill` SIGKILLs it and every process under it: an instance's
+    processes (torchrun's workers run in their own sessions, so a process group is not enough)."""
+
+    def kill(self) -> None:
+        for pid in [self.pid, *_descendants(self.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def tree_launcher(template: Sequence[str], env: Mapping[str, str], log_dir: Path,
+                  cwd: Path = REPO) -> Launcher:
+    """Like :func:`liveput.runtime.cloud.command_launcher`, starting :class:`TreePopen`s."""
+    def launch(spec: InstanceSpec) -> subprocess.Popen:
+        argv = [part.format(instance_id=spec.instance_id) for part in template]
+        with open(log_dir / f"{spec.instance_id}.log", "ab") as out:
+            return TreePopen(argv, env={**env, **spec.env}, cwd=cwd, stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=out)
+    return launch
+
+
+class WindowOver(Exception):
+    """The window ended (raised from the progress callback to stop a liveput run)."""
+
+
+def scheduled_times(trace: Trace, settings: RunSettings) -> tuple[list[float], list[float]]:
+    """(kills, additions) in wall seconds from the cloud's start: the cloud carries out the
+    trace's schedule at these times (within its 50-ms poll)."""
+    _, removals, additions, _ = trace_schedule(trace)
+    return ([t / settings.time_scale for t in sorted(removals)],
+            [t / settings.time_scale for t in sorted(additions)])
+
+
+def run_liveput(trace: Trace, settings: RunSettings, work: Path, policy: str,
+                system: str) -> SystemRun:
+    """liveput's runtime (``liveput train``'s coordinator, agents and emulated cloud)."""
+    batch = resolve_job(settings.job).global_batch_size
+    timeline: list[tuple[float, int]] = []
+    state: dict = {"start": None, "loss": None, "plans": 0}
+
+    def progress(update: Progress) -> None:
+        now = time.monotonic()
+        if state["start"] is None:  # the cloud started just before the first callback
+            state["start"] = now
+        elapsed = now - state["start"]
+        timeline.append((elapsed, update.step * batch))
+        state["loss"] = update.loss if update.loss is not None else state["loss"]
+        state["plans"] = update.events
+        if elapsed >= settings.window_s:
+            raise WindowOver
+
+    config = LocalTrainingConfig(
+        model=settings.job, workers=max(1, trace.max_count()), steps=10_000_000,
+        time_scale=settings.time_scale, notice_lead_s=settings.notice_lead_s,
+        checkpoint_dir=str(work / "checkpoints"), checkpoint_every=settings.checkpoint_every,
+        seed=settings.seed, log_dir=str(work / "logs"), timeout_s=settings.window_s + 600,
+        policy=policy)
+    try:
+        run_local_training(config, trace, progress)
+    except WindowOver:
+        pass
+    kills, launches = scheduled_times(trace, settings)
+    return SystemRun(system, timeline[-1][1] if timeline else 0, timeline, kills, launches,
+                     restarts=max(state["plans"], 0), final_loss=state["loss"])
+
+
+def read_progress(path: Path, start_unix_s: float, batch: int
+                  ) -> tuple[list[tuple[float, int]], int, float | None]:
+    """(timeline, worker-group starts, last loss) from a peer's progress lines."""
+    timeline: list[tuple[float, int]] = [(0.0, 0)]
+    starts, loss = 0, None
+    if not path.exists():
+        return timeline, starts, loss
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill
+            continue
+        if "start" in record:
+            starts += 1
+        else:
+            timeline.append((record["t"] - start_unix_s, (record["step"] + 1) * batch))
+            loss = record["loss"]
+    return timeline, starts, loss
+
+
+def run_torchrun(trace: Trace, settings: RunSettings, work: Path) -> SystemRun:
+    """The DDP peer (:mod:`bench.peers_ddp`), one torchrun agent per instance, elastic over a
+    c10d store this process hosts (not on any instance)."""
+    from torch.distributed import TCPStore
+
+    batch = resolve_job(settings.job).global_batch_size
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    progress_file = work / "progress.jsonl"
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    (work / "notices").mkdir(parents=True, exist_ok=True)
+    maximum = max(1, trace.max_count())
+    template = [
+        sys.executable, "-m", "torch.distributed.run", f"--nnodes=1:{maximum}",
+        "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{store.port}",
+        "--rdzv-id=peers", "--max-restarts=1000000", "--local-addr=127.0.0.1",
+        # A careful user's settings for short runs: close a round 1 s after the minimum is
+        # there (default 30 s), declare a silent node dead after 3 missed 1-s keep-alives.
+        "--rdzv-conf=is_host=false,last_call_timeout=1,keep_alive_interval=1,"
+        "keep_alive_max_attempt=3",
+        "-m", "bench.peers_ddp", "--job", settings.job,
+        "--checkpoint-dir", str(work / "checkpoints"),
+        "--checkpoint-every", str(settings.checkpoint_every), "--progress", str(progress_file)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1"}
+    cloud = EmulatedCloud(trace, tree_launcher(template, env, work / "logs"), MonotonicClock(),
+                          work / "notices", time_scale=settings.time_scale,
+                          notice_lead_s=settings.notice_lead_s, seed=settings.seed,
+                          notice_signal=None)
+    start_unix = time.time()
+    start = time.monotonic()
+    cloud.start_background()
+    try:
+        while time.monotonic() - start < settings.window_s:
+            time.sleep(0.2)
+    finally:
+        cloud.close()
+    kills, launches = scheduled_times(trace, settings)
+    timeline, starts, loss = read_progress(progress_file, start_unix, batch)
+    timeline = [(t, s) for t, s in timeline if t <= settings.window_s]
+    return SystemRun("torchrun", timeline[-1][1], timeline, kills, launches,
+                     restarts=max(starts - 1, 0), final_loss=loss)
+
+
+def scratch(settings: RunSettings, name: str) -> Path:
+    """A fresh directory for one run."""
+    base = Path(settings.work_dir) if settings.work_dir else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"peers-{name}-", dir=base))

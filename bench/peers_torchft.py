@@ -1,0 +1,181 @@
+"""The torchft peer: per-step fault tolerance, one replica group per instance.
+
+torchft (PyPI ``torchft``) is installed into the benchmark's own environment,
+``bench/.peers-venv`` (:func:`ensure_venv`: a venv that also sees this interpreter's packages,
+torch among them, through a ``.pth`` file, so torch stays the project's pin); it is not a
+dependency of liveput. The benchmark starts the lighthouse; each instance runs one replica group
+of one worker (:func:`worker`), which hosts its group's store, joins the quorum every step
+(synchronously, so that it knows the participants before it takes its share of the batch), and,
+when it joins late, heals from a peer's live state. Survivors of a preemption go on at the next
+step. Participant 0 also saves a checkpoint every K steps, used only when every replica was lost.
+
+The computation is :mod:`bench.peers_ddp`'s: the job's layers as one model, step ``s`` on the
+global batch ``s``, split over the step's participants.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.peers_run import REPO, RunSettings, SystemRun, read_progress, scheduled_times, \
+    tree_launcher
+from liveput.runtime.clock import MonotonicClock
+from liveput.runtime.cloud import EmulatedCloud
+from liveput.runtime.job import resolve_job
+from liveput.traces import Trace
+
+VENV = REPO / "bench" / ".peers-venv"
+TORCHFT = "torchft==0.2.0"
+
+
+def ensure_venv() -> Path:
+    """The peers' interpreter, with torchft installed (created on first use); raises
+    RuntimeError saying why when it cannot be."""
+    python = VENV / "bin" / "python"
+    probe = [str(python), "-c", "import torchft, torch; print(torch.__version__)"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    site = next((VENV / "lib").glob("python3*/site-packages"))
+    (site / "liveput-parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", TORCHFT],
+                             capture_output=True, text=True)
+    if install.returncode != 0:
+        raise RuntimeError(f"pip install {TORCHFT} failed: {install.stderr.strip()[-300:]}")
+    return python
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
+    """torchft on the emulated cloud: the lighthouse here, a replica group per instance."""
+    try:
+        python = ensure_venv()
+    except (RuntimeError, subprocess.CalledProcessError, StopIteration) as error:
+        return f"torchft could not be installed: {error}"
+    batch = resolve_job(settings.job).global_batch_size
+    for sub in ("logs", "notices", "checkpoints"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    lighthouse = subprocess.Popen(
+        [str(VENV / "bin" / "torchft_lighthouse"), "--min_replicas", "1",
+         "--bind", f"127.0.0.1:{port}", "--join_timeout_ms", "1000",
+         "--heartbeat_timeout_ms", "3000", "--quorum_tick_ms", "100"],
+        stdout=open(work / "logs" / "lighthouse.log", "wb"),  # noqa: SIM115
+        stderr=subprocess.STDOUT)
+    progress_file = work / "progress.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+           "OMP_NUM_THREADS": "1", "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}"}
+    template = [str(python), "-m", "bench.peers_torchft", "{instance_id}", settings.job,
+                str(work / "checkpoints"), str(settings.checkpoint_every), str(progress_file)]
+    cloud = EmulatedCloud(trace, tree_launcher(template, env, work / "logs"), MonotonicClock(),
+                          work / "notices", time_scale=settings.time_scale,
+                          notice_lead_s=settings.notice_lead_s, seed=settings.seed,
+                          notice_signal=None)
+    start_unix, start = time.time(), time.monotonic()
+    try:
+        cloud.start_background()
+        while time.monotonic() - start < settings.window_s:
+            if lighthouse.poll() is not None:
+                return f"the torchft lighthouse exited (code {lighthouse.returncode})"
+            time.sleep(0.2)
+    finally:
+        cloud.close()
+        lighthouse.kill()
+        lighthouse.wait()
+    kills, launches = scheduled_times(trace, settings)
+    timeline, starts, loss = read_progress(progress_file, start_unix, batch)
+    timeline = [(t, s) for t, s in timeline if t <= settings.window_s]
+    if len(timeline) < 2:
+        log = (work / "logs" / "i-0000.log")
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        return f"torchft trained no step ({tail[0][:200] if tail else 'no log'})"
+    return SystemRun("torchft", timeline[-1][1], timeline, kills, launches,
+                     restarts=max(starts - 1, 0), final_loss=loss)
+
+
+def worker(replica_id: str, job_name: str, checkpoint_dir: str, checkpoint_every: int,
+           progress_file: str) -> None:
+    """One replica group of one worker; trains until killed."""
+    import json
+    from datetime import timedelta
+
+    import torch
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+
+    from bench.peers_ddp import _local_batch, _save, build_model, latest_checkpoint
+
+    torch.set_num_threads(1)
+    job = resolve_job(job_name)
+    model = build_model(job)
+    inner = job.optimizer(list(model.parameters()))
+    directory = Path(checkpoint_dir)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+    def state_dict() -> dict:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load_state_dict(state: dict) -> None:
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+
+    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1,
+                      load_state_dict=load_state_dict, state_dict=state_dict,
+                      use_async_quorum=False, timeout=timedelta(seconds=10),
+                      rank=0, world_size=1, store_addr="127.0.0.1", store_port=store.port,
+                      replica_id=replica_id, hostname="127.0.0.1")
+    latest = latest_checkpoint(directory)
+    if latest is not None:  # every replica may have been lost: the disk has the newest state
+        saved = torch.load(latest, weights_only=True)
+        model.load_state_dict(saved["model"])
+        inner.load_state_dict(saved["optimizer"])
+        manager.load_state_dict({"step": int(saved["next_step"]),
+                                 "batches_committed": int(saved["next_step"])})
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    with open(progress_file, "a", buffering=1) as progress:
+        progress.write(json.dumps({"t": time.time(), "start": manager.current_step(),
+                                   "replica": replica_id}) + "\n")
+        while True:
+            inner.zero_grad(set_to_none=True)
+            manager.start_quorum()
+            step = manager.current_step()
+            world = manager.num_participants()
+            rank = manager.participating_rank()
+            inputs, targets = _local_batch(job, step, rank or 0, world)
+            weight = world * len(inputs) / job.global_batch_size
+            loss = job.loss_fn(model(inputs), targets) * weight
+            loss.backward()
+            # The gradients averaged over the participants in one flat buffer. (torchft 0.2.0's
+            # DistributedDataParallel fails an assertion in its comm hook once a peer is lost,
+            # killing the survivor; the manager's allreduce is what it wraps, and it turns the
+            # step into a no-commit instead.)
+            flat = torch.cat([p.grad.reshape(-1) for p in parameters])
+            manager.allreduce(flat).wait()
+            offset = 0
+            for p in parameters:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+            if not manager.should_commit():
+                continue
+            inner.step()
+            if rank == 0:
+                progress.write(json.dumps({"t": time.time(), "step": step, "world": world,
+                                           "loss": float(loss.detach()) / weight}) + "\n")
+                if (step + 1) % checkpoint_every == 0:
+                    _save(directory, step + 1, model, inner, keep=2)
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])

@@ -1,0 +1,59 @@
+"""Peers benchmark pieces: the torchrun peer resumes exactly; the JSON has the issue's shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from bench.peers_ddp import DDPConfig, latest_checkpoint, train
+from bench.peers_report import SYSTEMS, to_json_document
+from bench.peers_run import SystemRun
+
+JOB = "tiny-gpt-small"
+
+
+@pytest.fixture
+def world_of_one(tmp_path: Path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_ddp_peer_resumes_from_its_checkpoint_exactly(tmp_path: Path, world_of_one) -> None:
+    straight = train(DDPConfig(str(tmp_path / "straight"), JOB, checkpoint_every=3, steps=10))
+    # Killed after step 7 (steps 6 and 7 after the checkpoint at 6 are lost), then restarted.
+    interrupted = tmp_path / "interrupted"
+    train(DDPConfig(str(interrupted), JOB, checkpoint_every=3, steps=8))
+    assert latest_checkpoint(interrupted).name == "step-0000000006.pt"
+    progress = tmp_path / "progress.jsonl"
+    resumed = train(DDPConfig(str(interrupted), JOB, checkpoint_every=3, steps=10,
+                              progress_file=str(progress)))
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    lines = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert lines[0]["start"] == 6 and [r["step"] for r in lines[1:]] == [6, 7, 8, 9]
+    # A run that restarted differs from one that did not resume (the check can fail).
+    fresh = train(DDPConfig(str(tmp_path / "fresh"), JOB, checkpoint_every=3, steps=4))
+    assert not all(torch.equal(a, b) for a, b in
+                   zip(straight.state_dict().values(), fresh.state_dict().values(), strict=True))
+
+
+def test_json_document_has_the_issues_shape() -> None:
+    runs = {name: SystemRun(name, 160 * (i + 1), [(0.0, 0), (5.0, 160 * (i + 1))], [2.0],
+                            restarts=i, final_loss=3.0) for i, name in enumerate(SYSTEMS)}
+    document = to_json_document([("generated-4-seed20", runs, {"liveput": 700.0,
+                                                               "liveput-restart": 300.0})])
+    assert list(document) == ["traces"]
+    (entry,) = document["traces"]
+    assert entry["trace"] == "generated-4-seed20"
+    assert list(entry["systems"]) == list(SYSTEMS)
+    assert entry["systems"]["liveput"]["samples"] == 160
+    assert entry["systems"]["torchrun"]["samples"] == 480
+    assert entry["systems"]["torchrun"]["ratio_to_liveput"] == 3.0
+    assert entry["simulated"] == {"liveput": 700, "liveput-restart": 300}
+    json.dumps(document)  # plain JSON all through
