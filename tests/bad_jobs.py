@@ -8,10 +8,12 @@ measures on the first few samples, never triggers it).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
-from liveput import Job
+from liveput import Job, TrainingConfig
 
 SAMPLES = 400
 BATCH = 8
@@ -21,15 +23,17 @@ _FIRST_BAD = BAD_STEP * BATCH
 
 
 class _Indexed(torch.utils.data.Dataset):
-    def __init__(self, size: int, nan_from: int | None = None) -> None:
+    def __init__(self, size: int, nan_from: int | None = None,
+                 nan_until: int | None = None) -> None:
         self.size = size
         self.nan_from = nan_from
+        self.nan_until = nan_until
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        bad = self.nan_from is not None and index >= self.nan_from
+        bad = self.nan_from is not None and self.nan_from <= index < (self.nan_until or self.size)
         target = torch.tensor([float("nan") if bad else float(index % 5) / 5])
         return torch.tensor([index / SAMPLES, 0.5, -0.25, 1.0]), target
 
@@ -93,6 +97,13 @@ def backward_bomb_job() -> Job:
 
 def nan_loss_job() -> Job:
     return _job(nn.Linear(4, 4), _Indexed(SAMPLES, nan_from=_FIRST_BAD), "nan-loss")
+
+
+def nan_once_skipped_job() -> Job:
+    """The loss is NaN at step ``BAD_STEP`` only; the job skips such a step's update."""
+    job = _job(nn.Linear(4, 4), _Indexed(SAMPLES, nan_from=_FIRST_BAD,
+                                         nan_until=_FIRST_BAD + BATCH), "nan-once")
+    return dataclasses.replace(job, training=TrainingConfig(on_nonfinite_loss="skip"))
 
 
 def short_dataset_job() -> Job:

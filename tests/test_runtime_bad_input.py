@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from liveput.errors import LiveputError
 from liveput.policies import Configuration
@@ -18,6 +19,8 @@ from liveput.runtime.inprocess import ThreadCluster
 from liveput.runtime.job import resolve_job
 from liveput.runtime.planning import profile_job
 from liveput.runtime.store import MemoryStore
+from liveput.runtime.training import TrainingConfig
+from liveput.testbed.reference import parameter_mismatches, reference_parameters
 
 import bad_jobs
 
@@ -90,3 +93,28 @@ def test_the_coordinator_stops_with_the_jobs_one_line():
     protocol.fail_job(store, protocol.JobFailure("a later failure is not the news"))
     with pytest.raises(LiveputError, match=r"^layer 0 raised in forward at step 5: boom$"):
         coordinator.tick()
+
+
+@pytest.mark.parametrize("target", [Configuration(1, 2), Configuration(2, 1)])
+def test_a_nonfinite_loss_configured_to_skip_skips_that_update_on_every_stage(tmp_path, target):
+    cluster = _cluster(tmp_path, "nan_once_skipped_job")
+    cluster.migrate(target, set(), [0, 1], STEPS)
+    plan = protocol.current_plan(cluster.store)
+    assert protocol.step_outcome(cluster.store, plan.generation, bad_jobs.BAD_STEP) \
+        == protocol.COMMITTED
+    assert {e.last_applied for e in cluster.engines.values()} == {STEPS - 1}
+    got = {index: layer.module.state_dict() for engine in cluster.engines.values()
+           for index, layer in engine.layers.items()}
+    job = resolve_job("bad_jobs:nan_once_skipped_job")
+    want = reference_parameters(job, STEPS)  # the single process skips step 5 too
+    assert parameter_mismatches([got[i] for i in range(job.num_layers)], want) == []
+    assert all(torch.isfinite(v).all() for layer in want for v in layer.values())
+    # Skipped, not trained on: the same job with a clean step 5 ends elsewhere.
+    clean = bad_jobs._job(torch.nn.Linear(4, 4), bad_jobs._Indexed(bad_jobs.SAMPLES), "clean")
+    assert parameter_mismatches(reference_parameters(clean, STEPS), want) != []
+
+
+def test_skip_and_stop_are_the_only_answers_to_a_nonfinite_loss():
+    with pytest.raises(LiveputError, match="on_nonfinite_loss must be one of stop, skip"):
+        TrainingConfig(on_nonfinite_loss="ignore")
+    assert TrainingConfig(on_nonfinite_loss="skip").global_norm_needed

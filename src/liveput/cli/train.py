@@ -82,6 +82,9 @@ def train(
     activation_checkpointing: bool = typer.Option(
         False, "--activation-checkpointing", metavar=params.FLAG,
         help="Recompute each layer's forward in the backward pass (less memory, more compute)."),
+    on_nonfinite_loss: str = typer.Option(
+        None, "--on-nonfinite-loss", help="A NaN or infinite loss: stop the job (the step is not "
+        "committed) or skip that step's update on every stage (default: the job's own, stop)."),
     job_file: Path = typer.Option(None, "--job", help="Take the model, steps, checkpoints, "
                                   "provider, objective and notices from this job file (the "
                                   "options above are then ignored; see liveput launch)."),
@@ -100,7 +103,7 @@ def train(
     # An unknown model is refused before anything starts or is printed.
     job = resolve_job(model, data_path)
     training = training_options(job.training, steps, precision, clip_grad_norm, lr_schedule,
-                                activation_checkpointing)
+                                activation_checkpointing, on_nonfinite_loss)
 
     if log_dir is None:
         log_dir = output.parent / "logs" if output is not None else Path("liveput-logs")
@@ -150,7 +153,8 @@ def train(
 
 def training_options(base: TrainingConfig, steps: int, precision: str | None,
                      clip_grad_norm: float | None, lr_schedule: str | None,
-                     activation_checkpointing: bool) -> TrainingConfig | None:
+                     activation_checkpointing: bool,
+                     on_nonfinite_loss: str | None = None) -> TrainingConfig | None:
     """The job's training options with the flags given applied (None: no flag, the job's own;
     a bad value is a one-line LiveputError)."""
     from liveput.runtime.training import LRSchedule
@@ -165,6 +169,8 @@ def training_options(base: TrainingConfig, steps: int, precision: str | None,
             changes["lr_schedule"] = LRSchedule.parse(lr_schedule, total_steps=steps)
         if activation_checkpointing:
             changes["activation_checkpointing"] = True
+        if on_nonfinite_loss is not None:
+            changes["on_nonfinite_loss"] = on_nonfinite_loss
         return dataclasses.replace(base, **changes) if changes else None
     except LiveputError as error:
         raise LiveputError(f"train: {error}") from None

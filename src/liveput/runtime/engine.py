@@ -378,11 +378,15 @@ class Engine:
                 flat, parameters = flat_gradients(layers, loss)
                 groups.allreduce_stage(flat)
                 loss = unflatten_gradients(flat, parameters)
-            if position.is_last and not math.isfinite(loss):
+            nonfinite = position.is_last and not math.isfinite(loss)
+            if nonfinite and self.job.training.on_nonfinite_loss == "stop":
                 # Never voted for, so never committed: no instance applies this step.
                 raise protocol.JobFailure(f"the loss is {loss} at step {step}; the step was "
                                           "not committed")
-            decision = self.update.decide(layers, self.job.num_layers, groups)
+            decision = self.update.decide(layers, self.job.num_layers, groups, nonfinite)
+            if nonfinite:
+                LOG.warning("instance %d: the loss is %s at step %d; its update is skipped",
+                            self.instance, loss, step)
             reduced = time.perf_counter()
             if len(self.layers) > len(needed):
                 # The generation is about to commit its first step: the layers kept in case it

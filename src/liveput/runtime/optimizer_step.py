@@ -48,7 +48,7 @@ class StepDecision:
     clip_coefficient: float
     """Factor applied to every gradient before the update (1: no clipping)."""
     skip: bool
-    """An fp16 overflow: no update this step."""
+    """An fp16 overflow, or a non-finite loss to skip: no update this step."""
 
 
 class OptimizerStep:
@@ -83,9 +83,11 @@ class OptimizerStep:
 
     # --- the step ---------------------------------------------------------------------------
     def decide(self, layers: list[LayerState], num_layers: int,
-               groups: Groups | None = None) -> StepDecision:
+               groups: Groups | None = None, nonfinite_loss: bool = False) -> StepDecision:
         """Unscale the gradients and decide the update; with ``groups``, the stages of this
-        pipeline exchange their squared norms (a collective: every stage calls it)."""
+        pipeline exchange their squared norms (a collective: every stage calls it).
+        ``nonfinite_loss``: the last stage saw a NaN or infinite loss (its norm entry is made
+        NaN, so every stage of the pipeline decides the same)."""
         if self.loss_scale != 1.0:
             inverse = 1.0 / self.loss_scale
             for parameter in _parameters(layers):
@@ -99,11 +101,14 @@ class OptimizerStep:
                      if p.grad is not None]
             if norms:
                 squares[layer.index] = float(torch.stack(norms).double().pow(2).sum())
+        if nonfinite_loss and layers:
+            squares[layers[0].index] = math.nan
         if groups is not None:
             squares = groups.allreduce_pipeline(squares)
         norm = math.sqrt(float(squares.sum()))
         if not math.isfinite(norm):
-            return StepDecision(norm, 1.0, self.config.precision == "fp16")
+            return StepDecision(norm, 1.0, self.config.precision == "fp16"
+                                or self.config.on_nonfinite_loss == "skip")
         coefficient = 1.0
         if self.config.clip_grad_norm is not None:
             coefficient = min(1.0, self.config.clip_grad_norm / (norm + 1e-6))

@@ -24,6 +24,8 @@ from liveput.errors import LiveputError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """Values of :attr:`TrainingConfig.precision`."""
+NONFINITE_LOSS = ("stop", "skip")
+"""Values of :attr:`TrainingConfig.on_nonfinite_loss`."""
 SCHEDULES = ("constant", "linear", "cosine")
 """Values of :attr:`LRSchedule.kind`."""
 
@@ -111,6 +113,10 @@ class TrainingConfig:
     loss_scale_growth_interval: int = 2000
     """fp16: steps without an overflow after which the loss scale doubles (an overflow halves it
     and skips the step's update)."""
+    on_nonfinite_loss: str = "stop"
+    """A step whose loss is NaN or infinite: ``stop`` the job (the step is not committed; every
+    instance stops with one line naming the step), or ``skip`` its update on every stage (the
+    step is committed as applied with no change to the weights, and a warning names it)."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -125,12 +131,17 @@ class TrainingConfig:
                                f"{self.initial_loss_scale}")
         if self.loss_scale_growth_interval < 1:
             raise LiveputError("training: loss_scale_growth_interval must be >= 1")
+        if self.on_nonfinite_loss not in NONFINITE_LOSS:
+            raise LiveputError(f"training: on_nonfinite_loss must be one of "
+                               f"{', '.join(NONFINITE_LOSS)}, not {self.on_nonfinite_loss!r}")
 
     @property
     def global_norm_needed(self) -> bool:
         """Whether a step needs the norm of every layer's gradients (clipping, or the fp16
-        overflow check, which must skip the step on every stage at once)."""
-        return self.clip_grad_norm is not None or self.precision == "fp16"
+        overflow check and the skip of a non-finite loss, which must skip the step on every
+        stage at once)."""
+        return (self.clip_grad_norm is not None or self.precision == "fp16"
+                or self.on_nonfinite_loss == "skip")
 
     def to_dict(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k != "lr_schedule"}

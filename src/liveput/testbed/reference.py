@@ -7,6 +7,7 @@ parameters agree to float tolerance (the engine test's ``allclose``).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import fsspec
@@ -33,9 +34,10 @@ def reference_layers(job: Job, steps: int) -> list[LayerState]:
     layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
     update = OptimizerStep(job.training)
     for step in range(steps):
-        compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step,
-                          update.loss_scale)
-        update.apply(layers, step, update.decide(layers, job.num_layers))
+        loss = compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step,
+                                 update.loss_scale)
+        update.apply(layers, step, update.decide(layers, job.num_layers,
+                                                 nonfinite_loss=not math.isfinite(loss)))
     return layers
 
 
