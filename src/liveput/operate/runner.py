@@ -28,6 +28,7 @@ from pathlib import Path
 from liveput.errors import LiveputError
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
+from liveput.runtime.etcd import pid_alive
 from liveput.runtime.store import Store, open_store
 
 LOG = logging.getLogger(__name__)
@@ -57,19 +58,6 @@ def read_place(state_dir: Path) -> JobPlace | None:
         return JobPlace(**json.loads((state_dir / JOB_JSON).read_text()))
     except (OSError, ValueError, TypeError):
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def check_writable(url: str) -> None:

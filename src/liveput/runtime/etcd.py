@@ -76,7 +76,8 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -143,7 +144,7 @@ class LocalEtcd:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if not _alive(pid):
+        if not pid_alive(pid):
             return None
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -222,9 +223,9 @@ class LocalEtcd:
                 self.process.wait(timeout=10)
         else:  # adopted: not our child, so poll
             deadline = time.monotonic() + 10
-            while _alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         self.process, self.pid, self.adopted = None, None, False
         self.pid_file.unlink(missing_ok=True)
