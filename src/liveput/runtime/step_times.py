@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+from collections import deque
 
 from liveput.errors import LiveputError
 from liveput.perf.types import Measurement
@@ -23,6 +24,9 @@ LOG = logging.getLogger(__name__)
 PREFIX = "perf/steps/"
 REPORT_EVERY = 5
 """Publish the median after every this many new intervals."""
+WINDOW = 512
+"""The median is of the newest this many intervals: a generation may run for days, and this
+runs in the training loop of the instance that commits."""
 
 
 class StepTimer:
@@ -31,13 +35,20 @@ class StepTimer:
     def __init__(self, store: Store, plan: RuntimePlan) -> None:
         self.store = store
         self.plan = plan
-        self.intervals_s: list[float] = []
+        self.intervals_s: deque[float] = deque(maxlen=WINDOW)
+        """The newest intervals, the generation's first left out."""
+        self.measured = 0
+        """Intervals measured, the first left out."""
         self._last_start: float | None = None
+        self._first_seen = False
         self._unpublished = 0
 
     def step_started(self, now_s: float) -> None:
         if self._last_start is not None:
-            self.intervals_s.append(now_s - self._last_start)
+            if self._first_seen:
+                self.intervals_s.append(now_s - self._last_start)
+                self.measured += 1
+            self._first_seen = True
             self._unpublished += 1
         self._last_start = now_s
         if self._unpublished >= REPORT_EVERY:
@@ -45,12 +56,11 @@ class StepTimer:
 
     def flush(self) -> None:
         """Publish the median of the intervals so far (the first one left out)."""
-        kept = self.intervals_s[1:]
-        if not kept or not self._unpublished:
+        if not self.intervals_s or not self._unpublished:
             return
         record = {"data_parallel": self.plan.data_parallel,
                   "pipeline_stages": self.plan.pipeline_stages,
-                  "step_s": statistics.median(kept), "steps": len(kept)}
+                  "step_s": statistics.median(self.intervals_s), "steps": self.measured}
         try:
             self.store.set(f"{PREFIX}{self.plan.generation}", json.dumps(record).encode())
             self._unpublished = 0
