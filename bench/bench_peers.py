@@ -98,20 +98,29 @@ def _run(system: str, trace: Trace, settings: RunSettings) -> SystemRun | str:
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def steady_rates(settings: RunSettings, systems: list[str]) -> dict[str, float]:
-    """Samples/s of each system on ``STEADY_INSTANCES`` that stay (after a third of the window,
-    past start-up)."""
+def steady_runs(settings: RunSettings, systems: list[str]) -> dict[str, SystemRun]:
+    """Each system on ``STEADY_INSTANCES`` that stay the whole window (no preemption)."""
     constant = Trace(f"constant-{STEADY_INSTANCES}", STEADY_INSTANCES, [], [], [],
                      settings.window_s * settings.time_scale)
-    rates = {}
+    runs = {}
     # Without preemptions liveput-restart is liveput's runtime doing the same thing.
     for system in [s for s in systems if s != "liveput-restart"]:
         run = _run(system, constant, settings)
         if isinstance(run, SystemRun):
-            rates[system] = round(run.rate(settings.window_s / 3), 2)
-    if "liveput-restart" in systems and "liveput" in rates:
-        rates["liveput-restart"] = rates["liveput"]
-    return rates
+            runs[system] = run
+    if "liveput-restart" in systems and "liveput" in runs:
+        runs["liveput-restart"] = runs["liveput"]
+    return runs
+
+
+def steady_rates(runs: dict[str, SystemRun], window_s: float) -> dict[str, float]:
+    """Samples/s of each no-preemption run after a third of its window (past start-up)."""
+    return {system: round(run.rate(window_s / 3), 2) for system, run in runs.items()}
+
+
+def first_step_s(run: SystemRun) -> float | None:
+    """Wall seconds from the cloud's start to the run's first committed step (start-up)."""
+    return next((t for t, samples in run.timeline if samples > 0), None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,10 +146,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.time_scale is None:
         args.time_scale = 4.0 if args.quick else 2.0
     base = RunSettings(time_scale=args.time_scale, work_dir=args.work_dir)
+    # No-preemption runs first: liveput's gives the start-up time the simulator is told.
+    steady_settings = RunSettings(job=base.job, time_scale=args.time_scale,
+                                  window_s=45.0 if args.quick else 90.0, work_dir=args.work_dir)
+    print(f"no preemption: {', '.join(systems)} ({steady_settings.window_s:.0f} s each) ...",
+          flush=True)
+    steady = steady_runs(steady_settings, systems)
     measured = None
     if not args.no_sim:
         from bench.peers_sim import measure
-        measured = measure(base.job)
+        startup_s = first_step_s(steady["liveput"]) if "liveput" in steady else None
+        measured = measure(base.job, startup_s or 0.0)
         print("measured here: " + ", ".join(f"{k} {v:.2f} s" for k, v in
                                             measured.downtimes_s.items()), flush=True)
     results = []
@@ -158,10 +174,8 @@ def main(argv: list[str] | None = None) -> None:
             simulated = predict(trace, measured, settings.time_scale, settings.notice_lead_s,
                                 seed)
         results.append((name, runs, simulated))
-    steady_settings = RunSettings(job=base.job, time_scale=args.time_scale,
-                                  window_s=45.0 if args.quick else 90.0, work_dir=args.work_dir)
-    steady = steady_rates(steady_settings, systems)
-    document = peers_report.to_json_document(results, steady)
+    document = peers_report.to_json_document(
+        results, steady_rates(steady, steady_settings.window_s))
     print(peers_report.table(document))
     _verdicts(document)
     if args.json:

@@ -4,9 +4,12 @@ The simulator gets what ``bench runtime`` measures on this machine for the job: 
 profile (:func:`liveput.runtime.planning.profile_job`, the throughput table the runtime's own
 coordinator plans with) and the migration costs (:func:`bench.bench_runtime.downtimes`: an
 intra-stage move's rendezvous and group rebuild, a checkpoint restore, which is the runtime's
-restart). It replays the trace in wall seconds at the benchmark's time scale: intervals of
-``60 / time_scale`` s, the notice lead divided likewise, so the samples are those of the same
-wall-clock window.
+restart) and the start-up (wall seconds from the cloud starting an instance to its first step,
+from the no-preemption run: process start, imports, building the job, the first plan). It
+replays the trace in wall seconds at the benchmark's time scale: intervals of ``60 /
+time_scale`` s, the notice lead divided likewise, each instance ready to train only its
+start-up after the trace gives it (``Trace.ready_after``), so the samples are those of the
+same wall-clock window.
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ class Measured:
     costs: MigrationCostModel
     """Migration costs with the measured rebuild and restart."""
     downtimes_s: dict[str, float]
-    """Measured seconds per migration kind (``bench runtime``'s table)."""
+    """Measured seconds per migration kind (``bench runtime``'s table), and ``start-up``."""
+    startup_s: float = 0.0
+    """Wall seconds from the cloud starting an instance to its first step."""
 
 
-def measure(job_name: str) -> Measured:
-    """Profile the job and time its migrations here (about a minute on two idle cores)."""
+def measure(job_name: str, startup_s: float) -> Measured:
+    """Profile the job and time its migrations here (about a minute on two idle cores);
+    ``startup_s`` is measured by the caller (a no-preemption run's first step)."""
     import torch
 
     from bench.bench_runtime import downtimes
@@ -57,7 +63,7 @@ def measure(job_name: str) -> Measured:
         rebuild_base_s=measured.get("intra-stage", 1.5), rebuild_per_node_s=0.0,
         checkpoint_latency_s=0.05,
         measured_restart_s=measured.get("checkpoint-restore"))
-    return Measured(profile, costs, measured)
+    return Measured(profile, costs, {**measured, "start-up": startup_s}, startup_s)
 
 
 def wall_clock_trace(trace: Trace, time_scale: float) -> IntervalTrace:
@@ -70,7 +76,7 @@ def wall_clock_trace(trace: Trace, time_scale: float) -> IntervalTrace:
 def predict(trace: Trace, measured: Measured, time_scale: float, notice_lead_s: float,
             seed: int) -> dict[str, float]:
     """Samples the simulator predicts, per benchmark system it shares with the runtime."""
-    intervals = wall_clock_trace(trace, time_scale)
+    intervals = wall_clock_trace(trace.ready_after(measured.startup_s * time_scale), time_scale)
     config = SimulationConfig(interval_s=intervals.interval_s, seed=seed, predictor="persistence",
                               preemption_notice_s=notice_lead_s / time_scale)
     context = dataclasses.replace(make_context(intervals, measured.profile, config),

@@ -23,6 +23,7 @@ from liveput.runtime.checkpoint import LATEST
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.decide import ActionKind, CoordinatorView, Member, decide
+from liveput.runtime.notices import Notice
 from liveput.runtime.protocol import FRESH_START, FailureReport, Holding, RuntimePlan
 from liveput.runtime.store import MemoryStore
 
@@ -62,8 +63,9 @@ class ModelAgents:
     def kill(self, instance: int) -> None:
         self.instances[instance].alive = False
 
-    def notice(self, instance: int) -> None:
-        self.store.set(f"notice/{instance}", b"{}")
+    def notice(self, instance: int, lead_s: float | None = None) -> None:
+        notice = b"{}" if lead_s is None else Notice("emulator", "terminate", lead_s).to_json().encode()
+        self.store.set(f"notice/{instance}", notice)
 
     def alive(self) -> list[int]:
         return [i for i, s in self.instances.items() if s.alive]
@@ -337,6 +339,58 @@ def test_only_noticed_instances_train_until_one_without_a_notice_comes():
     agents.kill(0)
     run(coordinator, agents, clock, 30)
     assert coordinator.committed > committed + 10 and agents.stale_trained == 0
+
+
+def test_a_noticed_instance_trains_until_the_margin_before_its_end_then_only_sends():
+    """Issue 18: moving off an instance at its notice gave away the rest of its lead (two
+    minutes on AWS) at every preemption; it now trains until ``notice_margin_s`` before."""
+    store, clock, coordinator, agents = start(steps=2000, instances=4)
+    run(coordinator, agents, clock, 40)
+    plan = coordinator.plan
+    assert plan.num_working == 4
+    victim = max(i for i, s in plan.slots.items() if s is not None)
+    margin = coordinator.config.notice_margin_s
+    agents.notice(victim, lead_s=margin + 10.0)
+    noticed_at = clock.now_s()
+    committed = coordinator.committed
+    run(coordinator, agents, clock, int(9.0 / TICK_S))
+    assert coordinator.plan.generation == plan.generation  # still training on it
+    assert coordinator.committed > committed + 30
+    while coordinator.plan.generation == plan.generation:
+        run(coordinator, agents, clock, 1)
+    moved_after_s = clock.now_s() - noticed_at
+    assert 10.0 <= moved_after_s <= 10.0 + coordinator.config.notice_settle_s + 2 * TICK_S
+    moved = coordinator.plan
+    assert moved.slots.get(victim) is None and moved.restore_step is None
+    assert 0 < moved.num_working <= 3
+    run(coordinator, agents, clock, 20)
+    committed = coordinator.committed
+    agents.kill(victim)  # its end, as the notice said
+    run(coordinator, agents, clock, 50)
+    assert coordinator.plan.generation == moved.generation  # no loss: it was already out
+    assert coordinator.committed > committed + 30 and agents.stale_trained == 0
+
+
+def test_a_notice_without_a_lead_or_with_one_inside_the_margin_is_acted_on_at_once():
+    config = CoordinatorConfig(num_steps=100, num_micro_batches=4, notice_margin_s=20.0)
+    plan = RuntimePlan(2, 0, 30, 100, 2, 1, [0, 4], {0: (0, 0), 1: (1, 0)},
+                       {0: "h", 1: "h"}, [], "none", None)
+    holding = dict(layers=(0, 1, 2, 3), held_epoch=0, held_step=40)
+    def action_for(**notice: float | None):
+        members = {0: Member("h", 0.1, **holding),
+                   1: Member("h", 0.1, noticed=True, **holding, **notice)}
+        view = CoordinatorView(10.0, members, plan, plan, 40, all_arrived=True)
+        return decide(view, config, lambda n, e, lost: Configuration(min(n, 2), 1))
+    for lead_s in (None, 0.0, 15.0, 20.0):
+        action = action_for(notice_age_s=0.6, notice_lead_s=lead_s)
+        assert action.kind is ActionKind.REPLAN, lead_s
+        assert action.workers == (0,) and action.senders == (1,)
+    # A 60-s lead: it trains for 40 s (and counts as available meanwhile), then goes.
+    assert action_for(notice_age_s=39.0, notice_lead_s=60.0).kind is ActionKind.NONE
+    assert action_for(notice_age_s=40.2, notice_lead_s=60.0).kind is ActionKind.WAIT  # gathering
+    assert action_for(notice_age_s=40.6, notice_lead_s=60.0).senders == (1,)
+    assert Member("h", 0.1, noticed=True, notice_age_s=5.0, notice_lead_s=60.0).going(20.0) is False
+    assert Member("h", 0.1, noticed=False, notice_lead_s=60.0).going(0.0) is False
 
 
 def test_waiting_says_when_the_instances_up_have_a_notice():

@@ -19,9 +19,10 @@ for the next plan. An agent that was itself frozen or cut off finds, when it wak
 generation over the same way and joins the plan after as a member again. FAILED ends the agent
 with the job's one-line error (a layer raised, the loss is not finite).
 
-A notice does not stop training by itself: the agent reports it at once (``notice/<id>``) and keeps
-going until the coordinator's next plan, which moves its layers away while it is still alive;
-then it leaves. The cloud's SIGKILL may come first; the plan after that restores what was lost.
+A notice does not stop training by itself: the agent reports it at once (``notice/<id>``, with
+the lead it gives) and keeps going until the coordinator moves its layers away, ``notice_margin_s``
+before the announced end (at once for a notice without a lead); then it leaves. The cloud's
+SIGKILL may come first; the plan after that restores what was lost.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from liveput.policies.deadline import DeadlineContext, make_deadline_policy
 from liveput.runtime import ledger, protocol
 from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock, MonotonicClock
+from liveput.runtime.notices import Notice
 from liveput.runtime.decide import (Action, ActionKind, CoordinatorConfig, CoordinatorView,
                                     Member, decide)
 from liveput.runtime.planning import PlanContext, plan_generation, require_a_fit
@@ -188,7 +189,7 @@ class Coordinator:
     def _members(self, now: float) -> dict[int, Member]:
         self._refresh_heartbeats(now)
         states = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("state/").items()}
-        noticed = {int(k.split("/")[1]) for k in self.store.get_prefix("notice/")}
+        notices = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("notice/").items()}
         holdings = self._holdings = protocol.holdings(self.store)
         plan = self.plan
         arrived = set() if plan is None else protocol.arrivals(self.store, plan.generation)
@@ -202,14 +203,14 @@ class Coordinator:
                 host=registration.get("host", "127.0.0.1"),
                 on_demand=registration.get("market") == "on-demand",
                 heartbeat_age_s=now - self._seen.setdefault(instance, now),
-                noticed=instance in noticed, left=states.get(instance) == b"left",
+                noticed=instance in notices, left=states.get(instance) == b"left",
                 done=states.get(instance) == b"done",
                 layers=() if holding is None else holding.layers, held_epoch=epoch,
                 held_step=step,
                 reported=-1 if holding is None or not holding.ending else holding.generation,
                 arrived=instance in arrived,
-                notice_age_s=self._since(f"notice/{instance}", now) if instance in noticed
-                else 0.0)
+                notice_age_s=self._since(f"notice/{instance}", now) if instance in notices
+                else 0.0, notice_lead_s=_notice_lead_s(notices.get(instance)))
         for instance, member in members.items():
             gone = member.left or member.heartbeat_age_s > self.config.heartbeat_timeout_s
             if (gone or member.noticed) and self.store.compare_and_set(
@@ -447,7 +448,7 @@ class Coordinator:
             raise LiveputError(failure.decode())
         view = self.observe()
         self.available = sorted(i for i, m in view.members.items() if not m.left
-                                and not m.noticed
+                                and not m.going(self.config.notice_margin_s)
                                 and m.heartbeat_age_s <= self.config.heartbeat_timeout_s)
         choose = self._choose(view)
         asked = self._policy_asks
@@ -539,3 +540,16 @@ class Coordinator:
                 LOG.warning("coordinator: job done; instances %s did not say they saw it", left)
                 return left
             self.clock.sleep(self.config.tick_s)
+
+
+def _notice_lead_s(raw: bytes | None) -> float | None:
+    """The lead a reported notice gives, wall seconds (None: none, or not readable). It counts
+    from when this coordinator first saw the notice: a restarted coordinator gives a noticed
+    instance up to its whole lead again, and one killed before it moves is a loss without a
+    notice (slower, never wrong)."""
+    if raw is None:
+        return None
+    try:
+        return Notice.from_json(raw.decode("utf-8", "replace"), "the store").lead_s
+    except LiveputError:
+        return None

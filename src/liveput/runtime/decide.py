@@ -9,6 +9,10 @@ one that ran (every instance arrived and a step of it committed). ``committed`` 
 committed, ``epoch`` the restore epoch of the plan. An instance is
 
 - *dead* when its heartbeat has not moved for ``heartbeat_timeout_s`` or it said it left;
+- *going* when it has a preemption notice whose lead is (nearly) spent: ``notice_margin_s``
+  before the end its notice announces, or at once for a notice that gives no lead. Until then a
+  noticed instance trains like any other: the lead is paid-for time, and moving off it at the
+  notice would give away up to two minutes of an instance for every preemption;
 - *silent* when its heartbeat has not moved for ``suspect_after_s``;
 - *suspect* (left out of the next plan) when it is a member of the plan and dead, silent with the
   plan failing or not yet met, named by a peer's failure report, or still missing after
@@ -23,20 +27,20 @@ Rules, in order (numbered as in :func:`decide`):
 2. The last step committed: finish once the ledger has it and every live worker of the plan
    says it is done (an agent still writing would lose the store, hosted by the coordinator), or
    after a heartbeat timeout.
-3. A working instance lost (dead, suspect or noticed), a plan that cannot meet, a fence nobody
+3. A working instance lost (dead, suspect or going), a plan that cannot meet, a fence nobody
    planned (a restarted coordinator), or a failure report: replan without the suspects and
-   without any silent instance. Notices arriving together are gathered for
-   ``notice_settle_s``; after a failure report the coordinator waits until every member of the
+   without any silent instance. Instances going together (a cloud preempting several at once)
+   are gathered for ``notice_settle_s``; after a failure report the coordinator waits until every member of the
    plan has reported or gone silent, at most ``failure_wait_s``.
-4. A plan that fails is never published again as it was: each failure narrows the next plan
+4. A going instance only sends its layers. A plan that fails is never published again as it was: each failure narrows the next plan
    (suspects out, holdings re-read), and after ``restore_after_failures`` plans in a row that did
    not run, every layer comes from the newest complete checkpoint.
 5. Layers no current holder has come from the checkpoint (:func:`planning.plan_generation`).
 6. No instance available: wait; the next plan restores from the checkpoint. When the only
-   instances up have a preemption notice, train on them while they last (the plan records them
-   as ``noticed``, so their notices are no news) rather than wait with nothing running; a step
-   after the newest checkpoint may then be redone. As soon as an instance without a notice is
-   up, the job moves to it (the noticed ones send their layers).
+   instances up are going, train on them while they last (the plan records them as
+   ``noticed``, so their going is no news) rather than wait with nothing running; a step after
+   the newest checkpoint may then be redone. As soon as an instance that is not going is up,
+   the job moves to it (the going ones send their layers).
 7. At an interval: ask the policy; replan when its configuration differs from the running one.
 """
 
@@ -72,8 +76,13 @@ class CoordinatorConfig:
     heartbeat_timeout_s: float = 3.0
     """An instance whose heartbeat has not moved for this long is dead (the fallback signal)."""
     notice_settle_s: float = 0.5
-    """Notices that come together (a cloud preempting several instances) are gathered for this
-    long before planning, so that one migration handles them all."""
+    """Instances going together (a cloud preempting several at once) are gathered for this long
+    before planning, so that one migration handles them all."""
+    notice_margin_s: float = 20.0
+    """A noticed instance trains until this many wall seconds before the end its notice
+    announces; then the job moves off it (the margin covers the gathering, the plan and the
+    layer transfer: a few seconds measured here, ``docs/runtime.md``). A notice whose lead is
+    this or shorter, or that gives none, is acted on at once."""
     suspect_after_s: float = 1.5
     """A plan member silent this long while its plan fails or meets is suspect (three missed
     heartbeats: instances killed together are not all detected at the same tick)."""
@@ -117,8 +126,9 @@ class CoordinatorConfig:
                  self.stall_warning_s)
         if min(times) <= 0 or self.finish_wait_s < 0:
             raise LiveputError("coordinator: intervals and timeouts must be positive")
-        if self.notice_settle_s < 0 or self.start_grace_s < 0:
-            raise LiveputError("coordinator: notice settle and start grace must be >= 0")
+        if self.notice_settle_s < 0 or self.start_grace_s < 0 or self.notice_margin_s < 0:
+            raise LiveputError("coordinator: notice settle, notice margin and start grace must "
+                               "be >= 0")
         if self.capacity < 1 or self.initial_workers < 1 or self.restore_after_failures < 1:
             raise LiveputError("coordinator: capacity, initial_workers and "
                                "restore_after_failures must be >= 1")
@@ -152,6 +162,16 @@ class Member:
     """It arrived at the plan's start."""
     notice_age_s: float = 0.0
     """Seconds since its notice was first seen."""
+    notice_lead_s: float | None = None
+    """Seconds from its notice to its end, as the notice says (None: the notice gives none)."""
+
+    def going(self, margin_s: float) -> bool:
+        """It has a notice and less than ``margin_s`` of its lead left (module docstring)."""
+        return self.noticed and self.notice_age_s >= self.moves_after_s(margin_s)
+
+    def moves_after_s(self, margin_s: float) -> float:
+        """Seconds after its notice at which the job moves off it."""
+        return 0.0 if self.notice_lead_s is None else max(0.0, self.notice_lead_s - margin_s)
 
 
 @dataclass(frozen=True)
@@ -217,7 +237,7 @@ class Action:
     workers: tuple[int, ...] = ()
     """Instances that may take a slot, in order."""
     senders: tuple[int, ...] = ()
-    """Noticed instances that may only send layers."""
+    """Going instances (module docstring) that may only send layers."""
     holdings: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     """Current holders' layers (at ``committed``), of workers and senders."""
     restore: bool = False
@@ -227,7 +247,7 @@ class Action:
     lost_slots: tuple[tuple[int, int], ...] = ()
     """Slots of the running plan that were lost (for the policy)."""
     noticed_workers: tuple[int, ...] = ()
-    """Workers that have a notice (Rule 6: no other instance is up)."""
+    """Workers that are going (Rule 6: no other instance is up)."""
 
 
 Choose = Callable[[int, str, tuple[tuple[int, int], ...]], Configuration | None]
@@ -265,11 +285,12 @@ def _replan(view: CoordinatorView, config: CoordinatorConfig, choose: Choose, re
     plan = view.plan
     epoch = plan.epoch if plan is not None else 0
     alive = _alive(view, config, suspects)
-    workers = tuple(sorted(i for i, m in alive.items() if not m.noticed))
-    # Rule 4: a noticed instance is going; it only sends (and only what is current).
-    senders = tuple(sorted(i for i, m in alive.items() if m.noticed))
+    margin = config.notice_margin_s
+    workers = tuple(sorted(i for i, m in alive.items() if not m.going(margin)))
+    # Rule 4: a going instance only sends (and only what is current).
+    senders = tuple(sorted(i for i, m in alive.items() if m.going(margin)))
     noticed_workers: tuple[int, ...] = ()
-    if not workers and senders:  # Rule 6: only noticed instances are up; train while they last
+    if not workers and senders:  # Rule 6: only going instances are up; train while they last
         workers, senders, noticed_workers = senders, (), senders
     holdings = {i: alive[i].layers for i in workers + senders
                 if alive[i].layers and (alive[i].held_epoch, alive[i].held_step)
@@ -315,15 +336,16 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
     """The coordinator's next action (module docstring: the rules)."""
     plan = view.plan
     members = view.members
+    margin = config.notice_margin_s
     if plan is None:  # Rule 1
         alive = _alive(view, config)
-        up = [i for i, m in alive.items() if not m.noticed]
-        going = len(alive) - len(up)
-        ready = up or list(alive)  # Rule 6: noticed instances when no other is up
+        up = [i for i, m in alive.items() if not m.going(margin)]
+        num_going = len(alive) - len(up)
+        ready = up or list(alive)  # Rule 6: going instances when no other is up
         if ready and (len(ready) >= config.initial_workers or view.now_s >= config.start_grace_s):
             return _replan(view, config, choose, "start", frozenset(), (), "interval")
-        noticed = (f"; {going} with a preemption notice, used from "
-                   f"{config.start_grace_s:g} s if no other comes" if going else "")
+        noticed = (f"; {num_going} with a preemption notice, used from "
+                   f"{config.start_grace_s:g} s if no other comes" if num_going else "")
         return Action(ActionKind.WAIT, f"waiting for instances: {len(up)} of "
                       f"{config.initial_workers} up{noticed}")
     if view.committed + 1 >= config.num_steps:  # Rule 2
@@ -335,12 +357,13 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         return Action(ActionKind.NONE, "finishing")
     suspects = _suspects(view, config)  # Rule 3
     working = {i for i, s in plan.slots.items() if s is not None}
-    noticed = {i for i, m in members.items() if m.noticed} - set(plan.noticed)
-    lost = working & (suspects | noticed)
+    going = {i for i, m in members.items() if m.going(margin)} - set(plan.noticed)
+    lost = working & (suspects | going)
     stranded = bool(suspects) and not view.all_arrived
-    if lost and lost <= noticed and not (view.failures or view.fenced or stranded):
-        if any(members[i].notice_age_s < config.notice_settle_s for i in noticed & working):
-            return Action(ActionKind.WAIT, f"gathering notices ({len(noticed)} so far)")
+    if lost and lost <= going and not (view.failures or view.fenced or stranded):
+        if any(members[i].notice_age_s - members[i].moves_after_s(margin)
+               < config.notice_settle_s for i in going & working):
+            return Action(ActionKind.WAIT, f"gathering notices ({len(going)} so far)")
     # After a failure report, wait until every member is accounted for (reported, or silent:
     # gone) so that one plan leaves out everything lost at once.
     accounted = all(i in view.failures or members[i].reported >= plan.generation
@@ -357,11 +380,11 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         return Action(ActionKind.WAIT, f"plan {plan.generation}: waiting for "
                       f"{sum(not members[i].arrived for i in plan.slots if i in members)} "
                       "instances to arrive")
-    if plan.noticed and any(i not in working and not m.noticed
+    if plan.noticed and any(i not in working and not m.going(margin)
                             for i, m in _alive(view, config).items()):  # Rule 6
         return _replan(view, config, choose, "arrival", frozenset(), (), "interval")
     if view.interval_due:  # Rule 7
-        available = sum(not m.noticed for m in _alive(view, config).values())
+        available = sum(not m.going(margin) for m in _alive(view, config).values())
         target = choose(available, "interval", ())
         if target is not None and target != Configuration(plan.data_parallel,
                                                           plan.pipeline_stages):

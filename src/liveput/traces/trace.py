@@ -142,6 +142,33 @@ class Trace:
             price_usd_per_hour=self.price_usd_per_hour,
         )
 
+    def ready_after(self, startup_s: float) -> Trace:
+        """The instances that can train: each one ``startup_s`` after the cloud gives it (boot,
+        starting the process, importing the framework, building the job), those at time 0
+        included. An instance removed counts as one that had started (a cloud preempts its
+        older instances as often as its newer ones, and most are older), so the count ready at
+        ``t`` is ``max(0, count(t) - added in (t - startup_s, t])``, with the initial ones added
+        at 0."""
+        if not startup_s >= 0:
+            raise LiveputError(f"trace {self.name}: start-up time must be >= 0, got {startup_s}")
+        if startup_s == 0:
+            return self
+        # Every change of the ready count happens at a change time or startup_s after one.
+        arrivals = np.concatenate([[0.0], self.times_s[self.added > 0]])
+        times = np.unique(np.concatenate([[0.0], self.times_s, arrivals + startup_s]))
+        times = times[times <= self.end_s]
+        added_at = np.concatenate([[0.0], self.times_s])
+        added = np.concatenate([[self.initial_count], self.added]).astype(np.int64)
+        cumulative = np.cumsum(added)
+        # added in (t - startup_s, t]: everything added by t minus everything added by t - s.
+        by_now = cumulative[np.searchsorted(added_at, times, side="right") - 1]
+        before = np.searchsorted(added_at, times - startup_s, side="right") - 1
+        by_then = np.where(before >= 0, cumulative[np.maximum(before, 0)], 0)
+        ready = np.maximum(self.count_at(times) - (by_now - by_then), 0)
+        shifted = Trace.from_counts(f"{self.name} (ready {startup_s:g} s after)", times, ready,
+                                    self.end_s, self.price_usd_per_hour)
+        return shifted
+
     def resample(self, interval_s: float = DEFAULT_INTERVAL_S) -> IntervalTrace:
         """Cut the trace into intervals of ``interval_s`` (the last one may be partial)."""
         if not interval_s > 0 or not math.isfinite(interval_s):
