@@ -160,13 +160,12 @@ def run_liveput(trace: Trace, settings: RunSettings, work: Path, policy: str,
     """liveput's runtime (``liveput train``'s coordinator, agents and emulated cloud)."""
     batch = resolve_job(settings.job).global_batch_size
     timeline: list[tuple[float, int]] = []
-    state: dict = {"start": None, "loss": None, "plans": 0}
+    state: dict = {"loss": None, "plans": 0}
 
     def progress(update: Progress) -> None:
-        now = time.monotonic()
-        if state["start"] is None:  # the cloud started just before the first callback
-            state["start"] = now
-        elapsed = now - state["start"]
+        # From the cloud's start, as the other systems' windows (the coordinator is built
+        # after it: the first callback comes seconds later).
+        elapsed = update.cloud_elapsed_s
         timeline.append((elapsed, update.step * batch))
         state["loss"] = update.loss if update.loss is not None else state["loss"]
         state["plans"] = update.events

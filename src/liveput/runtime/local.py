@@ -135,6 +135,9 @@ class Progress:
     events: int
     state: str = ""
     """What the job is doing (the coordinator's words: training, migrating, restoring, ...)."""
+    cloud_elapsed_s: float = 0.0
+    """Wall seconds since the emulated cloud started its first instances (it starts before
+    the coordinator is built, so the first progress comes a few seconds later)."""
 
 
 def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
@@ -216,6 +219,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                                       time_scale=config.time_scale,
                                       notice_lead_s=config.notice_lead_s, seed=config.seed)
                 cloud.start_background()
+                cloud_started_s = time.monotonic()
             else:
                 cloud = ProvidedCloud(trace, launcher, MonotonicClock(), notice_dir,
                                       workers=config.workers, time_scale=config.time_scale,
@@ -227,9 +231,10 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                                       else None)
             if isinstance(cloud, ProvidedCloud):
                 cloud.start_background(interval_s)
+                cloud_started_s = time.monotonic()
             while coordinator.tick():
                 if on_progress is not None:
-                    on_progress(_progress(store, coordinator))
+                    on_progress(_progress(store, coordinator, cloud_started_s))
                 if on_tick is not None:
                     on_tick(coordinator, False)
                 if time.monotonic() - started > config.timeout_s:
@@ -239,7 +244,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             if isinstance(cloud, ProvidedCloud):
                 cloud.finish()
             if on_progress is not None:
-                on_progress(_progress(store, coordinator))
+                on_progress(_progress(store, coordinator, cloud_started_s))
             if on_tick is not None:
                 on_tick(coordinator, True)
             report = verify_ledger(store, job.global_batch_size, config.steps)
@@ -284,7 +289,7 @@ def _wait_agents(cloud: EmulatedCloud | ProvidedCloud, grace_s: float = 15.0) ->
     cloud.close()
 
 
-def _progress(store: Store, coordinator: Coordinator) -> Progress:
+def _progress(store: Store, coordinator: Coordinator, cloud_started_s: float) -> Progress:
     plan = coordinator.plan
     loss = None
     if plan is not None and coordinator.committed >= 0:
@@ -294,4 +299,5 @@ def _progress(store: Store, coordinator: Coordinator) -> Progress:
         step=coordinator.committed + 1, loss=loss,
         configuration="-" if plan is None else f"{plan.data_parallel}x{plan.pipeline_stages}",
         instances=len(coordinator.available),
-        events=0 if plan is None else plan.generation, state=coordinator.status)
+        events=0 if plan is None else plan.generation, state=coordinator.status,
+        cloud_elapsed_s=time.monotonic() - cloud_started_s)
