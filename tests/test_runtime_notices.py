@@ -311,3 +311,27 @@ def test_a_notice_signal_during_the_agents_startup_does_not_end_it() -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_notice_due_at_launch_waits_for_the_agents_watcher_instead_of_killing_it(tmp_path):
+    """The emulator signals a notice the moment the process exists; SIGUSR1's default action
+    ended every such agent (exit -10) before it could join, so a trace whose first preemptions
+    fall within the notice lead of the start trained nothing (issue 18's peers benchmark)."""
+    from liveput.runtime.processes import InstanceProcesses, command_launcher
+
+    agent = textwrap.dedent("""
+        import os, time
+        from pathlib import Path
+        time.sleep(0.5)  # importing torch, building the job: the notice is already there
+        from liveput.runtime.notices import EmulatorNoticeWatcher
+        watcher = EmulatorNoticeWatcher(Path(os.environ["LIVEPUT_NOTICE_FILE"]))
+        print(watcher.poll().lead_s, flush=True)
+    """)
+    launcher = command_launcher([sys.executable, "-c", agent], log_dir=tmp_path)
+    processes = InstanceProcesses(launcher, tmp_path)
+    processes.launch("i-0000")
+    processes.notice("i-0000", 12.5)  # at once, as a notice due at launch is
+    code = processes._live["i-0000"].process.wait(30)
+    out = (tmp_path / "i-0000.log").read_text()
+    assert code == 0, out  # was -SIGUSR1
+    assert out.split() == ["12.5"]

@@ -219,6 +219,10 @@ class SignalNoticeWatcher(NoticeWatcher):
             raise LiveputError("signal notice watchers must be created in the main thread")
         for signum in signals:
             self._previous[signum] = signal.signal(signum, self._on_signal)
+        # An emulated cloud launches agents with its notice signal blocked (a notice due at
+        # launch must not end the process before this handler exists): a pending one is
+        # delivered now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(signals))
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._received is None:

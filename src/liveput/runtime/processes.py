@@ -120,10 +120,19 @@ class InstanceProcesses:
         """Start ``instance_id``'s agent (rented on ``market``); its pid."""
         spec = InstanceSpec(instance_id, self.notice_dir / f"{instance_id}.notice.json", market)
         spec.notice_file.unlink(missing_ok=True)
+        # A notice due at launch is signalled the moment the process exists, before its
+        # interpreter can even ignore the signal, whose default action ends it (every such
+        # agent died with -SIGUSR1 before joining). Blocked in this thread across the launch,
+        # the signal starts blocked in the child (the mask survives exec) and waits there until
+        # the agent's notice watcher unblocks it.
+        blocked = set() if self.notice_signal is None else {self.notice_signal}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
         try:
             process = self.launcher(spec)
         except OSError as exc:
             raise LiveputError(f"{self.what} could not launch {instance_id}: {exc}") from None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         self._live[instance_id] = _Process(process, spec.notice_file)
         return process.pid
 
