@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import textwrap
@@ -308,8 +309,10 @@ def test_launch_failure_names_the_instance(tmp_path: Path) -> None:
 def test_a_victim_that_dies_on_its_notice_still_counts_as_preempted(
     tmp_path: Path, clouds: list[EmulatedCloud]
 ) -> None:
-    # `sleep` has no SIGUSR1 handler, so the notice signal ends it (as it would an agent still
-    # starting up); the preemption is still recorded, at its time, not as an exit.
+    # The victim ends by itself after its notice (an agent leaving once its layers are
+    # elsewhere, or one that crashed); the preemption is still recorded, at its time, not as
+    # an exit. (The notice signal itself no longer ends a process that is still starting: the
+    # cloud launches with it blocked, see tests/test_runtime_notices.py.)
     trace = make_trace(1, [(60.0, 0, 1)], end_s=120.0)
     clock = ManualClock()
     cloud = EmulatedCloud(trace, SLEEPER, clock, tmp_path, time_scale=10, notice_lead_s=30)
@@ -318,11 +321,12 @@ def test_a_victim_that_dies_on_its_notice_still_counts_as_preempted(
     pid = cloud.instances()["i-0000"]
     clock.set(3.0)
     assert [e.kind for e in cloud.step()] == [NOTICE]
+    os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert cloud.step() == [] and set(cloud.instances()) == {"i-0000"}
     clock.set(6.0)
     (kill,) = cloud.step()
-    assert (kill.kind, kill.trace_time_s, kill.detail) == (KILL, 60.0, f"already exited (code {-signal.SIGUSR1})")
+    assert (kill.kind, kill.trace_time_s, kill.detail) == (KILL, 60.0, f"already exited (code {-signal.SIGTERM})")
     assert cloud.preemptions == 1 and not [e for e in cloud.events if e.kind is EXIT]
