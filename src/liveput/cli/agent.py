@@ -48,9 +48,16 @@ def agent(
     if unknown or not sources:
         raise LiveputError(f"--notices {notices!r}: unknown source(s) {', '.join(unknown)}; "
                            f"known: {', '.join(NOTICE_SOURCES)}")
-    state = run_agent(url, _token(token), instance, host, sources,
-                      connect_timeout_s=connect_timeout_s)
+    from liveput.runtime.comm import end_process
+
+    try:
+        state = run_agent(url, _token(token), instance, host, sources,
+                          connect_timeout_s=connect_timeout_s)
+    except LiveputError as error:
+        typer.echo(f"error: {' '.join(str(error).split())}", err=True)
+        end_process(2)
     typer.echo(f"agent finished: {state.value}", err=True)
+    end_process(0)
 
 
 def coordinator(

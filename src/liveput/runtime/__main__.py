@@ -51,4 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    from liveput.runtime.comm import end_process  # noqa: E402 - torch is loaded by now
+
+    end_process(code)

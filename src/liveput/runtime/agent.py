@@ -30,14 +30,13 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import os
 import threading
 from dataclasses import dataclass
 
 from liveput.errors import LiveputError
 from liveput.runtime import protocol
 from liveput.runtime.clock import Clock, MonotonicClock
-from liveput.runtime.comm import configure_error_handling
+from liveput.runtime.comm import configure_error_handling, end_process
 from liveput.runtime.engine import Ending, Engine
 from liveput.runtime.logs import RepeatFilter
 from liveput.runtime.notices import Notice, NoticeMonitor, NoticeWatcher
@@ -168,8 +167,7 @@ class Agent:
         self._heartbeat_warnings.flush()
         LOG.error("agent %d: the store has been unreachable for %.0f s; exiting",
                   self.config.instance, down_s)
-        logging.shutdown()  # flushes every handler: os._exit skips that
-        os._exit(3)
+        end_process(3)
 
     def _member(self) -> bytes:
         return json.dumps({"host": self.config.host, "market": self.config.market}).encode()

@@ -15,17 +15,27 @@ shrink APIs are NCCL-only. So every blocking call goes through :meth:`Groups.cal
 caller as soon as the groups are aborted. An abandoned operation ends by itself at its timeout;
 until then its groups are parked (:func:`_park`): destroying a gloo group joins its worker
 threads, which may still be blocked in it.
+
+**Exit.** An agent process therefore ends with daemon threads blocked in C++ calls (an abandoned
+operation, a store call). CPython before 3.14 ends such a thread with ``pthread_exit`` when its
+call returns during the interpreter's finalization, and the unwinding through pybind11's
+``noexcept`` GIL guard calls ``std::terminate``: the process dies with SIGABRT, "terminate called
+without an active exception", after its work is done (pytorch/pytorch#38228). Agent entry points
+end with :func:`end_process`, which skips the finalization.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -47,6 +57,19 @@ def configure_error_handling() -> None:
     """Apply :data:`NCCL_ERROR_HANDLING` to this process's environment (before groups exist)."""
     for name, value in NCCL_ERROR_HANDLING.items():
         os.environ.setdefault(name, value)
+
+
+def end_process(code: int) -> NoReturn:
+    """End this process with exit code ``code`` once its logs and standard streams are flushed,
+    without the interpreter's finalization (see the module's **Exit**): nothing an agent holds
+    needs it (checkpoints are written and closed before, sockets close with the process)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing left to flush
+            pass
+    os._exit(code)
 
 
 class CommAborted(RuntimeError):
