@@ -133,6 +133,48 @@ def test_job_is_validated_with_one_line_errors():
     assert sum(ids, []) == list(range(24, 32))
 
 
+def test_a_noticed_agent_leaves_only_when_a_plan_made_after_it_joined_leaves_it_out():
+    """Issue 18: an instance that joined with a notice while an older plan was in force saw that
+    plan, which could not name it, and left at once: its lead was never used (bench peers'
+    seed-20 trace trained nothing for 54 s)."""
+    from liveput.runtime.clock import ManualClock
+    from liveput.runtime.notices import Notice
+
+    def plan(generation: int, instances: list[int]) -> protocol.RuntimePlan:
+        return protocol.RuntimePlan(generation, 0, 10 * generation, 100, len(instances), 1,
+                                    [0, 4], {i: (n, 0) for n, i in enumerate(instances)},
+                                    {i: "h" for i in instances})
+
+    class PlanAfter(ManualClock):
+        """Publishes ``later`` at the agent's third poll."""
+
+        def __init__(self, store: MemoryStore, later: protocol.RuntimePlan) -> None:
+            super().__init__()
+            self.store, self.later, self.polls = store, later, 0
+
+        def sleep(self, seconds: float) -> None:
+            super().sleep(seconds)
+            self.polls += 1
+            if self.polls == 3:
+                protocol.publish_plan(self.store, self.later)
+
+    for later, expected in ((plan(4, [0, 1, 7]), 4), (plan(4, [0, 1]), None)):
+        store = MemoryStore()
+        protocol.publish_plan(store, plan(3, [0, 1]))
+        clock = PlanAfter(store, later)
+        agent = Agent(AgentConfig(instance=7), store, engine=None,  # type: ignore[arg-type]
+                      clock=clock)
+        agent.notice = Notice("emulator", "terminate", 120.0)
+        agent.join()
+        try:
+            assert agent.joined_under == 3
+            found = agent._next_plan(-1)
+        finally:
+            agent._stop.set()  # ends its heartbeat thread
+        assert (None if found is None else found.generation) == expected
+        assert clock.polls == 3  # it waited for the plan made after it joined
+
+
 def test_agent_refuses_an_undocumented_state_transition():
     store = MemoryStore()
     agent = Agent(AgentConfig(instance=0), store, engine=None)  # type: ignore[arg-type]

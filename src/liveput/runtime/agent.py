@@ -4,7 +4,7 @@ States (:class:`AgentState`) and their transitions::
 
     JOINING --registered--> WAITING
     WAITING --a plan names it--> MIGRATING      WAITING --job done--> DONE
-    WAITING --noticed, in no plan--> LEFT
+    WAITING --noticed, left out of a plan made after it joined--> LEFT
     MIGRATING --has a slot--> TRAINING          MIGRATING --spare, or a peer failed--> WAITING
     TRAINING --fenced or a peer failed--> WAITING
     TRAINING --last step applied--> DONE
@@ -117,6 +117,9 @@ class Agent:
         self.clock = clock or MonotonicClock()
         self.state = AgentState.JOINING
         self.notice: Notice | None = None
+        self.joined_under = -1
+        """Generation of the plan in force when this agent joined (-1: none): a plan not newer
+        was made without it, so leaving it out says nothing about a noticed agent's future."""
         self._stop = threading.Event()
         # One per source: the heartbeat thread and the main thread fail and recover separately.
         self._heartbeat_warnings = RepeatFilter(LOG, now_s=self.clock.now_s)
@@ -176,6 +179,8 @@ class Agent:
         """Register with the job (the store refuses values not signed with the job token)."""
         self.store.set(f"members/{self.config.instance}", self._member())
         self.store.add(f"hb/{self.config.instance}", 1)
+        current = self.store.get("plan/current")
+        self.joined_under = -1 if current is None else int(current)
         self._heartbeat.start()
         if self._monitor is not None:
             self._monitor.start()
@@ -197,8 +202,8 @@ class Agent:
                     if plan is not None and self.config.instance in plan.slots:
                         return plan
                     after = int(raw) if plan is not None else after
-                if self.notice is not None and after >= 0:
-                    return None
+                if self.notice is not None and after > self.joined_under:
+                    return None  # a plan made knowing this instance left it out: it goes
                 failing_since_s = None
                 self._store_warnings.flush()
             except protocol.JobFailure:
