@@ -407,6 +407,21 @@ def test_waiting_says_when_the_instances_up_have_a_notice():
     assert "with a preemption notice" in action.status
 
 
+def test_the_first_plan_counts_noticed_instances_among_the_initial_ones_but_leaves_them_out():
+    """Issue 18: with one of two initial instances noticed, the job waited the whole start
+    grace (20 s) for a second instance without a notice; it now starts on the other at once."""
+    config = CoordinatorConfig(num_steps=100, num_micro_batches=4, initial_workers=2,
+                               start_grace_s=20.0)
+    members = {0: Member("h", 0.1), 1: Member("h", 0.1, noticed=True)}
+    action = decide(CoordinatorView(2.0, members, None, None, -1), config,
+                    lambda n, e, lost: Configuration(n, 1))
+    assert action.kind is ActionKind.REPLAN
+    assert action.workers == (0,) and action.noticed_workers == ()
+    alone = decide(CoordinatorView(2.0, {0: Member("h", 0.1)}, None, None, -1), config,
+                   lambda n, e, lost: Configuration(n, 1))
+    assert alone.kind is ActionKind.WAIT and alone.status == "waiting for instances: 1 of 2 up"
+
+
 EVENT = st.one_of(st.tuples(st.just("kill"), st.integers(0, 99)),
                   st.tuples(st.just("notice"), st.integers(0, 99)),
                   st.tuples(st.just("join"), st.just(0)),

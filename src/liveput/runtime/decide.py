@@ -23,7 +23,9 @@ committed, ``epoch`` the restore epoch of the plan. An instance is
 
 Rules, in order (numbered as in :func:`decide`):
 
-1. No plan yet: start once ``initial_workers`` are up or ``start_grace_s`` passed.
+1. No plan yet: start once ``initial_workers`` have registered or ``start_grace_s`` passed.
+   Instances with a preemption notice count toward ``initial_workers`` (waiting for them to
+   be replaced would only lose time) but the plan is made on the others when there are any.
 2. The last step committed: finish once the ledger has it and every live worker of the plan
    says it is done (an agent still writing would lose the store, hosted by the coordinator), or
    after a heartbeat timeout.
@@ -342,7 +344,7 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         up = [i for i, m in alive.items() if not m.going(margin)]
         num_going = len(alive) - len(up)
         ready = up or list(alive)  # Rule 6: going instances when no other is up
-        if ready and (len(ready) >= config.initial_workers or view.now_s >= config.start_grace_s):
+        if ready and (len(alive) >= config.initial_workers or view.now_s >= config.start_grace_s):
             return _replan(view, config, choose, "start", frozenset(), (), "interval")
         noticed = (f"; {num_going} with a preemption notice, used from "
                    f"{config.start_grace_s:g} s if no other comes" if num_going else "")
