@@ -130,6 +130,19 @@ def _wait(condition, timeout_s: float, what: str):  # noqa: ANN001, ANN202
     raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
+def _live_members(group: int) -> list[int]:
+    """Processes of process group ``group`` that are not zombies."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 def _status(job_file: Path) -> dict:
     done = _cli("status", str(job_file), "--json", timeout=120)
     assert done.returncode == 0, done.stderr
@@ -190,9 +203,12 @@ metrics: {{tensorboard: {tmp_path / 'tb'}}}
                   "a checkpoint and 4 steps")
         killed_unix_s = time.time()
         os.killpg(launcher, signal.SIGKILL)
-        step_at_kill = _status(job_file)["step"]
-        _wait(lambda: not Path(f"/proc/{launcher}").exists() or
-              Path(f"/proc/{launcher}/stat").read_text().split()[2] == "Z", 10, "launcher gone")
+        _wait(lambda: not _live_members(launcher), 10, "the launcher's group gone")
+        # The steps committed when the job broke: the ledger's, once no agent can add to it
+        # (status/now, written by the coordinator every half second, may lag it by steps).
+        with open_store(place["store"], token=token) as store:
+            step_at_kill = verify_ledger(store, resolve_job("tiny-gpt").global_batch_size,
+                                         steps).steps_applied
         resumed = subprocess.Popen([*LIVEPUT, "resume", str(job_file), "--json"], env=_env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    stdin=subprocess.DEVNULL)
