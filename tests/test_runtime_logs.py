@@ -83,8 +83,7 @@ def test_an_agent_process_exits_once_its_store_stays_unreachable(caplog, monkeyp
         agent._stop.set()  # ends the heartbeat thread, as the process would end
         exited.set()
 
-    monkeypatch.setattr(agent_module.os, "_exit", fake_exit)
-    monkeypatch.setattr(agent_module.logging, "shutdown", lambda: None)
+    monkeypatch.setattr(agent_module, "end_process", fake_exit)
     store = FailingStore()
     config = AgentConfig(instance=4, heartbeat_s=0.01, store_outage_s=0.3,
                          exit_on_store_loss=True)
@@ -108,7 +107,7 @@ def test_an_agent_process_exits_once_its_store_stays_unreachable(caplog, monkeyp
 
 def test_an_agent_in_a_thread_never_exits_the_process(monkeypatch):
     exits: list[int] = []
-    monkeypatch.setattr(agent_module.os, "_exit", exits.append)
+    monkeypatch.setattr(agent_module, "end_process", exits.append)
     store = FailingStore()
     config = AgentConfig(instance=1, heartbeat_s=0.01, store_outage_s=0.05)
     agent = Agent(config, store, SimpleNamespace(checkpointer=None))  # type: ignore[arg-type]
