@@ -489,3 +489,21 @@ def test_a_policy_restart_is_carried_out_as_a_checkpoint_restore():
         assert coordinator.committed > committed and agents.stale_trained == 0
     assert kinds["reactive"][0] == "checkpoint-restore" and kinds["reactive"][1] is not None
     assert kinds["test-every-instance"][1] is None
+
+
+def test_a_noticed_newcomer_after_every_instance_is_lost_trains_while_it_lasts():
+    """bench peers, seed 22: both instances lost, then one arrives whose notice is already inside
+    the margin (12 s left); the peers trained on it, liveput did not."""
+    store, clock, coordinator, agents = start(steps=2000, instances=2, initial=2)
+    run(coordinator, agents, clock, 40)
+    assert coordinator.plan.num_working == 2
+    for instance in (0, 1):
+        agents.kill(instance)
+    run(coordinator, agents, clock, int(17.0 / TICK_S))
+    generation, committed = coordinator.plan.generation, coordinator.committed
+    agents.join(9)
+    agents.notice(9, lead_s=12.0)
+    run(coordinator, agents, clock, int(8.0 / TICK_S))
+    assert coordinator.plan.generation > generation, coordinator.status
+    assert coordinator.plan.slots.get(9) is not None and coordinator.plan.noticed == [9]
+    assert coordinator.committed > committed + 10 and agents.stale_trained == 0
