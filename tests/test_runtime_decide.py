@@ -507,3 +507,23 @@ def test_a_noticed_newcomer_after_every_instance_is_lost_trains_while_it_lasts()
     assert coordinator.plan.generation > generation, coordinator.status
     assert coordinator.plan.slots.get(9) is not None and coordinator.plan.noticed == [9]
     assert coordinator.committed > committed + 10 and agents.stale_trained == 0
+
+
+def test_the_first_plan_is_not_forecast_from_the_empty_intervals_before_instances_came():
+    """test_runtime_netns once trained on one of its two hosts: with `--interval 1` the
+    coordinator had recorded an interval with 0 instances before the agents registered, and the
+    liveput policy, forecasting from that history ([0]), started on one instance of two."""
+    store, clock = MemoryStore(), ManualClock()
+    config = CoordinatorConfig(num_steps=100, num_micro_batches=8, interval_s=1.0,
+                               policy_interval_s=1.0, tick_s=TICK_S, heartbeat_timeout_s=6.0,
+                               initial_workers=2, capacity=2, policy="liveput")
+    coordinator = Coordinator(store, PROFILE, config, clock)
+    agents = ModelAgents(store, coordinator.profile.num_layers)
+    run(coordinator, agents, clock, 2)  # an interval passes with nobody there yet
+    assert coordinator.plan is None
+    agents.join(0)
+    agents.join(1)
+    run(coordinator, agents, clock, 2)
+    assert coordinator.plan is not None and coordinator.plan.num_working == 2
+    run(coordinator, agents, clock, 8)
+    assert json.loads(store.get("coord/history"))[0] == 2  # counted from the first plan on

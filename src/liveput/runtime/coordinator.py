@@ -246,6 +246,7 @@ class Coordinator:
             self._next_interval_s = now + self.config.interval_s
             if self.config.online_calibration and self.deadline is None:
                 self._refit()
+        if interval_due and plan is not None:
             # The history is the spot market's (what forecasts are about): on-demand left out.
             self._record_interval(sum(1 for m in members.values() if not m.left and not m.noticed
                                       and not m.on_demand
@@ -283,8 +284,12 @@ class Coordinator:
         summary = None if raw is None else ledger.LedgerSummary.from_json(raw)
         return summary is not None and summary.epoch == epoch and summary.through_step >= step
 
-    def _history(self) -> IntervalTrace:
-        counts = json.loads(self.store.get("coord/history") or b"[]") or [0]
+    def _history(self, available: int) -> IntervalTrace:
+        """The instance counts of the intervals since the job started; before it has any, the
+        count now (``available``): the start-up's empty intervals, before instances could
+        register, are no observation of the market (read as one, a count of 0 made the
+        liveput policy start on one instance of two)."""
+        counts = json.loads(self.store.get("coord/history") or b"[]") or [available]
         count = np.array(counts, dtype=np.int64)
         change = np.append(np.diff(count), 0)
         return IntervalTrace("runtime", self.config.policy_interval_s, count,
@@ -315,7 +320,7 @@ class Coordinator:
     def _choose(self, view: CoordinatorView):  # noqa: ANN202 - a decide.Choose
         def choose(available: int, event: str,
                    lost_slots: tuple[tuple[int, int], ...]) -> Configuration | None:
-            history = self._history()
+            history = self._history(available)
             current = None if view.plan is None else Configuration(view.plan.data_parallel,
                                                                    view.plan.pipeline_stages)
             # Policies get time in policy seconds, as intervals are: one unit for both.
