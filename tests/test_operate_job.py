@@ -204,11 +204,6 @@ metrics: {{tensorboard: {tmp_path / 'tb'}}}
         killed_unix_s = time.time()
         os.killpg(launcher, signal.SIGKILL)
         _wait(lambda: not _live_members(launcher), 10, "the launcher's group gone")
-        # The steps committed when the job broke: the ledger's, once no agent can add to it
-        # (status/now, written by the coordinator every half second, may lag it by steps).
-        with open_store(place["store"], token=token) as store:
-            step_at_kill = verify_ledger(store, resolve_job("tiny-gpt").global_batch_size,
-                                         steps).steps_applied
         resumed = subprocess.Popen([*LIVEPUT, "resume", str(job_file), "--json"], env=_env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    stdin=subprocess.DEVNULL)
@@ -223,7 +218,7 @@ metrics: {{tensorboard: {tmp_path / 'tb'}}}
                              for e in status["events"]
                              if e["kind"] == "plan" and e["unix_s"] > killed_unix_s]
             assert any(migration == "checkpoint-restore" for _, migration, _ in resumed_plans), (
-                step_at_kill, resumed_plans)
+                resumed_plans)
             assert _cli("stop", str(job_file)).returncode == 0
             out, err = resumed.communicate(timeout=60)
         finally:

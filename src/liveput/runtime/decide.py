@@ -343,8 +343,8 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         alive = _alive(view, config)
         up = [i for i, m in alive.items() if not m.going(margin)]
         num_going = len(alive) - len(up)
-        ready = up or list(alive)  # Rule 6: going instances when no other is up
-        if ready and (len(alive) >= config.initial_workers or view.now_s >= config.start_grace_s):
+        # Rule 6 (in _replan): going instances are planned on when no other is up.
+        if alive and (len(alive) >= config.initial_workers or view.now_s >= config.start_grace_s):
             return _replan(view, config, choose, "start", frozenset(), (), "interval")
         noticed = (f"; {num_going} with a preemption notice, used from "
                    f"{config.start_grace_s:g} s if no other comes" if num_going else "")
