@@ -527,3 +527,29 @@ def test_the_first_plan_is_not_forecast_from_the_empty_intervals_before_instance
     assert coordinator.plan is not None and coordinator.plan.num_working == 2
     run(coordinator, agents, clock, 8)
     assert json.loads(store.get("coord/history"))[0] == 2  # counted from the first plan on
+
+
+def test_an_instance_silent_past_the_end_its_notice_announced_is_gone_without_a_timeout():
+    """bench peers, seed 22: the one instance left trained under a notice (rule 6) and was
+    preempted as announced; with no peer to report it, the coordinator waited for the heartbeat
+    timeout (60 s there) and the instance that came meanwhile, itself noticed, trained nothing."""
+    store, clock, coordinator, agents = start(steps=4000, instances=1, initial=1)
+    agents.notice(0, lead_s=8.0)
+    run(coordinator, agents, clock, int(5.0 / TICK_S))
+    assert coordinator.plan.noticed == [0]
+    generation, committed = coordinator.plan.generation, coordinator.committed
+    run(coordinator, agents, clock, int(2.5 / TICK_S))
+    agents.kill(0)  # at its announced end
+    # Silent past its end, well inside the heartbeat timeout (6 s here): gone.
+    run(coordinator, agents, clock, int(2.5 / TICK_S))
+    assert coordinator.committed > committed + 10
+    agents.join(1)
+    agents.notice(1, lead_s=10.0)
+    run(coordinator, agents, clock, int(2.0 / TICK_S))
+    plan = coordinator.plan
+    assert plan.generation > generation and plan.slots.get(1) is not None, coordinator.status
+    assert plan.noticed == [1] and plan.slots.get(0) is None
+    # Silent before its end is not enough (a stopped process, a partition: the usual signals).
+    agents.kill(1)
+    run(coordinator, agents, clock, int(3.0 / TICK_S))
+    assert coordinator.plan.generation == plan.generation and coordinator.status == "training 1x1"

@@ -39,6 +39,10 @@ def train(
                                          help="Steps between checkpoints (0: none)."),
     notice_lead_s: float = typer.Option(120.0, "--notice-lead", parser=params.NON_NEGATIVE_SECONDS,
                                         help="Notice lead, trace s."),
+    notice_margin_s: float = typer.Option(
+        20.0, "--notice-margin", parser=params.NON_NEGATIVE_SECONDS,
+        help="Wall seconds before a noticed instance's announced end at which the job moves "
+        "off it (it trains until then); must cover the move."),
     seed: int = typer.Option(20, "--seed", parser=params.SEED,
                              help="Seed of the generated trace and the victims "
                              "(20: its 5-minute trace for 6 workers has 7 preemptions and 5 "
@@ -112,7 +116,7 @@ def train(
         notice_lead_s=notice_lead_s, store_url=store, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, seed=seed, log_dir=str(log_dir),
         keep_checkpoints=keep_checkpoints, heartbeat_timeout_s=heartbeat_timeout_s,
-        training=training,
+        notice_margin_s=notice_margin_s, training=training,
         deadline=None if deadline_hours is None else DeadlineJob(
             deadline_hours, on_demand_max, instance_type, deadline_policy))
     trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)

@@ -8,7 +8,9 @@ Notation. The *plan* is the newest published plan (generation g); the *started* 
 one that ran (every instance arrived and a step of it committed). ``committed`` is the last step
 committed, ``epoch`` the restore epoch of the plan. An instance is
 
-- *dead* when its heartbeat has not moved for ``heartbeat_timeout_s`` or it said it left;
+- *dead* when its heartbeat has not moved for ``heartbeat_timeout_s``, or for
+  ``suspect_after_s`` once the end its notice announced has passed (the cloud said it would
+  go, and nobody else may be there to report it), or it said it left;
 - *going* when it has a preemption notice whose lead is (nearly) spent: ``notice_margin_s``
   before the end its notice announces, or at once for a notice that gives no lead. Until then a
   noticed instance trains like any other: the lead is paid-for time, and moving off it at the
@@ -171,6 +173,11 @@ class Member:
         """It has a notice and less than ``margin_s`` of its lead left (module docstring)."""
         return self.noticed and self.notice_age_s >= self.moves_after_s(margin_s)
 
+    def past_announced_end(self) -> bool:
+        """Its notice gave a lead and that lead is spent."""
+        return (self.noticed and self.notice_lead_s is not None
+                and self.notice_age_s >= self.notice_lead_s)
+
     def moves_after_s(self, margin_s: float) -> float:
         """Seconds after its notice at which the job moves off it."""
         return 0.0 if self.notice_lead_s is None else max(0.0, self.notice_lead_s - margin_s)
@@ -265,10 +272,11 @@ def _suspects(view: CoordinatorView, config: CoordinatorConfig) -> frozenset[int
     named = {peer for report in view.failures.values() for peer in report.peers}
     for instance in plan.slots:
         member = members.get(instance)
-        if member is None or member.left or member.heartbeat_age_s > config.heartbeat_timeout_s:
+        silent = member is not None and member.heartbeat_age_s > config.suspect_after_s
+        if member is None or member.left or member.heartbeat_age_s > config.heartbeat_timeout_s \
+                or (silent and member.past_announced_end()):
             suspects.add(instance)
             continue
-        silent = member.heartbeat_age_s > config.suspect_after_s
         unreported = instance not in view.failures and member.reported < plan.generation
         if instance in named and unreported:
             suspects.add(instance)  # a peer saw its connection close: it is gone or cut off

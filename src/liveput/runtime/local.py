@@ -70,6 +70,10 @@ class LocalTrainingConfig:
     heartbeat_timeout_s: float | None = None
     """Wall seconds of silence before the coordinator takes an agent for dead, whatever the
     time scale (the failure detection time; None: two decision intervals, at least 3 s)."""
+    notice_margin_s: float = 20.0
+    """A noticed instance trains until this many wall seconds before the end its notice
+    announces, whatever the time scale (it must cover the move off it: a few seconds for a
+    small model here, ``bench runtime``; more for big layers on a slow network)."""
     training: TrainingConfig | None = None
     """Precision, clipping, schedule, activation checkpointing (None: the job's own)."""
     policy: str = "liveput"
@@ -88,6 +92,8 @@ class LocalTrainingConfig:
             raise LiveputError("train: --keep-checkpoints must be >= 1")
         if self.time_scale <= 0 or self.notice_lead_s < 0 or self.timeout_s <= 0:
             raise LiveputError("train: --time-scale must be positive and the notice lead >= 0")
+        if self.notice_margin_s < 0:
+            raise LiveputError(f"train: --notice-margin must be >= 0, got {self.notice_margin_s:g}")
         if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= 0:
             raise LiveputError(f"train: --heartbeat-timeout must be positive, got "
                                f"{self.heartbeat_timeout_s:g}")
@@ -200,6 +206,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 num_steps=config.steps, num_micro_batches=job.num_micro_batches,
                 interval_s=interval_s, policy_interval_s=60.0,
                 heartbeat_timeout_s=heartbeat_timeout_s, capacity=config.workers,
+                notice_margin_s=config.notice_margin_s,
                 initial_workers=max(1, _initial_count(trace)), start_grace_s=20.0,
                 policy=config.policy,
                 # The per-step log is written from the ledger records at the end: keep them.
