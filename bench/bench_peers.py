@@ -27,6 +27,7 @@ minutes, >= torchft; no-preemption throughput within 5 % of torchrun's; the simu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -113,6 +114,23 @@ def steady_runs(settings: RunSettings, systems: list[str]) -> dict[str, SystemRu
     return runs
 
 
+def rates_by_count(settings: RunSettings, steady: SystemRun | None,
+                   window_s: float) -> dict[int, float]:
+    """liveput's samples/s with ``n`` instances and no preemption, ``n = 1 .. WORKERS``, each
+    after a third of its window (the simulator's throughput per instance count: the instances
+    share this machine's cores). ``steady``: the run of ``STEADY_INSTANCES`` already made."""
+    rates = {}
+    for count in range(1, WORKERS + 1):
+        if count == STEADY_INSTANCES and steady is not None:
+            rates[count] = steady.rate(settings.window_s / 3)
+            continue
+        constant = Trace(f"constant-{count}", count, [], [], [], window_s * settings.time_scale)
+        run = _run("liveput", constant, dataclasses.replace(settings, window_s=window_s))
+        if isinstance(run, SystemRun):
+            rates[count] = run.rate(window_s / 3)
+    return {count: round(rate, 2) for count, rate in rates.items() if rate > 0}
+
+
 def steady_rates(runs: dict[str, SystemRun], window_s: float) -> dict[str, float]:
     """Samples/s of each no-preemption run after a third of its window (past start-up)."""
     return {system: round(run.rate(window_s / 3), 2) for system, run in runs.items()}
@@ -134,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--systems", default=",".join(peers_report.SYSTEMS))
     parser.add_argument("--time-scale", type=float, default=None,
                         help="trace seconds per wall second (default 2; 4 with --quick)")
+    parser.add_argument("--notice-margin", type=float, default=RunSettings.notice_margin_s,
+                        help="liveput's --notice-margin, wall s (default %(default)s)")
     parser.add_argument("--work-dir", default="", help="keep logs and checkpoints here")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulator's prediction")
     args = parser.parse_args(argv or [])
@@ -145,25 +165,32 @@ def main(argv: list[str] | None = None) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.time_scale is None:
         args.time_scale = 4.0 if args.quick else 2.0
-    base = RunSettings(time_scale=args.time_scale, work_dir=args.work_dir)
+    base = RunSettings(time_scale=args.time_scale, work_dir=args.work_dir,
+                       notice_margin_s=args.notice_margin)
     # No-preemption runs first: liveput's gives the start-up time the simulator is told.
     steady_settings = RunSettings(job=base.job, time_scale=args.time_scale,
-                                  window_s=45.0 if args.quick else 90.0, work_dir=args.work_dir)
+                                  window_s=45.0 if args.quick else 90.0, work_dir=args.work_dir,
+                                  notice_margin_s=args.notice_margin)
     print(f"no preemption: {', '.join(systems)} ({steady_settings.window_s:.0f} s each) ...",
           flush=True)
     steady = steady_runs(steady_settings, systems)
-    measured = None
+    measured, by_count = None, {}
     if not args.no_sim:
         from bench.peers_sim import measure
         startup_s = first_step_s(steady["liveput"]) if "liveput" in steady else None
-        measured = measure(base.job, startup_s or 0.0)
+        print(f"liveput on 1 to {WORKERS} instances, no preemption ...", flush=True)
+        by_count = rates_by_count(steady_settings, steady.get("liveput"),
+                                  20.0 if args.quick else 30.0)
+        print("samples/s by instance count: " + ", ".join(
+            f"{n}: {rate:.1f}" for n, rate in by_count.items()), flush=True)
+        measured = measure(base.job, startup_s or 0.0, by_count)
         print("measured here: " + ", ".join(f"{k} {v:.2f} s" for k, v in
                                             measured.downtimes_s.items()), flush=True)
     results = []
     for name, trace, seed in traces(args.quick, seeds):
         settings = RunSettings(job=base.job, time_scale=args.time_scale,
                                window_s=trace.end_s / args.time_scale, seed=seed,
-                               work_dir=args.work_dir)
+                               work_dir=args.work_dir, notice_margin_s=args.notice_margin)
         runs = {}
         for system in systems:
             print(f"{name}: {system} ({settings.window_s:.0f} s window) ...", flush=True)
@@ -176,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
         results.append((name, runs, simulated))
     document = peers_report.to_json_document(
         results, steady_rates(steady, steady_settings.window_s))
+    if by_count:
+        document["liveput_samples_per_s_by_instances"] = {str(n): r for n, r in by_count.items()}
     print(peers_report.table(document))
     _verdicts(document)
     if args.json:

@@ -5,10 +5,24 @@ profile (:func:`liveput.runtime.planning.profile_job`, the throughput table the 
 coordinator plans with) and the migration costs (:func:`bench.bench_runtime.downtimes`: an
 intra-stage move's rendezvous and group rebuild, a checkpoint restore, which is the runtime's
 restart) and the start-up (wall seconds from the cloud starting an instance to its first step,
-from the no-preemption run: process start, imports, building the job, the first plan). It
-replays the trace in wall seconds at the benchmark's time scale: intervals of ``60 /
-time_scale`` s, the notice lead divided likewise, each instance ready to train only its
-start-up after the trace gives it (``Trace.ready_after``), so the samples are those of the
+from the no-preemption run: process start, imports, building the job, the first plan).
+
+Two things the first version got wrong, measured against the runtime (``docs/peers.md``):
+
+- *Throughput per instance count.* The benchmark runs up to four instances on this machine's
+  two cores, so three or four instances train little faster than two; the profile's table
+  assumes a core per instance (it predicted 140 samples/s on three where the runtime trains
+  at about the two-instance rate). The runtime's samples/s with ``n`` instances and no
+  preemption is measured for every ``n``; each configuration of ``n`` instances is scaled by
+  ``measured(n) / table(best configuration of n)`` (:func:`measured_table`).
+- *Time resolution.* Replayed in intervals of ``60 / time_scale`` s (five in a window), an
+  instance counted only from the interval after it came, and one ready 2.6 s after the start
+  of the trace trained from 30 s on. The runtime replans at every loss and arrival, so the
+  trace is replayed in intervals of ``resolution_s`` trace seconds (default 2: one wall second
+  at time scale 2); the policy is asked every interval, as the runtime asks it at every event.
+
+The notice lead is divided by the time scale like the trace, each instance ready to train only
+its start-up after the trace gives it (``Trace.ready_after``), so the samples are those of the
 same wall-clock window.
 """
 
@@ -16,10 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from liveput.perf.costs import MigrationCostModel
-from liveput.perf.types import ModelProfile
+from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.runtime.job import resolve_job
 from liveput.runtime.planning import profile_job
 from liveput.sim.config import SimulationConfig
@@ -42,11 +59,34 @@ class Measured:
     """Measured seconds per migration kind (``bench runtime``'s table), and ``start-up``."""
     startup_s: float = 0.0
     """Wall seconds from the cloud starting an instance to its first step."""
+    samples_per_s_by_count: Mapping[int, float] = field(default_factory=dict)
+    """The runtime's samples/s with ``n`` instances and no preemption, measured here (empty:
+    the profile's table as it is)."""
 
 
-def measure(job_name: str, startup_s: float) -> Measured:
+def measured_table(table: ConfigTable, samples_per_s_by_count: Mapping[int, float]
+                   ) -> ConfigTable:
+    """``table`` with every configuration of ``n = D * P`` instances scaled by the measured
+    samples/s of ``n`` over the table's best configuration of ``n`` (``n`` not measured: as
+    it is). The table's choice among configurations of ``n`` stays; their level is what this
+    machine gives ``n`` instances (contention for its cores included)."""
+    rates = table.samples_per_s.astype(float).copy()
+    used = table.data_parallel * table.pipeline_stages
+    for count, measured in samples_per_s_by_count.items():
+        same = (used == count) & table.feasible
+        if not same.any() or measured <= 0:
+            continue
+        best = float(rates[same].max())
+        if best > 0:
+            rates[same] *= measured / best
+    return dataclasses.replace(table, samples_per_s=np.where(table.feasible, rates, 0.0))
+
+
+def measure(job_name: str, startup_s: float,
+            samples_per_s_by_count: Mapping[int, float] | None = None) -> Measured:
     """Profile the job and time its migrations here (about a minute on two idle cores);
-    ``startup_s`` is measured by the caller (a no-preemption run's first step)."""
+    ``startup_s`` and the samples/s per instance count are measured by the caller (runs
+    with no preemption)."""
     import torch
 
     from bench.bench_runtime import downtimes
@@ -63,23 +103,28 @@ def measure(job_name: str, startup_s: float) -> Measured:
         rebuild_base_s=measured.get("intra-stage", 1.5), rebuild_per_node_s=0.0,
         checkpoint_latency_s=0.05,
         measured_restart_s=measured.get("checkpoint-restore"))
-    return Measured(profile, costs, {**measured, "start-up": startup_s}, startup_s)
+    return Measured(profile, costs, {**measured, "start-up": startup_s}, startup_s,
+                    dict(samples_per_s_by_count or {}))
 
 
-def wall_clock_trace(trace: Trace, time_scale: float) -> IntervalTrace:
-    """The trace in 60-s intervals, each relabelled as the ``60 / time_scale`` wall seconds it
-    is replayed in."""
-    minutes = trace.resample(60.0)
-    return dataclasses.replace(minutes, interval_s=60.0 / time_scale)
+def wall_clock_trace(trace: Trace, time_scale: float, resolution_s: float = 2.0
+                     ) -> IntervalTrace:
+    """The trace in intervals of ``resolution_s`` trace seconds, each relabelled as the
+    ``resolution_s / time_scale`` wall seconds it is replayed in."""
+    intervals = trace.resample(resolution_s)
+    return dataclasses.replace(intervals, interval_s=resolution_s / time_scale)
 
 
 def predict(trace: Trace, measured: Measured, time_scale: float, notice_lead_s: float,
-            seed: int) -> dict[str, float]:
+            seed: int, resolution_s: float = 2.0) -> dict[str, float]:
     """Samples the simulator predicts, per benchmark system it shares with the runtime."""
-    intervals = wall_clock_trace(trace.ready_after(measured.startup_s * time_scale), time_scale)
+    intervals = wall_clock_trace(trace.ready_after(measured.startup_s * time_scale), time_scale,
+                                 resolution_s)
     config = SimulationConfig(interval_s=intervals.interval_s, seed=seed, predictor="persistence",
                               preemption_notice_s=notice_lead_s / time_scale)
-    context = dataclasses.replace(make_context(intervals, measured.profile, config),
-                                  costs=measured.costs)
+    context = make_context(intervals, measured.profile, config)
+    context = dataclasses.replace(
+        context, costs=measured.costs,
+        table=measured_table(context.table, measured.samples_per_s_by_count))
     return {system: simulate_policy(intervals, measured.profile, policy, config, context).samples
             for system, policy in POLICIES.items()}

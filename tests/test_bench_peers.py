@@ -57,3 +57,30 @@ def test_json_document_has_the_issues_shape() -> None:
     assert entry["systems"]["torchrun"]["ratio_to_liveput"] == 3.0
     assert entry["simulated"] == {"liveput": 700, "liveput-restart": 300}
     json.dumps(document)  # plain JSON all through
+
+
+def test_measured_table_puts_each_instance_count_at_its_measured_rate() -> None:
+    """The simulator's throughput per instance count (bench peers, sim-to-real): the best
+    configuration of ``n`` instances trains at the rate measured for ``n``, the others of ``n``
+    keep their ratio to it, unmeasured counts and infeasible configurations are left alone."""
+    import numpy as np
+
+    from bench.peers_sim import measured_table
+    from liveput.perf import estimate_configs
+    from liveput.runtime.job import resolve_job
+    from liveput.runtime.planning import profile_job
+
+    table = estimate_configs(profile_job(resolve_job(JOB), repeats=1), 4)
+    scaled = measured_table(table, {2: 90.0, 4: 95.0, 9: 50.0})
+    used = table.data_parallel * table.pipeline_stages
+    for count, rate in ((2, 90.0), (4, 95.0)):
+        same = (used == count) & table.feasible
+        assert scaled.samples_per_s[same].max() == pytest.approx(rate)
+        np.testing.assert_allclose(scaled.samples_per_s[same] / rate,
+                                   table.samples_per_s[same] / table.samples_per_s[same].max())
+    untouched = ~np.isin(used, (2, 4)) | ~table.feasible
+    np.testing.assert_array_equal(scaled.samples_per_s[untouched], table.samples_per_s[untouched])
+    # Every count measured: the best of at most four instances is the best measured count.
+    every = measured_table(table, {1: 55.0, 2: 97.0, 3: 92.0, 4: 88.0})
+    assert every.best_for(4)[2] == pytest.approx(97.0)
+    assert (every.best_for(4)[0] * every.best_for(4)[1]) == 2
