@@ -13,8 +13,10 @@ Two things the first version got wrong, measured against the runtime (``docs/pee
   two cores, so three or four instances train little faster than two; the profile's table
   assumes a core per instance (it predicted 140 samples/s on three where the runtime trains
   at about the two-instance rate). The runtime's samples/s with ``n`` instances and no
-  preemption is measured for every ``n``; each configuration of ``n`` instances is scaled by
-  ``measured(n) / table(best configuration of n)`` (:func:`measured_table`).
+  preemption is measured for every ``n``; each configuration of ``n`` instances trains at the
+  table's rate times ``measured(n) / table(best configuration of n)`` (:func:`measured_table`).
+  The policy still plans with the profile's table, as the runtime's coordinator does (on real
+  instances, each with its own accelerator, there is no such contention to plan for).
 - *Time resolution.* Replayed in intervals of ``60 / time_scale`` s (five in a window), an
   instance counted only from the interval after it came, and one ready 2.6 s after the start
   of the trace trained from 30 s on. The runtime replans at every loss and arrival, so the
@@ -122,9 +124,9 @@ def predict(trace: Trace, measured: Measured, time_scale: float, notice_lead_s: 
                                  resolution_s)
     config = SimulationConfig(interval_s=intervals.interval_s, seed=seed, predictor="persistence",
                               preemption_notice_s=notice_lead_s / time_scale)
-    context = make_context(intervals, measured.profile, config)
-    context = dataclasses.replace(
-        context, costs=measured.costs,
-        table=measured_table(context.table, measured.samples_per_s_by_count))
-    return {system: simulate_policy(intervals, measured.profile, policy, config, context).samples
+    context = dataclasses.replace(make_context(intervals, measured.profile, config),
+                                  costs=measured.costs)
+    actual = measured_table(context.table, measured.samples_per_s_by_count)
+    return {system: simulate_policy(intervals, measured.profile, policy, config, context,
+                                    actual=actual).samples
             for system, policy in POLICIES.items()}

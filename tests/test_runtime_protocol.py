@@ -158,13 +158,14 @@ def test_a_noticed_agent_leaves_only_when_a_plan_made_after_it_joined_leaves_it_
             if self.polls == 3:
                 protocol.publish_plan(self.store, self.later)
 
+    # The notice's lead (10 s) is inside the margin (20 s): the agent is going.
     for later, expected in ((plan(4, [0, 1, 7]), 4), (plan(4, [0, 1]), None)):
         store = MemoryStore()
         protocol.publish_plan(store, plan(3, [0, 1]))
         clock = PlanAfter(store, later)
         agent = Agent(AgentConfig(instance=7), store, engine=None,  # type: ignore[arg-type]
                       clock=clock)
-        agent.notice = Notice("emulator", "terminate", 120.0)
+        agent._on_notice(Notice("emulator", "terminate", 10.0))
         agent.join()
         try:
             assert agent.joined_under == 3
@@ -302,3 +303,46 @@ def test_a_restarted_coordinator_waits_out_a_store_outage_and_reuses_the_jobs_pr
     assert launch.job_profile(store, "tiny-gpt") != profile  # another job is profiled anew
     with pytest.raises(liveput.LiveputError, match="unreachable"):
         launch.through_outage(lambda: Restarting(10**6).get("job/spec"), 0.05, retry_s=0.01)
+
+
+def test_a_noticed_agent_left_out_before_its_margin_stays_and_leaves_at_it():
+    """bench peers, p3 cut: the policy ran 1x1 of two instances; the spare, noticed 60 s before
+    its end, left at once and the job had nothing left to train on for the last 30 s."""
+    from liveput.runtime.clock import ManualClock
+    from liveput.runtime.notices import Notice
+
+    def plan(generation: int, instances: list[int]) -> protocol.RuntimePlan:
+        return protocol.RuntimePlan(generation, 0, 10 * generation, 100, len(instances), 1,
+                                    [0, 4], {i: (n, 0) for n, i in enumerate(instances)},
+                                    {i: "h" for i in instances})
+
+    class Plans(ManualClock):
+        """Publishes ``plans[n]`` at the agent's n-th poll (0.1 s each)."""
+
+        def __init__(self, store: MemoryStore, plans: dict[int, protocol.RuntimePlan]) -> None:
+            super().__init__()
+            self.store, self.plans, self.polls = store, plans, 0
+
+        def sleep(self, seconds: float) -> None:
+            super().sleep(seconds)
+            self.polls += 1
+            if self.polls in self.plans:
+                protocol.publish_plan(self.store, self.plans[self.polls])
+
+    for plans, expected, polls in (
+            # Left out at 0.3 s, planned again at 2 s, 58 s before its end: it is there.
+            ({3: plan(4, [0]), 20: plan(5, [0, 7])}, 5, 20),
+            # Left out, and nothing for it until 20 s before its end (40 s): it leaves then.
+            ({3: plan(4, [0])}, None, 400)):
+        store = MemoryStore()
+        clock = Plans(store, plans)
+        agent = Agent(AgentConfig(instance=7, notice_margin_s=20.0), store,
+                      engine=None, clock=clock)  # type: ignore[arg-type]
+        agent.join()
+        agent._on_notice(Notice("emulator", "terminate", 60.0))
+        try:
+            found = agent._next_plan(-1)
+        finally:
+            agent._stop.set()
+        assert (None if found is None else found.generation) == expected
+        assert abs(clock.polls - polls) <= 1, clock.polls

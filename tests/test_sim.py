@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -189,3 +191,21 @@ def test_the_cost_objective_buys_samples_cheaper() -> None:
     assert cheap.usd_per_1k_samples < fast.usd_per_1k_samples
     assert cheap.cost_usd < fast.cost_usd
     assert fast.samples > cheap.samples
+
+
+def test_an_actual_table_changes_what_the_job_trains_not_what_the_policy_decides() -> None:
+    """bench peers' sim-to-real: the policy plans with its estimate, the job trains at the
+    rates measured (there, four emulated instances share two cores). Halving every rate halves
+    the samples, with the same decisions."""
+    import dataclasses
+
+    from liveput.sim.engine import make_context
+
+    trace = generate_trace(16, 1.0, seed=2, regime="volatile").resample(60)
+    context = make_context(trace, GPT, FAST)
+    half = dataclasses.replace(context.table, samples_per_s=context.table.samples_per_s / 2)
+    planned = simulate_policy(trace, GPT, "liveput", FAST, context)
+    slower = simulate_policy(trace, GPT, "liveput", FAST, context, actual=half)
+    np.testing.assert_array_equal(slower.data_parallel, planned.data_parallel)
+    np.testing.assert_array_equal(slower.pipeline_stages, planned.pipeline_stages)
+    assert slower.samples == pytest.approx(planned.samples / 2)

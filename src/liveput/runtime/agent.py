@@ -4,7 +4,7 @@ States (:class:`AgentState`) and their transitions::
 
     JOINING --registered--> WAITING
     WAITING --a plan names it--> MIGRATING      WAITING --job done--> DONE
-    WAITING --noticed, left out of a plan made after it joined--> LEFT
+    WAITING --going (notice nearly spent), left out of a plan made after it joined--> LEFT
     MIGRATING --has a slot--> TRAINING          MIGRATING --spare, or a peer failed--> WAITING
     TRAINING --fenced or a peer failed--> WAITING
     TRAINING --last step applied--> DONE
@@ -21,8 +21,11 @@ with the job's one-line error (a layer raised, the loss is not finite).
 
 A notice does not stop training by itself: the agent reports it at once (``notice/<id>``, with
 the lead it gives) and keeps going until the coordinator moves its layers away, ``notice_margin_s``
-before the announced end (at once for a notice without a lead); then it leaves. The cloud's
-SIGKILL may come first; the plan after that restores what was lost.
+before the announced end (at once for a notice without a lead); then it leaves. Left out of a
+plan before that (a spare: the policy ran on fewer instances), it stays and may be planned
+again: leaving at once gave away the rest of its lead (bench peers, p3 cut: the last instance
+up had left as a spare 30 s before its end, and the job trained nothing until then). The
+cloud's SIGKILL may come first; the plan after that restores what was lost.
 """
 
 from __future__ import annotations
@@ -92,6 +95,9 @@ class AgentConfig:
     """Longest the store may stay unreachable, seconds: long enough for an etcd restart; a store
     that stays gone (an embedded store whose coordinator ended) then stops the agent with an
     error instead of a silent wait."""
+    notice_margin_s: float = 20.0
+    """The coordinator's ``notice_margin_s`` (the job spec's): a noticed agent left out of a
+    plan leaves only once its lead is this close to spent."""
     exit_on_store_loss: bool = False
     """End the process (exit code 3) once the store has been unreachable for
     ``store_outage_s``, even if training is blocked in a collective (agent processes)."""
@@ -101,6 +107,8 @@ class AgentConfig:
             raise LiveputError(f"agent: instance id must be >= 0, got {self.instance}")
         if self.heartbeat_s <= 0 or self.poll_s <= 0 or self.store_outage_s <= 0:
             raise LiveputError("agent: heartbeat, poll and store-outage times must be positive")
+        if self.notice_margin_s < 0:
+            raise LiveputError(f"agent: notice margin must be >= 0, got {self.notice_margin_s:g}")
         if self.market not in MARKETS:
             raise LiveputError(f"agent: market {self.market!r} is not one of {', '.join(MARKETS)}")
 
@@ -117,6 +125,8 @@ class Agent:
         self.clock = clock or MonotonicClock()
         self.state = AgentState.JOINING
         self.notice: Notice | None = None
+        self.noticed_at_s = 0.0
+        """When the notice came (this agent's clock)."""
         self.joined_under = -1
         """Generation of the plan in force when this agent joined (-1: none): a plan not newer
         was made without it, so leaving it out says nothing about a noticed agent's future."""
@@ -144,8 +154,17 @@ class Agent:
                                  f"not recorded: {error}")
 
     def _on_notice(self, notice: Notice) -> None:
-        self.notice = notice
+        self.notice, self.noticed_at_s = notice, self.clock.now_s()
         self.store.set(f"notice/{self.config.instance}", notice.to_json().encode())
+
+    def going(self) -> bool:
+        """Its notice gives no lead, or less than ``notice_margin_s`` of it is left (the
+        coordinator's rule: it then plans without this instance)."""
+        if self.notice is None:
+            return False
+        lead_s = self.notice.lead_s
+        return lead_s is None or (self.clock.now_s() - self.noticed_at_s
+                                  >= lead_s - self.config.notice_margin_s)
 
     def _beat(self) -> None:
         key = f"hb/{self.config.instance}"
@@ -202,7 +221,7 @@ class Agent:
                     if plan is not None and self.config.instance in plan.slots:
                         return plan
                     after = int(raw) if plan is not None else after
-                if self.notice is not None and after > self.joined_under:
+                if self.going() and after > self.joined_under:
                     return None  # a plan made knowing this instance left it out: it goes
                 failing_since_s = None
                 self._store_warnings.flush()

@@ -66,6 +66,8 @@ class JobSpec:
     them; None: the job's own."""
     data: str | None = None
     """The file a built-in job that takes ``--data`` trains on (every agent must reach it)."""
+    notice_margin_s: float = 20.0
+    """The coordinator's ``notice_margin_s``, wall seconds (agents leave by it)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
@@ -139,7 +141,8 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
                         token=token.encode())
         agent = Agent(AgentConfig(instance=instance, host=host,
                                   market=os.environ.get(MARKET_ENV) or "spot",
-                                  store_outage_s=spec.store_outage_s, exit_on_store_loss=True),
+                                  store_outage_s=spec.store_outage_s,
+                                  notice_margin_s=spec.notice_margin_s, exit_on_store_loss=True),
                       store, engine, watchers)
         return agent.run()
     finally:

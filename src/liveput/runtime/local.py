@@ -194,7 +194,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                                         keep_checkpoints=config.keep_checkpoints,
                                         training=None if config.training is None
                                         else config.training.to_dict(),
-                                        data=config.data))
+                                        data=config.data,
+                                        notice_margin_s=config.notice_margin_s))
             # Kept in the store: a resumed job plans with the profile it started with (the
             # layers are measured without recomputation; the job's checkpointing is its own).
             profile = dataclasses.replace(

@@ -43,7 +43,7 @@ import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf import MigrationCostModel, estimate_configs
-from liveput.perf.types import ModelProfile
+from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.plan.liveput import on_demand_per_stage
 from liveput.policies import POLICIES, Configuration, Decision, Observation, PolicyContext
 from liveput.sim.config import SimulationConfig
@@ -134,8 +134,9 @@ class _Job:
     """The simulated job: its running configuration, time still lost to a move and to re-done
     work, samples and dollars."""
 
-    def __init__(self, context: PolicyContext, num_on_demand: int) -> None:
-        self.grid = context.table.throughput_grid(context.max_instances)
+    def __init__(self, context: PolicyContext, num_on_demand: int,
+                 actual: ConfigTable | None = None) -> None:
+        self.grid = (actual or context.table).throughput_grid(context.max_instances)
         self.spot_usd_per_s = context.spot_price_usd_per_hour / 3600.0
         self.on_demand_usd_per_s = context.on_demand_price_usd_per_hour / 3600.0
         self.current: Configuration | None = None
@@ -240,14 +241,18 @@ def check_size(trace: IntervalTrace) -> None:
 def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
                     config: SimulationConfig | None = None,
                     context: PolicyContext | None = None,
-                    on_step: Callable[[int], None] | None = None) -> PolicyRun:
-    """Replay ``trace`` with one policy (module docstring gives the model)."""
+                    on_step: Callable[[int], None] | None = None,
+                    actual: ConfigTable | None = None) -> PolicyRun:
+    """Replay ``trace`` with one policy (module docstring gives the model).
+
+    ``actual``: the samples/s each configuration really trains at, where it differs from the
+    table the policy plans with (``context.table``, an estimate); None: the policy's table."""
     config = config or SimulationConfig()
     factory = POLICIES.get(policy)
     context = context or make_context(trace, profile, config)
     decider = factory(context)
     draws = _Draws.make(len(trace), config.seed)
-    job = _Job(context, config.num_on_demand)
+    job = _Job(context, config.num_on_demand, actual)
     interval_s = config.interval_s
     num_intervals = len(trace)
     data_parallel = np.zeros(num_intervals, dtype=np.int64)
