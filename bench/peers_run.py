@@ -62,7 +62,8 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.time_scale <= 0 or self.window_s <= 0 or self.checkpoint_every < 1 \
                 or self.notice_margin_s < 0:
-            raise ValueError("peers: time scale, window and checkpoint interval must be positive")
+            raise ValueError("peers: time scale, window and checkpoint interval must be positive, "
+                             "the notice margin >= 0")
 
 
 @dataclass
@@ -182,7 +183,8 @@ def run_liveput(trace: Trace, settings: RunSettings, work: Path, policy: str,
     config = LocalTrainingConfig(
         model=settings.job, workers=max(1, trace.max_count()), steps=10_000_000,
         time_scale=settings.time_scale, notice_lead_s=settings.notice_lead_s,
-        notice_margin_s=settings.notice_margin_s, checkpoint_dir=str(work / "checkpoints"), checkpoint_every=settings.checkpoint_every,
+        notice_margin_s=settings.notice_margin_s, checkpoint_dir=str(work / "checkpoints"),
+        checkpoint_every=settings.checkpoint_every,
         seed=settings.seed, log_dir=str(work / "logs"), timeout_s=settings.window_s + 600,
         policy=policy)
     try:

@@ -10,9 +10,8 @@ from the no-preemption run: process start, imports, building the job, the first 
 Two things the first version got wrong, measured against the runtime (``docs/peers.md``):
 
 - *Throughput per instance count.* The benchmark runs up to four instances on this machine's
-  two cores, so three or four instances train little faster than two; the profile's table
-  assumes a core per instance (it predicted 140 samples/s on three where the runtime trains
-  at about the two-instance rate). The runtime's samples/s with ``n`` instances and no
+  two cores, so three or four instances train slower than two; the profile's table assumes a
+  core per instance (140 samples/s on three where the runtime trains 81, and 98 on two). The runtime's samples/s with ``n`` instances and no
   preemption is measured for every ``n``; each configuration of ``n`` instances trains at the
   table's rate times ``measured(n) / table(best configuration of n)`` (:func:`measured_table`).
   The policy still plans with the profile's table, as the runtime's coordinator does (on real

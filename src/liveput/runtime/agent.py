@@ -23,8 +23,8 @@ A notice does not stop training by itself: the agent reports it at once (``notic
 the lead it gives) and keeps going until the coordinator moves its layers away, ``notice_margin_s``
 before the announced end (at once for a notice without a lead); then it leaves. Left out of a
 plan before that (a spare: the policy ran on fewer instances), it stays and may be planned
-again: leaving at once gave away the rest of its lead (bench peers, p3 cut: the last instance
-up had left as a spare 30 s before its end, and the job trained nothing until then). The
+again: leaving at once gave away the rest of its lead (bench peers, p3 cut: a spare left 40 s
+before its end; once the other instance was preempted, the job trained nothing for 30 s). The
 cloud's SIGKILL may come first; the plan after that restores what was lost.
 """
 
