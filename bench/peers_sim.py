@@ -34,8 +34,6 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.runtime.job import resolve_job
@@ -80,7 +78,7 @@ def measured_table(table: ConfigTable, samples_per_s_by_count: Mapping[int, floa
         best = float(rates[same].max())
         if best > 0:
             rates[same] *= measured / best
-    return dataclasses.replace(table, samples_per_s=np.where(table.feasible, rates, 0.0))
+    return dataclasses.replace(table, samples_per_s=rates)
 
 
 def measure(job_name: str, startup_s: float,

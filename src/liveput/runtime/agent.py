@@ -40,6 +40,7 @@ from liveput.errors import LiveputError
 from liveput.runtime import protocol
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.comm import configure_error_handling, end_process
+from liveput.runtime.decide import moves_after_s
 from liveput.runtime.engine import Ending, Engine
 from liveput.runtime.logs import RepeatFilter
 from liveput.runtime.notices import Notice, NoticeMonitor, NoticeWatcher
@@ -160,11 +161,8 @@ class Agent:
     def going(self) -> bool:
         """Its notice gives no lead, or less than ``notice_margin_s`` of it is left (the
         coordinator's rule: it then plans without this instance)."""
-        if self.notice is None:
-            return False
-        lead_s = self.notice.lead_s
-        return lead_s is None or (self.clock.now_s() - self.noticed_at_s
-                                  >= lead_s - self.config.notice_margin_s)
+        return self.notice is not None and self.clock.now_s() - self.noticed_at_s >= \
+            moves_after_s(self.notice.lead_s, self.config.notice_margin_s)
 
     def _beat(self) -> None:
         key = f"hb/{self.config.instance}"

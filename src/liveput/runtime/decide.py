@@ -180,7 +180,14 @@ class Member:
 
     def moves_after_s(self, margin_s: float) -> float:
         """Seconds after its notice at which the job moves off it."""
-        return 0.0 if self.notice_lead_s is None else max(0.0, self.notice_lead_s - margin_s)
+        return moves_after_s(self.notice_lead_s, margin_s)
+
+
+def moves_after_s(lead_s: float | None, margin_s: float) -> float:
+    """Seconds after a notice with lead ``lead_s`` (None: none given) at which the job moves off
+    its instance: the coordinator plans without it from then, and its agent leaves by the same
+    rule."""
+    return 0.0 if lead_s is None else max(0.0, lead_s - margin_s)
 
 
 @dataclass(frozen=True)
