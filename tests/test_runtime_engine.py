@@ -203,3 +203,30 @@ def test_a_layer_file_is_refused_unless_its_signature_matches(tmp_path):
     assert store.get("ckpt/complete") == b"[2]"
     assert writer.discard(2) is None  # none left: the next restore starts from the initial weights
     writer.close()
+
+
+@given(num_layers=st.integers(1, 12), data_parallel=st.integers(1, 5),
+       stages=st.integers(1, 4))
+@settings(max_examples=60, deadline=None)
+def test_a_checkpoint_writes_every_layer_once_spread_over_the_replicas(num_layers,
+                                                                       data_parallel, stages):
+    from liveput.runtime.engine import checkpoint_share
+    from liveput.runtime.layer_state import LayerState
+    from liveput.runtime.schedule import StagePosition
+
+    stages = min(stages, num_layers)
+    bounds = [round(num_layers * p / stages) for p in range(stages + 1)]
+    written: list[int] = []
+    for stage in range(stages):
+        held = [LayerState(i, torch.nn.Identity(), None) for i in range(bounds[stage],
+                                                                         bounds[stage + 1])]
+        shares = [len(checkpoint_share(held, StagePosition(d, stage, data_parallel, stages,
+                                                           None, None)))
+                  for d in range(data_parallel)]
+        written += [layer.index for d in range(data_parallel)
+                    for layer in checkpoint_share(held, StagePosition(d, stage, data_parallel,
+                                                                      stages, None, None))]
+        # No replica writes more than its even share, rounded up: pipeline 0 is not the
+        # one that every other waits for.
+        assert max(shares) <= -(-len(held) // data_parallel)
+    assert sorted(written) == list(range(num_layers))

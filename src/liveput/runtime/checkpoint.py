@@ -1,9 +1,10 @@
 """Checkpoints, the fallback: asynchronous, every K steps, one file per layer, any fsspec path.
 
-Pipeline 0 holds every layer once, so its instances save their layers: the state is copied at the
-step boundary (cheap) and written by a background thread, ``<dir>/step-<s>/layer-<l>.pt``. Each
-instance then adds its layer count to ``ckpt/<epoch>/<s>``; the one that brings it to L marks the
-checkpoint complete in ``ckpt/latest``. One file per layer lets any partition restore from it.
+Each layer is saved by one of the D instances holding it (``engine.checkpoint_share``: the layers of
+a stage are dealt out over its replicas): the state is copied at the step boundary (cheap) and
+written by a background thread, ``<dir>/step-<s>/layer-<l>.pt``. Each instance then adds its layer
+count to ``ckpt/<epoch>/<s>``; the one that brings it to L marks the checkpoint complete in
+``ckpt/latest``. One file per layer lets any partition restore from it.
 
 A layer file carries a signature (:data:`MAGIC`, then an HMAC-SHA256 of the rest under the job
 token, or a SHA-256 without one): a truncated, corrupt or forged file is refused before it is
@@ -41,7 +42,7 @@ class CorruptCheckpoint(LiveputError):
     """A layer file whose signature does not match its contents (truncated, corrupt, forged)."""
 
 
-def sign_layer_file(payload: bytes, token: bytes | None) -> bytes:
+def sign_layer_file(payload: bytes | memoryview, token: bytes | None) -> bytes:
     """The bytes of a signed layer file holding ``payload`` (``torch.save`` bytes)."""
     return MAGIC + _signature(payload, token) + payload
 
@@ -59,7 +60,7 @@ def open_layer_file(data: bytes, token: bytes | None, where: str) -> bytes:
     return payload
 
 
-def _signature(payload: bytes, token: bytes | None) -> bytes:
+def _signature(payload: bytes | memoryview, token: bytes | None) -> bytes:
     if token is None:
         return hashlib.sha256(payload).digest()
     return hmac.new(token, payload, hashlib.sha256).digest()
@@ -124,10 +125,15 @@ class Checkpointer:
             for index, state in snapshot:
                 buffer = io.BytesIO()
                 torch.save(state, buffer)
+                payload = buffer.getbuffer()
                 # Written aside then moved: a restore never reads a half-written layer file.
                 partial = f"{self._path(step, index)}.partial-{epoch}"
                 with self.fs.open(partial, "wb") as handle:
-                    handle.write(sign_layer_file(buffer.getvalue(), self.token))
+                    # The header, then the payload in place: the same bytes as
+                    # sign_layer_file's, without two copies of a layer's state on a busy core.
+                    handle.write(MAGIC + _signature(payload, self.token))
+                    handle.write(payload)
+                del payload
                 self.fs.mv(partial, self._path(step, index))
             if self.store.add(f"ckpt/{epoch}/{step}", len(snapshot)) == num_layers:
                 if self._mark_latest(epoch, step):

@@ -134,6 +134,16 @@ class GenerationResult:
     """Loss of each step applied (last stage only)."""
 
 
+def checkpoint_share(layers: list[LayerState], position: StagePosition) -> list[LayerState]:
+    """The layers this instance writes to a checkpoint: of its stage's layers, those whose index
+    is its pipeline modulo D. The D instances of a stage hold the same layers, so every layer
+    of the model is written exactly once, and the writing (serializing, signing, the disk) is
+    spread over the D replicas instead of falling on pipeline 0 alone, whose peers would
+    wait for it at the next all-reduce."""
+    return [layer for layer in layers
+            if layer.index % position.data_parallel == position.pipeline]
+
+
 class Engine:
     """Trains the layers one instance holds, generation after generation."""
 
@@ -421,8 +431,10 @@ class Engine:
                     committed_unix_s=time.time())
                 self._retry(lambda: protocol.record_step(self.store, plan.epoch, record))
             every = self.config.checkpoint_every
-            if every and (step + 1) % every == 0 and position.pipeline == 0 and self.checkpointer:
-                self.checkpointer.save_async(plan.epoch, step, layers, self.job.num_layers)
+            if every and (step + 1) % every == 0 and self.checkpointer:
+                share = checkpoint_share(layers, position)
+                if share:
+                    self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers)
             step += 1
         result.last_applied = self.last_applied
         if timer is not None:
