@@ -223,8 +223,11 @@ def _verdicts(document: dict) -> None:
             other = systems.get(peer, {}).get("samples")
             if live and other:
                 ratio = live / other
+                bound = entry.get("bound_samples")
+                reach = "" if bound is None or bound >= target * other else (
+                    f"; out of reach here: {target} x {other} > the bound, {bound}")
                 print(f"{entry['trace']}: liveput / {peer} = {ratio:.2f} (target >= {target}): "
-                      f"{'PASS' if ratio >= target else 'FAIL'}")
+                      f"{'PASS' if ratio >= target else 'FAIL'}{reach}")
         for system, predicted in simulated.items():
             real = systems.get(system, {}).get("samples")
             if real:

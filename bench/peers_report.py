@@ -2,7 +2,8 @@
 
 ``--json`` writes ``{"traces": [{"trace": name, "systems": {system: {"samples": n, ...}},
 "simulated": {"liveput": n, "liveput-restart": n}}]}`` (the issue's field names); a system that
-could not run has ``"samples": null`` and an ``"error"``.
+could not run has ``"samples": null`` and an ``"error"``. ``"bound_samples"``: what no system
+trains more than on the trace here (``peers_sim.upper_bound``), when the rates were measured.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def to_json_document(results: Sequence[TraceResult],
             "simulated": {policy: int(round(simulated[policy])) for policy in SIMULATED
                           if policy in simulated},
         })
+        if "bound" in simulated:
+            traces[-1]["bound_samples"] = int(round(simulated["bound"]))
     return {"traces": traces}
 
 
@@ -83,6 +86,9 @@ def table(document: dict) -> str:
                 f"{'-' if down is None else f'{down:.1f}':>14}"
                 f"{figures['restarts_or_migrations']:>10}"
                 f"{'-' if loss is None else f'{loss:.3f}':>12}{steady_text:>14}")
+        if "bound_samples" in entry:
+            lines.append(f"  bound: {entry['bound_samples']} samples (every instance at the best "
+                         "measured rate, nothing lost)")
     return "\n".join(lines)
 
 

@@ -114,6 +114,24 @@ def wall_clock_trace(trace: Trace, time_scale: float, resolution_s: float = 2.0
     return dataclasses.replace(intervals, interval_s=resolution_s / time_scale)
 
 
+def upper_bound(trace: Trace, startup_s: float, samples_per_s_by_count: Mapping[int, float],
+                time_scale: float, resolution_s: float = 2.0) -> float:
+    """Samples no system trains more than on ``trace`` here: in every interval, every instance
+    the trace holds at any moment of it (ready its start-up after it came, as for the
+    simulator) trains at the best measured rate of at most that many instances, with no
+    migration, restart, notice margin or lost step. The rates are liveput's, measured with no
+    preemption; a peer faster per step (torchrun's DDP, by the no-preemption runs) could pass it
+    by that much."""
+    intervals = wall_clock_trace(trace.ready_after(startup_s * time_scale), time_scale,
+                                 resolution_s)
+    best, running = {0: 0.0}, 0.0
+    for count in range(1, int((intervals.count + intervals.allocated).max(initial=0)) + 1):
+        running = max(running, float(samples_per_s_by_count.get(count, 0.0)))
+        best[count] = running
+    return float(sum(best[int(n)] for n in intervals.count + intervals.allocated)
+                 * intervals.interval_s)
+
+
 def predict(trace: Trace, measured: Measured, time_scale: float, notice_lead_s: float,
             seed: int, resolution_s: float = 2.0) -> dict[str, float]:
     """Samples the simulator predicts, per benchmark system it shares with the runtime."""
@@ -124,6 +142,11 @@ def predict(trace: Trace, measured: Measured, time_scale: float, notice_lead_s: 
     context = dataclasses.replace(make_context(intervals, measured.profile, config),
                                   costs=measured.costs)
     actual = measured_table(context.table, measured.samples_per_s_by_count)
-    return {system: simulate_policy(intervals, measured.profile, policy, config, context,
-                                    actual=actual).samples
-            for system, policy in POLICIES.items()}
+    predicted = {system: simulate_policy(intervals, measured.profile, policy, config, context,
+                                         actual=actual).samples
+                 for system, policy in POLICIES.items()}
+    if measured.samples_per_s_by_count:
+        predicted["bound"] = upper_bound(trace, measured.startup_s,
+                                         measured.samples_per_s_by_count, time_scale,
+                                         resolution_s)
+    return predicted

@@ -84,3 +84,29 @@ def test_measured_table_puts_each_instance_count_at_its_measured_rate() -> None:
     every = measured_table(table, {1: 55.0, 2: 97.0, 3: 92.0, 4: 88.0})
     assert every.best_for(4)[2] == pytest.approx(97.0)
     assert (every.best_for(4)[0] * every.best_for(4)[1]) == 2
+
+
+def test_upper_bound_against_a_count_of_each_second() -> None:
+    """The bound of bench peers: every instance present in an interval (ready its start-up
+    after it came) trains at the best measured rate of at most that many; here against a
+    direct sum over the trace's wall seconds, and above what the simulator's policies train."""
+    import numpy as np
+
+    from bench.peers_sim import upper_bound
+    from liveput.traces import Trace
+
+    rates = {1: 60.0, 2: 100.0, 3: 80.0, 4: 79.0}
+    # 2 instances from 0 s, +2 at 20 s, -3 at 40 s, 0 from 50 to 70 s, +1 at 70 s (trace s).
+    trace = Trace.from_counts("t", np.array([0.0, 20.0, 40.0, 50.0, 70.0]),
+                              np.array([2, 4, 1, 0, 1]), 100.0)
+    bound = upper_bound(trace, startup_s=2.0, samples_per_s_by_count=rates, time_scale=2.0)
+    # Wall seconds at time scale 2: 2 ready from 2 s; 4 from 12 s; 1 from 20 s; 0 from 25 s;
+    # 1 ready from 37 s (35 + 2 of start-up); the window ends at 50 s. The best of at most
+    # 3 or 4 instances is 2's rate.
+    expected = 10 * 100 + 8 * 100 + 5 * 60 + 13 * 60
+    # An interval's arrivals count from its start (1 wall s here: the 2-s trace resolution),
+    # so that it is never below: the first two arrive in [1, 2) s (one more second at 100),
+    # the last in [36, 37) s (one more at 60); the +2 at 11 s adds nothing (2's rate is the
+    # best of at most 4).
+    assert bound == pytest.approx(expected + 100 + 60)
+    assert upper_bound(trace, 2.0, {}, 2.0) == 0.0
