@@ -22,6 +22,14 @@ Two things the first version got wrong, measured against the runtime (``docs/pee
   trace is replayed in intervals of ``resolution_s`` trace seconds (default 2: one wall second
   at time scale 2); the policy is asked every interval, as the runtime asks it at every event.
 
+- *The runtime learns.* Its coordinator re-fits the throughput table to the step times it
+  measures, every decision interval (``60 / time_scale`` wall seconds), and plans with that
+  (``perf.online``); here three or four instances measure slower than two, which the fit can
+  only explain with compute at its lower bound and every second fixed per step, by which one
+  instance is as fast as two (on p3-cut it then ran one of two instances). The simulator makes
+  the same re-fits (:class:`~liveput.sim.engine.OnlineCalibration`, :func:`coordinator_fit`)
+  from the step times of the configurations it has trained.
+
 The notice lead is divided by the time scale like the trace, each instance ready to train only
 its start-up after the trace gives it (``Trace.ready_after``), so the samples are those of the
 same wall-clock window.
@@ -31,15 +39,17 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from liveput.perf.costs import MigrationCostModel
-from liveput.perf.types import ConfigTable, ModelProfile
+from liveput.perf.estimator import calibration_for, estimate_configs
+from liveput.perf.online import fit_online
+from liveput.perf.types import ConfigTable, Measurement, ModelProfile
 from liveput.runtime.job import resolve_job
 from liveput.runtime.planning import profile_job
 from liveput.sim.config import SimulationConfig
-from liveput.sim.engine import make_context, simulate_policy
+from liveput.sim.engine import OnlineCalibration, make_context, simulate_policy
 from liveput.traces import IntervalTrace, Trace
 
 POLICIES = {"liveput": "liveput", "liveput-restart": "reactive"}
@@ -114,6 +124,17 @@ def wall_clock_trace(trace: Trace, time_scale: float, resolution_s: float = 2.0
     return dataclasses.replace(intervals, interval_s=resolution_s / time_scale)
 
 
+def coordinator_fit(profile: ModelProfile, capacity: int
+                    ) -> Callable[[tuple[Measurement, ...]], ConfigTable]:
+    """What the runtime's coordinator plans with once it has measured step times: the table
+    of ``fit_online``'s constants (``runtime.coordinator``, ``_refit`` and ``_plan_with``)."""
+    prior = calibration_for(profile.model)
+
+    def fit(measurements: tuple[Measurement, ...]) -> ConfigTable:
+        return estimate_configs(profile, capacity, fit_online(profile, measurements, prior))
+    return fit
+
+
 def upper_bound(trace: Trace, startup_s: float, samples_per_s_by_count: Mapping[int, float],
                 time_scale: float, resolution_s: float = 2.0) -> float:
     """Samples no system trains more than on ``trace`` here: in every interval, every instance
@@ -142,8 +163,10 @@ def predict(trace: Trace, measured: Measured, time_scale: float, notice_lead_s: 
     context = dataclasses.replace(make_context(intervals, measured.profile, config),
                                   costs=measured.costs)
     actual = measured_table(context.table, measured.samples_per_s_by_count)
+    learn = OnlineCalibration(every_s=60.0 / time_scale, fit=coordinator_fit(
+        measured.profile, int(intervals.max_count)))
     predicted = {system: simulate_policy(intervals, measured.profile, policy, config, context,
-                                         actual=actual).samples
+                                         actual=actual, learn=learn).samples
                  for system, policy in POLICIES.items()}
     if measured.samples_per_s_by_count:
         predicted["bound"] = upper_bound(trace, measured.startup_s,

@@ -209,3 +209,49 @@ def test_an_actual_table_changes_what_the_job_trains_not_what_the_policy_decides
     np.testing.assert_array_equal(slower.data_parallel, planned.data_parallel)
     np.testing.assert_array_equal(slower.pipeline_stages, planned.pipeline_stages)
     assert slower.samples == pytest.approx(planned.samples / 2)
+
+
+def test_online_calibration_refits_on_what_the_job_trained_and_replans_with_it() -> None:
+    """The simulator does the runtime's online calibration: every ``every_s`` the
+    configurations trained for ``min_trained_s`` are measured at the step time they really
+    train at (the actual table), the fit is asked only when that set changed, and the policy
+    plans with what it returns from then on: the same decisions as a policy that planned with
+    that table from the start, once the first re-fit is made."""
+    import dataclasses
+
+    from liveput.sim.engine import OnlineCalibration, make_context
+
+    trace = generate_trace(16, 1.0, seed=2, regime="volatile").resample(60)
+    context = make_context(trace, GPT, FAST)
+    # The truth: more instances, less: a configuration of n instances trains at 1/n of its
+    # estimate (as if every instance shared one machine).
+    used = context.table.data_parallel * context.table.pipeline_stages
+    truth = dataclasses.replace(context.table,
+                                samples_per_s=context.table.samples_per_s / np.maximum(used, 1))
+    calls: list[tuple[float, tuple]] = []
+
+    def fit(measurements):
+        calls.append(measurements)
+        return truth
+
+    every_s = 5 * FAST.interval_s
+    learned = simulate_policy(trace, GPT, "liveput", FAST, context, actual=truth,
+                              learn=OnlineCalibration(every_s=every_s, fit=fit))
+    assert len(calls) >= 1 and len({frozenset(c) for c in calls}) == len(calls)
+    grid = truth.throughput_grid(context.max_instances)
+    for measurements in calls:
+        for m in measurements:
+            assert m.iteration_s == pytest.approx(GPT.global_batch_size
+                                                  / grid[m.data_parallel, m.pipeline_stages])
+    # After the first re-fit (at the first multiple of every_s once a configuration trained),
+    # the choices are those of a policy that knew the truth.
+    first = next(t for t in range(len(trace)) if learned.data_parallel[t] != 0)
+    start = (first // 5 + 1) * 5
+    knew = simulate_policy(trace, GPT, "liveput", FAST,
+                           dataclasses.replace(context, table=truth), actual=truth)
+    unaware = simulate_policy(trace, GPT, "liveput", FAST, context, actual=truth)
+    sizes = learned.data_parallel * learned.pipeline_stages
+    assert (sizes[start:] <= (unaware.data_parallel * unaware.pipeline_stages)[start:]).all()
+    assert learned.samples > unaware.samples
+    np.testing.assert_array_equal(sizes[start + 5:],
+                                  (knew.data_parallel * knew.pipeline_stages)[start + 5:])

@@ -27,6 +27,13 @@ preempted[t]`` lost and ``a = allocated[t]`` granted during it, ``o`` on-demand 
    interval has ``count[t + 1]`` minus the released ones that were not lost, and they join at the
    one after (at most the trace's count: what the market offers then).
 
+*Online calibration* (optional, :class:`OnlineCalibration`): the runtime's coordinator re-fits its
+throughput table to the step times it measured (``perf.online``) and plans with the new table
+from then on. With ``learn``, every ``every_s`` the configurations the job has trained on for
+at least ``min_trained_s`` count as measured, at the step time they really train at (the job's
+table: ``actual`` when given); when that set changed, the policy is made anew with the table
+``learn.fit`` returns for them, as the coordinator makes a new policy at each re-fit.
+
 The draws (u and the loss order of each interval) come from ``seed`` and the interval index
 only, so every policy meets the same losses at the same times (common random numbers). The
 simulator never branches on the policy; every tick it asserts its invariants: instances used
@@ -35,6 +42,7 @@ simulator never branches on the policy; every tick it asserts its invariants: in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,7 +51,7 @@ import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf import MigrationCostModel, estimate_configs
-from liveput.perf.types import ConfigTable, ModelProfile
+from liveput.perf.types import ConfigTable, Measurement, ModelProfile
 from liveput.plan.liveput import on_demand_per_stage
 from liveput.policies import POLICIES, Configuration, Decision, Observation, PolicyContext
 from liveput.sim.config import SimulationConfig
@@ -57,6 +65,25 @@ DEFAULT_POLICIES = ("liveput", "liveput-oracle", "reactive", "bamboo", "checkpoi
 DEFAULT_MODEL = "gpt-1.5b"
 DEFAULT_TRACE_NODES = 32
 DEFAULT_TRACE_HOURS = 12.0
+
+
+@dataclass(frozen=True)
+class OnlineCalibration:
+    """The runtime's online calibration, for the simulator to do what it does (module
+    docstring)."""
+
+    every_s: float
+    """Seconds between two re-fits (the coordinator's decision interval)."""
+    fit: Callable[[tuple[Measurement, ...]], ConfigTable]
+    """Measured step times -> the table the policy then plans with (the coordinator's:
+    ``estimate_configs`` with ``fit_online``'s constants)."""
+    min_trained_s: float = 1.0
+    """Seconds a configuration trains before its step time counts as measured (the runtime
+    publishes a median after a few steps)."""
+
+    def __post_init__(self) -> None:
+        if not (self.every_s > 0 and self.min_trained_s >= 0):
+            raise ValueError("online calibration: every_s > 0 and min_trained_s >= 0 required")
 
 
 class InvariantError(AssertionError):
@@ -242,15 +269,20 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
                     config: SimulationConfig | None = None,
                     context: PolicyContext | None = None,
                     on_step: Callable[[int], None] | None = None,
-                    actual: ConfigTable | None = None) -> PolicyRun:
+                    actual: ConfigTable | None = None,
+                    learn: OnlineCalibration | None = None) -> PolicyRun:
     """Replay ``trace`` with one policy (module docstring gives the model).
 
     ``actual``: the samples/s each configuration really trains at, where it differs from the
-    table the policy plans with (``context.table``, an estimate); None: the policy's table."""
+    table the policy plans with (``context.table``, an estimate); None: the policy's table.
+    ``learn``: re-fit the policy's table to the step times measured as the job runs."""
     config = config or SimulationConfig()
     factory = POLICIES.get(policy)
     context = context or make_context(trace, profile, config)
     decider = factory(context)
+    trained_s: dict[tuple[int, int], float] = {}
+    fitted_on: frozenset[tuple[int, int]] = frozenset()
+    next_fit_s = 0.0
     draws = _Draws.make(len(trace), config.seed)
     job = _Job(context, config.num_on_demand, actual)
     interval_s = config.interval_s
@@ -263,6 +295,17 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
     gone = 0  # released in the interval before, booting again
     for t in range(num_intervals):
         start_s = t * interval_s
+        if learn is not None and start_s >= next_fit_s - 1e-9:
+            next_fit_s = start_s + learn.every_s
+            measured = frozenset(c for c, seconds in trained_s.items()
+                                 if seconds >= learn.min_trained_s)
+            if measured != fitted_on:
+                fitted_on = measured
+                decider = factory(dataclasses.replace(context, table=learn.fit(tuple(
+                    Measurement(d, p, profile.global_batch_size / float(job.grid[d, p]),
+                                max(1, int(trained_s[(d, p)] * job.grid[d, p]
+                                           / profile.global_batch_size)))
+                    for d, p in sorted(measured)))))
         available = max(int(trace.count[t]) - gone, 0)
         observation = Observation(
             time_s=start_s, interval_index=t, interval_s=interval_s, history=trace.head(t + 1),
@@ -304,6 +347,10 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
         gone = (available - held) - (len(lost_positions) - lost_held if num_lost else 0)
         if job.samples < before or min(job.moving_s, job.redo_s) < -1e-9:
             raise InvariantError(f"interval {t}: samples decreased or negative lost time")
+        if job.current is not None and job.samples > before:
+            key = (job.current.data_parallel, job.current.pipeline_stages)
+            trained_s[key] = trained_s.get(key, 0.0) + (job.samples - before) / float(
+                job.grid[key])
         cumulative_samples[t] = job.samples
         cumulative_cost[t] = job.cost_usd
         if on_step is not None:
