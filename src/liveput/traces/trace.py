@@ -161,8 +161,11 @@ class Trace:
         added = np.concatenate([[self.initial_count], self.added]).astype(np.int64)
         cumulative = np.cumsum(added)
         # added in (t - startup_s, t]: everything added by t minus everything added by t - s.
+        # t - s is taken with a tolerance: for t = a + s, (a + s) - s may round below a, and
+        # the instance that came at a would then never be ready.
         by_now = cumulative[np.searchsorted(added_at, times, side="right") - 1]
-        before = np.searchsorted(added_at, times - startup_s, side="right") - 1
+        before = np.searchsorted(added_at, times - startup_s + 1e-9 * np.maximum(times, 1.0),
+                                 side="right") - 1
         by_then = np.where(before >= 0, cumulative[np.maximum(before, 0)], 0)
         ready = np.maximum(self.count_at(times) - (by_now - by_then), 0)
         shifted = Trace.from_counts(f"{self.name} (ready {startup_s:g} s after)", times, ready,
