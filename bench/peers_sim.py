@@ -7,7 +7,7 @@ intra-stage move's rendezvous and group rebuild, a checkpoint restore, which is 
 restart) and the start-up (wall seconds from the cloud starting an instance to its first step,
 from the no-preemption run: process start, imports, building the job, the first plan).
 
-Two things the first version got wrong, measured against the runtime (``docs/peers.md``):
+What the first versions got wrong, measured against the runtime (``docs/peers.md``):
 
 - *Throughput per instance count.* The benchmark runs up to four instances on this machine's
   two cores, so three or four instances train slower than two; the profile's table assumes a

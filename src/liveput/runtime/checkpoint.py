@@ -42,9 +42,14 @@ class CorruptCheckpoint(LiveputError):
     """A layer file whose signature does not match its contents (truncated, corrupt, forged)."""
 
 
-def sign_layer_file(payload: bytes | memoryview, token: bytes | None) -> bytes:
+def sign_layer_file(payload: bytes, token: bytes | None) -> bytes:
     """The bytes of a signed layer file holding ``payload`` (``torch.save`` bytes)."""
-    return MAGIC + _signature(payload, token) + payload
+    return layer_file_header(payload, token) + payload
+
+
+def layer_file_header(payload: bytes | memoryview, token: bytes | None) -> bytes:
+    """What a signed layer file holding ``payload`` starts with (the payload follows)."""
+    return MAGIC + _signature(payload, token)
 
 
 def open_layer_file(data: bytes, token: bytes | None, where: str) -> bytes:
@@ -129,9 +134,9 @@ class Checkpointer:
                 # Written aside then moved: a restore never reads a half-written layer file.
                 partial = f"{self._path(step, index)}.partial-{epoch}"
                 with self.fs.open(partial, "wb") as handle:
-                    # The header, then the payload in place: the same bytes as
-                    # sign_layer_file's, without two copies of a layer's state on a busy core.
-                    handle.write(MAGIC + _signature(payload, self.token))
+                    # The payload written in place: sign_layer_file's bytes without two
+                    # copies of a layer's state on a busy core.
+                    handle.write(layer_file_header(payload, self.token))
                     handle.write(payload)
                 del payload
                 self.fs.mv(partial, self._path(step, index))

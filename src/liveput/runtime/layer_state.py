@@ -52,8 +52,8 @@ class LayerState:
 
 
 def _copied(value: object) -> object:
-    """A copy of a state dict whose tensors are cloned (a third of ``copy.deepcopy``'s time: it
-    runs at a step boundary, on the training's critical path)."""
+    """A copy of a state dict whose tensors are cloned (less than half ``copy.deepcopy``'s time
+    for tiny-gpt's Adam state: it runs at a step boundary, on the training's critical path)."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):
