@@ -89,7 +89,7 @@ def test_measured_table_puts_each_instance_count_at_its_measured_rate() -> None:
 def test_upper_bound_against_a_count_of_each_second() -> None:
     """The bound of bench peers: every instance present in an interval (ready its start-up
     after it came) trains at the best measured rate of at most that many; here against a
-    direct sum over the trace's wall seconds, and above what the simulator's policies train."""
+    direct sum over the trace's wall seconds."""
     import numpy as np
 
     from bench.peers_sim import upper_bound

@@ -228,7 +228,7 @@ def test_online_calibration_refits_on_what_the_job_trained_and_replans_with_it()
     used = context.table.data_parallel * context.table.pipeline_stages
     truth = dataclasses.replace(context.table,
                                 samples_per_s=context.table.samples_per_s / np.maximum(used, 1))
-    calls: list[tuple[float, tuple]] = []
+    calls: list[tuple] = []
 
     def fit(measurements):
         calls.append(measurements)
