@@ -42,9 +42,11 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from liveput.perf.costs import MigrationCostModel
-from liveput.perf.estimator import calibration_for, estimate_configs
-from liveput.perf.online import fit_online
+from liveput.perf.estimator import estimate_configs
+from liveput.perf.online import refit
 from liveput.perf.types import ConfigTable, Measurement, ModelProfile
 from liveput.runtime.job import resolve_job
 from liveput.runtime.planning import profile_job
@@ -127,11 +129,9 @@ def wall_clock_trace(trace: Trace, time_scale: float, resolution_s: float = 2.0
 def coordinator_fit(profile: ModelProfile, capacity: int
                     ) -> Callable[[tuple[Measurement, ...]], ConfigTable]:
     """What the runtime's coordinator plans with once it has measured step times: the table
-    of ``fit_online``'s constants (``runtime.coordinator``, ``_refit`` and ``_plan_with``)."""
-    prior = calibration_for(profile.model)
-
+    of ``perf.online.refit``'s constants (``runtime.coordinator``, ``_refit``)."""
     def fit(measurements: tuple[Measurement, ...]) -> ConfigTable:
-        return estimate_configs(profile, capacity, fit_online(profile, measurements, prior))
+        return estimate_configs(profile, capacity, refit(profile, measurements))
     return fit
 
 
@@ -145,12 +145,11 @@ def upper_bound(trace: Trace, startup_s: float, samples_per_s_by_count: Mapping[
     by that much."""
     intervals = wall_clock_trace(trace.ready_after(startup_s * time_scale), time_scale,
                                  resolution_s)
-    best, running = {0: 0.0}, 0.0
-    for count in range(1, int((intervals.count + intervals.allocated).max(initial=0)) + 1):
-        running = max(running, float(samples_per_s_by_count.get(count, 0.0)))
-        best[count] = running
-    return float(sum(best[int(n)] for n in intervals.count + intervals.allocated)
-                 * intervals.interval_s)
+    present = intervals.count + intervals.allocated
+    # best[n]: the best rate of at most n instances (an instance may sit idle).
+    best = np.maximum.accumulate([0.0] + [float(samples_per_s_by_count.get(n, 0.0))
+                                          for n in range(1, int(present.max(initial=0)) + 1)])
+    return float(best[present].sum() * intervals.interval_s)
 
 
 def predict(trace: Trace, measured: Measured, time_scale: float, notice_lead_s: float,

@@ -33,12 +33,12 @@ import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf.calibrate import fit_constants, throughput_mape
-from liveput.perf.estimator import Calibration, iteration_features
+from liveput.perf.estimator import Calibration, calibration_for, iteration_features
 from liveput.perf.partition import partition_table
 from liveput.perf.types import Measurement, ModelProfile
 
 __all__ = ["FIT_ORDER", "Measurement", "fit_online", "free_constants", "measured_features",
-           "prediction_mape"]
+           "prediction_mape", "refit"]
 
 ONLINE_COMPUTE_SCALE_BOUNDS = (1e-3, 1e3)
 """Constraint (1'): the range of alpha the online fit may choose."""
@@ -106,6 +106,13 @@ def fit_online(profile: ModelProfile, measurements: Sequence[Measurement],
     theta[free] = fit_constants(features[:, free], iteration_s, offset_s,
                                 ONLINE_COMPUTE_SCALE_BOUNDS)
     return _calibration(theta)
+
+
+def refit(profile: ModelProfile, measurements: Sequence[Measurement]) -> Calibration:
+    """The constants a job plans with once it has measured ``measurements``: the fit from the
+    job's own prior (``estimator.calibration_for``; the runtime's coordinator, and the
+    simulator when it does what the coordinator does)."""
+    return fit_online(profile, measurements, calibration_for(profile.model))
 
 
 def prediction_mape(profile: ModelProfile, measurements: Sequence[Measurement],

@@ -28,7 +28,7 @@ import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf.estimator import Calibration, calibration_for, estimate_configs
-from liveput.perf.online import fit_online
+from liveput.perf.online import refit
 from liveput.perf.types import ModelProfile
 from liveput.policies import (Configuration, Observation, PolicyContext, Provisioning,
                               make_policy)
@@ -147,7 +147,7 @@ class Coordinator:
                 <= _REFIT_CHANGE for m in measurements)):
             return  # nothing new: the same configurations, each within 5% of the last fit's
         self.measurements = measurements
-        calibration = fit_online(self.profile, measurements, calibration_for(self.profile.model))
+        calibration = refit(self.profile, measurements)
         LOG.info("performance model re-fitted to %d measured configurations (%s): %s",
                  len(measurements), ", ".join(f"{m.data_parallel}x{m.pipeline_stages} "
                                               f"{m.iteration_s:.3f} s" for m in measurements),

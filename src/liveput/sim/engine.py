@@ -230,6 +230,17 @@ class _Job:
         self.cost_usd += (spot_instance_s * self.spot_usd_per_s
                           + self.num_on_demand * seconds * self.on_demand_usd_per_s)
 
+    def measurements(self, configurations: list[tuple[int, int]],
+                     trained_s: dict[tuple[int, int], float],
+                     global_batch_size: int) -> tuple[Measurement, ...]:
+        """The step time each configuration trains at, as the runtime measures it."""
+        out = []
+        for d, p in configurations:
+            rate = float(self.grid[d, p])
+            out.append(Measurement(d, p, global_batch_size / rate,
+                                   max(1, int(trained_s[(d, p)] * rate / global_batch_size))))
+        return tuple(out)
+
     def spot_in_use(self) -> int:
         return self.used - min(self.num_on_demand, self.used)
 
@@ -301,11 +312,9 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
                                  if seconds >= learn.min_trained_s)
             if measured != fitted_on:
                 fitted_on = measured
-                decider = factory(dataclasses.replace(context, table=learn.fit(tuple(
-                    Measurement(d, p, profile.global_batch_size / float(job.grid[d, p]),
-                                max(1, int(trained_s[(d, p)] * job.grid[d, p]
-                                           / profile.global_batch_size)))
-                    for d, p in sorted(measured)))))
+                table = learn.fit(job.measurements(sorted(measured), trained_s,
+                                                   profile.global_batch_size))
+                decider = factory(dataclasses.replace(context, table=table))
         available = max(int(trace.count[t]) - gone, 0)
         observation = Observation(
             time_s=start_s, interval_index=t, interval_s=interval_s, history=trace.head(t + 1),
