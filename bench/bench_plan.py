@@ -20,8 +20,8 @@ import numpy as np
 
 from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile
+from liveput.perf.configuration import Configuration
 from liveput.plan import LiveputOptimizer, OptimizerConfig
-from liveput.policies.base import Configuration
 
 LARGE_NODES = 1024
 LARGE_MODEL = "gpt-6.7b"

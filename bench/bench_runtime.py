@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from liveput.perf import estimate_configs, load_profile, partition_layers
+from liveput.perf.configuration import Configuration
 from liveput.perf.profiler import profile_model, tiny_gpt_target
-from liveput.policies.base import Configuration
 from liveput.runtime import protocol
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.engine import Engine, EngineConfig

@@ -23,9 +23,9 @@ import numpy as np
 
 from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile
+from liveput.perf.configuration import Configuration
 from liveput.perf.types import ConfigTable
 from liveput.plan import LiveputOptimizer, OptimizerConfig
-from liveput.policies.base import Configuration
 
 REFERENCE = Path(__file__).parent / "data" / "optimizer_reference.json"
 RANDOM_CASES = 48

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from liveput.policies.base import POLICIES, Configuration, Decision, Observation, Policy
+from liveput.perf.configuration import Configuration
+from liveput.policies.base import POLICIES, Decision, Observation, Policy
 from liveput.runtime.coordinator import Coordinator
 from liveput.runtime.job import resolve_job
 from liveput.testbed import reference

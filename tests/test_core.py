@@ -8,7 +8,7 @@ import pytest
 from liveput.cli.main import main
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
-from liveput.policies.base import Configuration
+from liveput.perf.configuration import Configuration
 from liveput.registry import Registry
 from liveput.traces.trace import IntervalTrace, Trace
 

@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from liveput.models.jobs import (CausalLMJobConfig, ResNetJobConfig, causal_lm_job, gpt2_config,
                                  llama_config, resnet50_job)
 from liveput.models.sequential import from_sequential
-from liveput.policies.base import Configuration
+from liveput.perf.configuration import Configuration
 from liveput.runtime.engine import Ending, EngineConfig
 from liveput.runtime.inprocess import ThreadCluster
 from liveput.runtime.job import Job

@@ -9,8 +9,8 @@ import pytest
 
 from liveput.errors import LiveputError
 from liveput.perf import MigrationCostModel, load_profile, partition_layers
+from liveput.perf.configuration import Configuration
 from liveput.plan.migration import CHECKPOINT, Assignment, plan_from_holdings, plan_migration
-from liveput.policies.base import Configuration
 
 PROFILE = load_profile("bert-large")  # 24 layers: small cases stay enumerable
 COSTS = MigrationCostModel()

@@ -14,6 +14,7 @@ from liveput.cli.main import main
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, load_profile
+from liveput.perf.configuration import Configuration
 from liveput.perf.types import ConfigTable
 from liveput.plan import (
     LiveputOptimizer,
@@ -22,7 +23,6 @@ from liveput.plan import (
     migration_seconds,
 )
 from liveput.plan.liveput import monte_carlo_throughput_after_losses, on_demand_per_stage
-from liveput.policies.base import Configuration
 
 PROFILE = load_profile("gpt-1.5b")
 COSTS = MigrationCostModel()

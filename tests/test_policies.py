@@ -10,15 +10,9 @@ import pytest
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile
+from liveput.perf.configuration import Configuration
 from liveput.plan import LiveputOptimizer, OptimizerConfig, migration_seconds
-from liveput.policies import (
-    POLICIES,
-    Configuration,
-    Decision,
-    Observation,
-    PolicyContext,
-    make_policy,
-)
+from liveput.policies import POLICIES, Decision, Observation, PolicyContext, make_policy
 from liveput.policies.bamboo import adjacent_loss, redundancy_factor
 from liveput.policies.common import (
     ConfigurationLookup,

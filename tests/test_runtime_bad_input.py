@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from liveput.errors import LiveputError
-from liveput.policies import Configuration
+from liveput.perf.configuration import Configuration
 from liveput.runtime import protocol
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.engine import EngineConfig

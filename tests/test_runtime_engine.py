@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import torch
 from runtime_cluster import reference_parameters
 
-from liveput.policies.base import Configuration
+from liveput.perf.configuration import Configuration
 from liveput.runtime.engine import Ending, EngineConfig
 from liveput.runtime.inprocess import ThreadCluster
 from liveput.runtime.job import resolve_job

@@ -8,9 +8,9 @@ import time
 import pytest
 
 import liveput
+from liveput.perf.configuration import Configuration
 from liveput.perf.costs import MigrationCostModel
 from liveput.plan.migration import Assignment, Slot, plan_migration
-from liveput.policies.base import Configuration
 from liveput.runtime import protocol
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.engine import Ending, Engine, EngineConfig

@@ -9,7 +9,8 @@ import pytest
 
 from liveput.errors import LiveputError
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile
-from liveput.policies import POLICIES, Configuration, Decision, Observation, Policy
+from liveput.perf.configuration import Configuration
+from liveput.policies import POLICIES, Decision, Observation, Policy
 from liveput.policies.common import checkpoint_save_s, restart_s
 from liveput.sim import DEFAULT_POLICIES, SimulationConfig, simulate, simulate_policy
 from liveput.sim.engine import InvariantError, _Draws, make_context

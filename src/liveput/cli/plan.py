@@ -9,14 +9,14 @@ import typer
 from rich.table import Table
 
 from liveput.cli import params
-from liveput.cli.params import FLAG
 from liveput.cli.output import console, err_console, print_json, progress
+from liveput.cli.params import FLAG
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile
+from liveput.perf.configuration import Configuration
 from liveput.perf.types import ConfigTable
 from liveput.plan import LiveputOptimizer, OptimizerConfig
-from liveput.policies.base import Configuration
 
 
 def forecast_from_counts(counts: list[int], capacity: int, spread: int) -> Forecast:

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from liveput.perf.configuration import MigrationKind
 from liveput.perf.partition import partition_layers
 from liveput.perf.types import ModelProfile
 
@@ -37,15 +38,17 @@ class CostModel(Protocol):
 
 
 def migration_kind(data_parallel: int, stages: int, new_data_parallel: int,
-                   new_stages: int) -> str:
+                   new_stages: int) -> MigrationKind:
     """The kind of migration from (D, P) to (D', P'); D = 0 means nothing runs."""
     if new_data_parallel == 0 or (data_parallel, stages) == (new_data_parallel, new_stages):
-        return "none"
+        return MigrationKind.NONE
     if data_parallel == 0:
-        return "checkpoint-restore"
+        return MigrationKind.CHECKPOINT_RESTORE
     if stages == new_stages:
-        return "intra-stage" if new_data_parallel < data_parallel else "inter-stage"
-    return "pipeline"
+        if new_data_parallel < data_parallel:
+            return MigrationKind.INTRA_STAGE
+        return MigrationKind.INTER_STAGE
+    return MigrationKind.PIPELINE
 
 
 @lru_cache(maxsize=4096)

@@ -34,10 +34,10 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from liveput.errors import LiveputError
+from liveput.perf.configuration import Configuration, MigrationKind
 from liveput.perf.partition import partition_layers
 from liveput.perf.types import ModelProfile
 from liveput.plan.costs import CostModel
-from liveput.policies.base import Configuration
 
 CHECKPOINT = -1
 """Source id of a layer restored from the checkpoint."""
@@ -99,7 +99,7 @@ class MigrationPlan:
     """Bytes sent peer to peer (checkpoint restores excluded)."""
     bytes_restored: int
     """Bytes loaded from the checkpoint."""
-    kind: str
+    kind: MigrationKind
     """``none``, ``intra-stage``, ``inter-stage``, ``pipeline`` or ``checkpoint-restore``."""
     estimated_s: float
 
@@ -193,7 +193,7 @@ def plan_from_holdings(
     kind = _kind(previous, new_slots, stages_before, target, moved, restored, set(preempted),
                  list(allocated or []), old_running)
     estimated_s = 0.0
-    if kind != "none":
+    if kind != MigrationKind.NONE:
         estimated_s = costs.rebuild_s(target.num_instances)
         if moved:
             estimated_s += costs.transfer_s(float(received.max()))
@@ -230,13 +230,13 @@ def _place_on_demand(cost: np.ndarray, survivors: list[int], slots: list[Slot],
 
 def _kind(old: Assignment, new_slots: dict[int, Slot | None], stages_before: int,
           target: Configuration, moved: int, restored: int, preempted: set[int],
-          allocated: list[int], old_running: bool) -> str:
+          allocated: list[int], old_running: bool) -> MigrationKind:
     if restored or not old_running:
-        return "checkpoint-restore"
+        return MigrationKind.CHECKPOINT_RESTORE
     if stages_before != target.pipeline_stages:
-        return "pipeline"
+        return MigrationKind.PIPELINE
     if moved:
-        return "inter-stage"
+        return MigrationKind.INTER_STAGE
     unchanged = not preempted.intersection(i for i, s in old.slots.items() if s is not None) and \
         all(old.slots.get(i) == s for i, s in new_slots.items() if s is not None)
-    return "none" if unchanged else "intra-stage"
+    return MigrationKind.NONE if unchanged else MigrationKind.INTRA_STAGE

@@ -53,11 +53,11 @@ import numpy as np
 from liveput.budget import check_memory
 from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
+from liveput.perf.configuration import Configuration, MigrationKind
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.plan.costs import CostModel, migration_kind
 from liveput.plan.interval import IntervalThroughput
 from liveput.plan.transitions import Transitions
-from liveput.policies.base import Configuration
 
 OBJECTIVES = ("throughput", "cost")
 
@@ -93,7 +93,7 @@ class Alternative:
     configuration: Configuration | None
     expected_samples: float
     """Expected samples over the horizon if it is chosen now (optimal afterwards)."""
-    migration: str
+    migration: MigrationKind
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class PlanDecision:
     """What the optimizer decided for the interval that starts now."""
 
     configuration: Configuration | None
-    migration: str
+    migration: MigrationKind
     migration_s: float
     expected_samples: float
     """Expected samples of the whole plan over the horizon."""
@@ -270,7 +270,7 @@ class LiveputOptimizer:
         kind = migration_kind(self.data_parallel[origin], self.stages[origin],
                               self.data_parallel[choice], self.stages[choice])
         if salvaged is not None and choice == salvaged:
-            kind = "inter-stage"
+            kind = MigrationKind.INTER_STAGE
         return PlanDecision(self._configuration(choice), kind, float(migration[choice]),
                             float(value[choice]), ())
 

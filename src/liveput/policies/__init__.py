@@ -7,7 +7,6 @@ Built in: ``liveput``, ``liveput-oracle``, ``reactive``, ``bamboo``, ``checkpoin
 
 from liveput.policies.base import (
     POLICIES,
-    Configuration,
     Decision,
     Observation,
     Policy,
@@ -27,7 +26,6 @@ from liveput.policies import (  # noqa: E402,F401,I001
 
 __all__ = [
     "POLICIES",
-    "Configuration",
     "Decision",
     "Observation",
     "Policy",

@@ -28,13 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from liveput.policies.base import (
-    POLICIES,
-    Configuration,
-    Decision,
-    Observation,
-    PolicyContext,
-)
+from liveput.perf.configuration import Configuration, MigrationKind, ObservationEvent
+from liveput.policies.base import POLICIES, Decision, Observation, PolicyContext
 from liveput.policies.common import LookupPolicy, restart_s, stage_state_bytes
 
 DEGRADED_SPEED = 0.5
@@ -113,7 +108,7 @@ class BambooPolicy(LookupPolicy):
         return float(self.throughput[configuration.data_parallel,
                                      configuration.pipeline_stages] / base) if base > 0 else 1.0
 
-    def _run(self, target: Configuration | None, migration: str, downtime_s: float,
+    def _run(self, target: Configuration | None, migration: MigrationKind, downtime_s: float,
              remaining_s: float, **extra: object) -> Decision:
         factor = self._speed(target) * float(extra.pop("slowdown", 1.0))
         return Decision(target, migration=migration, downtime_s=downtime_s,
@@ -126,38 +121,41 @@ class BambooPolicy(LookupPolicy):
         current = observation.current
         if self.stages is None:
             self.stages = self._launch_depth(available)
-        if observation.event == "preemption":
+        if observation.event == ObservationEvent.PREEMPTION:
             return self._absorb(observation, available)
         target = self._widest(available)
         remaining = observation.remaining_s
         if target is None:
             self.degraded = False
-            return Decision(None, migration="none" if current is None else "restart")
+            return Decision(None, migration=(
+                MigrationKind.NONE if current is None else MigrationKind.RESTART))
         if current is None:
             self.degraded = False
-            return self._run(target, "restart", restart_s(self.context, target), remaining)
+            return self._run(target, MigrationKind.RESTART, restart_s(self.context, target),
+                             remaining)
         if target == current and not self.degraded:
-            return self._run(current, "none", 0.0, remaining)
+            return self._run(current, MigrationKind.NONE, 0.0, remaining)
         repair = self.degraded
         self.degraded = False
         seconds = self.context.costs.rebuild_s(target.num_instances)
         if target.data_parallel > current.data_parallel or repair:
             seconds += self.context.costs.transfer_s(
                 2 * stage_state_bytes(self.context, target.pipeline_stages))
-        return self._run(target, "reconfigure", seconds, remaining)
+        return self._run(target, MigrationKind.RECONFIGURE, seconds, remaining)
 
     def _absorb(self, observation: Observation, available: int) -> Decision:
         current = observation.current
         remaining = observation.remaining_s
         lost = observation.lost_slots
         if current is None or not lost:
-            return self._run(current, "none", 0.0, remaining)
+            return self._run(current, MigrationKind.NONE, 0.0, remaining)
         if adjacent_loss(current, lost):
             self.degraded = False
             target = self._widest(available)
             if target is None:
-                return Decision(None, migration="restart")
-            return self._run(target, "restart", restart_s(self.context, target), remaining)
+                return Decision(None, migration=MigrationKind.RESTART)
+            return self._run(target, MigrationKind.RESTART, restart_s(self.context, target),
+                             remaining)
         damaged = len({pipeline for pipeline, _ in lost})
         intact = Configuration(current.data_parallel - damaged, current.pipeline_stages) \
             if current.data_parallel > damaged else None
@@ -166,7 +164,7 @@ class BambooPolicy(LookupPolicy):
         drop = self.lookup.throughput(intact) * max(remaining - rebuild, 0.0)
         if intact is not None and drop > keep_all:
             self.degraded = False
-            return self._run(intact, "intra-stage", rebuild, remaining)
+            return self._run(intact, MigrationKind.INTRA_STAGE, rebuild, remaining)
         self.degraded = True
-        return self._run(current, "failover", 0.0, remaining, slowdown=DEGRADED_SPEED,
+        return self._run(current, MigrationKind.FAILOVER, 0.0, remaining, slowdown=DEGRADED_SPEED,
                          num_instances_used=current.num_instances - len(lost))

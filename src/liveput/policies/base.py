@@ -12,42 +12,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from liveput.errors import LiveputError
+from liveput.perf.configuration import (Configuration, MigrationKind, ObservationEvent,
+                                        migration_kind_of, observation_event_of)
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.registry import Registry
 from liveput.traces.trace import IntervalTrace
-
-
-@dataclass(frozen=True)
-class Configuration:
-    """D data-parallel pipelines of P stages."""
-
-    data_parallel: int
-    """D: number of pipelines (data-parallel replicas)."""
-    pipeline_stages: int
-    """P: stages per pipeline."""
-
-    def __post_init__(self) -> None:
-        if self.data_parallel < 1 or self.pipeline_stages < 1:
-            raise LiveputError(
-                f"configuration {self.data_parallel}x{self.pipeline_stages}: D and P must be >= 1"
-            )
-
-    @property
-    def num_instances(self) -> int:
-        return self.data_parallel * self.pipeline_stages
-
-    def __str__(self) -> str:
-        return f"{self.data_parallel}x{self.pipeline_stages}"
-
-    @classmethod
-    def parse(cls, text: str) -> Configuration:
-        """Parse ``DxP`` (e.g. ``4x8``)."""
-        try:
-            d, p = text.lower().split("x")
-            return cls(int(d), int(p))
-        except ValueError:
-            raise LiveputError(f"configuration {text!r} is not of the form DxP (e.g. 4x8)") from None
 
 
 @dataclass(frozen=True)
@@ -75,9 +45,10 @@ class Observation:
     """Instances requested from the cloud (an upper bound of the available count)."""
     steps_since_checkpoint_s: float = 0.0
     """Training seconds since the last checkpoint (for checkpoint-based policies)."""
-    event: str = "interval"
+    event: ObservationEvent = ObservationEvent.INTERVAL
     """Why the policy is asked: ``interval`` (an interval starts) or ``preemption`` (instances
-    were just lost inside the interval; ``time_s`` is the time of the loss)."""
+    were just lost inside the interval; ``time_s`` is the time of the loss). Given as a string,
+    it is read as its :class:`ObservationEvent`."""
     lost_slots: tuple[tuple[int, int], ...] = ()
     """On ``preemption``: the ``(pipeline, stage)`` slots of ``current`` whose instance was lost
     (0-based; ``current`` is the configuration that was hit)."""
@@ -96,6 +67,9 @@ class Observation:
     """On-demand instances requested and still launching (not usable yet, not billed yet)."""
     usd_spent: float = 0.0
     """Dollars paid so far (spot and on-demand)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "event", observation_event_of(self.event))
 
 
 @dataclass(frozen=True)
@@ -123,9 +97,10 @@ class Decision:
 
     configuration: Configuration | None
     """The configuration to run (None: run nothing this interval)."""
-    migration: str = "none"
-    """Kind of migration to reach it: ``none``, ``intra-stage``, ``inter-stage``, ``pipeline``,
-    ``checkpoint-restore`` or ``restart``."""
+    migration: MigrationKind = MigrationKind.NONE
+    """Kind of migration to reach it (:class:`MigrationKind`: ``none``, ``intra-stage``,
+    ``inter-stage``, ``pipeline``, ``checkpoint-restore``, ``restart``...). Given as a string, it
+    is read as its kind."""
     downtime_s: float = 0.0
     """Training time lost to reach the configuration (migration, restart), seconds."""
     rollback_s: float = 0.0
@@ -150,6 +125,7 @@ class Decision:
     given, ``num_on_demand`` is its on-demand target (derived when left None)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "migration", migration_kind_of(self.migration))
         if self.provisioning is not None:
             if self.num_on_demand is None:
                 object.__setattr__(self, "num_on_demand", self.provisioning.on_demand)

@@ -22,13 +22,8 @@ import math
 
 import numpy as np
 
-from liveput.policies.base import (
-    POLICIES,
-    Configuration,
-    Decision,
-    Observation,
-    PolicyContext,
-)
+from liveput.perf.configuration import Configuration, MigrationKind, ObservationEvent
+from liveput.policies.base import POLICIES, Decision, Observation, PolicyContext
 from liveput.policies.common import LookupPolicy, checkpoint_save_s, restart_s
 
 PRIOR_PREEMPTIONS_PER_INSTANCE_HOUR = 0.5
@@ -79,23 +74,23 @@ class CheckpointPolicy(LookupPolicy):
         fixed = self.configuration
         current = observation.current
         rollback = 0.0
-        if observation.event == "preemption" and observation.lost_slots:
+        if observation.event == ObservationEvent.PREEMPTION and observation.lost_slots:
             rollback = self.trained_since_checkpoint_s
             self.trained_since_checkpoint_s = 0.0
             current = None
         if fixed is None or fixed.num_instances > available:
             self.running_since_s = None
             self.pending_s += rollback
-            return Decision(None, migration="none" if current is None else "restart",
-                            rollback_s=rollback)
+            return Decision(None, rollback_s=rollback, migration=(
+                MigrationKind.NONE if current is None else MigrationKind.RESTART))
         downtime = 0.0
-        migration = "none"
+        migration = MigrationKind.NONE
         if current != fixed:
             downtime = restart_s(self.context, fixed)
-            migration = "restart"
+            migration = MigrationKind.RESTART
         save = checkpoint_save_s(self.context, fixed)
         checkpoint = 0.0
-        if (observation.event == "interval"
+        if (observation.event == ObservationEvent.INTERVAL
                 and self.trained_since_checkpoint_s >= self._period_s(observation, save)):
             checkpoint = save
             self.trained_since_checkpoint_s = 0.0

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from liveput.policies.base import Configuration, Observation, Policy, PolicyContext
+from liveput.perf.configuration import Configuration
+from liveput.policies.base import Observation, Policy, PolicyContext
 
 
 class ConfigurationLookup:

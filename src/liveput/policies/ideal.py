@@ -5,6 +5,7 @@ policies are reported as a fraction of its samples."""
 
 from __future__ import annotations
 
+from liveput.perf.configuration import MigrationKind
 from liveput.policies.base import POLICIES, Decision, Observation
 from liveput.policies.common import LookupPolicy
 
@@ -17,6 +18,6 @@ class IdealPolicy(LookupPolicy):
 
     def decide(self, observation: Observation) -> Decision:
         best = self.lookup.best_for(observation.num_available + observation.num_on_demand)
-        migration = "none" if best == observation.current else "free"
+        migration = MigrationKind.NONE if best == observation.current else MigrationKind.FREE
         return Decision(best, migration=migration,
                         expected_samples=self.lookup.throughput(best) * observation.remaining_s)

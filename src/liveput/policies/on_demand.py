@@ -9,6 +9,7 @@ preempted, and releases every spot instance, so it pays only the on-demand price
 
 from __future__ import annotations
 
+from liveput.perf.configuration import MigrationKind
 from liveput.policies.base import POLICIES, Decision, Observation, PolicyContext
 from liveput.policies.common import LookupPolicy, restart_s
 
@@ -28,7 +29,7 @@ class OnDemandPolicy(LookupPolicy):
         launch = target is not None and observation.current != target
         return Decision(
             target,
-            migration="checkpoint-restore" if launch else "none",
+            migration=MigrationKind.CHECKPOINT_RESTORE if launch else MigrationKind.NONE,
             downtime_s=restart_s(self.context, target) if launch else 0.0,
             release=observation.num_available,
             num_on_demand=0 if target is None else target.num_instances,

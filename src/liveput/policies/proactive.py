@@ -27,14 +27,8 @@ import numpy as np
 
 from liveput.forecast import make_predictor
 from liveput.forecast.base import Forecast
-from liveput.policies.base import (
-    POLICIES,
-    Configuration,
-    Decision,
-    Observation,
-    Policy,
-    PolicyContext,
-)
+from liveput.perf.configuration import Configuration, MigrationKind, ObservationEvent
+from liveput.policies.base import POLICIES, Decision, Observation, Policy, PolicyContext
 from liveput.policies.common import recovery_start
 
 
@@ -63,7 +57,7 @@ class LiveputPolicy(Policy):
                                        max(self.context.capacity, observation.num_available))
 
     def decide(self, observation: Observation) -> Decision:
-        if observation.event == "preemption":
+        if observation.event == ObservationEvent.PREEMPTION:
             return self._recover(observation)
         plan = self.optimizer.decide(observation.current, observation.num_available,
                                      self.forecast(observation), observation.num_on_demand)
@@ -75,7 +69,7 @@ class LiveputPolicy(Policy):
             fitting = next((a for a in plan.alternatives if a.configuration is None
                             or a.configuration.num_instances <= room), None)
             chosen = None if fitting is None else fitting.configuration
-            migration = "none" if chosen is None else fitting.migration
+            migration = MigrationKind.NONE if chosen is None else fitting.migration
             seconds = self.optimizer.migration_s(observation.current, chosen, room)
         return Decision(chosen, migration=migration, downtime_s=seconds,
                         expected_samples=plan.expected_samples,

@@ -21,6 +21,7 @@ reactive.
 
 from __future__ import annotations
 
+from liveput.perf.configuration import MigrationKind
 from liveput.policies.base import POLICIES, Decision, Observation, PolicyContext
 from liveput.policies.common import LookupPolicy, checkpoint_save_s, restart_s
 
@@ -48,12 +49,13 @@ class ReactivePolicy(LookupPolicy):
         now = observation.time_s
         if target is None:
             self.busy_until_s = now
-            return Decision(None, migration="restart" if current is not None else "none")
+            return Decision(None, migration=(
+                MigrationKind.RESTART if current is not None else MigrationKind.NONE))
         seconds = restart_s(self.context, target)
         seconds += max(self.busy_until_s - now, 0.0)
         if current is not None:
             seconds += checkpoint_save_s(self.context, current)
         self.busy_until_s = now + seconds
-        return Decision(target, migration="restart", downtime_s=seconds,
+        return Decision(target, migration=MigrationKind.RESTART, downtime_s=seconds,
                         expected_samples=self.lookup.throughput(target)
                         * max(observation.remaining_s - seconds, 0.0))

@@ -27,18 +27,18 @@ from typing import Protocol
 import numpy as np
 
 from liveput.errors import LiveputError
+from liveput.perf.configuration import Configuration
 from liveput.perf.estimator import Calibration, calibration_for, estimate_configs
 from liveput.perf.online import refit
 from liveput.perf.types import ModelProfile
-from liveput.policies import (Configuration, Observation, PolicyContext, Provisioning,
-                              make_policy)
+from liveput.policies import Observation, PolicyContext, Provisioning, make_policy
 from liveput.policies.deadline import DeadlineContext, make_deadline_policy
 from liveput.runtime import ledger, protocol
 from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock, MonotonicClock
-from liveput.runtime.notices import Notice
 from liveput.runtime.decide import (Action, ActionKind, CoordinatorConfig, CoordinatorView,
                                     Member, decide)
+from liveput.runtime.notices import Notice
 from liveput.runtime.planning import PlanContext, plan_generation, require_a_fit
 from liveput.runtime.prune import (PruneView, Pruner, checkpoint_point, forgotten,
                                    instances_named, read_floor)

@@ -55,8 +55,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from liveput.errors import LiveputError
+from liveput.perf.configuration import Configuration
 from liveput.perf.costs import MigrationCostModel
-from liveput.policies import Configuration
 from liveput.runtime.protocol import FailureReport, RuntimePlan
 from liveput.runtime.prune import PruneConfig
 

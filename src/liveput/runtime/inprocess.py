@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from liveput.perf.configuration import Configuration
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.types import ModelProfile
-from liveput.policies.base import Configuration
 from liveput.runtime import protocol
 from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, reset_latest
 from liveput.runtime.engine import Engine, EngineConfig, GenerationResult

@@ -51,9 +51,10 @@ import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf import MigrationCostModel, estimate_configs
+from liveput.perf.configuration import Configuration, ObservationEvent
 from liveput.perf.types import ConfigTable, Measurement, ModelProfile
 from liveput.plan.liveput import on_demand_per_stage
-from liveput.policies import POLICIES, Configuration, Decision, Observation, PolicyContext
+from liveput.policies import POLICIES, Decision, Observation, PolicyContext
 from liveput.sim.config import SimulationConfig
 from liveput.sim.result import PolicyRun, SimulationResult
 from liveput.traces import IntervalTrace, generate_trace
@@ -348,7 +349,7 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
                 time_s=start_s + hit_s, interval_index=t, interval_s=interval_s,
                 history=observation.history, num_available=available - len(lost_positions),
                 current=job.current, num_on_demand=job.num_on_demand, future=observation.future,
-                capacity=context.capacity, event="preemption", lost_slots=lost_slots,
+                capacity=context.capacity, event=ObservationEvent.PREEMPTION, lost_slots=lost_slots,
                 lost_spares=lost_spares, remaining_s=interval_s - hit_s)
             job.apply(decider.decide(event), available - len(lost_positions), start_s + hit_s)
             job.run(interval_s - hit_s)

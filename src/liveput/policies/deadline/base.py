@@ -31,14 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from liveput.errors import LiveputError
+from liveput.perf.configuration import Configuration, ObservationEvent
 from liveput.plan.costs import migration_kind
-from liveput.policies.base import (
-    Configuration,
-    Decision,
-    Observation,
-    PolicyContext,
-    Provisioning,
-)
+from liveput.policies.base import Decision, Observation, PolicyContext, Provisioning
 from liveput.policies.common import ConfigurationLookup, recovery_start, restart_s
 from liveput.policies.objective import JobObjective
 from liveput.registry import Registry
@@ -113,7 +108,7 @@ class DeadlinePolicy(ABC):
 
     # --- shared ------------------------------------------------------------------------------
     def decide(self, observation: Observation) -> Decision:
-        if observation.event == "preemption":
+        if observation.event == ObservationEvent.PREEMPTION:
             return self._recover(observation)
         wanted = self.provision(observation)
         spot = min(wanted.spot, observation.num_available)

@@ -45,7 +45,8 @@ import numpy as np
 
 from liveput.forecast import make_predictor
 from liveput.forecast.base import Forecast
-from liveput.policies.base import Configuration, Observation, Provisioning
+from liveput.perf.configuration import Configuration
+from liveput.policies.base import Observation, Provisioning
 from liveput.policies.deadline.base import DEADLINE_POLICIES, DeadlineContext, DeadlinePolicy
 
 MARGIN = 0.03
