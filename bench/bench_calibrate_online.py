@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 
 from bench.bench_runtime import TOKEN, _agents
+from liveput.models.jobs import resolve_job
 from liveput.perf.estimator import Calibration, estimate_configs
 from liveput.perf.online import fit_online, prediction_mape
 from liveput.perf.partition import partition_layers
 from liveput.perf.types import Measurement, ModelProfile
 from liveput.runtime import protocol
-from liveput.runtime.job import resolve_job
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.planning import profile_job
 from liveput.runtime.step_times import read_measurements

@@ -17,14 +17,15 @@ import time
 
 import torch
 
+from liveput.models.job import Job
+from liveput.models.jobs import resolve_job
+from liveput.models.training import TrainingConfig
 from liveput.perf.estimator import Calibration, estimate_configs
 from liveput.perf.partition import partition_table
-from liveput.runtime.job import Job, resolve_job
 from liveput.runtime.layer_state import fresh_layer
 from liveput.runtime.optimizer_step import OptimizerStep
 from liveput.runtime.planning import profile_job
 from liveput.runtime.schedule import StagePosition, _forward, compute_gradients
-from liveput.runtime.training import TrainingConfig
 
 
 def step_seconds(job: Job, repeats: int = 7) -> float:

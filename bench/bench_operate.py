@@ -45,7 +45,7 @@ def write_job_store(store, steps: int, profile=None, series_points: int = 240) -
     from liveput.runtime.checkpoint import Checkpointer
     from liveput.runtime.clock import ManualClock
     from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
     from liveput.runtime.launch import JobSpec, job_profile, publish_spec
 
     job = resolve_job("tiny-gpt")

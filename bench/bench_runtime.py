@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from liveput.models.job import Job
+from liveput.models.jobs import resolve_job
 from liveput.perf import estimate_configs, load_profile, partition_layers
 from liveput.perf.configuration import Configuration
 from liveput.perf.profiler import profile_model, tiny_gpt_target
@@ -27,7 +29,6 @@ from liveput.runtime import protocol
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.engine import Engine, EngineConfig
 from liveput.runtime.inprocess import ThreadCluster
-from liveput.runtime.job import Job, resolve_job
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.planning import profile_job
 from liveput.runtime.store import SignedStore, TCPStoreBackend
@@ -151,7 +152,7 @@ def _process_run(job_name: str, configuration: Configuration, steps: int, direct
 _COMPUTE = """
 import time, torch
 torch.set_num_threads(1)
-from liveput.runtime.job import resolve_job
+from liveput.models.jobs import resolve_job
 from liveput.runtime.layer_state import fresh_layer
 from liveput.runtime.schedule import StagePosition, apply_step, compute_gradients
 job = resolve_job("tiny-gpt-32")

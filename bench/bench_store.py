@@ -25,12 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from liveput.models.jobs import resolve_job
 from liveput.runtime import protocol
 from liveput.runtime.checkpoint import LATEST
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.etcd import EtcdConfig, LocalEtcd
-from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.runtime.prune import PruneConfig

@@ -32,7 +32,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from liveput.errors import LiveputError
-from liveput.runtime.job import Job, replica_micro_batches, resolve_job
+from liveput.models.job import Job, replica_micro_batches
+from liveput.models.jobs import resolve_job
 
 CHECKPOINT_GLOB = "step-*.pt"
 

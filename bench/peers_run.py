@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from liveput.models.jobs import resolve_job
 from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.cloud import EmulatedCloud, trace_schedule
-from liveput.runtime.job import resolve_job
 from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
 from liveput.runtime.processes import InstanceSpec, Launcher
 from liveput.traces import Trace

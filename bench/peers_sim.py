@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from liveput.models.jobs import resolve_job
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.estimator import estimate_configs
 from liveput.perf.online import refit
 from liveput.perf.types import ConfigTable, Measurement, ModelProfile
-from liveput.runtime.job import resolve_job
 from liveput.runtime.planning import profile_job
 from liveput.sim.config import SimulationConfig
 from liveput.sim.engine import OnlineCalibration, make_context, simulate_policy

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from bench.peers_run import REPO, RunSettings, SystemRun, read_progress, scheduled_times, \
     tree_launcher
+from liveput.models.jobs import resolve_job
 from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.cloud import EmulatedCloud
-from liveput.runtime.job import resolve_job
 from liveput.traces import Trace
 
 VENV = REPO / "bench" / ".peers-venv"

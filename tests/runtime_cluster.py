@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
+from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
 from liveput.runtime.coordinator import Coordinator
-from liveput.runtime.job import resolve_job
 from liveput.testbed import reference
 from liveput.testbed.reference import final_parameters, parameter_mismatches
 
@@ -141,7 +141,7 @@ class _SlowWindows(torch.utils.data.Dataset):
 
 def slow_small_job():  # noqa: ANN201 - a liveput.Job, resolved by agents as runtime_cluster:...
     """tiny-gpt-small whose samples take 15 ms each to load."""
-    from liveput.runtime.job import TinyGPTJobConfig, tiny_gpt_job
+    from liveput.models.jobs import TinyGPTJobConfig, tiny_gpt_job
 
     job = tiny_gpt_job(TinyGPTJobConfig(num_blocks=2, d_model=64, seq_len=32, global_batch_size=8,
                                         micro_batch_size=2, learning_rate=0.02, sgd=True,

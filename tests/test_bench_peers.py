@@ -67,7 +67,7 @@ def test_measured_table_puts_each_instance_count_at_its_measured_rate() -> None:
 
     from bench.peers_sim import measured_table
     from liveput.perf import estimate_configs
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
     from liveput.runtime.planning import profile_job
 
     table = estimate_configs(profile_job(resolve_job(JOB), repeats=1), 4)

@@ -155,7 +155,7 @@ def test_models_lists_every_built_in_name_and_each_loads_where_the_list_says(cap
 
     from liveput.cli.main import main
     from liveput.perf import load_profile
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
 
     assert main(["models", "--json"]) == 0
     kinds = json.loads(capsys.readouterr().out)

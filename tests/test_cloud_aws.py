@@ -17,9 +17,9 @@ from liveput.cloud import InstanceState, Market, ProviderEventKind, RetryPolicy
 from liveput.cloud.aws import AwsConfig, AwsProvider
 from liveput.cloud.userdata import AgentBoot, agent_user_data, parse_agent_command
 from liveput.errors import LiveputError
+from liveput.models.jobs import resolve_job
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime.job import resolve_job
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job

@@ -22,10 +22,10 @@ from liveput.cli.main import main
 from liveput.errors import LiveputError
 from liveput.models.extras import require
 from liveput.models.hf import from_hf_causal_lm, hf_causal_lm_layers
+from liveput.models.jobs import resolve_job
 from liveput.models.resnet import ResNet, SyntheticImages, build_resnet50, resnet_layers
 from liveput.models.sequential import from_sequential
 from liveput.models.text import TextDataset, Tokenizer
-from liveput.runtime.job import resolve_job
 
 
 def small_config(family: str, **extra):

@@ -17,13 +17,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from liveput.models.job import Job
 from liveput.models.jobs import (CausalLMJobConfig, ResNetJobConfig, causal_lm_job, gpt2_config,
                                  llama_config, resnet50_job)
 from liveput.models.sequential import from_sequential
 from liveput.perf.configuration import Configuration
 from liveput.runtime.engine import Ending, EngineConfig
 from liveput.runtime.inprocess import ThreadCluster
-from liveput.runtime.job import Job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.testbed.reference import parameter_mismatches, reference_parameters
@@ -126,7 +126,7 @@ def test_liveput_train_gives_the_users_file_to_the_agent_processes(tmp_path):
     import json
 
     from liveput.cli.main import main
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs\n"

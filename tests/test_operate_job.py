@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from liveput.cli.main import main
+from liveput.models.jobs import resolve_job
 from liveput.operate.jobfile import parse_job_file
-from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.store import open_store
 

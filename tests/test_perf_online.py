@@ -72,9 +72,9 @@ def test_checkpointing_on_a_job_profile_memory_down_time_up():
     """The job's option reaches the estimator through its profile: per-layer checkpointing
     takes tiny-gpt-small's memory down by most of its activations and its step gets the forward
     once more."""
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
     from liveput.runtime.planning import profile_job
-    from liveput.runtime.training import TrainingConfig
+    from liveput.models.training import TrainingConfig
 
     job = resolve_job("tiny-gpt-small")
     checkpointed = profile_job(dataclasses.replace(
@@ -159,7 +159,7 @@ def test_the_runtime_measures_what_it_runs_and_the_coordinator_refits(tmp_path):
     from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
     from liveput.runtime.engine import EngineConfig
     from liveput.runtime.inprocess import ThreadCluster
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
     from liveput.runtime.planning import profile_job
     from liveput.runtime.step_times import read_measurements
     from liveput.runtime.store import MemoryStore

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from liveput.models.jobs import resolve_job
 from liveput.runtime import protocol
-from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.testbed.cluster import ChaosCluster, ClusterConfig
 from liveput.testbed.netns import NetnsHosts

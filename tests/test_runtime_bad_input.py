@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from liveput.errors import LiveputError
+from liveput.models.jobs import resolve_job
+from liveput.models.training import TrainingConfig
 from liveput.perf.configuration import Configuration
 from liveput.runtime import protocol
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.engine import EngineConfig
 from liveput.runtime.inprocess import ThreadCluster
-from liveput.runtime.job import resolve_job
 from liveput.runtime.planning import profile_job
 from liveput.runtime.store import MemoryStore
-from liveput.runtime.training import TrainingConfig
 from liveput.testbed.reference import parameter_mismatches, reference_parameters
 
 import bad_jobs

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
 from liveput.runtime import protocol
@@ -21,7 +22,6 @@ from liveput.runtime.checkpoint import LATEST
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.decide import ActionKind, CoordinatorView, Member, decide
-from liveput.runtime.job import resolve_job
 from liveput.runtime.notices import Notice
 from liveput.runtime.planning import profile_job
 from liveput.runtime.protocol import FRESH_START, FailureReport, Holding, RuntimePlan

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 import torch
 from runtime_cluster import reference_parameters
 
+from liveput.models.jobs import resolve_job
+from liveput.models.training import LRSchedule, TrainingConfig
 from liveput.perf.configuration import Configuration
 from liveput.runtime.engine import Ending, EngineConfig
 from liveput.runtime.inprocess import ThreadCluster
-from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job
-from liveput.runtime.training import LRSchedule, TrainingConfig
 from liveput.testbed.reference import reference_layers
 
 JOB = "tiny-gpt-small"

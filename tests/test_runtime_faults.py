@@ -11,9 +11,9 @@ from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
                              final_parameters, reference_parameters, run_to_end,
                              run_until)
 
+from liveput.models.jobs import resolve_job
 from liveput.runtime import protocol
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime.job import resolve_job
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job

@@ -13,9 +13,9 @@ import torch
 
 from runtime_cluster import JOB, TOKEN, AgentProcesses
 
+from liveput.models.jobs import resolve_job
 from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, reset_latest
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime.job import resolve_job
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.layer_state import fresh_layer
 from liveput.runtime.planning import profile_job

@@ -8,13 +8,14 @@ import time
 import pytest
 
 import liveput
+from liveput.models.job import replica_micro_batches
+from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.perf.costs import MigrationCostModel
 from liveput.plan.migration import Assignment, Slot, plan_migration
 from liveput.runtime import protocol
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.engine import Ending, Engine, EngineConfig
-from liveput.runtime.job import replica_micro_batches, resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import PlanContext, profile_job, to_runtime_plan
 from liveput.runtime.store import MemoryStore

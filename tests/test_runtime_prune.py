@@ -8,10 +8,10 @@ import random
 import pytest
 
 from liveput.errors import LiveputError
+from liveput.models.jobs import resolve_job
 from liveput.runtime import protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import SUMMARY_KEY, fold, fold_epoch, read_ledger, verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.runtime.prune import FLOOR_KEY, PruneConfig, PruneView, dead_keys, forgotten

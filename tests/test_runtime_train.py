@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from liveput.cli.main import main
-from liveput.runtime.training import LRSchedule
+from liveput.models.training import LRSchedule
 
 
 def test_train_replays_a_trace_and_writes_its_summary_and_step_log(tmp_path, capsys):

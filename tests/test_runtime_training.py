@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 from liveput.errors import LiveputError
+from liveput.models.jobs import resolve_job
+from liveput.models.training import LRSchedule, TrainingConfig
 from liveput.runtime.comm import Groups
-from liveput.runtime.job import resolve_job
 from liveput.runtime.layer_state import decode_state, encode_state, fresh_layer
 from liveput.runtime.optimizer_step import OptimizerStep
 from liveput.runtime.schedule import StagePosition, compute_gradients
-from liveput.runtime.training import LRSchedule, TrainingConfig
 
 JOB = "tiny-gpt-small"
 WHOLE = StagePosition(0, 0, 1, 1, None, None)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from liveput.errors import LiveputError
 
 if TYPE_CHECKING:
-    from liveput.runtime.job import Job
-    from liveput.runtime.training import LRSchedule, TrainingConfig
+    from liveput.models.job import Job
+    from liveput.models.training import LRSchedule, TrainingConfig
 
 __version__ = "0.1.0"
 
@@ -18,11 +18,11 @@ __all__ = ["Job", "LRSchedule", "LiveputError", "TrainingConfig", "__version__"]
 def __getattr__(name: str) -> object:
     # ``liveput.Job`` imports PyTorch: only when asked for, so the CLI starts fast.
     if name == "Job":
-        from liveput.runtime.job import Job
+        from liveput.models.job import Job
 
         return Job
     if name in ("TrainingConfig", "LRSchedule"):
-        from liveput.runtime import training
+        from liveput.models import training
 
         return getattr(training, name)
     raise AttributeError(f"module 'liveput' has no attribute {name!r}")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json
+from liveput.cli.params import FLAG
 
 PERFORMANCE_COMMANDS = ("perf", "plan", "simulate", "advise slo", "advise pool")
 JOB_COMMANDS = ("train", "coordinator", "profile", "perf")
@@ -23,7 +23,7 @@ def model_names() -> dict[str, dict[str, list[str]]]:
     """Built-in names by kind, with the commands that take them."""
     from liveput.perf import builtin_model_names
     from liveput.perf.profiler import TARGETS
-    from liveput.runtime.job import JOBS
+    from liveput.models.jobs import JOBS
 
     return {
         "performance models": {"names": builtin_model_names(),

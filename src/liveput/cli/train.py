@@ -15,7 +15,7 @@ from liveput.cli import agent as agent_commands
 from liveput.cli.output import console, err_console, print_json, progress, to_json
 from liveput.errors import LiveputError
 from liveput.files import check_output_file, write_text_atomic
-from liveput.runtime.training import TrainingConfig
+from liveput.models.training import TrainingConfig
 
 
 def train(
@@ -98,7 +98,7 @@ def train(
         (model, workers, trace_path, time_scale, steps, checkpoint_dir, checkpoint_every,
          notice_lead_s, seed, keep_checkpoints, deadline_hours, on_demand_max, instance_type,
          deadline_policy) = _from_job_file(job_file)
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
     from liveput.runtime.deadline import DeadlineJob
     from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
     from liveput.traces import generate_trace, read_trace
@@ -161,7 +161,7 @@ def training_options(base: TrainingConfig, steps: int, precision: str | None,
                      on_nonfinite_loss: str | None = None) -> TrainingConfig | None:
     """The job's training options with the flags given applied (None: no flag, the job's own;
     a bad value is a one-line LiveputError)."""
-    from liveput.runtime.training import LRSchedule
+    from liveput.models.training import LRSchedule
 
     changes: dict = {}
     try:
@@ -184,7 +184,7 @@ def _from_job_file(path: Path) -> tuple:
     """``liveput train``'s settings from a job file (its store, dashboard and metrics are
     ``liveput launch``'s)."""
     from liveput.operate.jobfile import load_job_file
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
 
     job = load_job_file(path)
     provider, objective = job.provider, job.objective

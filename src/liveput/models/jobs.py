@@ -1,4 +1,6 @@
-"""Built-in jobs of the models people train: ``gpt2-small``, ``llama-tiny`` and ``resnet50``.
+"""The built-in jobs, registered by name in :data:`JOBS`: ``tiny-gpt`` (and its variants),
+``gpt2-small``, ``llama-tiny`` and ``resnet50``; :func:`resolve_job` finds one by name, or a user's
+job given as ``module:function``.
 
 The language models train on a text file given with ``--data`` (plain text, Arrow or Parquet;
 byte-level tokens) or, without one, on the standard library's sources (as ``tiny-gpt`` does);
@@ -9,6 +11,7 @@ run is the same computation whatever configuration trains it.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +22,85 @@ from torch.nn import functional as F
 
 from liveput.errors import LiveputError
 from liveput.models.extras import require
-from liveput.runtime.job import JOBS, Job
+from liveput.models.job import Job
+from liveput.registry import Registry, call_spec
+
+JOBS: Registry[Callable[..., Job]] = Registry("job")
+"""Built-in jobs by name: factories called without arguments, or with ``data=PATH`` (the
+user's ``--data``) where they take it."""
+
+
+@dataclass(frozen=True)
+class TinyGPTJobConfig:
+    """Shape and training settings of the built-in tiny-gpt job."""
+
+    num_blocks: int = 4
+    """Transformer blocks."""
+    d_model: int = 256
+    """Width of the residual stream."""
+    seq_len: int = 64
+    """Context length in bytes."""
+    global_batch_size: int = 16
+    """Samples per step."""
+    micro_batch_size: int = 4
+    """Samples per micro-batch."""
+    learning_rate: float = 1e-3
+    """AdamW learning rate (SGD with momentum when ``sgd``)."""
+    sgd: bool = False
+    """Use SGD with momentum instead of AdamW (bit-stable across configurations; tests)."""
+    corpus_bytes: int = 2_000_000
+    """Bytes of the standard library's sources to read."""
+    seed: int = 0
+    """Initialization seed."""
+
+
+def tiny_gpt_job(config: TinyGPTJobConfig | None = None) -> Job:
+    """tiny-gpt on the standard library's sources."""
+    from liveput.models.corpus import ByteWindows, load_stdlib_corpus
+    from liveput.models.tiny_gpt import TinyGPTConfig, build_tiny_gpt, language_model_loss
+
+    config = config or TinyGPTJobConfig()
+    model = TinyGPTConfig(seq_len=config.seq_len, d_model=config.d_model,
+                          num_blocks=config.num_blocks, num_heads=4)
+    rate = config.learning_rate
+
+    def optimizer(parameters: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if config.sgd:
+            return torch.optim.SGD(parameters, lr=rate, momentum=0.9)
+        return torch.optim.AdamW(parameters, lr=rate, weight_decay=0.0)
+
+    return Job(
+        layers=build_tiny_gpt(model, seed=config.seed),
+        dataset=ByteWindows(load_stdlib_corpus(config.corpus_bytes), config.seq_len),
+        loss_fn=language_model_loss, optimizer=optimizer,
+        global_batch_size=config.global_batch_size, micro_batch_size=config.micro_batch_size,
+        name="tiny-gpt",
+    )
+
+
+JOBS.register("tiny-gpt")(lambda: tiny_gpt_job())
+JOBS.register("tiny-gpt-32")(lambda: tiny_gpt_job(TinyGPTJobConfig(
+    global_batch_size=32, micro_batch_size=8)))  # the batch `load_profile("tiny-gpt")` measures
+JOBS.register("tiny-gpt-small")(lambda: tiny_gpt_job(TinyGPTJobConfig(
+    num_blocks=2, d_model=64, seq_len=32, global_batch_size=8, micro_batch_size=2,
+    learning_rate=0.05, sgd=True, corpus_bytes=200_000)))
+
+
+def resolve_job(spec: str, data: str | None = None) -> Job:
+    """A built-in job by name or ``module:function`` returning a :class:`Job`; ``data``: the
+    file a built-in job that takes one trains on."""
+    if data is not None:
+        takers = [name for name in JOBS.names()
+                  if "data" in inspect.signature(JOBS.get(name)).parameters]
+        if spec not in takers:
+            raise LiveputError(f"job {spec!r} takes no --data; the built-in jobs that do: "
+                               f"{', '.join(takers)}")
+        return JOBS.get(spec)(data=data)
+    if spec in JOBS:
+        return JOBS.get(spec)()
+    return call_spec(spec, Job, "job", JOBS.names())
+
+
 
 
 @dataclass(frozen=True)

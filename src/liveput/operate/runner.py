@@ -142,7 +142,7 @@ def run_job(job: JobFile, *, resume: bool = False,
 
     Bad input is refused before anything of an existing job is touched."""
     from liveput.runtime.etcd import EtcdConfig, LocalEtcd
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
 
     state_dir = job.state_path
     place = read_place(state_dir)

@@ -41,7 +41,7 @@ def load_profile(name_or_path: str) -> ModelProfile:
 
 def _is_job(name: str) -> bool:
     # Imported here: the job registry imports PyTorch, which the other models never need.
-    from liveput.runtime.job import JOBS
+    from liveput.models.jobs import JOBS
 
     return name in JOBS
 

@@ -29,7 +29,7 @@ from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
 from liveput.registry import call_spec
 
 if TYPE_CHECKING:
-    from liveput.runtime.job import Job
+    from liveput.models.job import Job
 
 
 def local_cpu_instance() -> InstanceType:
@@ -88,7 +88,7 @@ def job_target(job: Job) -> ProfileTarget:
 
 def resolve_target(spec: str) -> ProfileTarget:
     """A built-in name (a target, else a built-in job) or ``module:function``."""
-    from liveput.runtime.job import JOBS, resolve_job
+    from liveput.models.jobs import JOBS, resolve_job
 
     if spec in TARGETS:
         return TARGETS[spec]()

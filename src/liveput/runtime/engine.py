@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 
 from liveput.errors import LiveputError
+from liveput.models.job import Job
 from liveput.runtime import protocol
 from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
 from liveput.runtime.comm import CommAborted, Groups
-from liveput.runtime.job import Job
 from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
 from liveput.runtime.optimizer_step import OptimizerStep
 from liveput.runtime.protocol import LedgerRecord, RuntimePlan

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from liveput.models.job import Job
 from liveput.perf.configuration import Configuration
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.types import ModelProfile
 from liveput.runtime import protocol
 from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, reset_latest
 from liveput.runtime.engine import Engine, EngineConfig, GenerationResult
-from liveput.runtime.job import Job
 from liveput.runtime.planning import PlanContext, plan_generation
 from liveput.runtime.rendezvous import StoreRendezvous
 from liveput.runtime.store import MemoryStore

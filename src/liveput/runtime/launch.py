@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from liveput.errors import LiveputError
+from liveput.models.jobs import resolve_job
+from liveput.models.training import TrainingConfig
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.cloud import INSTANCE_ID_ENV, NOTICE_FILE_ENV
-from liveput.runtime.processes import MARKET_ENV
 from liveput.runtime.engine import Engine, EngineConfig
-from liveput.runtime.job import resolve_job
 from liveput.runtime.notices import (AwsNoticeWatcher, EmulatorNoticeWatcher, GcpNoticeWatcher,
                                      NoticeWatcher, SignalNoticeWatcher)
+from liveput.runtime.processes import MARKET_ENV
 from liveput.runtime.rendezvous import StoreRendezvous
 from liveput.runtime.store import Store, open_store
-from liveput.runtime.training import TrainingConfig
 
 if TYPE_CHECKING:
     from liveput.perf.types import ModelProfile

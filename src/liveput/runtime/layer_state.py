@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from liveput.errors import LiveputError
-from liveput.runtime.job import Job
+from liveput.models.job import Job
 
 _DIGEST_BYTES = 32
 

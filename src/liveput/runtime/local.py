@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from liveput.errors import LiveputError
+from liveput.models.jobs import resolve_job
+from liveput.models.training import TrainingConfig
 from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.cloud import EmulatedCloud, command_launcher
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.deadline import DeadlineJob, ProvidedCloud, deadline_context
-from liveput.runtime.job import resolve_job
 from liveput.runtime.launch import JobSpec, job_profile, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.prune import PruneConfig
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
-from liveput.runtime.training import TrainingConfig
 from liveput.traces import IntervalTrace, Trace
 
 LOG = logging.getLogger(__name__)

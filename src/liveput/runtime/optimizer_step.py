@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from liveput.models.training import TrainingConfig
 from liveput.runtime.comm import Groups
 from liveput.runtime.layer_state import LayerState
-from liveput.runtime.training import TrainingConfig
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _BACKOFF, _GROWTH = 0.5, 2.0

@@ -14,13 +14,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from liveput.errors import LiveputError
+from liveput.models.job import Job
 from liveput.perf.configuration import Configuration
 from liveput.perf.partition import partition_layers
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.plan.costs import CostModel
 from liveput.plan.migration import (CHECKPOINT, Assignment, MigrationPlan, Slot,
                                     plan_from_holdings)
-from liveput.runtime.job import Job
 from liveput.runtime.protocol import FRESH_START, RuntimePlan, Transfer
 
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
+from liveput.models.job import Job, replica_micro_batches
 from liveput.runtime.comm import CommAborted, Groups
-from liveput.runtime.job import Job, replica_micro_batches
 from liveput.runtime.layer_state import LayerState
 from liveput.runtime.optimizer_step import autocast
 from liveput.runtime.protocol import JobFailure

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from liveput.runtime.job import resolve_job
+from liveput.models.jobs import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.testbed.cluster import ChaosCluster, ClusterConfig
 from liveput.testbed.errors import TestbedError

@@ -42,7 +42,7 @@ def chaos_job():  # noqa: ANN201 - a liveput.Job
     """tiny-gpt-small whose samples take ``SAMPLE_DELAY_S`` each to load."""
     import torch
 
-    from liveput.runtime.job import resolve_job
+    from liveput.models.jobs import resolve_job
 
     job = resolve_job("tiny-gpt-small")
     inner = job.dataset
