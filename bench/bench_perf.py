@@ -9,7 +9,6 @@ import numpy as np
 from liveput.perf import estimate_configs, load_profile
 from liveput.perf.calibrate import mape_floor
 from liveput.perf.measured import measured_table
-from liveput.perf.partition import default_partition_method
 
 
 def main() -> None:
@@ -30,7 +29,7 @@ def main() -> None:
             options = [k for k in truth if k[0] * k[1] <= count]
             pick = max(options, key=lambda k: (lookup[k], -k[1]))
             good += truth[pick] >= 0.95 * max(truth[k] for k in options)
-        method = default_partition_method(load_profile(model))
+        method = load_profile(model).partition_method
         floor = mape_floor(model)
         print(f"{model:12s} {mape * 100:6.1f}% {'15%':>7s} {floor * 100:6.1f}% "
               f"{good:>9d}/{len(counts):<6d} {method:>11s}")

@@ -23,6 +23,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from liveput.perf.estimator import stage_memory_bytes
+from liveput.perf.partition import partition_table
 from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
 
 V100_EFFECTIVE_FLOPS = 50e12
@@ -58,6 +60,7 @@ def _layers_to_profile(
     micro_batch_size: int,
     activation_bytes_per_element: int,
     min_pipeline_stages: int,
+    partition_method: str,
     memory_bytes_per_activation_element: float,
 ) -> ModelProfile:
     layers = []
@@ -83,6 +86,7 @@ def _layers_to_profile(
         micro_batch_size=micro_batch_size,
         state_bytes_per_param=12,  # fp16 weights and grads + fp32 Adam state, as Parcae counts
         min_pipeline_stages=min_pipeline_stages,
+        partition_method=partition_method,
     )
 
 
@@ -164,8 +168,9 @@ class BuiltinSpec:
     smallest P of the measured table. The bytes of activation memory per output element are
     solved from it (``_memory_per_element``)."""
     partition_method: str = "compute"
-    """How the layers are cut into stages (``partition``), modelled on the engine of the
-    measured runs (Parcae's DeepSpeed pipeline fork), and the cut liveput's planner deploys.
+    """How the layers are cut into stages (``partition``; the built-in profile's
+    ``partition_method``), modelled on the engine of the measured runs (Parcae's DeepSpeed
+    pipeline fork), and the cut liveput's planner deploys.
     VGG-19 is cut by module count (``uniform``): the cut that reproduces its measured halving of
     throughput at P = 5..7 against P = 4 and 8, where a cut then passes the 112 x 112 x 128
     activation between stages; balancing parameters (DeepSpeed's default) would put all 16
@@ -193,9 +198,6 @@ def _memory_per_element(profile: ModelProfile, min_stages: int, method: str) -> 
     ``min_stages - 1`` (must not fit) and of ``min_stages`` (must fit), with D = 1 (most
     micro-batches in flight).
     """
-    from liveput.perf.estimator import stage_memory_bytes
-    from liveput.perf.partition import partition_table
-
     table = partition_table(profile, min_stages, method)
     budget = profile.instance_type.gpu_memory_gb * 1e9
     micro = profile.global_batch_size // profile.micro_batch_size
@@ -217,7 +219,7 @@ def builtin_profile(name: str) -> ModelProfile:
     """The derived profile of a built-in model (KeyError if unknown; see ``load_profile``)."""
     spec = BUILTIN_SPECS[name]
     args = (name, list(spec.shapes), spec.global_batch_size, spec.micro_batch_size,
-            spec.activation_bytes_per_element, spec.min_pipeline_stages)
+            spec.activation_bytes_per_element, spec.min_pipeline_stages, spec.partition_method)
     unit = _layers_to_profile(*args, memory_bytes_per_activation_element=1.0)
-    per_element = _memory_per_element(unit, spec.min_pipeline_stages, spec.partition_method)
+    per_element = _memory_per_element(unit, spec.min_pipeline_stages, unit.partition_method)
     return _layers_to_profile(*args, per_element)

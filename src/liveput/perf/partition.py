@@ -22,8 +22,8 @@ the one the engine actually uses, since the slowest stage sets the pipeline's cl
 
 For CNNs the three differ sharply: parameters sit in the late layers and compute in the early
 ones, and a cut through an early, high-resolution layer sends a large activation between stages.
-Each built-in profile names the method its measured engine used (``builtin.BuiltinSpec``); any
-other profile is cut by ``compute``. All depths 1..P_max are solved in one pass and cached per
+Each profile names the method its engine uses (``ModelProfile.partition_method``: a built-in
+profile the method of its measured engine, ``builtin.BuiltinSpec``; a measured one ``compute``). All depths 1..P_max are solved in one pass and cached per
 profile and method, so scoring configurations only indexes arrays.
 """
 
@@ -35,9 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from liveput.errors import LiveputError
-from liveput.perf.types import ModelProfile
-
-PARTITION_METHODS = ("compute", "parameters", "uniform", "transformer")
+from liveput.perf.types import PARTITION_METHODS, ModelProfile
 """Ways to cut layers into stages (module docstring)."""
 
 
@@ -143,23 +141,12 @@ def _transformer_cuts(
     return all_bounds
 
 
-def default_partition_method(profile: ModelProfile) -> str:
-    """The method of the engine a built-in profile was measured on; ``compute`` otherwise."""
-    from liveput.perf.builtin import BUILTIN_SPECS, builtin_profile
-
-    spec = BUILTIN_SPECS.get(profile.model)
-    if spec is None or spec.partition_method == "compute":
-        return "compute"
-    # A user's profile that only shares a built-in's name is cut by compute.
-    return spec.partition_method if builtin_profile(profile.model) == profile else "compute"
-
-
 def partition_table(
     profile: ModelProfile, max_stages: int, method: str | None = None
 ) -> PartitionTable:
     """Partitions of ``profile`` for every depth 1..``max_stages`` by ``method`` (default: the
-    profile's own, ``default_partition_method``)."""
-    method = default_partition_method(profile) if method is None else method
+    profile's own, ``profile.partition_method``)."""
+    method = profile.partition_method if method is None else method
     if method not in PARTITION_METHODS:
         raise LiveputError(
             f"unknown partition method {method!r}; one of {', '.join(PARTITION_METHODS)}"

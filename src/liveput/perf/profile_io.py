@@ -12,7 +12,12 @@ from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
 
 
 def profile_to_dict(profile: ModelProfile) -> dict:
-    return asdict(profile)
+    document = asdict(profile)
+    # A measured profile is cut by ``compute``: its document stays as it was before profiles
+    # named their partition method.
+    if document["partition_method"] == "compute":
+        del document["partition_method"]
+    return document
 
 
 def write_profile(profile: ModelProfile, path: str | Path) -> None:
@@ -31,6 +36,7 @@ def profile_from_dict(document: dict) -> ModelProfile:
             state_bytes_per_param=int(document.get("state_bytes_per_param", 16)),
             min_pipeline_stages=int(document.get("min_pipeline_stages", 1)),
             activation_checkpointing=str(document.get("activation_checkpointing", "stage")),
+            partition_method=str(document.get("partition_method", "compute")),
         )
     except LiveputError:
         raise

@@ -15,6 +15,8 @@ from liveput.errors import LiveputError
 
 ACTIVATION_CHECKPOINTING = ("stage", "none", "layer")
 """Values of :attr:`ModelProfile.activation_checkpointing`."""
+PARTITION_METHODS = ("compute", "parameters", "uniform", "transformer")
+"""Values of :attr:`ModelProfile.partition_method` (``partition`` module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,21 @@ class ModelProfile:
     the recompute inside the calibrated compute scale), ``none`` (every layer's activations per
     micro-batch in flight) or ``layer`` (liveput's per-layer checkpointing: each layer's input,
     each layer's forward run again in the backward)."""
+    partition_method: str = "compute"
+    """How the training engine cuts the layers into stages (``partition`` module docstring): the
+    cut the estimator scores and the planner deploys. A built-in profile names the method of the
+    engine its measured table came from (``builtin.BuiltinSpec``); a measured one is cut by
+    ``compute``."""
 
     def __post_init__(self) -> None:
         if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
             raise LiveputError(f"profile {self.model}: activation_checkpointing must be one of "
                                f"{', '.join(ACTIVATION_CHECKPOINTING)}, not "
                                f"{self.activation_checkpointing!r}")
+        if self.partition_method not in PARTITION_METHODS:
+            raise LiveputError(f"profile {self.model}: unknown partition method "
+                               f"{self.partition_method!r}; one of "
+                               f"{', '.join(PARTITION_METHODS)}")
 
     @property
     def num_layers(self) -> int:
