@@ -23,8 +23,9 @@ the one the engine actually uses, since the slowest stage sets the pipeline's cl
 For CNNs the three differ sharply: parameters sit in the late layers and compute in the early
 ones, and a cut through an early, high-resolution layer sends a large activation between stages.
 Each profile names the method its engine uses (``ModelProfile.partition_method``: a built-in
-profile the method of its measured engine, ``builtin.BuiltinSpec``; a measured one ``compute``). All depths 1..P_max are solved in one pass and cached per
-profile and method, so scoring configurations only indexes arrays.
+profile the method of its measured engine, ``builtin.BuiltinSpec``; a measured one ``compute``).
+All depths 1..P_max are solved in one pass and cached per profile and method, so scoring
+configurations only indexes arrays.
 """
 
 from __future__ import annotations
