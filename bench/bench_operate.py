@@ -90,7 +90,7 @@ def write_job_store(store, steps: int, profile=None, series_points: int = 240) -
 def status_latency(steps: int) -> dict:
     from liveput.operate.recorder import read_status
     from liveput.operate.runner import free_port_pair
-    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
     from liveput.runtime.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="bench-operate-") as scratch:

@@ -2,8 +2,8 @@
 
 A real :class:`~liveput.runtime.coordinator.Coordinator` (with its pruning) runs against a signed
 store, on the TCPStore (hosted in a child process, as a coordinator hosts it) and on a real etcd
-server (:class:`~liveput.runtime.etcd.LocalEtcd`). Instead of training, obedient agents write
-what the engine and the agent write, through the same protocol functions: heartbeats, arrivals,
+server (:class:`~liveput.runtime.store.etcd_server.LocalEtcd`). Instead of training, obedient agents
+write what the engine and the agent write, through the same protocol functions: heartbeats, arrivals,
 holdings reports, commit votes and outcomes, ledger records, checkpoint counters and the latest
 checkpoint. An instance is lost (no notice) and a new one joins at 2,500 and 7,500 steps, and
 at 5,005 steps all three are replaced, so generations end, a plan restores from the checkpoint
@@ -29,7 +29,7 @@ from liveput.runtime import protocol
 from liveput.runtime.checkpoint import LATEST
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job

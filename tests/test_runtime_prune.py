@@ -152,7 +152,7 @@ def test_dead_keys_of_a_job():
 
 
 def test_tcp_store_deletes_leave_a_bounded_index_and_rewritten_keys_listed(monkeypatch):
-    monkeypatch.setattr("liveput.runtime.store._SWEEP_MIN_ENTRIES", 16)
+    monkeypatch.setattr("liveput.runtime.store.tcp._SWEEP_MIN_ENTRIES", 16)
     server = TCPStoreBackend("127.0.0.1", 0, host=True)
     writer = TCPStoreBackend("127.0.0.1", server.port)
     lister = TCPStoreBackend("127.0.0.1", server.port)

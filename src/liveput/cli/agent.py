@@ -133,7 +133,7 @@ def coordinator(
 
     from liveput.cloud.holding import Holding
     from liveput.runtime.coordinator import CoordinatorConfig
-    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
     from liveput.runtime.job import resolve_job
     from liveput.runtime.launch import JobSpec, run_coordinator, through_outage
     from liveput.runtime.store import open_store, parse_host_port

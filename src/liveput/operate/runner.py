@@ -28,7 +28,7 @@ from pathlib import Path
 from liveput.errors import LiveputError
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
-from liveput.runtime.etcd import pid_alive
+from liveput.runtime.store.etcd_server import pid_alive
 from liveput.runtime.store import Store, open_store
 
 LOG = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def run_job(job: JobFile, *, resume: bool = False,
     """Run ``job`` to its end (or continue it with ``resume``), then linger; its summary.
 
     Bad input is refused before anything of an existing job is touched."""
-    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
     from liveput.runtime.job import resolve_job
 
     state_dir = job.state_path
@@ -313,7 +313,7 @@ def stop_job(store: Store, place: JobPlace | None, state_dir: Path | None = None
     """Ask the job's launcher to stop (a running job ends, a lingering store goes); whether it
     was seen to end within ``wait_s``. A launcher that is gone (killed) left its etcd running,
     on purpose (a resume adopts it): with ``state_dir``, that etcd is stopped too."""
-    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
     store.set(STOP_KEY, b"1")
     if place is None:
