@@ -4,11 +4,74 @@ from __future__ import annotations
 
 import json
 
-from liveput.runtime import protocol
+from liveput.runtime import keys, protocol
 from liveput.runtime.prune import PruneConfig, Pruner, PruneView
 from liveput.runtime.store import MemoryStore
 
 BATCH = 4
+
+# Each key function and the string the code wrote for the same arguments before the schema had
+# its own module (the strings are what agents and coordinators of other versions read).
+_OLD_STRINGS = [
+    (keys.member(7), "members/7"),
+    (keys.heartbeat(7), "hb/7"),
+    (keys.state(7), "state/7"),
+    (keys.holding(7), "holds/7"),
+    (keys.notice(7), "notice/7"),
+    (keys.lost(7), "lost/7"),
+    (keys.current_plan(), "plan/current"),
+    (keys.plan(12), "plan/12"),
+    (keys.commit(3, 41), "commit/3/41"),
+    (keys.done(3, 41), "done/3/41"),
+    (keys.arrived_count(3), "arrived/3"),
+    (keys.arrivals(3), "arrived/3/"),
+    (keys.arrived(3, 7), "arrived/3/7"),
+    (keys.all_arrived(3), "arrived/3/all"),
+    (keys.started(3), "started/3"),
+    (keys.failures(3), "fail/3/"),
+    (keys.failure(3, 7), "fail/3/7"),
+    (keys.failed(3), "failed/3"),
+    (keys.event(3), "events/3"),
+    (keys.rendezvous(3), "rdzv/3"),
+    (keys.step_times(3), "perf/steps/3"),
+    (keys.checkpoint_layers(2, 40), "ckpt/2/40"),
+    (keys.latest_checkpoint(), "ckpt/latest"),
+    (keys.complete_checkpoints(), "ckpt/complete"),
+    (keys.ledger_record(2, 40), "ledger/2/40"),
+    (keys.restore(2), "restore/2"),
+    (keys.ledger_summary(), "ledger-summary"),
+    (keys.job_spec(), "job/spec"),
+    (keys.job_profile(), "job/profile"),
+    (keys.job_file(), "job/file"),
+    (keys.job_error(), "job/error"),
+    (keys.job_done(), "job/done"),
+    (keys.job_stop(), "job/stop"),
+    (keys.next_instance_id(), "ids/next"),
+    (keys.coordinator_started(), "coord/started"),
+    (keys.coordinator_history(), "coord/history"),
+    (keys.prune_floor(), "coord/floor"),
+    (keys.preemptions(), "stats/preemptions"),
+    (keys.migrations_prefix(), "stats/migrations/"),
+    (keys.migrations("checkpoint-restore"), "stats/migrations/checkpoint-restore"),
+    (keys.status_now(), "status/now"),
+    (keys.status_series(), "status/series"),
+    (keys.status_events(), "status/events"),
+    (keys.cloud_notice("i-0003"), "notices/i-0003"),
+]
+
+
+def test_each_key_function_gives_the_old_string():
+    assert [key for key, _ in _OLD_STRINGS] == [old for _, old in _OLD_STRINGS]
+
+
+def test_every_key_belongs_to_the_family_its_table_row_names():
+    for key, _ in _OLD_STRINGS:
+        family = keys.family_of(key)
+        assert family is not None and key.startswith(family.prefix), key
+    assert keys.family_of("__liveput_index__/1") is None
+    assert keys.family_of("failed/3") is keys.FAILED and keys.family_of("fail/3/1") is keys.FAILURE
+    assert keys.HEARTBEAT.instance_of("hb/12") == 12
+    assert keys.HEARTBEAT.instance_of("hb/x") is None and keys.HEARTBEAT.instance_of("state/1") is None
 
 
 class _RecordingStore(MemoryStore):
