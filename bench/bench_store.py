@@ -25,8 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from liveput.runtime import protocol
-from liveput.runtime.checkpoint import LATEST
+from liveput.runtime import keys, protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
@@ -108,7 +107,7 @@ class ObedientAgents:
         if plan is None:
             return
         if not self.met:
-            self.met = self.store.get(protocol.all_arrived_key(plan.generation)) is not None
+            self.met = self.store.get(keys.all_arrived(plan.generation)) is not None
             if not self.met:
                 return
         self.training = True
@@ -131,7 +130,7 @@ class ObedientAgents:
             plan.pipeline_stages, time.time()))
         if (step + 1) % CHECKPOINT_EVERY == 0:
             if self.store.add(f"ckpt/{plan.epoch}/{step}", self.num_layers) == self.num_layers:
-                self.store.set(LATEST, json.dumps({"epoch": plan.epoch, "step": step}).encode())
+                self.store.set(keys.latest_checkpoint(), json.dumps({"epoch": plan.epoch, "step": step}).encode())
         if step + 1 >= plan.end_step:
             for instance in self.alive:
                 self.store.set(f"state/{instance}", b"done")

@@ -18,8 +18,7 @@ from liveput.runtime.job import resolve_job
 from liveput.runtime.planning import profile_job
 from liveput.policies import Configuration
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
-from liveput.runtime import protocol
-from liveput.runtime.checkpoint import LATEST
+from liveput.runtime import keys, protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.decide import ActionKind, CoordinatorView, Member, decide
@@ -139,7 +138,7 @@ class ModelAgents:
         self.store.set(f"ledger/{plan.epoch}/{step}", b"{}")
         if (step + 1) % CHECKPOINT_EVERY == 0:
             self.checkpoints.add(step)
-            self.store.set(LATEST, json.dumps({"epoch": plan.epoch, "step": step}).encode())
+            self.store.set(keys.latest_checkpoint(), json.dumps({"epoch": plan.epoch, "step": step}).encode())
 
     def tick(self) -> None:
         for instance in self.alive():
@@ -155,7 +154,7 @@ class ModelAgents:
                 if state.alive and state.arrived < plan.generation:
                     state.arrived = plan.generation
                     protocol.arrive(self.store, plan, instance)
-            if self.store.get(protocol.all_arrived_key(plan.generation)) is not None:
+            if self.store.get(keys.all_arrived(plan.generation)) is not None:
                 self._execute(plan)
         elif self.phase == "training":
             self._train_one_step(plan)

@@ -11,7 +11,7 @@ import liveput
 from liveput.perf.costs import MigrationCostModel
 from liveput.plan.migration import Assignment, Slot, plan_migration
 from liveput.policies.base import Configuration
-from liveput.runtime import protocol
+from liveput.runtime import keys, protocol
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.engine import Ending, Engine, EngineConfig
 from liveput.runtime.job import replica_micro_batches, resolve_job
@@ -37,7 +37,7 @@ def test_a_fenced_step_never_commits_and_a_committed_step_is_never_fenced():
 def test_the_fence_decides_a_vote_whose_writer_died_before_marking_it():
     store = MemoryStore()
     for _ in range(2):
-        store.add(protocol.commit_key(0, 3), 1)  # all voted, nobody wrote the outcome
+        store.add(keys.commit(0, 3), 1)  # all voted, nobody wrote the outcome
     assert protocol.fence(store, 0, 3, 2) == 4
     assert protocol.step_outcome(store, 0, 3) == protocol.COMMITTED
 
@@ -56,9 +56,9 @@ def test_the_last_instance_to_arrive_opens_the_plan_and_a_newer_plan_frees_the_w
     plan = protocol.RuntimePlan(4, 0, 10, 50, 1, 3, [0, 1, 2, 4], {0: (0, 0), 3: (0, 1), 7: (0, 2)},
                                 {i: "127.0.0.1" for i in (0, 3, 7)}, [], "intra-stage", None)
     assert [protocol.arrive(store, plan) for _ in range(2)] == [False, False]
-    assert store.get(protocol.all_arrived_key(4)) is None
+    assert store.get(keys.all_arrived(4)) is None
     assert protocol.arrive(store, plan) is True
-    assert store.get(protocol.all_arrived_key(4)) == b"1"
+    assert store.get(keys.all_arrived(4)) == b"1"
     # Instance 7 died after the plan was made: the two others wait for it, until plan 5 is out.
     waiting = dataclasses.replace(plan, generation=5)
     engine = Engine(resolve_job("tiny-gpt-small"), 0, store, rendezvous=None, checkpointer=None,
@@ -70,7 +70,7 @@ def test_the_last_instance_to_arrive_opens_the_plan_and_a_newer_plan_frees_the_w
     assert result.ending is Ending.FAILED
     assert time.monotonic() - started < 10.0  # not the 60-s communication timeout
     assert "superseded" in protocol.failures(store, 5)[0].reason
-    assert store.get(protocol.all_arrived_key(5)) is None
+    assert store.get(keys.all_arrived(5)) is None
     assert protocol.arrivals(store, 5) == {0}
 
 
@@ -296,7 +296,7 @@ def test_a_restarted_coordinator_waits_out_a_store_outage_and_reuses_the_jobs_pr
     store = Restarting(down_calls=3)
     profile = launch.through_outage(lambda: launch.job_profile(store, "tiny-gpt-small"), 5.0,
                                     retry_s=0.01)
-    assert store.calls == 4 and store.get(launch.PROFILE_KEY) is not None
+    assert store.calls == 4 and store.get(keys.job_profile()) is not None
     # A restarted coordinator takes the kept profile (a new measurement would differ in its
     # timings): the same plans, and no profiling again.
     assert launch.job_profile(store, "tiny-gpt-small") == profile
