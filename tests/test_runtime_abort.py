@@ -118,7 +118,7 @@ def _fault_mid_step(tmp_path: Path, fault: str) -> dict:
 
 def _records(cluster: ChaosCluster) -> dict[str, dict]:
     """The ledger's records now (read early too: the coordinator folds old ones away)."""
-    return {key: json.loads(raw) for key, raw in cluster.store.get_prefix("ledger/").items()}
+    return {key: json.loads(raw) for key, raw in cluster.store.get_prefix(keys.LEDGER.prefix).items()}
 
 
 def _check(result: dict) -> None:

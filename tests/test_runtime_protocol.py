@@ -64,7 +64,7 @@ def test_the_last_instance_to_arrive_opens_the_plan_and_a_newer_plan_frees_the_w
     engine = Engine(resolve_job("tiny-gpt-small"), 0, store, rendezvous=None, checkpointer=None,
                     config=EngineConfig(comm_timeout_s=60.0))
     protocol.arrive(store, waiting)  # instance 3
-    store.set("plan/current", b"6")
+    store.set(keys.current_plan(), b"6")
     started = time.monotonic()
     result = engine.run_generation(waiting)
     assert result.ending is Ending.FAILED
@@ -182,7 +182,7 @@ def test_agent_refuses_an_undocumented_state_transition():
     with pytest.raises(liveput.LiveputError, match="no transition joining -> training"):
         agent._move(AgentState.TRAINING)
     agent._move(AgentState.WAITING)
-    assert store.get("state/0") == b"waiting"
+    assert store.get(keys.state(0)) == b"waiting"
 
 
 def test_agent_waits_through_a_store_outage_then_gives_up_with_an_error():
@@ -204,7 +204,7 @@ def test_agent_waits_through_a_store_outage_then_gives_up_with_an_error():
     config = AgentConfig(instance=0, poll_s=1.0, store_outage_s=60.0)
     # Down for 50 s (an etcd restart), then the job is done: the agent waited it out.
     store = Outage(down_at=1, up_at=51)
-    store.set("job/done", b"19")
+    store.set(keys.job_done(), b"19")
     agent = Agent(config, store, engine=None, clock=ManualClock())  # type: ignore[arg-type]
     assert agent._next_plan(-1) is None
     # Gone for good (the embedded store's coordinator ended): one error after 60 s, not a hang.
@@ -244,9 +244,9 @@ def test_the_coordinator_stays_until_a_waiting_spare_has_seen_the_job_end(small_
         def sleep(self, seconds: float) -> None:
             super().sleep(seconds)
             self.sleeps += 1
-            self.store.add("hb/3", 1)
+            self.store.add(keys.heartbeat(3), 1)
             if self.sleeps == 3:
-                self.store.set("state/3", b"done")
+                self.store.set(keys.state(3), b"done")
 
     store = MemoryStore()
     clock = SpareClock(store)
@@ -254,16 +254,16 @@ def test_the_coordinator_stays_until_a_waiting_spare_has_seen_the_job_end(small_
                                heartbeat_timeout_s=3.0, finish_wait_s=10.0)
     coordinator = Coordinator(store, small_profile, config, clock=clock)
     for instance, state in ((1, b"done"), (3, b"waiting"), (5, b"training")):
-        store.add(f"hb/{instance}", 1)
-        store.set(f"state/{instance}", state)
+        store.add(keys.heartbeat(instance), 1)
+        store.set(keys.state(instance), state)
     assert coordinator.unfinished() == [3, 5]
     clock.advance(3.5)  # instance 5 falls silent: dead, not waited for
-    store.add("hb/3", 1)
-    store.set("job/done", b"3")
+    store.add(keys.heartbeat(3), 1)
+    store.set(keys.job_done(), b"3")
     assert coordinator.see_off() == []
     assert clock.sleeps == 3 and clock.now_s() == pytest.approx(3.5 + 0.6)
     # A spare that never answers is waited for finish_wait_s, then named.
-    store.set("state/3", b"waiting")
+    store.set(keys.state(3), b"waiting")
     start_s = clock.now_s()
     assert coordinator.see_off() == [3]
     assert clock.now_s() - start_s == pytest.approx(10.0, abs=0.25)
@@ -302,7 +302,7 @@ def test_a_restarted_coordinator_waits_out_a_store_outage_and_reuses_the_jobs_pr
     assert launch.job_profile(store, "tiny-gpt-small") == profile
     assert launch.job_profile(store, "tiny-gpt") != profile  # another job is profiled anew
     with pytest.raises(liveput.LiveputError, match="unreachable"):
-        launch.through_outage(lambda: Restarting(10**6).get("job/spec"), 0.05, retry_s=0.01)
+        launch.through_outage(lambda: Restarting(10**6).get(keys.job_spec()), 0.05, retry_s=0.01)
 
 
 def test_a_noticed_agent_left_out_before_its_margin_stays_and_leaves_at_it():

@@ -14,10 +14,10 @@ from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
                              final_parameters, reference_parameters)
 from runtime_fixtures import free_port
 
-from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 from liveput.runtime.job import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.store import open_store
+from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
 STEPS = 100
 

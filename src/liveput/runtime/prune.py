@@ -45,7 +45,7 @@ from liveput.runtime.store import Store
 LOG = logging.getLogger(__name__)
 
 _BY_GENERATION = (Pruned.RETIRED, Pruned.RETIRED_OR_OLD_STEP, Pruned.SUCCESSOR_RETIRED)
-INSTANCE_PREFIXES = tuple(f.prefix for f in keys.pruned_when(Pruned.FORGOTTEN))
+_INSTANCE_PREFIXES = tuple(f.prefix for f in keys.pruned_when(Pruned.FORGOTTEN))
 """The per-instance families, the registration first."""
 _STEP_PREFIXES = tuple(f.prefix for f in keys.pruned_when(Pruned.RETIRED_OR_OLD_STEP))
 _LISTED = tuple(f.prefix for f in keys.pruned_when(Pruned.FORGOTTEN, Pruned.OLDER_CHECKPOINT,
@@ -212,12 +212,12 @@ class Pruner:
             dead += self._fold(epoch, view.checkpoint[1])
         # A forgotten instance goes at once, its registration first: half deleted, it would
         # look like a new member (no heartbeat history) or be counted lost again.
-        forgotten_keys = sorted((k for k in dead if k.startswith(INSTANCE_PREFIXES)),
+        forgotten_keys = sorted((k for k in dead if k.startswith(_INSTANCE_PREFIXES)),
                                 key=lambda k: (not k.startswith(keys.MEMBER.prefix), k))
         for key in forgotten_keys:
             self.store.delete(key)
         self.deleted += len(forgotten_keys)
-        dead = [k for k in dead if not k.startswith(INSTANCE_PREFIXES)]
+        dead = [k for k in dead if not k.startswith(_INSTANCE_PREFIXES)]
         self.pending.extend(dead)
         self._compact_due = True
         if dead:
