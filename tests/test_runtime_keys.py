@@ -6,7 +6,7 @@ import json
 
 from liveput.runtime import keys, protocol
 from liveput.runtime.prune import PruneConfig, Pruner, PruneView
-from liveput.runtime.store import MemoryStore
+from liveput.runtime.store import MemoryStore, readers
 
 BATCH = 4
 
@@ -150,3 +150,22 @@ def test_pruning_a_populated_store_removes_the_same_keys_as_before():
     after = store.get_prefix("")
     assert set(after) == (before - set(_DELETED_BEFORE)) | {"coord/floor", "ledger-summary"}
     assert json.loads(after["coord/floor"]) == {"generation": 3, "step": 3}
+
+
+def test_the_shared_readers_parse_their_families():
+    store = MemoryStore()
+    for instance, count in ((2, b"5"), (10, b"1")):
+        store.set(keys.heartbeat(instance), count)
+    store.set("hb/stray", b"9")  # not an instance id: left out
+    assert readers.by_instance(store, keys.HEARTBEAT) == {10: b"1", 2: b"5"}
+    assert list(readers.by_instance(store, keys.HEARTBEAT)) == [10, 2]  # the store's key order
+    assert readers.current_generation(store) is None
+    store.set(keys.current_plan(), b"11")
+    assert readers.current_generation(store) == 11
+    for generation in (10, 9, 2):
+        store.set(keys.event(generation), json.dumps({"generation": generation}).encode())
+    assert [e["generation"] for e in readers.events(store)] == [2, 9, 10]  # by number
+    store.add(keys.migrations("pipeline"), 2)
+    store.add(keys.migrations("checkpoint-restore"), 1)
+    store.add(keys.preemptions(), 4)
+    assert readers.migrations(store) == {"pipeline": 2, "checkpoint-restore": 1}
