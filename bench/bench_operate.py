@@ -41,7 +41,7 @@ def write_job_store(store, steps: int, profile=None, series_points: int = 240) -
     """A ``steps``-step job's store, written through the runtime's own code (see above);
     ``profile``: the job's (default: measured now, as a launched job does)."""
     from liveput.operate.recorder import RecorderConfig, StatusRecorder
-    from liveput.runtime import protocol
+    from liveput.runtime import keys, protocol
     from liveput.runtime.checkpoint import Checkpointer
     from liveput.runtime.clock import ManualClock
     from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
@@ -51,13 +51,13 @@ def write_job_store(store, steps: int, profile=None, series_points: int = 240) -
     job = resolve_job("tiny-gpt")
     publish_spec(store, JobSpec("tiny-gpt", tempfile.mkdtemp(prefix="bench-operate-ckpt-")))
     profile = profile or job_profile(store, "tiny-gpt")
-    store.set("members/0", json.dumps({"host": "127.0.0.1", "market": "spot"}).encode())
+    store.set(keys.member(0), json.dumps({"host": "127.0.0.1", "market": "spot"}).encode())
     plan = protocol.RuntimePlan(
         generation=0, epoch=0, start_step=0, end_step=steps, data_parallel=1,
         pipeline_stages=1, boundaries=[0, job.num_layers], slots={0: (0, 0)},
         hosts={0: "127.0.0.1"}, kind="none")
     protocol.publish_plan(store, plan)
-    store.set("events/0", json.dumps({"reason": "start", "kind": "none"}).encode())
+    store.set(keys.event(0), json.dumps({"reason": "start", "kind": "none"}).encode())
     clock = ManualClock()
     coordinator = Coordinator(store, profile, CoordinatorConfig(
         num_steps=steps, num_micro_batches=job.num_micro_batches, capacity=4), clock=clock)
@@ -72,9 +72,9 @@ def write_job_store(store, steps: int, profile=None, series_points: int = 240) -
             step=step, generation=0, first_sample=step * job.global_batch_size,
             num_samples=job.global_batch_size, loss=5.0 / (1 + step / 1000),
             data_parallel=1, pipeline_stages=1, committed_unix_s=time.time()))
-        store.add("hb/0", 1)
+        store.add(keys.heartbeat(0), 1)
         if step % 100 == 99:
-            store.add(f"ckpt/0/{step}", job.num_layers)
+            store.add(keys.checkpoint_layers(0, step), job.num_layers)
             checkpointer._mark_latest(0, step)
         clock.advance(0.25)
         if step % 10 == 9 or step == steps - 1:
@@ -90,8 +90,8 @@ def write_job_store(store, steps: int, profile=None, series_points: int = 240) -
 def status_latency(steps: int) -> dict:
     from liveput.operate.recorder import read_status
     from liveput.operate.runner import free_port_pair
-    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
     from liveput.runtime.store import open_store
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
     with tempfile.TemporaryDirectory(prefix="bench-operate-") as scratch:
         etcd = LocalEtcd(EtcdConfig(Path(scratch) / "etcd", client_port=free_port_pair(),
@@ -131,6 +131,7 @@ def dashboard_lag(samples: int = 30) -> dict:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    from liveput.runtime import keys
     from liveput.runtime.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="bench-operate-") as scratch:
@@ -168,9 +169,9 @@ def dashboard_lag(samples: int = 30) -> dict:
             browser.quit()
             with open_store(place["store"], token=token) as store:
                 committed = {}
-                for key, raw in store.get_prefix("ledger/").items():
+                for key, raw in store.get_prefix(keys.LEDGER.prefix).items():
                     committed[int(key.rsplit("/", 1)[1])] = json.loads(raw)["committed_unix_s"]
-                store.set("job/stop", b"1")
+                store.set(keys.job_stop(), b"1")
         for shown, at in seen:
             if shown - 1 in committed:
                 lags.append(at - committed[shown - 1])

@@ -25,7 +25,7 @@ from liveput.models.jobs import resolve_job
 from liveput.perf import estimate_configs, load_profile, partition_layers
 from liveput.perf.configuration import Configuration
 from liveput.perf.profiler import profile_model, tiny_gpt_target
-from liveput.runtime import protocol
+from liveput.runtime import keys, protocol
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.engine import Engine, EngineConfig
 from liveput.runtime.inprocess import ThreadCluster
@@ -68,7 +68,7 @@ def _runtime_loop(job: Job, steps: int, directory: str) -> float:
         engine.run_generation(plan)
         engine.checkpointer.close()
         records = sorted((json.loads(v)["committed_unix_s"] for v in
-                          store.get_prefix("ledger/").values()))
+                          store.get_prefix(keys.LEDGER.prefix).values()))
     finally:
         store.close()
     gaps = [b - a for a, b in zip(records[2:], records[3:], strict=False)]
@@ -138,7 +138,7 @@ def _process_run(job_name: str, configuration: Configuration, steps: int, direct
         for process in processes:
             process.wait(timeout=300)
         records = sorted(json.loads(v)["committed_unix_s"]
-                         for v in store.get_prefix("ledger/").values())
+                         for v in store.get_prefix(keys.LEDGER.prefix).values())
     finally:
         for process in processes:
             if process.poll() is None:

@@ -2,8 +2,8 @@
 
 A real :class:`~liveput.runtime.coordinator.Coordinator` (with its pruning) runs against a signed
 store, on the TCPStore (hosted in a child process, as a coordinator hosts it) and on a real etcd
-server (:class:`~liveput.runtime.etcd.LocalEtcd`). Instead of training, obedient agents write
-what the engine and the agent write, through the same protocol functions: heartbeats, arrivals,
+server (:class:`~liveput.runtime.store.etcd_server.LocalEtcd`). Instead of training, obedient agents
+write what the engine and the agent write, through the same protocol functions: heartbeats, arrivals,
 holdings reports, commit votes and outcomes, ledger records, checkpoint counters and the latest
 checkpoint. An instance is lost (no notice) and a new one joins at 2,500 and 7,500 steps, and
 at 5,005 steps all three are replaced, so generations end, a plan restores from the checkpoint
@@ -25,16 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from liveput.models.jobs import resolve_job
-from liveput.runtime import protocol
-from liveput.runtime.checkpoint import LATEST
+from liveput.runtime import keys, protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+from liveput.models.jobs import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.runtime.prune import PruneConfig
-from liveput.runtime.store import EtcdStore, SignedStore, Store, TCPStoreBackend, open_store
+from liveput.runtime.store import EtcdStore, SignedStore, Store, TCPStoreBackend, open_store, readers
+from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
 STEPS = 10_000
 MEASURE_AT = (1_000, 5_000, 10_000)
@@ -69,13 +68,13 @@ class ObedientAgents:
         instance = self.next_id
         self.next_id += 1
         self.alive.add(instance)
-        self.store.set(f"members/{instance}", json.dumps({"host": "127.0.0.1"}).encode())
-        self.store.add(f"hb/{instance}", 1)
-        self.store.set(f"state/{instance}", b"waiting")
+        self.store.set(keys.member(instance), json.dumps({"host": "127.0.0.1"}).encode())
+        self.store.add(keys.heartbeat(instance), 1)
+        self.store.set(keys.state(instance), b"waiting")
 
     def beat(self) -> None:
         for instance in self.alive:
-            self.store.add(f"hb/{instance}", 1)
+            self.store.add(keys.heartbeat(instance), 1)
 
     def _report(self, instance: int, ending: str) -> None:
         plan = self.plan
@@ -86,10 +85,10 @@ class ObedientAgents:
 
     def follow(self) -> None:
         """Take up a newer plan (arrive, hold its layers), as agents do."""
-        raw = self.store.get("plan/current")
-        if raw is None or (self.plan is not None and int(raw) <= self.plan.generation):
+        current = readers.current_generation(self.store)
+        if current is None or (self.plan is not None and current <= self.plan.generation):
             return
-        plan = protocol.load_plan(self.store, int(raw))
+        plan = protocol.load_plan(self.store, current)
         if self.plan is not None and self.training:
             for instance in self.plan.world:
                 if instance in self.alive:
@@ -98,7 +97,7 @@ class ObedientAgents:
         self.epoch, self.last = plan.epoch, plan.start_step - 1
         for instance in plan.world:
             if instance in self.alive:
-                self.store.set(f"state/{instance}", b"training")
+                self.store.set(keys.state(instance), b"training")
                 protocol.arrive(self.store, plan, instance)
                 self._report(instance, "" if plan.slots[instance] is not None else "spare")
 
@@ -108,7 +107,7 @@ class ObedientAgents:
         if plan is None:
             return
         if not self.met:
-            self.met = self.store.get(protocol.all_arrived_key(plan.generation)) is not None
+            self.met = self.store.get(keys.all_arrived(plan.generation)) is not None
             if not self.met:
                 return
         self.training = True
@@ -130,11 +129,12 @@ class ObedientAgents:
             step, plan.generation, step * self.batch, self.batch, 1.0, plan.data_parallel,
             plan.pipeline_stages, time.time()))
         if (step + 1) % CHECKPOINT_EVERY == 0:
-            if self.store.add(f"ckpt/{plan.epoch}/{step}", self.num_layers) == self.num_layers:
-                self.store.set(LATEST, json.dumps({"epoch": plan.epoch, "step": step}).encode())
+            if self.store.add(keys.checkpoint_layers(plan.epoch, step), self.num_layers) == self.num_layers:
+                self.store.set(keys.latest_checkpoint(),
+                               json.dumps({"epoch": plan.epoch, "step": step}).encode())
         if step + 1 >= plan.end_step:
             for instance in self.alive:
-                self.store.set(f"state/{instance}", b"done")
+                self.store.set(keys.state(instance), b"done")
 
 
 def _measure(store: Store, extra: dict) -> dict:

@@ -230,7 +230,7 @@ metrics: {{tensorboard: {tmp_path / 'tb'}}}
     finally:
         _stop_etcd(tmp_path / "state")
     # The ledger, kept in the same store, proves exactly-once across the break.
-    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
     etcd = LocalEtcd(EtcdConfig(tmp_path / "state" / "etcd",
                                 client_port=int(place["store"].rsplit(":", 1)[1])))

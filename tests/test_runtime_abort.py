@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from liveput.runtime import keys, protocol
 from liveput.models.jobs import resolve_job
-from liveput.runtime import protocol
 from liveput.runtime.ledger import verify_ledger
 from liveput.testbed.cluster import ChaosCluster, ClusterConfig
 from liveput.testbed.netns import NetnsHosts
@@ -105,7 +105,7 @@ def _fault_mid_step(tmp_path: Path, fault: str) -> dict:
                 # A later plan it works in, that every instance arrived at: after its wake.
                 "rejoined": [p.generation for p in plans if p is not None
                              and p.slots.get(victim) is not None
-                             and store.get(protocol.all_arrived_key(p.generation)) is not None],
+                             and store.get(keys.all_arrived(p.generation)) is not None],
                 "ledger": verify_ledger(store, resolve_job("tiny-gpt-small").global_batch_size,
                                         STEPS),
                 "parameters": final_parameters(tmp_path / "ckpt", plan.boundaries[-1]),
@@ -118,7 +118,7 @@ def _fault_mid_step(tmp_path: Path, fault: str) -> dict:
 
 def _records(cluster: ChaosCluster) -> dict[str, dict]:
     """The ledger's records now (read early too: the coordinator folds old ones away)."""
-    return {key: json.loads(raw) for key, raw in cluster.store.get_prefix("ledger/").items()}
+    return {key: json.loads(raw) for key, raw in cluster.store.get_prefix(keys.LEDGER.prefix).items()}
 
 
 def _check(result: dict) -> None:

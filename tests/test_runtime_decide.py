@@ -17,15 +17,14 @@ from hypothesis import strategies as st
 from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
-from liveput.runtime import protocol
-from liveput.runtime.checkpoint import LATEST
+from liveput.runtime import keys, protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.decide import ActionKind, CoordinatorView, Member, decide
 from liveput.runtime.notices import Notice
 from liveput.runtime.planning import profile_job
 from liveput.runtime.protocol import FRESH_START, FailureReport, Holding, RuntimePlan
-from liveput.runtime.store import MemoryStore
+from liveput.runtime.store import MemoryStore, readers
 
 TICK_S = 0.2
 CHECKPOINT_EVERY = 5
@@ -56,16 +55,16 @@ class ModelAgents:
 
     def join(self, instance: int, market: str = "spot") -> None:
         self.instances[instance] = _Instance()
-        self.store.set(f"members/{instance}",
+        self.store.set(keys.member(instance),
                        json.dumps({"host": "127.0.0.1", "market": market}).encode())
-        self.store.add(f"hb/{instance}", 1)
+        self.store.add(keys.heartbeat(instance), 1)
 
     def kill(self, instance: int) -> None:
         self.instances[instance].alive = False
 
     def notice(self, instance: int, lead_s: float | None = None) -> None:
         notice = b"{}" if lead_s is None else Notice("emulator", "terminate", lead_s).to_json().encode()
-        self.store.set(f"notice/{instance}", notice)
+        self.store.set(keys.notice(instance), notice)
 
     def alive(self) -> list[int]:
         return [i for i, s in self.instances.items() if s.alive]
@@ -135,15 +134,16 @@ class ModelAgents:
         for instance in working:
             self.instances[instance].step = step
             if step + 1 >= plan.end_step:
-                self.store.set(f"state/{instance}", b"done")
-        self.store.set(f"ledger/{plan.epoch}/{step}", b"{}")
+                self.store.set(keys.state(instance), b"done")
+        self.store.set(keys.ledger_record(plan.epoch, step), b"{}")
         if (step + 1) % CHECKPOINT_EVERY == 0:
             self.checkpoints.add(step)
-            self.store.set(LATEST, json.dumps({"epoch": plan.epoch, "step": step}).encode())
+            self.store.set(keys.latest_checkpoint(),
+                           json.dumps({"epoch": plan.epoch, "step": step}).encode())
 
     def tick(self) -> None:
         for instance in self.alive():
-            self.store.add(f"hb/{instance}", 1)
+            self.store.add(keys.heartbeat(instance), 1)
         plan = protocol.current_plan(self.store)
         if plan is None:
             return
@@ -155,7 +155,7 @@ class ModelAgents:
                 if state.alive and state.arrived < plan.generation:
                     state.arrived = plan.generation
                     protocol.arrive(self.store, plan, instance)
-            if self.store.get(protocol.all_arrived_key(plan.generation)) is not None:
+            if self.store.get(keys.all_arrived(plan.generation)) is not None:
                 self._execute(plan)
         elif self.phase == "training":
             self._train_one_step(plan)
@@ -267,7 +267,7 @@ def test_a_plan_that_never_ran_is_not_what_the_next_plan_starts_from():
     committed_before = coordinator.committed
     assert run(coordinator, agents, clock, 3000), coordinator.status
     assert agents.stale_trained == 0
-    kinds = [json.loads(v)["kind"] for v in store.get_prefix("events/").values()]
+    kinds = [event["kind"] for event in readers.events(store)]
     assert "checkpoint-restore" in kinds and committed_before >= 0
 
 
@@ -526,7 +526,7 @@ def test_the_first_plan_is_not_forecast_from_the_empty_intervals_before_instance
     run(coordinator, agents, clock, 2)
     assert coordinator.plan is not None and coordinator.plan.num_working == 2
     run(coordinator, agents, clock, 8)
-    assert json.loads(store.get("coord/history"))[0] == 2  # counted from the first plan on
+    assert json.loads(store.get(keys.coordinator_history()))[0] == 2  # counted from the first plan on
 
 
 def test_an_instance_silent_past_the_end_its_notice_announced_is_gone_without_a_timeout():

@@ -11,8 +11,8 @@ from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
                              final_parameters, reference_parameters, run_to_end,
                              run_until)
 
+from liveput.runtime import keys, protocol
 from liveput.models.jobs import resolve_job
-from liveput.runtime import protocol
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.ledger import verify_ledger
@@ -86,7 +86,7 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     # silent and fail a plan or two; two failed plans in a row force a restore (rule 4), which
     # the events mark: the lost stage itself needs exactly one restore.
     plans = [{**json.loads(v), "generation": int(k.split("/")[1])} for k, v in sorted(
-        store.get_prefix("events/").items(), key=lambda kv: int(kv[0].split("/")[1]))]
+        store.get_prefix(keys.EVENT.prefix).items(), key=lambda kv: int(kv[0].split("/")[1]))]
     # Likewise a starved survivor silent past suspect_after_s is left out at a replan, and a
     # layer only it held then comes from the checkpoint: such a restore names a live suspect.
     # (Seen once in five suite runs; every run still trains exactly once to the same parameters.)
@@ -110,7 +110,7 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     assert any(set(event["suspects"]) & set(doomed) for event in plans
                if event["kind"] == "checkpoint-restore"), plans
     assert 1 <= len(needed) <= 2, plans
-    assert int(store.get("stats/migrations/checkpoint-restore")) == \
+    assert int(store.get(keys.migrations("checkpoint-restore"))) == \
         len(unforced) + len(forced), plans
     # A restore record (a new epoch) for each restore that undid committed steps: none when
     # its checkpoint was of the last committed step.
@@ -124,7 +124,7 @@ def test_an_agent_without_the_job_token_is_refused(cluster, profile):
     intruder = agents.start(9, token="not-the-token")
     assert intruder.wait(timeout=60) == 2
     assert "refused" in agents.log(9)
-    assert store.get_prefix("members/") == {}
+    assert store.get_prefix(keys.MEMBER.prefix) == {}
 
 
 def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profile, tmp_path):
@@ -149,7 +149,7 @@ def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profil
     run_to_end(coordinator, agents)
     codes = agents.wait_all()
     assert codes == {0: 0, 1: 0, 2: 0}
-    assert store.get(f"state/{noticed}") == b"left"
+    assert store.get(keys.state(noticed)) == b"left"
     report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
     assert report.exactly_once and report.restores == 0
     assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))

@@ -13,7 +13,7 @@ from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.perf.costs import MigrationCostModel
 from liveput.plan.migration import Assignment, Slot, plan_migration
-from liveput.runtime import protocol
+from liveput.runtime import keys, protocol
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.engine import Ending, Engine, EngineConfig
 from liveput.runtime.ledger import verify_ledger
@@ -38,7 +38,7 @@ def test_a_fenced_step_never_commits_and_a_committed_step_is_never_fenced():
 def test_the_fence_decides_a_vote_whose_writer_died_before_marking_it():
     store = MemoryStore()
     for _ in range(2):
-        store.add(protocol.commit_key(0, 3), 1)  # all voted, nobody wrote the outcome
+        store.add(keys.commit(0, 3), 1)  # all voted, nobody wrote the outcome
     assert protocol.fence(store, 0, 3, 2) == 4
     assert protocol.step_outcome(store, 0, 3) == protocol.COMMITTED
 
@@ -57,21 +57,21 @@ def test_the_last_instance_to_arrive_opens_the_plan_and_a_newer_plan_frees_the_w
     plan = protocol.RuntimePlan(4, 0, 10, 50, 1, 3, [0, 1, 2, 4], {0: (0, 0), 3: (0, 1), 7: (0, 2)},
                                 {i: "127.0.0.1" for i in (0, 3, 7)}, [], "intra-stage", None)
     assert [protocol.arrive(store, plan) for _ in range(2)] == [False, False]
-    assert store.get(protocol.all_arrived_key(4)) is None
+    assert store.get(keys.all_arrived(4)) is None
     assert protocol.arrive(store, plan) is True
-    assert store.get(protocol.all_arrived_key(4)) == b"1"
+    assert store.get(keys.all_arrived(4)) == b"1"
     # Instance 7 died after the plan was made: the two others wait for it, until plan 5 is out.
     waiting = dataclasses.replace(plan, generation=5)
     engine = Engine(resolve_job("tiny-gpt-small"), 0, store, rendezvous=None, checkpointer=None,
                     config=EngineConfig(comm_timeout_s=60.0))
     protocol.arrive(store, waiting)  # instance 3
-    store.set("plan/current", b"6")
+    store.set(keys.current_plan(), b"6")
     started = time.monotonic()
     result = engine.run_generation(waiting)
     assert result.ending is Ending.FAILED
     assert time.monotonic() - started < 10.0  # not the 60-s communication timeout
     assert "superseded" in protocol.failures(store, 5)[0].reason
-    assert store.get(protocol.all_arrived_key(5)) is None
+    assert store.get(keys.all_arrived(5)) is None
     assert protocol.arrivals(store, 5) == {0}
 
 
@@ -183,7 +183,7 @@ def test_agent_refuses_an_undocumented_state_transition():
     with pytest.raises(liveput.LiveputError, match="no transition joining -> training"):
         agent._move(AgentState.TRAINING)
     agent._move(AgentState.WAITING)
-    assert store.get("state/0") == b"waiting"
+    assert store.get(keys.state(0)) == b"waiting"
 
 
 def test_agent_waits_through_a_store_outage_then_gives_up_with_an_error():
@@ -205,7 +205,7 @@ def test_agent_waits_through_a_store_outage_then_gives_up_with_an_error():
     config = AgentConfig(instance=0, poll_s=1.0, store_outage_s=60.0)
     # Down for 50 s (an etcd restart), then the job is done: the agent waited it out.
     store = Outage(down_at=1, up_at=51)
-    store.set("job/done", b"19")
+    store.set(keys.job_done(), b"19")
     agent = Agent(config, store, engine=None, clock=ManualClock())  # type: ignore[arg-type]
     assert agent._next_plan(-1) is None
     # Gone for good (the embedded store's coordinator ended): one error after 60 s, not a hang.
@@ -245,9 +245,9 @@ def test_the_coordinator_stays_until_a_waiting_spare_has_seen_the_job_end(small_
         def sleep(self, seconds: float) -> None:
             super().sleep(seconds)
             self.sleeps += 1
-            self.store.add("hb/3", 1)
+            self.store.add(keys.heartbeat(3), 1)
             if self.sleeps == 3:
-                self.store.set("state/3", b"done")
+                self.store.set(keys.state(3), b"done")
 
     store = MemoryStore()
     clock = SpareClock(store)
@@ -255,16 +255,16 @@ def test_the_coordinator_stays_until_a_waiting_spare_has_seen_the_job_end(small_
                                heartbeat_timeout_s=3.0, finish_wait_s=10.0)
     coordinator = Coordinator(store, small_profile, config, clock=clock)
     for instance, state in ((1, b"done"), (3, b"waiting"), (5, b"training")):
-        store.add(f"hb/{instance}", 1)
-        store.set(f"state/{instance}", state)
+        store.add(keys.heartbeat(instance), 1)
+        store.set(keys.state(instance), state)
     assert coordinator.unfinished() == [3, 5]
     clock.advance(3.5)  # instance 5 falls silent: dead, not waited for
-    store.add("hb/3", 1)
-    store.set("job/done", b"3")
+    store.add(keys.heartbeat(3), 1)
+    store.set(keys.job_done(), b"3")
     assert coordinator.see_off() == []
     assert clock.sleeps == 3 and clock.now_s() == pytest.approx(3.5 + 0.6)
     # A spare that never answers is waited for finish_wait_s, then named.
-    store.set("state/3", b"waiting")
+    store.set(keys.state(3), b"waiting")
     start_s = clock.now_s()
     assert coordinator.see_off() == [3]
     assert clock.now_s() - start_s == pytest.approx(10.0, abs=0.25)
@@ -297,13 +297,13 @@ def test_a_restarted_coordinator_waits_out_a_store_outage_and_reuses_the_jobs_pr
     store = Restarting(down_calls=3)
     profile = launch.through_outage(lambda: launch.job_profile(store, "tiny-gpt-small"), 5.0,
                                     retry_s=0.01)
-    assert store.calls == 4 and store.get(launch.PROFILE_KEY) is not None
+    assert store.calls == 4 and store.get(keys.job_profile()) is not None
     # A restarted coordinator takes the kept profile (a new measurement would differ in its
     # timings): the same plans, and no profiling again.
     assert launch.job_profile(store, "tiny-gpt-small") == profile
     assert launch.job_profile(store, "tiny-gpt") != profile  # another job is profiled anew
     with pytest.raises(liveput.LiveputError, match="unreachable"):
-        launch.through_outage(lambda: Restarting(10**6).get("job/spec"), 0.05, retry_s=0.01)
+        launch.through_outage(lambda: Restarting(10**6).get(keys.job_spec()), 0.05, retry_s=0.01)
 
 
 def test_a_noticed_agent_left_out_before_its_margin_stays_and_leaves_at_it():

@@ -8,13 +8,13 @@ import random
 import pytest
 
 from liveput.errors import LiveputError
-from liveput.models.jobs import resolve_job
-from liveput.runtime import protocol
+from liveput.runtime import keys, protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime.ledger import SUMMARY_KEY, fold, fold_epoch, read_ledger, verify_ledger
+from liveput.runtime.ledger import fold, fold_epoch, read_ledger, verify_ledger
+from liveput.models.jobs import resolve_job
 from liveput.runtime.planning import profile_job
-from liveput.runtime.prune import FLOOR_KEY, PruneConfig, PruneView, dead_keys, forgotten
+from liveput.runtime.prune import PruneConfig, PruneView, dead_keys, forgotten
 from liveput.runtime.store import MemoryStore, SignedStore, TCPStoreBackend, open_store
 
 BATCH = 4
@@ -33,7 +33,7 @@ def _fold_into(store, epoch: int, checkpoint: int) -> bool:  # noqa: ANN001
     folded = fold(summary, epochs, restores, epoch, checkpoint, BATCH)
     if folded is None:
         return False
-    store.set(SUMMARY_KEY, folded.summary.to_json())
+    store.set(keys.ledger_summary(), folded.summary.to_json())
     for key in folded.dead_keys:
         store.delete(key)
     return True
@@ -110,9 +110,9 @@ def test_a_folded_ledger_still_catches_missing_doubled_and_forged_steps():
     assert any("below the summarized step 15" in p for p in problems), problems
 
     forged = _folded_job()  # a summary claiming more, written without the token
-    raw = json.loads(forged.get(SUMMARY_KEY))
+    raw = json.loads(forged.get(keys.ledger_summary()))
     raw["through_step"] = 19
-    forged.inner.set(SUMMARY_KEY, json.dumps(raw).encode())
+    forged.inner.set(keys.ledger_summary(), json.dumps(raw).encode())
     with pytest.raises(Exception, match="refused"):
         verify_ledger(forged, BATCH, 20)
 
@@ -152,7 +152,7 @@ def test_dead_keys_of_a_job():
 
 
 def test_tcp_store_deletes_leave_a_bounded_index_and_rewritten_keys_listed(monkeypatch):
-    monkeypatch.setattr("liveput.runtime.store._SWEEP_MIN_ENTRIES", 16)
+    monkeypatch.setattr("liveput.runtime.store.tcp._SWEEP_MIN_ENTRIES", 16)
     server = TCPStoreBackend("127.0.0.1", 0, host=True)
     writer = TCPStoreBackend("127.0.0.1", server.port)
     lister = TCPStoreBackend("127.0.0.1", server.port)
@@ -217,7 +217,7 @@ def test_a_pruning_coordinator_keeps_the_store_small_and_a_restarted_one_recover
             agents.join()
         if agents.last >= 450 and not restarted:
             restarted = True
-            assert store.get(FLOOR_KEY) is not None
+            assert store.get(keys.prune_floor()) is not None
             assert store.get(f"done/{agents.plan.generation}/{agents.plan.start_step}") is None
             coordinator = Coordinator(store, profile, config, clock=clock)
             assert coordinator.committed == agents.last

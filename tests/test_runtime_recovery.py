@@ -15,9 +15,9 @@ from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
 from runtime_fixtures import free_port
 
 from liveput.models.jobs import resolve_job
-from liveput.runtime.etcd import EtcdConfig, LocalEtcd
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.store import open_store
+from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
 STEPS = 100
 

@@ -133,10 +133,10 @@ def coordinator(
 
     from liveput.cloud.holding import Holding
     from liveput.runtime.coordinator import CoordinatorConfig
-    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
     from liveput.models.jobs import resolve_job
     from liveput.runtime.launch import JobSpec, run_coordinator, through_outage
     from liveput.runtime.store import open_store, parse_host_port
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
     if store is not None and embedded:
         raise LiveputError("give at most one of --store URL and --embedded")

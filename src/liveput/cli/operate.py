@@ -16,8 +16,7 @@ from rich.table import Table
 from liveput.cli import params
 from liveput.cli.output import console, err_console, print_json
 from liveput.errors import LiveputError
-
-JOB_FILE_KEY = "job/file"
+from liveput.runtime import keys
 
 
 def _job(path: Path):  # noqa: ANN202 - a JobFile
@@ -61,7 +60,7 @@ def resume(
         job = _job(job_file)
     else:
         with _open(store, token_file, None) as handle:
-            raw = handle.get(JOB_FILE_KEY)
+            raw = handle.get(keys.job_file())
         if raw is None:
             raise LiveputError(f"resume: store {store} holds no job file (not a launched job)")
         kept = json.loads(raw)
@@ -97,7 +96,7 @@ def _keep_job_file(job, place) -> None:  # noqa: ANN001
 
     token = Path(place.token_file).read_text().strip()
     with open_store(place.store, token=token, timeout_s=5.0) as store:
-        store.set(JOB_FILE_KEY, json.dumps({
+        store.set(keys.job_file(), json.dumps({
             "text": Path(job.path).read_text() if job.path and Path(job.path).exists() else "",
             "path": job.path, "state_dir": str(job.state_path.resolve())}).encode())
 
@@ -126,8 +125,8 @@ def _detach(job_file: Path, job, as_json: bool) -> None:  # noqa: ANN001
             token = Path(place.token_file).read_text().strip()
             try:
                 with open_store(place.store, token=token, timeout_s=5.0) as store:
-                    if store.get("status/now") is not None and \
-                            store.get(JOB_FILE_KEY) is not None:
+                    if store.get(keys.status_now()) is not None and \
+                            store.get(keys.job_file()) is not None:
                         break
             except LiveputError:
                 pass
@@ -176,7 +175,7 @@ def _open(store: str | None, token_file: Path | None, token: str | None,
             store, fallback = place.store, place.token_file
     handle = open_store(store, token=_token(token, token_file, fallback), timeout_s=5.0)
     try:
-        handle.get("job/spec")  # reach it now: an unreachable store or wrong token, one line
+        handle.get(keys.job_spec())  # reach it now: an unreachable store or wrong token, one line
     except LiveputError:
         handle.close()
         raise

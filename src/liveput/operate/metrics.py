@@ -12,9 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from liveput.errors import LiveputError
-from liveput.runtime.store import Store
-
-MIGRATIONS_PREFIX = "stats/migrations/"
+from liveput.runtime.store import Store, readers
 
 
 class _StatusCollector:
@@ -74,8 +72,7 @@ def prometheus_text(store: Store) -> bytes:
     from liveput.operate.recorder import read_status
 
     status = read_status(store, events=0)
-    migrations = {key.removeprefix(MIGRATIONS_PREFIX): int(value)
-                  for key, value in store.get_prefix(MIGRATIONS_PREFIX).items()}
+    migrations = readers.migrations(store)
     registry = CollectorRegistry()
     registry.register(_StatusCollector(status, migrations))
     return generate_latest(registry)

@@ -25,14 +25,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from liveput.runtime.store import Store
+from liveput.runtime import keys
+from liveput.runtime.store import Store, readers
 
 if TYPE_CHECKING:
     from liveput.runtime.coordinator import Coordinator
 
-STATUS_KEY = "status/now"
-SERIES_KEY = "status/series"
-EVENTS_KEY = "status/events"
 STATES = ("starting", "running", "finished", "failed")
 
 
@@ -78,8 +76,8 @@ class StatusRecorder:
     def __init__(self, store: Store, config: RecorderConfig) -> None:
         self.store = store
         self.config = config
-        previous = _json(store.get(STATUS_KEY)) or {}
-        series = _json(store.get(SERIES_KEY)) or {}
+        previous = _json(store.get(keys.status_now())) or {}
+        series = _json(store.get(keys.status_series())) or {}
         # A resumed job goes on from what its store says: dollars, elapsed time, the plots.
         self.elapsed_s = float(previous.get("elapsed_s", 0.0))
         usd = previous.get("usd", {})
@@ -89,15 +87,15 @@ class StatusRecorder:
         self.downtime_s = float(previous.get("downtime_s", 0.0))
         self.points: list[list] = list(series.get("points", []))
         self.series_every_s = float(series.get("every_s", config.series_every_s))
-        self.events: deque[dict] = deque(_json(store.get(EVENTS_KEY)) or [],
+        self.events: deque[dict] = deque(_json(store.get(keys.status_events())) or [],
                                          maxlen=config.max_events)
         self._last_s: float | None = None
         self._last_write_s = -1e18
         self._last_point_s = -1e18
         self._rates: deque[tuple[float, int]] = deque()
         self._generation = -1 if previous.get("generation") is None else previous["generation"]
-        self._noticed: set[str] = set(store.get_prefix("notice/"))
-        self._lost: set[str] = set(store.get_prefix("lost/"))
+        self._noticed: set[int] = set(readers.by_instance(store, keys.NOTICE))
+        self._lost: set[int] = set(readers.by_instance(store, keys.LOST))
         self._checkpoint = _latest_checkpoint(store)
         self._downtime: dict | None = None
         """The newest plan's event until its first step commits (its downtime is then known)."""
@@ -118,7 +116,7 @@ class StatusRecorder:
         plan = coordinator.plan
         if plan is not None and plan.generation != self._generation:
             self._generation = plan.generation
-            published = _json(store.get(f"events/{plan.generation}")) or {}
+            published = _json(store.get(keys.event(plan.generation))) or {}
             self._downtime = self._event(
                 "plan", now_s, generation=plan.generation,
                 reason=published.get("reason", ""), migration=plan.kind,
@@ -129,15 +127,15 @@ class StatusRecorder:
             self._downtime["downtime_s"] = round(now_s - self._plan_at_s, 3)
             self.downtime_s += self._downtime["downtime_s"]
             self._downtime = None
-        noticed = set(store.get_prefix("notice/"))
-        for key in sorted(noticed - self._noticed):
-            self._event("notice", now_s, instance=int(key.split("/")[1]),
+        # New ones in the store's key order (``notice/10`` before ``notice/9``).
+        noticed = set(readers.by_instance(store, keys.NOTICE))
+        for instance in sorted(noticed - self._noticed, key=str):
+            self._event("notice", now_s, instance=instance,
                         reason="preemption notice from the provider")
-        lost = set(store.get_prefix("lost/"))
-        for key in sorted(lost - self._lost):
-            instance = int(key.split("/")[1])
+        lost = set(readers.by_instance(store, keys.LOST))
+        for instance in sorted(lost - self._lost, key=str):
             self._event("lost", now_s, instance=instance,
-                        reason="noticed: leaves the job" if f"notice/{instance}" in noticed
+                        reason="noticed: leaves the job" if instance in noticed
                         else "no heartbeat: preempted or dead")
         self._noticed, self._lost = noticed, lost
         checkpoint = _latest_checkpoint(store)
@@ -149,17 +147,15 @@ class StatusRecorder:
     def _instances(self, coordinator: Coordinator) -> dict[str, dict[str, int]]:
         markets: dict[str, dict[str, int]] = {"spot": {}, "on-demand": {}}
         available = set(coordinator.available)
-        left = {k.split("/")[1] for k, v in self.store.get_prefix("state/").items()
-                if v in (b"left", b"done")}
-        lost = {k.split("/")[1] for k in self._lost}
-        for key, raw in self.store.get_prefix("members/").items():
-            instance = key.split("/")[1]
+        states = readers.by_instance(self.store, keys.STATE)
+        left = {instance for instance, value in states.items() if value in (b"left", b"done")}
+        for instance, raw in readers.by_instance(self.store, keys.MEMBER).items():
             market = "on-demand" if (_json(raw) or {}).get("market") == "on-demand" else "spot"
-            if int(instance) in available:
+            if instance in available:
                 state = "running"
-            elif f"notice/{instance}" in self._noticed and instance not in left:
+            elif instance in self._noticed and instance not in left:
                 state = "noticed"
-            elif instance in left or instance in lost:
+            elif instance in left or instance in self._lost:
                 continue  # gone: no longer billed
             else:
                 state = "joining"
@@ -196,9 +192,9 @@ class StatusRecorder:
             return None
         self._last_write_s = now_s
         snapshot = self._snapshot(coordinator, instances, now_s, state, reason)
-        self.store.set(STATUS_KEY, json.dumps(snapshot).encode())
+        self.store.set(keys.status_now(), json.dumps(snapshot).encode())
         if changed:
-            self.store.set(EVENTS_KEY, json.dumps(list(self.events)).encode())
+            self.store.set(keys.status_events(), json.dumps(list(self.events)).encode())
         if force or now_s - self._last_point_s >= self.series_every_s:
             self._last_point_s = now_s
             self._add_point(snapshot)
@@ -215,7 +211,7 @@ class StatusRecorder:
         plan = coordinator.plan
         loss = None
         if plan is not None and coordinator.committed >= 0:
-            record = _json(self.store.get(f"ledger/{plan.epoch}/{coordinator.committed}"))
+            record = _json(self.store.get(keys.ledger_record(plan.epoch, coordinator.committed)))
             loss = None if record is None else record.get("loss")
         if loss is None:
             loss = self.snapshot.get("loss")
@@ -260,7 +256,7 @@ class StatusRecorder:
             # Whole history at half the resolution: every other point, the newest kept.
             self.points = self.points[::-1][::2][::-1]
             self.series_every_s *= 2
-        self.store.set(SERIES_KEY, json.dumps({"every_s": self.series_every_s,
+        self.store.set(keys.status_series(), json.dumps({"every_s": self.series_every_s,
                                                "points": self.points}).encode())
 
 
@@ -274,20 +270,20 @@ def read_status(store: Store, events: int = 10) -> dict:
     LiveputError if the store holds no job status."""
     from liveput.errors import LiveputError
 
-    snapshot = _json(store.get(STATUS_KEY))
+    snapshot = _json(store.get(keys.status_now()))
     if snapshot is None:
-        spec = store.get("job/spec")
+        spec = store.get(keys.job_spec())
         raise LiveputError(f"store {store.url}: " + (
             "the job has not reported a status yet (starting?)" if spec is not None
             else "no liveput job here"))
-    kept = _json(store.get(EVENTS_KEY)) or []
+    kept = _json(store.get(keys.status_events())) or []
     snapshot["events"] = kept[-events:] if events else []
     return snapshot
 
 
 def read_series(store: Store) -> dict:
     """The dashboard's series: ``{"fields": [...], "points": [[...], ...]}``."""
-    series = _json(store.get(SERIES_KEY)) or {}
+    series = _json(store.get(keys.status_series())) or {}
     return {"fields": list(SERIES_FIELDS), "points": series.get("points", [])}
 
 

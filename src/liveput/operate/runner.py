@@ -28,11 +28,11 @@ from pathlib import Path
 from liveput.errors import LiveputError
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
-from liveput.runtime.etcd import pid_alive
+from liveput.runtime import keys
 from liveput.runtime.store import Store, open_store
+from liveput.runtime.store.etcd_server import pid_alive
 
 LOG = logging.getLogger(__name__)
-STOP_KEY = "job/stop"
 JOB_JSON = "job.json"
 
 
@@ -109,11 +109,11 @@ def _token(state_dir: Path) -> tuple[str, Path]:
 
 def forget_instances(store: Store) -> int:
     """Delete every instance's keys (all of them are gone); how many."""
-    from liveput.runtime.prune import INSTANCE_PREFIXES
-
     count = 0
-    for prefix in INSTANCE_PREFIXES:
-        for key in store.get_prefix(prefix):
+    for family in keys.FAMILIES:
+        if family.scope is not keys.Scope.INSTANCE:
+            continue
+        for key in store.get_prefix(family.prefix):
             store.delete(key)
             count += 1
     return count
@@ -128,7 +128,7 @@ def end_dead_generation(store: Store) -> int | None:
     from liveput.runtime.prune import read_floor
 
     plan = protocol.current_plan(store)
-    if plan is None or store.get("job/done") is not None:
+    if plan is None or store.get(keys.job_done()) is not None:
         return None
     floor = read_floor(store, plan.generation)
     committed = protocol.last_committed(store, plan.generation,
@@ -141,7 +141,7 @@ def run_job(job: JobFile, *, resume: bool = False,
     """Run ``job`` to its end (or continue it with ``resume``), then linger; its summary.
 
     Bad input is refused before anything of an existing job is touched."""
-    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
     from liveput.models.jobs import resolve_job
 
     state_dir = job.state_path
@@ -180,10 +180,10 @@ def run_job(job: JobFile, *, resume: bool = False,
     try:
         store = open_store(etcd.url, token=token, timeout_s=10.0)
         if resume:
-            if store.get("job/done") is not None and (state_dir / "model.pt").exists():
+            if store.get(keys.job_done()) is not None and (state_dir / "model.pt").exists():
                 raise LiveputError(f"resume: job {job.job_name!r} finished already; its model "
                                    f"is {state_dir / 'model.pt'}")
-            store.delete(STOP_KEY)
+            store.delete(keys.job_stop())
             forget_instances(store)
             end_dead_generation(store)
         place = JobPlace(etcd.url, str(token_file.resolve()),
@@ -252,7 +252,7 @@ def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str
         if not ready and on_ready is not None:
             ready = True
             on_ready(place)
-        if store.get(STOP_KEY) is not None:
+        if store.get(keys.job_stop()) is not None:
             raise LiveputError("stopped by liveput stop")
         if objective.budget_usd is not None and recorder.usd_spot + recorder.usd_on_demand > \
                 objective.budget_usd:
@@ -301,7 +301,7 @@ def _linger(store: Store | None, linger_s: float) -> None:
     deadline = time.monotonic() + linger_s
     while time.monotonic() < deadline:
         try:
-            if store.get(STOP_KEY) is not None:
+            if store.get(keys.job_stop()) is not None:
                 return
         except LiveputError:
             return
@@ -313,9 +313,9 @@ def stop_job(store: Store, place: JobPlace | None, state_dir: Path | None = None
     """Ask the job's launcher to stop (a running job ends, a lingering store goes); whether it
     was seen to end within ``wait_s``. A launcher that is gone (killed) left its etcd running,
     on purpose (a resume adopts it): with ``state_dir``, that etcd is stopped too."""
-    from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
-    store.set(STOP_KEY, b"1")
+    store.set(keys.job_stop(), b"1")
     if place is None:
         return True
     deadline = time.monotonic() + wait_s

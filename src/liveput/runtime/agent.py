@@ -37,14 +37,14 @@ import threading
 from dataclasses import dataclass
 
 from liveput.errors import LiveputError
-from liveput.runtime import protocol
+from liveput.runtime import keys, protocol
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.comm import configure_error_handling, end_process
 from liveput.runtime.decide import moves_after_s
 from liveput.runtime.engine import Ending, Engine
 from liveput.runtime.logs import RepeatFilter
 from liveput.runtime.notices import Notice, NoticeMonitor, NoticeWatcher
-from liveput.runtime.store import Store
+from liveput.runtime.store import Store, readers
 
 LOG = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class Agent:
         LOG.info("agent %d: %s -> %s", self.config.instance, self.state.value, state.value)
         self.state = state
         try:
-            self.store.set(f"state/{self.config.instance}", state.value.encode())
+            self.store.set(keys.state(self.config.instance), state.value.encode())
         except LiveputError as error:
             # Informational for the coordinator, which decides from heartbeats and holdings: a
             # store outage (an etcd restart) must not end the agent, nor the end of a finished
@@ -156,7 +156,7 @@ class Agent:
 
     def _on_notice(self, notice: Notice) -> None:
         self.notice, self.noticed_at_s = notice, self.clock.now_s()
-        self.store.set(f"notice/{self.config.instance}", notice.to_json().encode())
+        self.store.set(keys.notice(self.config.instance), notice.to_json().encode())
 
     def going(self) -> bool:
         """Its notice gives no lead, or less than ``notice_margin_s`` of it is left (the
@@ -165,14 +165,14 @@ class Agent:
             moves_after_s(self.notice.lead_s, self.config.notice_margin_s)
 
     def _beat(self) -> None:
-        key = f"hb/{self.config.instance}"
+        key = keys.heartbeat(self.config.instance)
         last_ok_s = self.clock.now_s()
         while not self._stop.wait(self.config.heartbeat_s):
             try:
                 if self.store.add(key, 1) == 1:
                     # The counter started again: the coordinator forgot this instance (silent
                     # for its forget_after_s, e.g. a long partition). Join again.
-                    self.store.set(f"members/{self.config.instance}", self._member())
+                    self.store.set(keys.member(self.config.instance), self._member())
                 last_ok_s = self.clock.now_s()
                 self._heartbeat_warnings.flush()
             except LiveputError as error:  # the store may be restarting; keep trying
@@ -194,10 +194,10 @@ class Agent:
 
     def join(self) -> None:
         """Register with the job (the store refuses values not signed with the job token)."""
-        self.store.set(f"members/{self.config.instance}", self._member())
-        self.store.add(f"hb/{self.config.instance}", 1)
-        current = self.store.get("plan/current")
-        self.joined_under = -1 if current is None else int(current)
+        self.store.set(keys.member(self.config.instance), self._member())
+        self.store.add(keys.heartbeat(self.config.instance), 1)
+        current = readers.current_generation(self.store)
+        self.joined_under = -1 if current is None else current
         self._heartbeat.start()
         if self._monitor is not None:
             self._monitor.start()
@@ -208,17 +208,17 @@ class Agent:
         failing_since_s: float | None = None
         while not self._stop.is_set():
             try:
-                if self.store.get("job/done") is not None:
+                if self.store.get(keys.job_done()) is not None:
                     return None
                 failure = protocol.job_error(self.store)
                 if failure is not None:
                     raise failure
-                raw = self.store.get("plan/current")
-                if raw is not None and int(raw) > after:
-                    plan = protocol.load_plan(self.store, int(raw))
+                current = readers.current_generation(self.store)
+                if current is not None and current > after:
+                    plan = protocol.load_plan(self.store, current)
                     if plan is not None and self.config.instance in plan.slots:
                         return plan
-                    after = int(raw) if plan is not None else after
+                    after = current if plan is not None else after
                 if self.going() and after > self.joined_under:
                     return None  # a plan made knowing this instance left it out: it goes
                 failing_since_s = None
@@ -239,7 +239,7 @@ class Agent:
 
     def _job_done(self) -> bool:
         try:
-            return self.store.get("job/done") is not None
+            return self.store.get(keys.job_done()) is not None
         except LiveputError:
             return False  # unknown: the store is down (a finished job's store may be gone)
 

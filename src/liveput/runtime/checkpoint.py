@@ -26,13 +26,11 @@ import fsspec
 import torch
 
 from liveput.errors import LiveputError
+from liveput.runtime import keys
 from liveput.runtime.layer_state import LayerState
 from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)
-LATEST = "ckpt/latest"
-COMPLETE = "ckpt/complete"
-"""The steps of the complete checkpoints still on disk, oldest first."""
 MAGIC = b"LPCKPT01"
 """First bytes of a signed layer file; the 32-byte signature follows, then the payload."""
 _SIGNATURE_BYTES = 32
@@ -77,7 +75,7 @@ def _order(raw: bytes | None) -> tuple[int, int]:
 
 def latest_checkpoint(store: Store) -> int | None:
     """Step of the newest complete checkpoint of the current restore epoch's line, or None."""
-    raw = store.get(LATEST)
+    raw = store.get(keys.latest_checkpoint())
     if raw is None:
         return None
     step = int(json.loads(raw)["step"])
@@ -87,7 +85,7 @@ def latest_checkpoint(store: Store) -> int | None:
 def reset_latest(store: Store, epoch: int, step: int) -> None:
     """A restore to ``step`` opens restore epoch ``epoch``: checkpoints of older epochs beyond
     ``step`` no longer count (the job will redo those steps), whatever they finish writing."""
-    store.set(LATEST, json.dumps({"epoch": epoch, "step": step}).encode())
+    store.set(keys.latest_checkpoint(), json.dumps({"epoch": epoch, "step": step}).encode())
 
 
 class Checkpointer:
@@ -119,7 +117,7 @@ class Checkpointer:
     def _write(self, epoch: int, step: int, snapshot: list[tuple[int, dict]],
                num_layers: int) -> None:
         try:
-            if _order(self.store.get(LATEST))[0] > epoch:
+            if _order(self.store.get(keys.latest_checkpoint()))[0] > epoch:
                 return  # a restore rolled training back since: these steps will be redone
             self.fs.makedirs(f"{self.root}/step-{step}", exist_ok=True)
             for index, state in snapshot:
@@ -135,7 +133,7 @@ class Checkpointer:
                     handle.write(payload)
                 del payload
                 self.fs.mv(partial, self._path(step, index))
-            if self.store.add(f"ckpt/{epoch}/{step}", len(snapshot)) == num_layers:
+            if self.store.add(keys.checkpoint_layers(epoch, step), len(snapshot)) == num_layers:
                 if self._mark_latest(epoch, step):
                     self._prune(step)
         except Exception:  # noqa: BLE001 - a failed checkpoint only leaves the previous one latest
@@ -144,11 +142,11 @@ class Checkpointer:
     def _mark_latest(self, epoch: int, step: int) -> bool:
         """Make (epoch, step) the latest checkpoint unless a newer one is; whether it did."""
         while True:
-            raw = self.store.get(LATEST)
+            raw = self.store.get(keys.latest_checkpoint())
             if _order(raw) >= (epoch, step):
                 return False
             value = json.dumps({"epoch": epoch, "step": step}).encode()
-            if self.store.compare_and_set(LATEST, raw, value):
+            if self.store.compare_and_set(keys.latest_checkpoint(), raw, value):
                 LOG.info("checkpoint of step %d complete", step)
                 return True
 
@@ -159,10 +157,10 @@ class Checkpointer:
         step again, which counts once, as the newest. Only a checkpoint that became the latest
         prunes, and the latest is never pruned: a restore may be reading it."""
         while True:
-            raw = self.store.get(COMPLETE)
+            raw = self.store.get(keys.complete_checkpoints())
             steps = [s for s in (json.loads(raw) if raw else []) if s != step] + [step]
             kept, dropped = steps[-self.keep:], steps[:-self.keep]
-            if self.store.compare_and_set(COMPLETE, raw, json.dumps(kept).encode()):
+            if self.store.compare_and_set(keys.complete_checkpoints(), raw, json.dumps(kept).encode()):
                 break
         latest = latest_checkpoint(self.store)
         for old in dropped:
@@ -196,19 +194,19 @@ class Checkpointer:
         newest complete one before it becomes the latest; that step (None: none is left, the
         next restore starts from the initial weights)."""
         while True:
-            raw = self.store.get(COMPLETE)
+            raw = self.store.get(keys.complete_checkpoints())
             steps = json.loads(raw) if raw else []
             kept = [s for s in steps if s != step]
-            if self.store.compare_and_set(COMPLETE, raw, json.dumps(kept).encode()):
+            if self.store.compare_and_set(keys.complete_checkpoints(), raw, json.dumps(kept).encode()):
                 break
         fallback = max((s for s in kept if s < step), default=-1)
         while True:
-            raw = self.store.get(LATEST)
+            raw = self.store.get(keys.latest_checkpoint())
             if raw is None or int(json.loads(raw)["step"]) != step:
                 break  # another instance discarded it already, or a newer one completed
             epoch = _order(raw)[0]
             value = json.dumps({"epoch": epoch, "step": fallback}).encode()
-            if self.store.compare_and_set(LATEST, raw, value):
+            if self.store.compare_and_set(keys.latest_checkpoint(), raw, value):
                 LOG.warning("checkpoint of step %d is corrupt; the latest is now %s", step,
                             f"step {fallback}" if fallback >= 0 else "the initial weights")
                 break

@@ -35,6 +35,7 @@ from enum import Enum
 from pathlib import Path
 
 from liveput.errors import LiveputError
+from liveput.runtime import keys
 from liveput.runtime.clock import Clock
 from liveput.runtime.notices import AWS_NOTICE_LEAD_S
 from liveput.runtime.processes import (INSTANCE_ID_ENV, NOTICE_FILE_ENV, InstanceProcesses,
@@ -180,7 +181,7 @@ class EmulatedCloud(Cloud):
     """Signal sent to a victim after its notice is written (None: none; the file is the notice)."""
     store: Store | None = None
     """Optionally also publish each notice under ``notice_key_prefix + instance_id`` here."""
-    notice_key_prefix: str = "notices/"
+    notice_key_prefix: str = keys.CLOUD_NOTICE.prefix
     """Store key prefix for notices."""
     on_event: Callable[[CloudEvent], None] | None = None
     """Called with every event as it happens (from the stepping thread)."""

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from liveput.errors import LiveputError
+from liveput.runtime import keys, protocol
 from liveput.models.job import Job
-from liveput.runtime import protocol
 from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
 from liveput.runtime.comm import CommAborted, Groups
 from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
@@ -64,9 +64,9 @@ class _Watchdog(threading.Thread):
         """Why it aborted the groups (empty: it did not)."""
 
     def _over(self) -> str:
-        if self.store.get(protocol.JOB_ERROR_KEY) is not None:
+        if self.store.get(keys.job_error()) is not None:
             return "ended with the job"
-        if self.store.get(protocol.failed_key(self.generation)) is not None:
+        if self.store.get(keys.failed(self.generation)) is not None:
             return "failed elsewhere"
         step = self.current_step()
         if step is not None and \
@@ -345,7 +345,7 @@ class Engine:
         deadline = time.monotonic() + self.config.comm_timeout_s
         while True:
             try:
-                self.store.wait_for(protocol.all_arrived_key(plan.generation), _ARRIVAL_CHECK_S)
+                self.store.wait_for(keys.all_arrived(plan.generation), _ARRIVAL_CHECK_S)
                 return
             except LiveputError:
                 pass  # not everyone yet (or the store is restarting): is this plan still in force?
@@ -456,7 +456,7 @@ class Engine:
                 time.sleep(0.2)
 
     def _wait_outcome(self, generation: int, step: int) -> bytes:
-        key = protocol.done_key(generation, step)
+        key = keys.done(generation, step)
         while True:
             try:
                 return self.store.wait_for(key, self.config.outcome_poll_s)

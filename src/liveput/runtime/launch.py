@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from liveput.errors import LiveputError
+from liveput.runtime import keys
 from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger(__name__)
 NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
-PROFILE_KEY = "job/profile"
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class JobSpec:
 
 
 def publish_spec(store: Store, spec: JobSpec) -> None:
-    store.set("job/spec", json.dumps(asdict(spec)).encode())
+    store.set(keys.job_spec(), json.dumps(asdict(spec)).encode())
 
 
 def instance_id_from_env() -> int | None:
@@ -121,14 +121,14 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
     torch.set_num_threads(1)  # one instance, one core's worth: instances share this machine
     first_s = timeout_s if connect_timeout_s is None else connect_timeout_s
     with open_store(store_url, token=token, timeout_s=first_s) as probe:
-        spec_raw = probe.wait_for("job/spec", first_s)
+        spec_raw = probe.wait_for(keys.job_spec(), first_s)
     store = open_store(store_url, token=token, timeout_s=timeout_s)
     try:
         spec = JobSpec(**json.loads(spec_raw))
         if instance is None:
             instance = instance_id_from_env()
         if instance is None:
-            instance = store.add("ids/next", 1) + 10_000
+            instance = store.add(keys.next_instance_id(), 1) + 10_000
         watchers = notice_watchers(notices if notices is not None else ["sigterm", "emulator"])
         job = resolve_job(spec.job, spec.data)
         if spec.training is not None:
@@ -176,15 +176,15 @@ def job_profile(store: Store, job_name: str, data: str | None = None) -> ModelPr
     from liveput.perf.profile_io import profile_from_dict, profile_to_dict
     from liveput.runtime.planning import profile_job
 
-    raw = store.get(PROFILE_KEY)
+    raw = store.get(keys.job_profile())
     if raw is not None:
         kept = json.loads(raw)
         if kept.get("job") == job_name and kept.get("data") == data:
             LOG.info("the job's profile from the store (measured by an earlier coordinator)")
             return profile_from_dict(kept["profile"])
     profile = profile_job(resolve_job(job_name, data))
-    store.set(PROFILE_KEY, json.dumps({"job": job_name, "data": data,
-                                       "profile": profile_to_dict(profile)}).encode())
+    store.set(keys.job_profile(), json.dumps({"job": job_name, "data": data,
+                                              "profile": profile_to_dict(profile)}).encode())
     return profile
 
 

@@ -22,10 +22,12 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from liveput.runtime import keys
 from liveput.runtime.store import Store
 
-SUMMARY_KEY = "ledger-summary"
-"""Key of the :class:`LedgerSummary` (outside ``ledger/``: listings there are per-step records)."""
+SUMMARY_KEY = keys.ledger_summary()
+"""Key of the :class:`LedgerSummary` (:func:`keys.ledger_summary`; this name is the
+coordinator's)."""
 _CHAIN_SEED = "0" * 64
 
 
@@ -110,15 +112,15 @@ def _key_parts(key: str) -> tuple[int, int] | None:
 def read_ledger(store: Store) -> tuple[LedgerSummary | None, dict[int, dict[int, dict]],
                                        dict[int, dict]]:
     """(summary, epoch -> step -> record, epoch -> restore record) as stored."""
-    raw = store.get(SUMMARY_KEY)
+    raw = store.get(keys.ledger_summary())
     summary = None if raw is None else LedgerSummary.from_json(raw)
     epochs: dict[int, dict[int, dict]] = {}
-    for key, value in store.get_prefix("ledger/").items():
+    for key, value in store.get_prefix(keys.LEDGER.prefix).items():
         parts = _key_parts(key)
         if parts is not None:
             epochs.setdefault(parts[0], {})[parts[1]] = json.loads(value)
     restores = {int(key.split("/")[1]): json.loads(value)
-                for key, value in store.get_prefix("restore/").items()
+                for key, value in store.get_prefix(keys.RESTORE.prefix).items()
                 if key.split("/")[1].isdigit()}
     return summary, epochs, restores
 
@@ -225,8 +227,8 @@ def fold(summary: LedgerSummary | None, epochs: dict[int, dict[int, dict]],
         return None
     chain = chain_records(_CHAIN_SEED if summary is None else summary.chain,
                           [result.applied[s] for s in range(folded + 1, through + 1)])
-    dead = [f"ledger/{e}/{s}" for e, steps in epochs.items() for s in steps
+    dead = [keys.ledger_record(e, s) for e, steps in epochs.items() for s in steps
             if e < epoch or (e == epoch and s <= through)]
-    dead += [f"restore/{e}" for e in restores if e <= epoch]
+    dead += [keys.restore(e) for e in restores if e <= epoch]
     return Fold(LedgerSummary(epoch, through, chain, result.restores, result.steps_rolled_back),
                 sorted(dead))

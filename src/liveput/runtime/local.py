@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from liveput.errors import LiveputError
+from liveput.runtime import keys
 from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
 from liveput.runtime.clock import MonotonicClock
@@ -30,7 +31,7 @@ from liveput.runtime.deadline import DeadlineJob, ProvidedCloud, deadline_contex
 from liveput.runtime.launch import JobSpec, job_profile, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.prune import PruneConfig
-from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
+from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store, readers
 from liveput.traces import IntervalTrace, Trace
 
 LOG = logging.getLogger(__name__)
@@ -256,10 +257,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             if on_tick is not None:
                 on_tick(coordinator, True)
             report = verify_ledger(store, job.global_batch_size, config.steps)
-            stats = {k.rsplit("/", 1)[1]: int(v)
-                     for k, v in store.get_prefix("stats/migrations/").items()}
-            events = [json.loads(v) for _, v in sorted(
-                store.get_prefix("events/").items(), key=lambda kv: int(kv[0].split("/")[1]))]
+            stats = readers.migrations(store)
+            events = readers.events(store)
             losses = [r["loss"] for r in report.records]
             finished = True
             return TrainingResult(
@@ -301,7 +300,7 @@ def _progress(store: Store, coordinator: Coordinator, cloud_started_s: float) ->
     plan = coordinator.plan
     loss = None
     if plan is not None and coordinator.committed >= 0:
-        raw = store.get(f"ledger/{plan.epoch}/{coordinator.committed}")
+        raw = store.get(keys.ledger_record(plan.epoch, coordinator.committed))
         loss = json.loads(raw)["loss"] if raw else None
     return Progress(
         step=coordinator.committed + 1, loss=loss,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from liveput.errors import LiveputError
+from liveput.runtime import keys
 from liveput.runtime.notices import Notice, write_notice_file
 from liveput.runtime.store import Store
 
@@ -98,7 +99,8 @@ class InstanceProcesses:
 
     def __init__(self, launcher: Launcher, notice_dir: Path, *,
                  notice_signal: int | None = signal.SIGUSR1, store: Store | None = None,
-                 notice_key_prefix: str = "notices/", what: str = "emulated cloud") -> None:
+                 notice_key_prefix: str = keys.CLOUD_NOTICE.prefix,
+                 what: str = "emulated cloud") -> None:
         self.launcher = launcher
         self.notice_dir = Path(notice_dir)
         if not self.notice_dir.is_dir():

@@ -1,26 +1,6 @@
-"""What the coordinator and the agents agree on through the store: keys, the plan, the commit.
+"""What the coordinator and the agents agree on through the store: the plan, the commit.
 
-Keys (all under the job's store):
-
-- ``members/<id>``: an agent's registration (JSON: host); ``hb/<id>``: its heartbeat counter;
-  ``notice/<id>``: its preemption notice; ``state/<id>``: its current state name.
-- ``plan/current``: the generation number of the plan in force; ``plan/<g>``: plan g (JSON).
-- ``commit/<g>/<s>``: the commit counter of step s in generation g; ``done/<g>/<s>``: its outcome.
-- ``ledger/<epoch>/<s>``: the record of a committed step; ``restore/<epoch>``: a checkpoint
-  restore that opened restore epoch ``epoch``; ``ledger-summary``: the records folded so far
-  (:mod:`liveput.runtime.ledger`).
-- ``ckpt/<epoch>/<s>``: layers of checkpoint s saved so far; ``ckpt/latest``: the newest complete.
-- ``arrived/<g>``: how many instances of plan g have reached its start; ``arrived/<g>/<id>``: that
-  this one has; ``arrived/<g>/all``: set by the last of them (see :func:`arrive`).
-- ``started/<g>``: plan g started (every instance arrived and a step of it committed).
-- ``holds/<id>``: what an instance holds (:class:`Holding`), reported by its engine when a
-  generation's state is in place and when a generation ends for it.
-- ``fail/<g>/<id>``: instance id's generation g failed (:class:`FailureReport`); ``failed/<g>``:
-  some instance's did (peers abort their communication of generation g when they see it).
-- ``job/error``: why the job cannot go on (a layer raised, the loss is not finite): every agent
-  and the coordinator stop with this one line.
-- ``coord/...``: the coordinator's own records (interval history; ``coord/floor``: the steps
-  whose commit keys were pruned, see :mod:`liveput.runtime.prune`).
+The keys, their values and who writes them are the store's schema, :mod:`liveput.runtime.keys`.
 
 **Commit protocol** (a step's optimizer update is applied exactly once, or by nobody). After its
 gradients are reduced, each of the W working ranks of generation g does ``add(commit/g/s, 1)``.
@@ -40,7 +20,8 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from liveput.errors import LiveputError
-from liveput.runtime.store import Store
+from liveput.runtime import keys
+from liveput.runtime.store import Store, readers
 
 FENCE = 1 << 30
 COMMITTED = b"committed"
@@ -49,7 +30,8 @@ FRESH_START = -1
 """``restore_step`` of a plan that starts from the job's initial weights."""
 
 
-JOB_ERROR_KEY = "job/error"
+JOB_ERROR_KEY = keys.job_error()
+"""Why the job cannot go on (:func:`keys.job_error`; this name is the coordinator's)."""
 
 
 class JobFailure(LiveputError):
@@ -58,20 +40,12 @@ class JobFailure(LiveputError):
 
 def fail_job(store: Store, failure: JobFailure) -> None:
     """Record why the job stops (the first failure stays)."""
-    store.compare_and_set(JOB_ERROR_KEY, None, str(failure).encode())
+    store.compare_and_set(keys.job_error(), None, str(failure).encode())
 
 
 def job_error(store: Store) -> JobFailure | None:
-    raw = store.get(JOB_ERROR_KEY)
+    raw = store.get(keys.job_error())
     return None if raw is None else JobFailure(raw.decode())
-
-
-def commit_key(generation: int, step: int) -> str:
-    return f"commit/{generation}/{step}"
-
-
-def done_key(generation: int, step: int) -> str:
-    return f"done/{generation}/{step}"
 
 
 @dataclass(frozen=True)
@@ -155,72 +129,70 @@ class RuntimePlan:
 
 
 def publish_plan(store: Store, plan: RuntimePlan) -> None:
-    store.set(f"plan/{plan.generation}", plan.to_json())
-    store.set("plan/current", str(plan.generation).encode())
+    store.set(keys.plan(plan.generation), plan.to_json())
+    store.set(keys.current_plan(), str(plan.generation).encode())
 
 
 def current_plan(store: Store) -> RuntimePlan | None:
-    raw = store.get("plan/current")
-    if raw is None:
-        return None
-    return load_plan(store, int(raw))
+    generation = readers.current_generation(store)
+    return None if generation is None else load_plan(store, generation)
 
 
 def load_plan(store: Store, generation: int) -> RuntimePlan | None:
-    raw = store.get(f"plan/{generation}")
+    raw = store.get(keys.plan(generation))
     return RuntimePlan.from_json(raw) if raw is not None else None
 
 
 def step_outcome(store: Store, generation: int, step: int) -> bytes | None:
-    return store.get(done_key(generation, step))
+    return store.get(keys.done(generation, step))
 
 
 def vote_commit(store: Store, generation: int, step: int, num_working: int) -> None:
     """This rank's gradients for the step are complete."""
-    if store.add(commit_key(generation, step), 1) == num_working:
-        store.compare_and_set(done_key(generation, step), None, COMMITTED)
+    if store.add(keys.commit(generation, step), 1) == num_working:
+        store.compare_and_set(keys.done(generation, step), None, COMMITTED)
 
 
 def fence(store: Store, generation: int, step: int, num_working: int) -> int:
     """End generation ``generation`` at the first step >= ``step`` that has not committed; returns
     that step (the next generation's start)."""
     while True:
-        before = store.add(commit_key(generation, step), -FENCE) + FENCE
+        before = store.add(keys.commit(generation, step), -FENCE) + FENCE
         if before >= num_working:
-            store.compare_and_set(done_key(generation, step), None, COMMITTED)
+            store.compare_and_set(keys.done(generation, step), None, COMMITTED)
             step += 1
             continue
-        store.compare_and_set(done_key(generation, step), None, ABORTED)
+        store.compare_and_set(keys.done(generation, step), None, ABORTED)
         return step
 
 
-def all_arrived_key(generation: int) -> str:
-    return f"arrived/{generation}/all"
+all_arrived_key = keys.all_arrived
+"""The coordinator's name for :func:`keys.all_arrived`."""
 
 
 def arrive(store: Store, plan: RuntimePlan, instance: int | None = None) -> bool:
     """Count this instance in at plan ``plan``'s start; True if it was the last one of its world
     (it then marks ``arrived/<g>/all``). Each instance arrives once per generation."""
     if instance is not None:
-        store.set(f"arrived/{plan.generation}/{instance}", b"1")
-    if store.add(f"arrived/{plan.generation}", 1) < len(plan.world):
+        store.set(keys.arrived(plan.generation, instance), b"1")
+    if store.add(keys.arrived_count(plan.generation), 1) < len(plan.world):
         return False
-    store.set(all_arrived_key(plan.generation), b"1")
+    store.set(keys.all_arrived(plan.generation), b"1")
     return True
 
 
 def arrivals(store: Store, generation: int) -> set[int]:
     """Instances that have arrived at plan ``generation``'s start."""
-    return {int(key.rsplit("/", 1)[1]) for key in store.get_prefix(f"arrived/{generation}/")
-            if not key.endswith("/all")}
+    return {int(key.rsplit("/", 1)[1]) for key in store.get_prefix(keys.arrivals(generation))
+            if key != keys.all_arrived(generation)}
 
 
 def mark_started(store: Store, generation: int) -> None:
-    store.compare_and_set(f"started/{generation}", None, b"1")
+    store.compare_and_set(keys.started(generation), None, b"1")
 
 
 def has_started(store: Store, generation: int) -> bool:
-    return store.get(f"started/{generation}") is not None
+    return store.get(keys.started(generation)) is not None
 
 
 @dataclass(frozen=True)
@@ -250,12 +222,12 @@ class Holding:
 
 
 def report_holding(store: Store, instance: int, holding: Holding) -> None:
-    store.set(f"holds/{instance}", holding.to_json())
+    store.set(keys.holding(instance), holding.to_json())
 
 
 def holdings(store: Store) -> dict[int, Holding]:
-    return {int(key.split("/")[1]): Holding.from_json(raw)
-            for key, raw in store.get_prefix("holds/").items()}
+    return {instance: Holding.from_json(raw)
+            for instance, raw in readers.by_instance(store, keys.HOLDING).items()}
 
 
 @dataclass(frozen=True)
@@ -281,24 +253,19 @@ class FailureReport:
 
 
 def report_failure(store: Store, generation: int, instance: int, report: FailureReport) -> None:
-    store.set(f"fail/{generation}/{instance}", report.to_json())
-    store.set(failed_key(generation), b"1")
-
-
-def failed_key(generation: int) -> str:
-    """Set by the first failure of generation ``generation`` (one key for peers to poll)."""
-    return f"failed/{generation}"
+    store.set(keys.failure(generation, instance), report.to_json())
+    store.set(keys.failed(generation), b"1")
 
 
 def failures(store: Store, generation: int) -> dict[int, FailureReport]:
     return {int(key.rsplit("/", 1)[1]): FailureReport.from_json(raw)
-            for key, raw in store.get_prefix(f"fail/{generation}/").items()}
+            for key, raw in store.get_prefix(keys.failures(generation)).items()}
 
 
 def superseded(store: Store, generation: int) -> bool:
     """Whether a plan newer than ``generation`` is in force."""
-    raw = store.get("plan/current")
-    return raw is not None and int(raw) > generation
+    current = readers.current_generation(store)
+    return current is not None and current > generation
 
 
 def last_committed(store: Store, generation: int, from_step: int) -> int:
@@ -325,11 +292,11 @@ class LedgerRecord:
 
 
 def record_step(store: Store, epoch: int, record: LedgerRecord) -> None:
-    store.compare_and_set(f"ledger/{epoch}/{record.step}", None,
+    store.compare_and_set(keys.ledger_record(epoch, record.step), None,
                           json.dumps(asdict(record)).encode())
 
 
 def record_restore(store: Store, epoch: int, committed: int, restored_to: int) -> None:
     """Restore epoch ``epoch`` starts: steps after ``restored_to`` up to ``committed`` are undone."""
-    store.set(f"restore/{epoch}", json.dumps({"committed": committed,
-                                              "restored_to": restored_to}).encode())
+    store.set(keys.restore(epoch), json.dumps({"committed": committed,
+                                               "restored_to": restored_to}).encode())

@@ -8,7 +8,9 @@ summary; :class:`Pruner` (run by the coordinator, once per ``prune_interval_s``)
 out, at most ``deletes_per_tick`` deletes per coordinator tick, then compacts the store's history
 (etcd's revisions).
 
-A key is dead when nothing can read it any more:
+A key is dead when nothing can read it any more. Which rule applies to a key is its family's
+row of the schema's table (:data:`liveput.runtime.keys.FAMILIES`, column ``pruned``); what each
+rule means:
 
 - ``commit/<g>/<s>``, ``done/<g>/<s>`` of the running generation for ``s < committed - 1``: every
   working rank has read the outcome of a step before any votes for the step after it, and ranks
@@ -36,18 +38,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from liveput.errors import LiveputError
-from liveput.runtime import ledger
-from liveput.runtime.checkpoint import COMPLETE, LATEST
+from liveput.runtime import keys, ledger
+from liveput.runtime.keys import Pruned
 from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)
 
-FLOOR_KEY = "coord/floor"
-"""``{"generation": g, "step": f}``: steps before f of generation g committed (their keys may be
-gone)."""
-GENERATION_PREFIXES = ("commit/", "done/", "arrived/", "started/", "fail/", "failed/", "plan/")
-INSTANCE_PREFIXES = ("members/", "hb/", "state/", "holds/", "notice/", "lost/")
-_PREFIXES = (*GENERATION_PREFIXES, *INSTANCE_PREFIXES, "ckpt/")
+_BY_GENERATION = (Pruned.RETIRED, Pruned.RETIRED_OR_OLD_STEP, Pruned.SUCCESSOR_RETIRED)
+_INSTANCE_PREFIXES = tuple(f.prefix for f in keys.pruned_when(Pruned.FORGOTTEN))
+"""The per-instance families, the registration first."""
+_STEP_PREFIXES = tuple(f.prefix for f in keys.pruned_when(Pruned.RETIRED_OR_OLD_STEP))
+_LISTED = tuple(f.prefix for f in keys.pruned_when(Pruned.FORGOTTEN, Pruned.OLDER_CHECKPOINT,
+                                                     *_BY_GENERATION))
+"""The prefixes a pass lists (the ledger's are the fold's: :func:`ledger.read_ledger`)."""
 
 
 @dataclass(frozen=True)
@@ -98,33 +101,34 @@ def _number(text: str) -> int | None:
 
 def is_dead(key: str, view: PruneView) -> bool:
     """Whether ``key`` is dead in ``view`` (module docstring); ledger keys are :func:`fold`'s."""
+    family = keys.family_of(key)
+    rule = Pruned.NEVER if family is None else family.pruned
     parts = key.split("/")
-    head = parts[0] + "/"
-    if head in INSTANCE_PREFIXES:
+    if rule is Pruned.FORGOTTEN:
         return len(parts) == 2 and _number(parts[1]) in view.forgotten
-    if head == "ckpt/":
+    if rule is Pruned.OLDER_CHECKPOINT:
         if len(parts) != 3 or view.checkpoint is None:
             return False
         epoch, step = _number(parts[1]), _number(parts[2])
         return epoch is not None and step is not None and (epoch, step) < view.checkpoint
-    if head not in GENERATION_PREFIXES or len(parts) < 2:
+    if rule not in _BY_GENERATION or len(parts) < 2:
         return False
     generation = _number(parts[1])
     if generation is None:  # plan/current
         return False
-    if head == "plan/":
+    if rule is Pruned.SUCCESSOR_RETIRED:
         return generation < view.retire_before - 1
     if generation < view.retire_before:
         return True
-    if head in ("commit/", "done/") and generation == view.generation and len(parts) == 3:
+    if rule is Pruned.RETIRED_OR_OLD_STEP and generation == view.generation and len(parts) == 3:
         step = _number(parts[2])
         return step is not None and step < view.committed - 1
     return False
 
 
-def dead_keys(keys: Iterable[str], view: PruneView) -> list[str]:
-    """The keys of ``keys`` that are dead in ``view``, sorted."""
-    return sorted(key for key in keys if is_dead(key, view))
+def dead_keys(listed: Iterable[str], view: PruneView) -> list[str]:
+    """The keys of ``listed`` that are dead in ``view``, sorted."""
+    return sorted(key for key in listed if is_dead(key, view))
 
 
 def forgotten(silent_s: dict[int, float], in_plan: set[int], forget_after_s: float) -> frozenset[int]:
@@ -133,19 +137,21 @@ def forgotten(silent_s: dict[int, float], in_plan: set[int], forget_after_s: flo
     return frozenset(i for i, s in silent_s.items() if s >= forget_after_s and i not in in_plan)
 
 
-def instances_named(keys: Iterable[str]) -> set[int]:
+def instances_named(named: Iterable[str]) -> set[int]:
     """Instance ids that per-instance keys name."""
     found = set()
-    for key in keys:
-        parts = key.split("/")
-        if parts[0] + "/" in INSTANCE_PREFIXES and len(parts) == 2 and parts[1].isdigit():
-            found.add(int(parts[1]))
+    for key in named:
+        family = keys.family_of(key)
+        instance = None if family is None or family.scope is not keys.Scope.INSTANCE \
+            else family.instance_of(key)
+        if instance is not None:
+            found.add(instance)
     return found
 
 
 def read_floor(store: Store, generation: int) -> int | None:
     """The step before which generation ``generation``'s steps are known committed, if pruned."""
-    raw = store.get(FLOOR_KEY)
+    raw = store.get(keys.prune_floor())
     if raw is None:
         return None
     data = json.loads(raw)
@@ -181,7 +187,7 @@ class Pruner:
     def keys(self) -> set[str]:
         """Every key under the pruned prefixes."""
         found: set[str] = set()
-        for prefix in _PREFIXES:
+        for prefix in _LISTED:
             found.update(self.store.get_prefix(prefix))
         return found
 
@@ -192,26 +198,26 @@ class Pruner:
             self._next_pass_s = now_s + self.config.interval_s
         return not self.pending and now_s >= self._next_pass_s
 
-    def plan_pass(self, view: PruneView, keys: set[str], epoch: int, now_s: float) -> None:
-        """Queue the dead keys (after writing what makes them safe to delete)."""
+    def plan_pass(self, view: PruneView, listed: set[str], epoch: int, now_s: float) -> None:
+        """Queue the dead keys of ``listed`` (after writing what makes them safe to delete)."""
         self._next_pass_s = now_s + self.config.interval_s
-        dead = dead_keys(keys, view)
+        dead = dead_keys(listed, view)
         floor = view.committed - 1
-        if any(k.startswith(("commit/", "done/")) and k.split("/")[1] == str(view.generation)
+        if any(k.startswith(_STEP_PREFIXES) and k.split("/")[1] == str(view.generation)
                for k in dead):
-            self.store.set(FLOOR_KEY, json.dumps({"generation": view.generation,
-                                                  "step": floor}).encode())
+            self.store.set(keys.prune_floor(), json.dumps({"generation": view.generation,
+                                                           "step": floor}).encode())
         if self.config.fold_ledger and view.checkpoint is not None and \
                 view.checkpoint[0] == epoch:
             dead += self._fold(epoch, view.checkpoint[1])
         # A forgotten instance goes at once, its registration first: half deleted, it would
         # look like a new member (no heartbeat history) or be counted lost again.
-        forgotten_keys = sorted((k for k in dead if k.startswith(INSTANCE_PREFIXES)),
-                                key=lambda k: (not k.startswith("members/"), k))
+        forgotten_keys = sorted((k for k in dead if k.startswith(_INSTANCE_PREFIXES)),
+                                key=lambda k: (not k.startswith(keys.MEMBER.prefix), k))
         for key in forgotten_keys:
             self.store.delete(key)
         self.deleted += len(forgotten_keys)
-        dead = [k for k in dead if not k.startswith(INSTANCE_PREFIXES)]
+        dead = [k for k in dead if not k.startswith(_INSTANCE_PREFIXES)]
         self.pending.extend(dead)
         self._compact_due = True
         if dead:
@@ -227,7 +233,7 @@ class Pruner:
                 LOG.debug("ledger: nothing to fold before step %d", checkpoint_step)
             return []
         # The summary first: until it is written, the records are the only proof.
-        self.store.set(ledger.SUMMARY_KEY, folded.summary.to_json())
+        self.store.set(keys.ledger_summary(), folded.summary.to_json())
         LOG.info("ledger: steps 0..%d folded into the summary", folded.summary.through_step)
         return folded.dead_keys
 
@@ -251,12 +257,12 @@ def checkpoint_point(store: Store) -> tuple[int, int] | None:
     complete one, or an older one still on disk (``ckpt/complete``), which a restore falls back
     to when a file of the newest is corrupt (:meth:`Checkpointer.discard`). Nothing it may roll
     back to is folded."""
-    raw = store.get(LATEST)
+    raw = store.get(keys.latest_checkpoint())
     if raw is None:
         return None
     data = json.loads(raw)
     step = int(data["step"])
-    kept = store.get(COMPLETE)
+    kept = store.get(keys.complete_checkpoints())
     if kept:
         step = min([step, *(int(s) for s in json.loads(kept))])
     return None if step < 0 else (int(data.get("epoch", 0)), step)

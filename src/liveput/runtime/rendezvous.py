@@ -13,6 +13,7 @@ import socket
 
 import torch.distributed as dist
 
+from liveput.runtime import keys
 from liveput.runtime.protocol import RuntimePlan
 from liveput.runtime.store import Store
 
@@ -28,7 +29,7 @@ class StoreRendezvous:
 
     def __call__(self, plan: RuntimePlan, rank: int) -> dist.Store:
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        key = f"rdzv/{plan.generation}"
+        key = keys.rendezvous(plan.generation)
         # Only the newest generation's server is kept; older ones are no longer in use.
         self._hosted = {g: s for g, s in self._hosted.items() if g >= plan.generation - 1}
         if rank == 0:

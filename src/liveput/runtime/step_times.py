@@ -17,11 +17,11 @@ from collections import deque
 
 from liveput.errors import LiveputError
 from liveput.perf.types import Measurement
+from liveput.runtime import keys
 from liveput.runtime.protocol import RuntimePlan
 from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)
-PREFIX = "perf/steps/"
 REPORT_EVERY = 5
 """Publish the median after every this many new intervals."""
 WINDOW = 512
@@ -62,7 +62,7 @@ class StepTimer:
                   "pipeline_stages": self.plan.pipeline_stages,
                   "step_s": statistics.median(self.intervals_s), "steps": self.measured}
         try:
-            self.store.set(f"{PREFIX}{self.plan.generation}", json.dumps(record).encode())
+            self.store.set(keys.step_times(self.plan.generation), json.dumps(record).encode())
             self._unpublished = 0
         except LiveputError as error:  # a measurement is not worth stalling training for
             LOG.debug("step times not published: %s", error)
@@ -72,7 +72,7 @@ def read_measurements(store: Store) -> list[Measurement]:
     """Every generation's published step times, one measurement per configuration (the
     intervals of its generations pooled by their counts: a step-weighted mean of medians)."""
     pooled: dict[tuple[int, int], tuple[float, int]] = {}
-    for raw in store.get_prefix(PREFIX).values():
+    for raw in store.get_prefix(keys.STEP_TIMES.prefix).values():
         record = json.loads(raw)
         key = (int(record["data_parallel"]), int(record["pipeline_stages"]))
         total_s, steps = pooled.get(key, (0.0, 0))

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from liveput.runtime import protocol
+from liveput.runtime import keys, protocol
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
 from liveput.testbed.errors import TestbedError
 from liveput.testbed.etcd import EtcdServer
@@ -248,15 +248,15 @@ class ChaosCluster:
     def committed(self) -> int:
         """The newest committed step of the newest restore epoch (-1 before any)."""
         try:
-            keys = self.store.get_prefix("ledger/")
+            records = self.store.get_prefix(keys.LEDGER.prefix)
         except Exception:  # noqa: BLE001 - the store may be down: a fault
             return -1
-        points = [tuple(int(p) for p in key.split("/")[1:]) for key in keys]
+        points = [tuple(int(p) for p in key.split("/")[1:]) for key in records]
         return max(points, default=(0, -1))[1]
 
     def state(self, instance: int) -> str | None:
         try:
-            raw = self.store.get(f"state/{instance}")
+            raw = self.store.get(keys.state(instance))
         except Exception:  # noqa: BLE001
             return None
         return None if raw is None else raw.decode()
@@ -264,7 +264,7 @@ class ChaosCluster:
     def commit_times(self) -> list[float]:
         """Unix times of every step committed, every epoch."""
         return sorted(json.loads(raw)["committed_unix_s"]
-                      for raw in self.store.get_prefix("ledger/").values())
+                      for raw in self.store.get_prefix(keys.LEDGER.prefix).values())
 
     def wait_until(self, condition, timeout_s: float, poll_s: float = 0.05) -> bool:  # noqa: ANN001
         """Whether ``condition()`` held within ``timeout_s`` (False too once the job ended)."""

@@ -1,7 +1,7 @@
 """A real etcd server on free ports with a temporary data directory, for tests and benchmarks.
 
 :class:`EtcdServer` runs the ``etcd`` binary (Debian ``etcd-server``; ``make system-deps`` installs
-it) the way a coordinator runs its own (:class:`liveput.runtime.etcd.LocalEtcd`);
+it) the way a coordinator runs its own (:class:`liveput.runtime.store.etcd_server.LocalEtcd`);
 ``stop``/``start``/``restart`` keep the ports and the data, for "store restarted" faults.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from liveput.errors import LiveputError
-from liveput.runtime.etcd import EtcdConfig, LocalEtcd
+from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 from liveput.testbed.errors import TestbedError
 
 __all__ = ["EtcdServer", "free_port"]
@@ -56,8 +56,8 @@ class EtcdServer:
         return f"http://{self.host}:{self.client_port}"
 
     def _local(self) -> LocalEtcd:
-        # The coordinator's own way of running etcd (liveput.runtime.etcd), killed with the
-        # thread that started it: a test run killed hard leaves no etcd on a shared machine.
+        # The coordinator's own way of running etcd (liveput.runtime.store.etcd_server), killed
+        # with the thread that started it: a test run killed hard leaves no etcd on a shared machine.
         return LocalEtcd(EtcdConfig(self.data_dir, host=self.host, client_port=self.client_port,
                                     peer_port=self.peer_port, name="liveput-test",
                                     start_timeout_s=ETCD_START_TIMEOUT_S, die_with_parent=True))

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from liveput.runtime import keys
 from liveput.runtime.checkpoint import latest_checkpoint
 from liveput.runtime.notices import Notice
 from liveput.testbed.cluster import ChaosCluster
@@ -343,7 +344,7 @@ class Injector:
         # What its notice watcher would have reported, had it lived to see the notice.
         notice = Notice("emulator", "terminate", 0.0, f"i-{victim:04d}")
         try:
-            self.cluster.store.set(f"notice/{victim}", notice.to_json().encode())
+            self.cluster.store.set(keys.notice(victim), notice.to_json().encode())
         except Exception:  # noqa: BLE001 - a store outage: the notice is lost, as a real one
             LOG.warning("notice for gone instance %d not written", victim)
         self._replace()

@@ -1,0 +1,47 @@
+"""Readers of key families that several parts of a job list: the coordinator, ``liveput status``
+and the dashboard (:mod:`liveput.operate`), ``liveput train``'s result, and the tests.
+
+Each parses the keys of its family (:mod:`liveput.runtime.keys`) in one place; values stay as
+stored unless every caller wants them parsed.
+"""
+
+from __future__ import annotations
+
+import json
+
+from liveput.runtime import keys
+from liveput.runtime.store.base import Store
+
+
+def by_instance(store: Store, family: keys.Family) -> dict[int, bytes]:
+    """Instance id -> value of every key ``<prefix><id>`` of a per-instance family (heartbeats,
+    states, notices, registrations, holdings, lost marks), in the store's listing order."""
+    found = {}
+    for key, raw in store.get_prefix(family.prefix).items():
+        instance = family.instance_of(key)
+        if instance is not None:
+            found[instance] = raw
+    return found
+
+
+def current_generation(store: Store) -> int | None:
+    """The generation of the plan in force, or None before the first plan."""
+    raw = store.get(keys.current_plan())
+    return None if raw is None else int(raw)
+
+
+def events(store: Store) -> list[dict]:
+    """Why each plan was made (``events/<g>``), oldest plan first."""
+    found = []
+    for key, raw in store.get_prefix(keys.EVENT.prefix).items():
+        generation = key[len(keys.EVENT.prefix):]
+        if generation.isdigit():
+            found.append((int(generation), json.loads(raw)))
+    return [event for _, event in sorted(found, key=lambda pair: pair[0])]
+
+
+def migrations(store: Store) -> dict[str, int]:
+    """Migration kind -> how many plans of that kind were published."""
+    prefix = keys.migrations_prefix()
+    return {key.removeprefix(prefix): int(value)
+            for key, value in store.get_prefix(prefix).items()}
