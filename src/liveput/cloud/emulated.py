@@ -324,7 +324,7 @@ class EmulatedProvider(Provider):
         if self._replay is None:
             self._step_capacity()
         elif self._start_clock_s is not None:  # nothing of a replay is due before its start
-            self._step_replay()
+            self._step_replay(self._replay)
 
     def _launch_on_demand(self, now: float) -> None:
         """Launch the pending on-demand instances whose launch delay is over by ``now``."""
@@ -352,11 +352,10 @@ class EmulatedProvider(Provider):
         while self._spot_queue and len(self._running_spot()) < self._min_capacity(now, now + lead_s):
             self._launch(self._spot_queue.pop(0), now)
 
-    def _step_replay(self) -> None:
-        assert self._replay is not None
+    def _step_replay(self, replay: ReplaySchedule) -> None:
         self._reap()
         now = self.now_s()
-        while (due := self._replay.pop_due(now)) is not None:
+        while (due := replay.pop_due(now)) is not None:
             time_s, action, payload = due
             if action is ReplayAction.NOTICE:
                 self._unnoticed.append(float(payload))
@@ -365,12 +364,11 @@ class EmulatedProvider(Provider):
                 self._preempt(payload, time_s)
             else:
                 self._launch_replayed(time_s, initial=False)
-            self._notice_pending(time_s)
+            self._notice_pending(replay, time_s)
         self._launch_on_demand(self.now_s())
 
-    def _notice_pending(self, now_s: float) -> None:
+    def _notice_pending(self, replay: ReplaySchedule, now_s: float) -> None:
         """Give every replayed removal that is due a notice a victim, while there are any."""
-        assert self._replay is not None
         while self._unnoticed:
             candidates = self._running_spot()
             if not candidates:
@@ -385,7 +383,7 @@ class EmulatedProvider(Provider):
             kill_s = self._unnoticed.pop(0)
             victim = self._rng.choice(candidates)
             self._notice(victim, now_s, kill_s)
-            self._replay.push(kill_s, ReplayAction.PREEMPT, victim)
+            replay.push(kill_s, ReplayAction.PREEMPT, victim)
 
     def _reap(self) -> None:
         """A replayed instance whose agent ended by itself before any notice is gone."""
