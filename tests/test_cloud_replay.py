@@ -338,3 +338,38 @@ def test_a_victim_that_dies_on_its_notice_still_counts_as_preempted(
     (kill,) = cloud.step()
     assert (kill.kind, kill.time_s, kill.detail) == (KILL, 60.0, f"i-0000 (its agent had exited, code {-signal.SIGTERM})")
     assert cloud.preemptions == 1 and not [e for e in cloud.events if e.kind is EXIT]
+
+
+def test_a_replay_grants_spot_only_from_its_trace_and_rents_on_demand_after_the_delay() -> None:
+    """Without a launcher the replay only accounts: its spot instances are the trace's (a spot
+    request is refused at once, not retried), on-demand ones start after their launch delay and
+    bill at the catalog's price like any emulated instance."""
+    clock = ManualClock()
+    trace = make_trace(1, [(60.0, 1, 0)], end_s=120.0)
+    provider = EmulatedProvider(trace, clock, EmulatedProviderConfig(
+        instance_types=("c5.xlarge",), time_scale=1.0, notice_lead_s=0, spot=SpotModel.REPLAY,
+        on_demand_delay_s=(10.0, 10.0)))
+    provider.start()
+    refused = provider.request(1, "c5.xlarge", "spot")
+    assert refused.granted == () and refused.failures[0].code == "InsufficientInstanceCapacity"
+    assert refused.failures[0].attempts == 1
+    (od,) = provider.request(1, "c5.xlarge", "on-demand").granted
+    clock.set(9.0)
+    provider.step()
+    assert [r.state.value for r in provider.instances() if r.instance_id == od.instance_id] == ["pending"]
+    clock.set(10.0)
+    provider.step()
+    clock.set(60.0)
+    provider.step()
+    records = {r.instance_id: r for r in provider.instances()}
+    assert records[od.instance_id].launch_s == 10.0 and od.instance_id.startswith("e-")
+    assert sorted(i for i, r in records.items() if r.market.value == "spot") == ["i-0000", "i-0002"]
+    assert (provider.preemptions, provider.allocations) == (0, 2)  # the addition and on-demand
+    clock.set(120.0)
+    provider.step()
+    assert provider.done
+    provider.close()
+    spec = provider.catalog.get("c5.xlarge")
+    bill = provider.bill()
+    assert bill.usd_spot == pytest.approx((120.0 + 60.0) / 3600 * spec.spot_usd_per_hour)
+    assert bill.usd_on_demand == pytest.approx(110.0 / 3600 * spec.on_demand_usd_per_hour)
