@@ -88,7 +88,8 @@ class EmulatedProviderConfig:
     catalog: str = "aws"
     """Built-in catalog name or catalog file: instance types, prices, vCPU quotas."""
     instance_types: tuple[str, ...] = ()
-    """Types it rents (default: every type of the catalog)."""
+    """Types it rents (default: every type of the catalog); a replay's spot instances are of
+    the first."""
     zones: tuple[str, ...] = DEFAULT_ZONES
     """Zone names (one trace drives them all; instances are spread over the zones asked)."""
     time_scale: float = 1.0
