@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from liveput.runtime.local import LocalTrainingConfig, run_local_training
+from liveput.launch.local import LocalTrainingConfig, run_local_training
 from liveput.traces import Trace
 
 STEPS = 120
@@ -35,7 +35,7 @@ TIME_SCALE = 10.0
 WORKERS = 6
 FAILED_LOGS = "liveput-logs/bench-noticeless-failed"
 """Where the agents' logs of a run that failed are kept (the rest live in temporary folders)."""
-LOGGERS = ("liveput.runtime.cloud", "liveput.runtime.coordinator")
+LOGGERS = ("liveput.cloud.provider", "liveput.runtime.coordinator")
 """The in-process loggers the bench reads (kills, plans) and keeps with each run's logs."""
 
 
@@ -65,7 +65,7 @@ class _Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if message.startswith("cloud kill"):
+        if message.startswith("emulated preempt "):
             self.kills.append(record.created)
         match = re.match(r"plan \d+ \((\w+)\): ([\w-]+) ", message)
         if match:

@@ -1,6 +1,6 @@
 """Run one system on the emulated cloud for a wall-clock window and record its progress.
 
-Every system meets the same :class:`~liveput.runtime.cloud.EmulatedCloud`: the trace replayed at
+Every system meets the same :class:`~liveput.cloud.emulated.EmulatedProvider` replaying the trace at
 the same time scale, the same seeded victims, preemption = SIGKILL of every process of the
 instance (the agent and whatever it started: :class:`TreePopen`) after the notice lead. Notices
 (file and signal) go to systems that can use them: liveput's agents; torchrun and torchft have no
@@ -24,11 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from liveput.models.jobs import resolve_job
+from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
+from liveput.cloud.processes import Launcher, LaunchSpec
+from liveput.cloud.replay import trace_schedule
+from liveput.launch.local import LocalTrainingConfig, Progress, run_local_training
 from liveput.runtime.clock import MonotonicClock
-from liveput.runtime.cloud import EmulatedCloud, trace_schedule
-from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
-from liveput.runtime.processes import InstanceSpec, Launcher
+from liveput.models.jobs import resolve_job
 from liveput.traces import Trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,8 +143,8 @@ class TreePopen(subprocess.Popen):
 
 def tree_launcher(template: Sequence[str], env: Mapping[str, str], log_dir: Path,
                   cwd: Path = REPO) -> Launcher:
-    """Like :func:`liveput.runtime.cloud.command_launcher`, starting :class:`TreePopen`s."""
-    def launch(spec: InstanceSpec) -> subprocess.Popen:
+    """Like :func:`liveput.cloud.processes.command_launcher`, starting :class:`TreePopen`s."""
+    def launch(spec: LaunchSpec) -> subprocess.Popen:
         argv = [part.format(instance_id=spec.instance_id) for part in template]
         with open(log_dir / f"{spec.instance_id}.log", "ab") as out:
             return TreePopen(argv, env={**env, **spec.env}, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -153,6 +154,15 @@ def tree_launcher(template: Sequence[str], env: Mapping[str, str], log_dir: Path
 
 class WindowOver(Exception):
     """The window ended (raised from the progress callback to stop a liveput run)."""
+
+
+def replayed_cloud(trace: Trace, launcher: Launcher, notice_dir: Path,
+                   settings: RunSettings) -> EmulatedProvider:
+    """The emulated provider replaying ``trace`` as ``liveput train`` does (signal-less notices:
+    the other systems have no notice handler)."""
+    return EmulatedProvider(trace, MonotonicClock(), EmulatedProviderConfig(
+        time_scale=settings.time_scale, notice_lead_s=settings.notice_lead_s, seed=settings.seed,
+        spot=SpotModel.REPLAY), launcher=launcher, notice_dir=notice_dir, notice_signal=None)
 
 
 def scheduled_times(trace: Trace, settings: RunSettings) -> tuple[list[float], list[float]]:
@@ -241,10 +251,8 @@ def run_torchrun(trace: Trace, settings: RunSettings, work: Path) -> SystemRun:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": "1"}
-    cloud = EmulatedCloud(trace, tree_launcher(template, env, work / "logs"), MonotonicClock(),
-                          work / "notices", time_scale=settings.time_scale,
-                          notice_lead_s=settings.notice_lead_s, seed=settings.seed,
-                          notice_signal=None)
+    cloud = replayed_cloud(trace, tree_launcher(template, env, work / "logs"), work / "notices",
+                           settings)
     start_unix = time.time()
     start = time.monotonic()
     cloud.start_background()

@@ -22,11 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.peers_run import REPO, RunSettings, SystemRun, read_progress, scheduled_times, \
-    tree_launcher
+from bench.peers_run import REPO, RunSettings, SystemRun, read_progress, replayed_cloud, \
+    scheduled_times, tree_launcher
 from liveput.models.jobs import resolve_job
-from liveput.runtime.clock import MonotonicClock
-from liveput.runtime.cloud import EmulatedCloud
 from liveput.traces import Trace
 
 VENV = REPO / "bench" / ".peers-venv"
@@ -79,10 +77,8 @@ def run_torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | 
            "OMP_NUM_THREADS": "1", "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}"}
     template = [str(python), "-m", "bench.peers_torchft", "{instance_id}", settings.job,
                 str(work / "checkpoints"), str(settings.checkpoint_every), str(progress_file)]
-    cloud = EmulatedCloud(trace, tree_launcher(template, env, work / "logs"), MonotonicClock(),
-                          work / "notices", time_scale=settings.time_scale,
-                          notice_lead_s=settings.notice_lead_s, seed=settings.seed,
-                          notice_signal=None)
+    cloud = replayed_cloud(trace, tree_launcher(template, env, work / "logs"), work / "notices",
+                           settings)
     start_unix, start = time.time(), time.monotonic()
     try:
         cloud.start_background()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from liveput.cloud import InstanceState
 from liveput.cloud.aws import AwsProvider
-from liveput.runtime.processes import MARKET_ENV
+from liveput.runtime.instance_env import MARKET_ENV
 from liveput.cloud.userdata import parse_agent_command
 
 __all__ = ["moto_endpoint", "MotoInstanceRunner", "DUMMY_CREDENTIALS"]

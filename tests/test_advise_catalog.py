@@ -123,3 +123,29 @@ def test_refresh_without_credentials_says_so(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(LiveputError, match="needs AWS credentials"):
         refresh_spot_prices(load_catalog("aws"), "us-east-1", dt.datetime.now(dt.UTC))
+
+
+def test_one_market_keeps_deepvms_ondemand_in_catalog_files_and_plans(tmp_path: Path) -> None:
+    """The one Market says ``on-demand`` (the clouds' and the agents' word); catalog files and
+    advise plans keep ``ondemand``, read and written through :attr:`Market.catalog_name`."""
+    from liveput.advise.plans import InstanceCount, Plan
+    from liveput.cloud import Market as CloudMarket
+
+    assert CloudMarket is Market
+    assert [m.value for m in Market] == ["spot", "on-demand"]
+    assert Market.parse("ondemand") is Market.parse(" On-Demand ") is Market.ON_DEMAND
+    assert Market.parse("spot") is Market.SPOT
+    with pytest.raises(LiveputError, match="unknown market 'reserved'"):
+        Market.parse("reserved")
+    path = tmp_path / "quota.json"
+    path.write_text(json.dumps({"instances": [
+        {"name": "x1", "type": "X", "vCPU": 4, "memory": 16, "network_bandwidth": 10,
+         "ondemand_price": 1.0, "spot_price": 0.3}],
+        "available_vcpus": {"X": {"ondemand": 8, "spot": 32}}}))
+    catalog = load_catalog(path)
+    assert catalog.quota_vcpus("X", Market.ON_DEMAND) == 8
+    assert catalog.quota_vcpus("X", Market.SPOT) == 32
+    plan = Plan("test", (InstanceCount("x1", 2, Market.SPOT),
+                         InstanceCount("x1", 1, Market.ON_DEMAND)), 1.3, "cost_usd", 1.3)
+    assert plan.describe() == "2 x x1 spot + 1 x x1 ondemand"
+    assert [item["market"] for item in plan.to_dict()["instances"]] == ["spot", "ondemand"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from liveput.advise.pool import PoolConfig, advise_pool, cap_trace, finish, pool_candidates
+from liveput.catalog import Market
 from liveput.errors import LiveputError
 from liveput.perf import load_profile
 from liveput.sim import PolicyRun, SimulationConfig, simulate_policy
@@ -71,7 +72,7 @@ def test_pool_is_the_cheapest_candidate_that_meets_the_deadline(short_trace, pro
     assert len(calls) == 4
     assert best.value == pytest.approx(feasible[best_key])
     spot = sum(i.count for i in best.instances if i.market.value == "spot")
-    on_demand = sum(i.count for i in best.instances if i.market.value == "ondemand")
+    on_demand = sum(i.count for i in best.instances if i.market is Market.ON_DEMAND)
     assert (on_demand, spot) == best_key
     assert best.metrics["hours_to_target"] <= deadline
     assert [p.value for p in advice.plans] == sorted(p.value for p in advice.plans)

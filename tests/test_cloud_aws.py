@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from moto_support import DUMMY_CREDENTIALS, MotoInstanceRunner, moto_endpoint, reset_moto
 
-from liveput.advise.catalog import load_catalog
+from liveput.catalog import load_catalog
 from liveput.cloud import InstanceState, Market, ProviderEventKind, RetryPolicy
 from liveput.cloud.aws import AwsConfig, AwsProvider
 from liveput.cloud.userdata import AgentBoot, agent_user_data, parse_agent_command

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from liveput.advise.catalog import load_catalog
+from liveput.catalog import load_catalog
 from liveput.cloud import (EmulatedProvider, EmulatedProviderConfig, InstanceState, Market,
                            ProviderEventKind)
+from liveput.cloud.processes import command_launcher
 from liveput.errors import LiveputError
 from liveput.runtime.clock import ManualClock
-from liveput.runtime.cloud import command_launcher
 from liveput.runtime.notices import Notice, read_notice_file
 from liveput.traces import Trace
 
@@ -212,21 +212,22 @@ def test_prices_come_from_the_catalog_per_zone() -> None:
 
 
 def test_the_holder_replaces_preempted_spot_and_releases_surplus() -> None:
-    from liveput.cloud.holding import Holding, InstanceHolder
+    from liveput.cloud.holding import InstanceHolder
+    from liveput.policies.base import Provisioning
 
     clock = ManualClock(START)
     provider = EmulatedProvider(trace(3, [(300.0, 0, 1)], 900.0), clock,
                                 EmulatedProviderConfig(time_scale=SCALE, notice_lead_s=0.0,
                                                        on_demand_delay_s=(60.0, 60.0)))
-    holder = InstanceHolder(provider, Holding(spot=3, on_demand=1), ["c5.xlarge"])
+    holder = InstanceHolder(provider, Provisioning(spot=3, on_demand=1), ["c5.xlarge"])
     first = holder.reconcile()
-    assert first.alive == Holding(3, 1) and [len(r.granted) for r in first.requests] == [3, 1]
+    assert first.alive == Provisioning(3, 1) and [len(r.granted) for r in first.requests] == [3, 1]
     at(clock, provider, 300.0)  # one spot preempted: capacity 2
-    assert holder.reconcile().alive == Holding(3, 1)  # asked again, pending until capacity
+    assert holder.reconcile().alive == Provisioning(3, 1)  # asked again, pending until capacity
     assert [r.state for r in provider.instances()].count(InstanceState.PENDING) == 1
-    holder.target = Holding(spot=1, on_demand=0)
+    holder.target = Provisioning(spot=1, on_demand=0)
     done = holder.reconcile()
-    assert done.alive == Holding(1, 0) and done.requests == ()
+    assert done.alive == Provisioning(1, 0) and done.requests == ()
     pending = [r for r in provider.instances() if r.instance_id == "e-0004"]
     assert pending[0].state is InstanceState.TERMINATED and pending[0].launch_s is None
     assert len(done.released) == 3  # the pending spot first, then a running one, the on-demand

@@ -95,16 +95,17 @@ def test_jitter_is_seeded_and_only_shortens() -> None:
 
 
 def test_the_holder_asks_again_for_what_a_request_could_not_get() -> None:
-    from liveput.cloud.holding import Holding, InstanceHolder
+    from liveput.cloud.holding import InstanceHolder
+    from liveput.policies.base import Provisioning
 
     provider = FakeProvider(ManualClock(0.0), RetryPolicy(max_attempts=1), grants=[1, 0])
-    holder = InstanceHolder(provider, Holding(spot=3, on_demand=1), ["small"])
+    holder = InstanceHolder(provider, Provisioning(spot=3, on_demand=1), ["small"])
     first = holder.reconcile()
     assert [(len(r.granted), r.failed) for r in first.requests] == [(1, 2), (0, 1)]
-    assert first.alive == Holding(1, 0)
+    assert first.alive == Provisioning(1, 0)
     second = holder.reconcile()
     assert [(r.requested, len(r.granted)) for r in second.requests] == [(2, 2), (1, 1)]
-    assert second.alive == Holding(3, 1)
+    assert second.alive == Provisioning(3, 1)
     assert holder.reconcile().requests == ()  # held: nothing to do
 
 

@@ -153,7 +153,7 @@ def test_a_partitioned_host_releases_its_peers_at_the_heartbeat_timeout(tmp_path
 def test_train_takes_the_heartbeat_timeout_in_wall_seconds_and_refuses_a_bad_one(capsys):
     from liveput.cli.main import main
     from liveput.errors import LiveputError
-    from liveput.runtime.local import LocalTrainingConfig, detection_times_s
+    from liveput.launch.local import LocalTrainingConfig, detection_times_s
 
     # Two decision intervals by default (120 s at time scale 1), the user's seconds otherwise.
     assert detection_times_s(LocalTrainingConfig(time_scale=1.0)) == (120.0, 120.0)

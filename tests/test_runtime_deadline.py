@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from liveput.advise.catalog import load_catalog
+from liveput.catalog import load_catalog
 from liveput.cli.main import main
-from liveput.runtime.deadline import DeadlineJob
-from liveput.runtime.local import LocalTrainingConfig, run_local_training
+from liveput.launch.deadline import DeadlineJob
+from liveput.launch.local import LocalTrainingConfig, run_local_training
 from liveput.traces import Trace
 
 STEPS = 300

@@ -317,7 +317,7 @@ def test_a_notice_due_at_launch_waits_for_the_agents_watcher_instead_of_killing_
     """The emulator signals a notice the moment the process exists; SIGUSR1's default action
     ended every such agent (exit -10) before it could join, so a trace whose first preemptions
     fall within the notice lead of the start trained nothing (issue 18's peers benchmark)."""
-    from liveput.runtime.processes import InstanceProcesses, command_launcher
+    from liveput.cloud.processes import InstanceProcesses, command_launcher
 
     agent = textwrap.dedent("""
         import os, time

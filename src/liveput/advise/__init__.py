@@ -2,7 +2,7 @@
 deadline. DeepVM (one GPU type, exact), mixed types (MILP), spotDNN (SLO provisioning), a
 revocation model, and pools for the liveput runtime chosen by simulation."""
 
-from liveput.advise.catalog import BUILTIN_CATALOGS, Catalog, InstanceSpec, Market, load_catalog
+from liveput.catalog import BUILTIN_CATALOGS, Catalog, InstanceSpec, Market, load_catalog
 from liveput.advise.deepvm import (NETWORK_BOUNDS, DeepVMConfig, advise_deepvm, enumerate_deepvm,
                                    saturation_point)
 from liveput.advise.mixed import MixedConfig, advise_mixed

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from liveput.advise.catalog import Catalog, InstanceSpec, Market
+from liveput.catalog import Catalog, InstanceSpec, Market
 from liveput.advise.plans import Advice, InstanceCount, Plan
 from liveput.advise.revocation import RevocationModel, RevocationOverhead
 from liveput.advise.scaling import LogisticScaling, scaling_for

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from liveput.advise.catalog import Catalog, InstanceSpec, Market
+from liveput.catalog import Catalog, InstanceSpec, Market
 from liveput.advise.deepvm import DeepVMConfig, advise_deepvm
 from liveput.advise.plans import Advice, InstanceCount, Plan
 from liveput.advise.scaling import scaling_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from liveput.advise.catalog import Market
+from liveput.catalog import Market
 from liveput.errors import LiveputError
 
 
@@ -51,13 +51,13 @@ class Plan:
 
     def describe(self) -> str:
         """``17 x g4dn.xlarge spot + 1 x t3.xlarge ondemand``."""
-        return " + ".join(f"{item.count} x {item.type} {item.market.value}"
+        return " + ".join(f"{item.count} x {item.type} {item.market.catalog_name}"
                           for item in self.instances)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "architecture": self.architecture,
-            "instances": [{"type": item.type, "count": item.count, "market": item.market.value,
+            "instances": [{"type": item.type, "count": item.count, "market": item.market.catalog_name,
                            "role": item.role} for item in self.instances],
             "usd_per_hour": round(self.usd_per_hour, 6),
             "objective": self.objective,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from liveput.advise.catalog import Market
+from liveput.catalog import Market
 from liveput.advise.plans import Advice, InstanceCount, Plan
 from liveput.errors import LiveputError
 from liveput.perf import ModelProfile

@@ -6,7 +6,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from liveput.advise.catalog import Catalog
+from liveput.catalog import Catalog
 from liveput.errors import LiveputError
 
 log = logging.getLogger(__name__)

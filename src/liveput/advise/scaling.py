@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from liveput.advise.catalog import InstanceSpec
+from liveput.catalog import InstanceSpec
 from liveput.errors import LiveputError
 
 

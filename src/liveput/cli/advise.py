@@ -19,6 +19,7 @@ from liveput.advise import (
     Catalog,
     DeepVMConfig,
     LogisticScaling,
+    Market,
     MixedConfig,
     RevocationModel,
     SLOConfig,
@@ -127,7 +128,7 @@ def _render(advice: Advice, as_json: bool, columns: dict[str, str]) -> None:
     for rank, plan in enumerate(advice.plans, start=1):
         extra = [f"{plan.metrics[key]:.4g}" if key in plan.metrics else "-" for key in shown]
         instances = "\n".join(f"{item.count} {item.type}"
-                               f"{' od' if item.market.value == 'ondemand' else ''}"
+                               f"{' od' if item.market is Market.ON_DEMAND else ''}"
                                for item in plan.instances)
         table.add_row(str(rank), plan.architecture, instances, f"{plan.usd_per_hour:.4f}",
                       f"{plan.value:.4g}", *extra)

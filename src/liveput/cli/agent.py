@@ -131,7 +131,7 @@ def coordinator(
     rents the instances (--spot-max, --on-demand-max) and gives them back at the end."""
     from pathlib import Path
 
-    from liveput.cloud.holding import Holding
+    from liveput.policies.base import Provisioning
     from liveput.runtime.coordinator import CoordinatorConfig
     from liveput.models.jobs import resolve_job
     from liveput.runtime.launch import JobSpec, run_coordinator, through_outage
@@ -154,7 +154,7 @@ def coordinator(
                                "rents its on-demand instances")
         deadline = _deadline(holder, job, steps, spot_max, on_demand_max, deadline_hours,
                              deadline_policy, trace_path, interval_s)
-        holder.target = Holding(spot_max, 0)  # on-demand: as the deadline policy decides
+        holder.target = Provisioning(spot_max, 0)  # on-demand: as the deadline policy decides
     etcd = None
     if store is None and not embedded:
         try:
@@ -181,7 +181,7 @@ def coordinator(
                                        start_grace_s=start_grace_s,
                                        heartbeat_timeout_s=heartbeat_timeout_s, policy=policy)
             if deadline is not None:
-                from liveput.runtime.deadline import HolderMarket
+                from liveput.cloud.market import HolderMarket
 
                 config = dataclasses.replace(config, policy=deadline_policy)
                 spec = JobSpec(model, checkpoint_dir, checkpoint_every, data=data)
@@ -216,8 +216,9 @@ def _holder(name: str | None, *, region: str, instance_types: str | None, spot_m
                                "(emulated or aws)")
         return None
     from liveput.cloud.build import ProviderSettings, build_provider
-    from liveput.cloud.holding import Holding, InstanceHolder
+    from liveput.cloud.holding import InstanceHolder
     from liveput.cloud.userdata import AgentBoot
+    from liveput.policies.base import Provisioning
 
     if spot_max + on_demand_max == 0:
         raise LiveputError(f"--provider {name}: give --spot-max and/or --on-demand-max")
@@ -229,7 +230,7 @@ def _holder(name: str | None, *, region: str, instance_types: str | None, spot_m
                                 region=region, image_id=image_id, trace=trace,
                                 spot_max=spot_max, work_dir=work_dir)
     provider = build_provider(name, settings)
-    return InstanceHolder(provider, Holding(spot_max, on_demand_max), provider.instance_types)
+    return InstanceHolder(provider, Provisioning(spot_max, on_demand_max), provider.instance_types)
 
 
 def _deadline(holder, job, steps: int, spot_max: int, on_demand_max: int,  # noqa: ANN001, ANN202
@@ -240,7 +241,7 @@ def _deadline(holder, job, steps: int, spot_max: int, on_demand_max: int,  # noq
 
     import numpy as np
 
-    from liveput.runtime.deadline import DeadlineJob, deadline_context
+    from liveput.launch.deadline import DeadlineJob, deadline_context
     from liveput.runtime.planning import profile_job
     from liveput.traces import Trace, read_trace
 

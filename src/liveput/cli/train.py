@@ -98,9 +98,9 @@ def train(
         (model, workers, trace_path, time_scale, steps, checkpoint_dir, checkpoint_every,
          notice_lead_s, seed, keep_checkpoints, deadline_hours, on_demand_max, instance_type,
          deadline_policy) = _from_job_file(job_file)
+    from liveput.launch.deadline import DeadlineJob
+    from liveput.launch.local import LocalTrainingConfig, Progress, run_local_training
     from liveput.models.jobs import resolve_job
-    from liveput.runtime.deadline import DeadlineJob
-    from liveput.runtime.local import LocalTrainingConfig, Progress, run_local_training
     from liveput.traces import generate_trace, read_trace
 
     data_path = None if data is None else str(data.resolve())

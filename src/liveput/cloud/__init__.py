@@ -6,7 +6,7 @@ else (SkyPilot, Kubernetes, Slurm) join the coordinator without a provider (docs
 """
 
 from liveput.cloud.billing import Bill, BillingAccount, InstanceCharge
-from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig
+from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
 from liveput.cloud.provider import Provider
 from liveput.cloud.retry import ProviderError, RetryPolicy
 from liveput.cloud.types import (InstanceRecord, InstanceState, Market, PriceQuote, ProviderEvent,
@@ -15,4 +15,4 @@ from liveput.cloud.types import (InstanceRecord, InstanceState, Market, PriceQuo
 __all__ = ["Bill", "BillingAccount", "InstanceCharge", "EmulatedProvider",
            "EmulatedProviderConfig", "Provider", "ProviderError", "RetryPolicy", "InstanceRecord",
            "InstanceState", "Market", "PriceQuote", "ProviderEvent", "ProviderEventKind",
-           "RequestFailure", "RequestResult"]
+           "RequestFailure", "RequestResult", "SpotModel"]

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from liveput.advise.catalog import Catalog, load_catalog
+from liveput.catalog import Catalog, load_catalog
 from liveput.cloud.provider import Provider
 from liveput.cloud.regions import check_region
 from liveput.cloud.retry import ProviderError, RetryPolicy

@@ -54,7 +54,7 @@ PROVIDERS: Registry[Callable[[ProviderSettings, Clock], Provider]] = Registry("p
 @PROVIDERS.register("emulated")
 def _emulated(settings: ProviderSettings, clock: Clock) -> Provider:
     from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig
-    from liveput.runtime.processes import command_launcher
+    from liveput.cloud.processes import command_launcher
     from liveput.traces import generate_trace, read_trace
 
     # The emulator rents anything: a cheap CPU type unless told otherwise.

@@ -1,18 +1,28 @@
 """The emulated provider (the default, no account needed): spot follows a trace, on-demand is late.
 
-Spot: the trace's count at cloud time ``t`` is the spot capacity ``C(t)``, what the market would
-let this job hold. A spot request is granted at once as *pending* instances, queued; a queued
-instance starts running when the job's spot instances that are running and not noticed number
-fewer than ``min C`` over ``[now, now + notice lead]`` (so that no instance starts into a
-removal it could not be noticed of). For each removal the trace makes at ``t`` the provider looks,
-at ``t - notice_lead_s``, whether the running, un-noticed spot instances outnumber ``C(t)``: if so
-one of them (seeded choice) gets a notice then and is SIGKILLed at ``t``, as
-:class:`~liveput.runtime.cloud.EmulatedCloud` does; a removal of capacity the job does not hold
-preempts nothing.
+The trace drives spot instances in one of two ways (:class:`SpotModel`):
 
-On-demand: a request is granted at once, pending; each instance starts running after a launch
-delay drawn uniformly (seeded) from ``on_demand_delay_s`` (default 60-90 s; CM-DARE measured
-70-92 s on EC2), and is never preempted.
+- *capacity* (``liveput train --deadline-hours``, ``liveput coordinator --provider emulated``):
+  the trace's count at cloud time ``t`` is the spot capacity ``C(t)``, what the market would let
+  this job hold. A spot request is granted at once as *pending* instances, queued; a queued
+  instance starts running when the job's spot instances that are running and not noticed number
+  fewer than ``min C`` over ``[now, now + notice lead]`` (so that no instance starts into a
+  removal it could not be noticed of). For each removal the trace makes at ``t`` the provider
+  looks, at ``t - notice_lead_s``, whether the running, un-noticed spot instances outnumber
+  ``C(t)``: if so one of them (seeded choice) gets a notice then and is SIGKILLed at ``t``; a
+  removal of capacity the job does not hold preempts nothing.
+- *replay* (``liveput train``): the trace is one job's own spot instances. :meth:`start`
+  launches its initial instances; each instance it adds is launched at its time, unasked; for
+  each instance it removes at ``t`` a victim (seeded) gets a notice at ``t - notice_lead_s``
+  (AWS 120 s, GCP 30 s) and is SIGKILLed at ``t``. If no instance is there to be noticed when a
+  removal's notice falls due (the victim is still to be launched), the notice goes to the next
+  instance launched before ``t``, with a shorter lead; a removal whose time comes with nobody
+  to remove is void. An agent that ends by itself before any notice is gone (an ``exit``
+  event), not replaced. Spot requests are refused: the trace alone grants spot instances.
+
+On-demand (both): a request is granted at once, pending; each instance starts running after a
+launch delay drawn uniformly (seeded) from ``on_demand_delay_s`` (default 60-90 s; CM-DARE
+measured 70-92 s on EC2), and is never preempted.
 
 Quotas: the catalog's vCPU quota per (family, market) counts pending and running instances; a
 request beyond it is granted in part, the rest failing with ``VcpuLimitExceeded`` (not retried:
@@ -21,9 +31,10 @@ only this job's releases free the emulator's quota).
 Billing: an instance is charged its catalog price from the moment it started running to the
 moment it was released or killed, in cloud (trace) seconds: ``time_scale`` trace seconds pass per
 clock second. With a launcher each running instance is an agent process
-(:class:`~liveput.runtime.processes.InstanceProcesses`); without one the provider only accounts.
-Call :meth:`EmulatedProvider.step` after moving a manual clock, or
-:meth:`EmulatedProvider.start_background`.
+(:class:`~liveput.cloud.processes.InstanceProcesses`), told who it is, how it is rented and
+where its notice lands (:mod:`liveput.runtime.instance_env`); without one the provider only
+accounts. Call :meth:`EmulatedProvider.step` after moving a manual clock, or
+:meth:`EmulatedProvider.start_background` to let a thread step it in real time.
 """
 
 from __future__ import annotations
@@ -38,26 +49,36 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
-from liveput.advise.catalog import Catalog, load_catalog
+from liveput.catalog import Catalog, load_catalog
+from liveput.cloud.processes import InstanceProcesses, Launcher
 from liveput.cloud.provider import Provider
+from liveput.cloud.replay import ReplayAction, ReplaySchedule, trace_schedule
 from liveput.cloud.retry import ProviderError, RetryPolicy
 from liveput.cloud.types import (InstanceRecord, InstanceState, Market, PriceQuote,
                                  ProviderEvent, ProviderEventKind)
 from liveput.errors import LiveputError
 from liveput.runtime.clock import Clock
-from liveput.runtime.cloud import trace_schedule
 from liveput.runtime.notices import AWS_NOTICE_LEAD_S
-from liveput.runtime.processes import InstanceProcesses, Launcher
 from liveput.runtime.store import Store
 from liveput.traces import IntervalTrace, Trace
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EmulatedProviderConfig", "EmulatedProvider"]
+__all__ = ["SpotModel", "EmulatedProviderConfig", "EmulatedProvider"]
 
 DEFAULT_ZONES = ("emulated-1a",)
+
+
+class SpotModel(str, Enum):
+    """What the trace says about spot instances (see the module)."""
+
+    CAPACITY = "capacity"
+    """The trace is the spot market's capacity: spot instances run as requested within it."""
+    REPLAY = "replay"
+    """The trace is one job's own spot instances: launched, noticed and killed as it says."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +88,8 @@ class EmulatedProviderConfig:
     catalog: str = "aws"
     """Built-in catalog name or catalog file: instance types, prices, vCPU quotas."""
     instance_types: tuple[str, ...] = ()
-    """Types it rents (default: every type of the catalog)."""
+    """Types it rents (default: every type of the catalog); a replay's spot instances are of
+    the first."""
     zones: tuple[str, ...] = DEFAULT_ZONES
     """Zone names (one trace drives them all; instances are spread over the zones asked)."""
     time_scale: float = 1.0
@@ -80,6 +102,8 @@ class EmulatedProviderConfig:
     """Seeds launch delays and the choice of victims."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff of retryable errors."""
+    spot: SpotModel = SpotModel.CAPACITY
+    """How the trace drives spot instances: as the market's capacity, or replayed as the job's."""
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
@@ -95,7 +119,8 @@ class EmulatedProviderConfig:
 
 
 class EmulatedProvider(Provider):
-    """Spot capacity from a trace, on-demand after a launch delay, catalog prices (see module)."""
+    """Spot from a trace (its capacity, or replayed), on-demand after a launch delay, catalog
+    prices (see the module)."""
 
     name = "emulated"
 
@@ -116,6 +141,9 @@ class EmulatedProvider(Provider):
         self._removals = sorted(removals)
         self._additions = sorted(additions)
         self._changes = sorted(set(self._removals) | set(self._additions))
+        self._replay = (ReplaySchedule(trace, self.config.notice_lead_s)
+                        if self.config.spot is SpotModel.REPLAY else None)
+        self._unnoticed: list[float] = []  # replay: removal times still waiting for a victim
         self._procs: InstanceProcesses | None = None
         if launcher is not None:
             if notice_dir is None:
@@ -132,13 +160,17 @@ class EmulatedProvider(Provider):
         self._kills: list[tuple[float, str]] = []  # (kill time, victim), a heap
         self._doomed: set[str] = set()
         self._lock = threading.RLock()
-        self._start_clock_s = clock.now_s()
+        # A replay's cloud time starts with the replay (start); capacity's at once.
+        self._start_clock_s: float | None = None if self._replay is not None else clock.now_s()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- the contract ------------------------------------------------------------------------
 
     def now_s(self) -> float:
+        """Cloud (trace) seconds since the start (0 before a replay starts)."""
+        if self._start_clock_s is None:
+            return 0.0
         return (self.clock.now_s() - self._start_clock_s) * self.config.time_scale
 
     @property
@@ -151,11 +183,14 @@ class EmulatedProvider(Provider):
 
     def _grant(self, count: int, instance_types: tuple[str, ...], market: Market,
                zones: tuple[str, ...]) -> tuple[list[InstanceRecord], ProviderError | None]:
+        if self._replay is not None and market is Market.SPOT:
+            return [], ProviderError("InsufficientInstanceCapacity", "a replayed trace grants "
+                                     "the spot instances itself", retryable=False)
         with self._lock:
             spec = min((self.catalog.get(name) for name in instance_types),
-                       key=lambda s: s.price_usd_per_hour(market.catalog))
+                       key=lambda s: s.price_usd_per_hour(market))
             allowed, error = count, None
-            quota = self.catalog.quota_vcpus(spec.family, market.catalog)
+            quota = self.catalog.quota_vcpus(spec.family, market)
             if quota is not None:
                 used = sum(self.catalog.get(r.instance_type).vcpus for r in self._records.values()
                            if r.end_s is None and r.market is market
@@ -169,18 +204,27 @@ class EmulatedProvider(Provider):
             now = self.now_s()
             granted = []
             for _ in range(allowed):
-                iid = f"e-{next(self._ids):04d}"
-                zone = zones[next(self._zone_turn) % len(zones)]
-                record = InstanceRecord(iid, spec.name, market, zone, InstanceState.PENDING, now,
-                                        spec.price_usd_per_hour(market.catalog))
-                self._records[iid] = record
+                record = self._new_record("e", spec.name, market, zones, now)
                 if market is Market.ON_DEMAND:
-                    self._ready_s[iid] = now + self._rng.uniform(*self.config.on_demand_delay_s)
+                    self._ready_s[record.instance_id] = now + self._rng.uniform(
+                        *self.config.on_demand_delay_s)
                 else:
-                    self._spot_queue.append(iid)
+                    self._spot_queue.append(record.instance_id)
                 granted.append(record)
             self._step_locked()  # spot with capacity to spare runs at once
             return [self._records[r.instance_id] for r in granted], error
+
+    def _new_record(self, prefix: str, instance_type: str, market: Market,
+                    zones: tuple[str, ...], now: float) -> InstanceRecord:
+        """A pending instance: ``i-`` replayed from the trace, ``e-`` granted on request; one
+        count numbers both (the agents take their instance number from it)."""
+        iid = f"{prefix}-{next(self._ids):04d}"
+        zone = zones[next(self._zone_turn) % len(zones)]
+        spec = self.catalog.get(instance_type)
+        record = InstanceRecord(iid, spec.name, market, zone, InstanceState.PENDING, now,
+                                spec.price_usd_per_hour(market))
+        self._records[iid] = record
+        return record
 
     def _terminate(self, instance_ids: list[str]) -> None:
         with self._lock:
@@ -209,6 +253,28 @@ class EmulatedProvider(Provider):
 
     # -- the emulation -----------------------------------------------------------------------
 
+    @property
+    def end_s(self) -> float:
+        """The trace's end, cloud seconds."""
+        return self._end_s
+
+    @property
+    def done(self) -> bool:
+        """True when the trace is over and nothing more is due."""
+        with self._lock:
+            return (self._start_clock_s is not None and self.next_action_s() is None
+                    and not self._kills and not self._ready_s and self.now_s() >= self._end_s)
+
+    @property
+    def preemptions(self) -> int:
+        """Instances preempted so far."""
+        return sum(e.kind is ProviderEventKind.PREEMPT for e in self.events)
+
+    @property
+    def allocations(self) -> int:
+        """Instances launched so far, a replay's initial ones not counted."""
+        return sum(e.kind is ProviderEventKind.LAUNCH and not e.initial for e in self.events)
+
     def spot_capacity(self, time_s: float) -> int:
         """C(t): spot instances the trace offers at cloud time ``time_s``."""
         added = bisect.bisect_right(self._additions, time_s)
@@ -225,14 +291,50 @@ class EmulatedProvider(Provider):
         return sorted(iid for iid, r in self._records.items() if r.market is Market.SPOT
                       and r.state is InstanceState.RUNNING and iid not in self._doomed)
 
+    def start(self) -> None:
+        """Start a replay: its clock, and the trace's initial instances (a provider of spot
+        capacity runs from its construction; starting it is a no-op)."""
+        with self._lock:
+            if self._replay is None:
+                return
+            if self._start_clock_s is not None:
+                raise LiveputError("the emulated provider is already started")
+            self._start_clock_s = self.clock.now_s()
+            log.info("emulated provider: replaying %s, %d initial instances, %d removals, "
+                     "%d additions over %.0f s (x%g)", self.trace.name, self._replay.initial,
+                     self._replay.removals, self._replay.additions, self._end_s,
+                     self.config.time_scale)
+            for _ in range(self._replay.initial):
+                self._launch_replayed(0.0, initial=True)
+
     def step(self) -> list[ProviderEvent]:
         """Carry out everything due by now; the events that produced."""
         with self._lock:
+            if self._start_clock_s is None:
+                raise LiveputError("start the emulated provider before stepping it")
             first = len(self._events)
             self._step_locked()
             return self.events[first:]
 
+    def next_action_s(self) -> float | None:
+        """Cloud time of a replay's next scheduled action (None: none, or no replay)."""
+        with self._lock:
+            return None if self._replay is None else self._replay.next_s()
+
     def _step_locked(self) -> None:
+        if self._replay is None:
+            self._step_capacity()
+        elif self._start_clock_s is not None:  # nothing of a replay is due before its start
+            self._step_replay(self._replay)
+
+    def _launch_on_demand(self, now: float) -> None:
+        """Launch the pending on-demand instances whose launch delay is over by ``now``."""
+        for iid, ready_s in sorted(self._ready_s.items(), key=lambda kv: (kv[1], kv[0])):
+            if ready_s <= now:
+                del self._ready_s[iid]
+                self._launch(iid, now)
+
+    def _step_capacity(self) -> None:
         now = self.now_s()
         lead_s = self.config.notice_lead_s
         while (self._next_removal < len(self._removals)
@@ -241,46 +343,100 @@ class EmulatedProvider(Provider):
             self._next_removal += 1
             running = self._running_spot()
             if len(running) > self.spot_capacity(kill_s):
-                self._notice(self._rng.choice(running), now, kill_s)
+                victim = self._rng.choice(running)
+                self._notice(victim, now, kill_s)
+                heapq.heappush(self._kills, (kill_s, victim))
         while self._kills and self._kills[0][0] <= now:
             _, iid = heapq.heappop(self._kills)
             self._preempt(iid, now)
-        for iid, ready_s in sorted(self._ready_s.items(), key=lambda kv: (kv[1], kv[0])):
-            if ready_s <= now:
-                del self._ready_s[iid]
-                self._launch(iid, now)
+        self._launch_on_demand(now)
         while self._spot_queue and len(self._running_spot()) < self._min_capacity(now, now + lead_s):
             self._launch(self._spot_queue.pop(0), now)
 
-    def _launch(self, iid: str, now: float) -> None:
+    def _step_replay(self, replay: ReplaySchedule) -> None:
+        self._reap()
+        now = self.now_s()
+        while (due := replay.pop_due(now)) is not None:
+            time_s, action, payload = due
+            if action is ReplayAction.NOTICE:
+                self._unnoticed.append(float(payload))
+                self._unnoticed.sort()
+            elif action is ReplayAction.PREEMPT:
+                self._preempt(payload, time_s)
+            else:
+                self._launch_replayed(time_s, initial=False)
+            self._notice_pending(replay, time_s)
+        self._launch_on_demand(self.now_s())
+
+    def _notice_pending(self, replay: ReplaySchedule, now_s: float) -> None:
+        """Give every replayed removal that is due a notice a victim, while there are any."""
+        while self._unnoticed:
+            candidates = self._running_spot()
+            if not candidates:
+                # Removals whose time has come with nobody to remove (agents that exited by
+                # themselves) are void; later ones wait for the next launch.
+                void = [kill_s for kill_s in self._unnoticed if kill_s <= now_s]
+                if void:
+                    log.warning("emulated provider: %d preemption(s) at %.1f s found no "
+                                "instance", len(void), now_s)
+                self._unnoticed = [kill_s for kill_s in self._unnoticed if kill_s > now_s]
+                return
+            kill_s = self._unnoticed.pop(0)
+            victim = self._rng.choice(candidates)
+            self._notice(victim, now_s, kill_s)
+            replay.push(kill_s, ReplayAction.PREEMPT, victim)
+
+    def _reap(self) -> None:
+        """A replayed instance whose agent ended by itself before any notice is gone."""
+        if self._procs is None:
+            return
+        now = self.now_s()
+        for iid in list(self._procs.pids()):
+            # A noticed instance that is gone before its kill (say it exited on the notice)
+            # still counts as preempted, at its kill time.
+            code = None if iid in self._doomed else self._procs.exit_code(iid)
+            if code is None:
+                continue
+            pid = self._procs.forget(iid)
+            self._records[iid] = dataclasses.replace(self._records[iid],
+                                                     state=InstanceState.TERMINATED, end_s=now)
+            self._event(ProviderEventKind.EXIT, f"{iid} exit code {code}", instance_id=iid,
+                        time_s=now, pid=pid)
+
+    def _launch_replayed(self, time_s: float, *, initial: bool) -> None:
+        record = self._new_record("i", self._types[0], Market.SPOT, self.zones, time_s)
+        self._launch(record.instance_id, time_s, initial=initial)
+
+    def _launch(self, iid: str, now: float, *, initial: bool = False) -> None:
         self._records[iid] = dataclasses.replace(self._records[iid], state=InstanceState.RUNNING,
                                                  launch_s=now)
         record = self._records[iid]
         pid = self._procs.launch(iid, record.market.value) if self._procs is not None else None
         self._event(ProviderEventKind.LAUNCH, f"{iid} {record.market.value} {record.instance_type} "
                     f"in {record.zone}" + (f" (pid {pid})" if pid is not None else ""),
-                    instance_id=iid)
+                    instance_id=iid, time_s=now, pid=pid, initial=initial)
 
     def _notice(self, iid: str, now: float, kill_s: float) -> None:
+        """Notice ``iid`` at cloud time ``now`` of its preemption at ``kill_s`` (the caller
+        schedules the preemption)."""
         self._doomed.add(iid)
-        lead_clock_s = max(0.0, kill_s - now) / self.config.time_scale
-        if self._procs is not None:
-            self._procs.notice(iid, lead_clock_s)
-        heapq.heappush(self._kills, (kill_s, iid))
+        lead_clock_s = max(0.0, kill_s - max(now, self.now_s())) / self.config.time_scale
+        pid = self._procs.notice(iid, lead_clock_s) if self._procs is not None else None
         self._event(ProviderEventKind.NOTICE, f"{iid} preempted at {kill_s:.1f} s "
-                    f"(lead {lead_clock_s:.2f} clock s)", instance_id=iid)
+                    f"(lead {lead_clock_s:.2f} clock s)", instance_id=iid, time_s=now, pid=pid,
+                    lead_s=lead_clock_s)
 
     def _preempt(self, iid: str, now: float) -> None:
         if iid not in self._doomed:  # released after its notice
             return
         self._doomed.discard(iid)
-        detail = ""
+        detail, pid = "", None
         if self._procs is not None and iid in self._procs:
-            _, code = self._procs.kill(iid)
+            pid, code = self._procs.kill(iid)
             detail = "" if code is None else f" (its agent had exited, code {code})"
         self._records[iid] = dataclasses.replace(self._records[iid], preempted=True,
                                                  state=InstanceState.TERMINATED, end_s=now)
-        self._event(ProviderEventKind.PREEMPT, iid + detail, instance_id=iid)
+        self._event(ProviderEventKind.PREEMPT, iid + detail, instance_id=iid, time_s=now, pid=pid)
 
     def pids(self) -> dict[str, int]:
         """Running instances' agent processes: id -> pid (empty without a launcher)."""
@@ -290,11 +446,13 @@ class EmulatedProvider(Provider):
     # -- running on a thread -----------------------------------------------------------------
 
     def start_background(self, poll_s: float = 0.05) -> None:
-        """Step on a daemon thread until closed (sleeping on the injected clock)."""
+        """Start (a replay), then step on a daemon thread until closed (sleeping on the
+        injected clock: ``poll_s``, or less until a replay's next action)."""
         if not poll_s > 0:
             raise LiveputError(f"poll_s must be positive, got {poll_s}")
         if self._thread is not None:
             raise LiveputError("the emulated provider is already stepping")
+        self.start()
         self._thread = threading.Thread(target=self._run, args=(poll_s,),
                                         name="liveput-provider", daemon=True)
         self._thread.start()
@@ -305,14 +463,23 @@ class EmulatedProvider(Provider):
                 self.step()
             except Exception:  # a dead stepping thread would silently freeze the cloud
                 log.exception("emulated provider step failed")
-            self.clock.sleep(poll_s)
+            upcoming = self.next_action_s()
+            wait_s = poll_s
+            if upcoming is not None:
+                wait_s = min(poll_s, max(0.0, (upcoming - self.now_s()) / self.config.time_scale))
+            self.clock.sleep(max(wait_s, 0.001))
 
     def close(self) -> None:
-        """Stop stepping and release every instance still alive (its bill is then final)."""
+        """Stop stepping and end every instance still alive (its bill is then final): a
+        replay's agents are killed at once, as at the end of its trace; the others are
+        released (stopped, with a grace)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         with self._lock:
+            if self._replay is not None and self._procs is not None:
+                self._procs.close()
+                self._doomed.clear()
             alive = [iid for iid, r in self._records.items() if r.end_s is None]
             if alive:
                 self.release(alive)

@@ -1,7 +1,8 @@
 """Holding a number of instances: the executor of a provisioning decision.
 
 A policy decides *how many* spot and on-demand instances to hold next interval (a
-:class:`Holding`); :meth:`InstanceHolder.reconcile` makes the provider's instances match it:
+:class:`~liveput.policies.base.Provisioning`); :meth:`InstanceHolder.reconcile` makes the
+provider's instances match it:
 
 1. instances alive (pending or running) are counted per market; preempted ones no longer count,
    so a lost spot instance is asked for again;
@@ -24,28 +25,11 @@ from dataclasses import dataclass
 from liveput.cloud.provider import Provider
 from liveput.cloud.types import InstanceRecord, InstanceState, Market, RequestResult
 from liveput.errors import LiveputError
+from liveput.policies.base import Provisioning
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Holding", "Reconciled", "InstanceHolder"]
-
-
-@dataclass(frozen=True)
-class Holding:
-    """How many instances to hold (a provisioning decision)."""
-
-    spot: int
-    """Spot instances."""
-    on_demand: int
-    """On-demand instances."""
-
-    def __post_init__(self) -> None:
-        if self.spot < 0 or self.on_demand < 0:
-            raise LiveputError(f"a holding must be >= 0 instances, got spot {self.spot}, "
-                               f"on-demand {self.on_demand}")
-
-    def of(self, market: Market) -> int:
-        return self.spot if market is Market.SPOT else self.on_demand
+__all__ = ["Reconciled", "InstanceHolder"]
 
 
 @dataclass(frozen=True)
@@ -56,14 +40,14 @@ class Reconciled:
     """Requests made (at most one per market)."""
     released: tuple[str, ...]
     """Instances released."""
-    alive: Holding
+    alive: Provisioning
     """Alive (pending or running) afterwards, per market."""
 
 
 class InstanceHolder:
     """Keeps ``provider`` holding ``target`` instances of ``instance_types`` (see the module)."""
 
-    def __init__(self, provider: Provider, target: Holding, instance_types: Sequence[str],
+    def __init__(self, provider: Provider, target: Provisioning, instance_types: Sequence[str],
                  zones: Sequence[str] | None = None) -> None:
         if not instance_types:
             raise LiveputError("holding instances needs at least one instance type")
@@ -89,7 +73,7 @@ class InstanceHolder:
             alive = self.alive()
             for market in Market:
                 held = alive[market]
-                want = self.target.of(market)
+                want = self.target.spot if market is Market.SPOT else self.target.on_demand
                 if len(held) < want:
                     requests.append(self.provider.request(want - len(held), self.instance_types,
                                                           market, self.zones))
@@ -101,7 +85,7 @@ class InstanceHolder:
                     released.extend(self.provider.release(surplus))
             now = self.alive()
             result = Reconciled(tuple(requests), tuple(released),
-                                Holding(len(now[Market.SPOT]), len(now[Market.ON_DEMAND])))
+                                Provisioning(len(now[Market.SPOT]), len(now[Market.ON_DEMAND])))
             for request in requests:
                 (log.warning if request.failures else log.info)("holder: %s", request.describe())
             return result

@@ -219,8 +219,11 @@ class Provider(ABC):
                 self._backoff(attempt, what, error)
 
     def _event(self, kind: ProviderEventKind, detail: str, *, instance_id: str = "",
-               level: int = logging.INFO) -> None:
-        event = ProviderEvent(kind, self.now_s(), detail, instance_id)
+               level: int = logging.INFO, time_s: float | None = None, pid: int | None = None,
+               lead_s: float | None = None, initial: bool = False) -> None:
+        """Record and log an event, at cloud time ``time_s`` (default: now)."""
+        event = ProviderEvent(kind, self.now_s() if time_s is None else time_s, detail,
+                              instance_id, self.clock.now_s(), pid, lead_s, initial)
         with self._event_lock:
             self._events.append(event)
         log.log(level, "%s %s at %.1f s: %s", self.name, kind.value, event.time_s, detail)

@@ -9,38 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from liveput.advise.catalog import Market as CatalogMarket
+from liveput.catalog import Market
 from liveput.errors import LiveputError
 
 __all__ = ["Market", "InstanceState", "InstanceRecord", "RequestFailure", "RequestResult",
            "PriceQuote", "ProviderEventKind", "ProviderEvent"]
-
-
-class Market(str, Enum):
-    """How an instance is rented."""
-
-    SPOT = "spot"
-    """Cheap, preemptible with a notice."""
-    ON_DEMAND = "on-demand"
-    """Full price, never preempted."""
-
-    @classmethod
-    def parse(cls, value: str | Market) -> Market:
-        """``spot`` or ``on-demand`` (``ondemand`` too); anything else is a one-line error."""
-        if isinstance(value, Market):
-            return value
-        text = str(value).strip().lower()
-        if text == "ondemand":
-            text = "on-demand"
-        try:
-            return cls(text)
-        except ValueError:
-            raise LiveputError(f"unknown market {value!r}; known: spot, on-demand") from None
-
-    @property
-    def catalog(self) -> CatalogMarket:
-        """The catalog's name for this market (its prices and vCPU quotas)."""
-        return CatalogMarket.SPOT if self is Market.SPOT else CatalogMarket.ON_DEMAND
 
 
 class InstanceState(str, Enum):
@@ -187,6 +160,9 @@ class ProviderEventKind(str, Enum):
     """A spot instance was taken back."""
     RELEASE = "release"
     """An instance was released (terminated on request)."""
+    EXIT = "exit"
+    """An instance's agent ended by itself before any notice (a replayed trace's instance: it is
+    gone, not preempted)."""
     RETRY = "retry"
     """A provider error worth another try; waiting before it."""
     FAIL = "fail"
@@ -205,3 +181,11 @@ class ProviderEvent:
     """Which instances, codes, counts: one line."""
     instance_id: str = ""
     """The instance concerned, if one."""
+    clock_s: float = 0.0
+    """When it was carried out, in the provider's injected clock's seconds."""
+    pid: int | None = None
+    """The instance's agent process, if the provider runs one."""
+    lead_s: float | None = None
+    """For notices: clock seconds until the preemption."""
+    initial: bool = False
+    """For launches: one of a replayed trace's initial instances (not an allocation)."""

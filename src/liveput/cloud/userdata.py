@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from liveput import __version__
 from liveput.errors import LiveputError
-from liveput.runtime.processes import MARKET_ENV
+from liveput.runtime.instance_env import MARKET_ENV
 
 __all__ = ["AgentBoot", "AgentCommand", "agent_user_data", "parse_agent_command", "HOST_VARIABLE"]
 

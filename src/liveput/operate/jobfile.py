@@ -79,7 +79,7 @@ class ProviderSpec:
             raise LiveputError("provider: workers must be >= 1, time_scale > 0, trace_seed >= 0")
         if self.on_demand_max is not None and self.on_demand_max < 0:
             raise LiveputError("provider: on_demand_max must be >= 0")
-        from liveput.advise.catalog import load_catalog
+        from liveput.catalog import load_catalog
 
         load_catalog("aws").get(self.instance_type)  # an unknown type: a one-line error
 

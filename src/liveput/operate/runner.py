@@ -212,11 +212,11 @@ def run_job(job: JobFile, *, resume: bool = False,
 def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str,
            checkpoint_url: str, state_dir: Path, place: JobPlace,
            on_ready: Callable[[JobPlace], None] | None) -> dict:
-    from liveput.advise.catalog import load_catalog
+    from liveput.catalog import load_catalog
     from liveput.operate.export import export_model
     from liveput.operate.metrics import TensorBoardScalars
-    from liveput.runtime.deadline import DeadlineJob
-    from liveput.runtime.local import LocalTrainingConfig, run_local_training
+    from liveput.launch.deadline import DeadlineJob
+    from liveput.launch.local import LocalTrainingConfig, run_local_training
     from liveput.traces import generate_trace, read_trace
 
     provider = job.provider

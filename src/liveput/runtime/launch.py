@@ -28,11 +28,10 @@ from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
-from liveput.runtime.cloud import INSTANCE_ID_ENV, NOTICE_FILE_ENV
 from liveput.runtime.engine import Engine, EngineConfig
+from liveput.runtime.instance_env import INSTANCE_ID_ENV, MARKET_ENV, NOTICE_FILE_ENV
 from liveput.runtime.notices import (AwsNoticeWatcher, EmulatorNoticeWatcher, GcpNoticeWatcher,
                                      NoticeWatcher, SignalNoticeWatcher)
-from liveput.runtime.processes import MARKET_ENV
 from liveput.runtime.rendezvous import StoreRendezvous
 from liveput.runtime.store import Store, open_store
 

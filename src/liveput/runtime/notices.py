@@ -10,7 +10,7 @@ Sources (lead times per ``../shared/reference/systems.md``: AWS gives 2 minutes,
   /latest/api/token``); 404 means no notice; 200 carries ``{"action": ..., "time": ...}``.
 - GCP: ``GET /computeMetadata/v1/instance/preempted`` with ``Metadata-Flavor: Google``; ``TRUE``.
 - Signals: SIGTERM (what most schedulers and ``ACPI`` shutdowns send) or any signal given.
-- The emulator (:mod:`liveput.runtime.cloud`) writes a JSON notice file (and optionally a store
+- The emulator (:mod:`liveput.cloud.emulated`) writes a JSON notice file (and optionally a store
   key), then sends SIGUSR1.
 """
 

@@ -1,4 +1,5 @@
-"""The emulated cloud replays traces against real processes, on a manual clock (and one real run)."""
+"""The emulated provider replays traces as a job's instances against real processes, on a manual
+clock (and one real run)."""
 
 from __future__ import annotations
 
@@ -13,23 +14,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from liveput.cloud import EmulatedProvider, EmulatedProviderConfig, ProviderEventKind, SpotModel
+from liveput.cloud.processes import Launcher, LaunchSpec, command_launcher
 from liveput.errors import LiveputError
-from liveput.runtime.clock import ManualClock, MonotonicClock
-from liveput.runtime.cloud import (
-    INSTANCE_ID_ENV,
-    NOTICE_FILE_ENV,
-    CloudEventKind,
-    EmulatedCloud,
-    InstanceSpec,
-    command_launcher,
-)
-from liveput.runtime.notices import GCP_NOTICE_LEAD_S, Notice, read_notice_file
-from liveput.runtime.processes import MARKET_ENV
-from liveput.runtime.store import MemoryStore
+from liveput.runtime.clock import Clock, ManualClock, MonotonicClock
+from liveput.runtime.instance_env import INSTANCE_ID_ENV, MARKET_ENV, NOTICE_FILE_ENV
+from liveput.runtime.notices import AWS_NOTICE_LEAD_S, GCP_NOTICE_LEAD_S, Notice, read_notice_file
+from liveput.runtime.store import MemoryStore, Store
 from liveput.traces import IntervalTrace, Trace
 
 SLEEPER = command_launcher(["sleep", "120"])
-LAUNCH, NOTICE, KILL, EXIT = CloudEventKind.LAUNCH, CloudEventKind.NOTICE, CloudEventKind.KILL, CloudEventKind.EXIT
+LAUNCH, NOTICE, KILL, EXIT = (ProviderEventKind.LAUNCH, ProviderEventKind.NOTICE,
+                              ProviderEventKind.PREEMPT, ProviderEventKind.EXIT)
+
+
+def replaying(trace: Trace | IntervalTrace, launcher: Launcher, clock: Clock, notice_dir: Path, *,
+                  time_scale: float = 30.0, notice_lead_s: float = AWS_NOTICE_LEAD_S, seed: int = 0,
+                  notice_signal: int | None = signal.SIGUSR1, store: Store | None = None,
+                  on_event=None) -> EmulatedProvider:  # type: ignore[no-untyped-def]
+    """The emulated provider replaying ``trace`` as the job's instances (``liveput train``'s)."""
+    return EmulatedProvider(
+        trace, clock, EmulatedProviderConfig(time_scale=time_scale, notice_lead_s=notice_lead_s,
+                                             seed=seed, spot=SpotModel.REPLAY),
+        launcher=launcher, notice_dir=notice_dir, notice_signal=notice_signal, store=store,
+        on_event=on_event)
 
 
 def make_trace(initial: int, changes: list[tuple[float, int, int]], end_s: float) -> Trace:
@@ -54,33 +62,33 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def clouds() -> Iterator[list[EmulatedCloud]]:
+def clouds() -> Iterator[list[EmulatedProvider]]:
     """Clouds a test creates; closed (every process killed) afterwards."""
-    made: list[EmulatedCloud] = []
+    made: list[EmulatedProvider] = []
     yield made
     for cloud in made:
         cloud.close()
 
 
-def test_notice_lead_then_kill_then_launch_on_manual_clock(tmp_path: Path, clouds: list[EmulatedCloud]) -> None:
+def test_notice_lead_then_kill_then_launch_on_manual_clock(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
     clock = ManualClock(1000.0)
     store = MemoryStore()
     trace = make_trace(2, [(300.0, 0, 1), (600.0, 1, 0)], end_s=900.0)
-    cloud = EmulatedCloud(
+    cloud = replaying(
         trace, SLEEPER, clock, tmp_path, time_scale=30, notice_lead_s=120, seed=3, notice_signal=None, store=store
     )
     clouds.append(cloud)
     cloud.start()
     launched = cloud.events
     assert [(e.kind, e.initial, e.instance_id) for e in launched] == [(LAUNCH, True, "i-0000"), (LAUNCH, True, "i-0001")]
-    pids = cloud.instances()
+    pids = cloud.pids()
     assert all(alive(pid) for pid in pids.values())
 
     clock.set(1000.0 + 5.99)  # notice due at trace 180 s = clock +6 s
     assert cloud.step() == []
     clock.set(1006.0)
     (notice,) = cloud.step()
-    assert notice.kind is NOTICE and notice.trace_time_s == pytest.approx(180.0)
+    assert notice.kind is NOTICE and notice.time_s == pytest.approx(180.0)
     assert notice.lead_s == pytest.approx(4.0)  # 120 trace s at x30
     victim = notice.instance_id
     assert read_notice_file(tmp_path / f"{victim}.notice.json") == Notice("emulator", "terminate", 4.0, victim)
@@ -91,11 +99,11 @@ def test_notice_lead_then_kill_then_launch_on_manual_clock(tmp_path: Path, cloud
     assert cloud.step() == []
     clock.set(1010.0)
     (kill,) = cloud.step()
-    assert (kill.kind, kill.instance_id, kill.trace_time_s) == (KILL, victim, 300.0)
-    assert kill.time_s - notice.time_s == pytest.approx(4.0)
+    assert (kill.kind, kill.instance_id, kill.time_s) == (KILL, victim, 300.0)
+    assert kill.clock_s - notice.clock_s == pytest.approx(4.0)
     assert not alive(pids[victim])
     survivor = next(iid for iid in pids if iid != victim)
-    assert set(cloud.instances()) == {survivor} and alive(pids[survivor])
+    assert set(cloud.pids()) == {survivor} and alive(pids[survivor])
 
     clock.set(1020.0)
     (launch,) = cloud.step()
@@ -106,16 +114,16 @@ def test_notice_lead_then_kill_then_launch_on_manual_clock(tmp_path: Path, cloud
     cloud.step()
     assert cloud.done
     cloud.close()
-    assert cloud.instances() == {}
+    assert cloud.pids() == {}
     assert not alive(pids[survivor])
 
 
-def test_victims_are_seeded(tmp_path: Path, clouds: list[EmulatedCloud]) -> None:
+def test_victims_are_seeded(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
     trace = make_trace(6, [(100.0, 0, 2), (200.0, 0, 3)], end_s=300.0)
 
     def victims(seed: int) -> list[str]:
         clock = ManualClock()
-        cloud = EmulatedCloud(trace, SLEEPER, clock, tmp_path, time_scale=100, notice_lead_s=0, seed=seed, notice_signal=None)
+        cloud = replaying(trace, SLEEPER, clock, tmp_path, time_scale=100, notice_lead_s=0, seed=seed, notice_signal=None)
         clouds.append(cloud)
         cloud.start()
         clock.advance(3.0)
@@ -129,7 +137,7 @@ def test_victims_are_seeded(tmp_path: Path, clouds: list[EmulatedCloud]) -> None
     assert victims(8) != first
 
 
-def test_interval_trace_spreads_changes_inside_intervals(tmp_path: Path, clouds: list[EmulatedCloud]) -> None:
+def test_interval_trace_spreads_changes_inside_intervals(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
     trace = IntervalTrace(
         name="intervals",
         interval_s=60.0,
@@ -138,23 +146,23 @@ def test_interval_trace_spreads_changes_inside_intervals(tmp_path: Path, clouds:
         allocated=np.array([0, 2, 0]),
     )
     clock = ManualClock()
-    cloud = EmulatedCloud(trace, SLEEPER, clock, tmp_path, time_scale=60, notice_lead_s=10, notice_signal=None)
+    cloud = replaying(trace, SLEEPER, clock, tmp_path, time_scale=60, notice_lead_s=10, notice_signal=None)
     clouds.append(cloud)
     cloud.start()
     assert cloud.next_action_s() == pytest.approx(10.0)  # removal at 20 s, noticed 10 s before
     clock.advance(3.0)  # the whole trace (180 trace s)
     events = cloud.step()
-    timeline = [(e.kind, round(e.trace_time_s, 6)) for e in events]
+    timeline = [(e.kind, round(e.time_s, 6)) for e in events]
     assert timeline == [(NOTICE, 10.0), (KILL, 20.0), (NOTICE, 30.0), (KILL, 40.0), (LAUNCH, 80.0), (LAUNCH, 100.0)]
-    assert len(cloud.instances()) == 3 and cloud.done
+    assert len(cloud.pids()) == 3 and cloud.done
 
 
-def test_notice_waits_for_an_instance_when_none_is_there(tmp_path: Path, clouds: list[EmulatedCloud]) -> None:
+def test_notice_waits_for_an_instance_when_none_is_there(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
     # Empty at first; one instance arrives at 100 s and the trace removes it at 150 s: the notice
     # (due at 30 s) goes to it when it arrives, with the lead that is left.
     trace = make_trace(0, [(100.0, 1, 0), (150.0, 0, 1)], end_s=200.0)
     clock = ManualClock()
-    cloud = EmulatedCloud(trace, SLEEPER, clock, tmp_path, time_scale=10, notice_lead_s=120, notice_signal=None)
+    cloud = replaying(trace, SLEEPER, clock, tmp_path, time_scale=10, notice_lead_s=120, notice_signal=None)
     clouds.append(cloud)
     cloud.start()
     clock.set(10.0)
@@ -166,20 +174,20 @@ def test_notice_waits_for_an_instance_when_none_is_there(tmp_path: Path, clouds:
 
 
 def test_processes_that_exit_by_themselves_are_recorded_and_not_preempted(
-    tmp_path: Path, clouds: list[EmulatedCloud]
+    tmp_path: Path, clouds: list[EmulatedProvider]
 ) -> None:
     launcher = command_launcher([sys.executable, "-c", "import sys; sys.exit(3)"])
     trace = make_trace(2, [(100.0, 0, 1), (150.0, 1, 0)], end_s=200.0)
     clock = ManualClock()
-    cloud = EmulatedCloud(trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=0, notice_signal=None)
+    cloud = replaying(trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=0, notice_signal=None)
     clouds.append(cloud)
     cloud.start()
     deadline = time.monotonic() + 20
-    while len(cloud.instances()) and time.monotonic() < deadline:
+    while len(cloud.pids()) and time.monotonic() < deadline:
         cloud.step()
         time.sleep(0.02)
     exits = [e for e in cloud.events if e.kind is EXIT]
-    assert [e.detail for e in exits] == ["exit code 3", "exit code 3"]
+    assert sorted(e.detail for e in exits) == ["i-0000 exit code 3", "i-0001 exit code 3"]
     clock.set(12.0)
     cloud.step()  # the removal at 100 s finds nobody: void, not carried over to the next launch
     clock.set(15.0)
@@ -205,11 +213,11 @@ AGENT = textwrap.dedent(
 )
 
 
-def test_real_agents_get_the_signalled_notice_before_sigkill(tmp_path: Path, clouds: list[EmulatedCloud]) -> None:
+def test_real_agents_get_the_signalled_notice_before_sigkill(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
     launcher = command_launcher([sys.executable, "-c", AGENT, str(tmp_path)], log_dir=tmp_path)
     trace = make_trace(2, [(60.0, 0, 1)], end_s=120.0)
     clock = ManualClock()
-    cloud = EmulatedCloud(trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=GCP_NOTICE_LEAD_S, seed=1)
+    cloud = replaying(trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=GCP_NOTICE_LEAD_S, seed=1)
     clouds.append(cloud)
     cloud.start()
 
@@ -224,7 +232,7 @@ def test_real_agents_get_the_signalled_notice_before_sigkill(tmp_path: Path, clo
             time.sleep(0.02)
 
     wait_until(lambda: all(output(i).startswith("ready") for i in ("i-0000", "i-0001")), "agents to start")
-    pids = cloud.instances()
+    pids = cloud.pids()
     clock.set(3.0)  # notice at trace 30 s
     (notice,) = cloud.step()
     victim = notice.instance_id
@@ -240,10 +248,10 @@ def test_real_agents_get_the_signalled_notice_before_sigkill(tmp_path: Path, clo
     assert output(other) == "ready\n" and alive(pids[other])
 
 
-def test_background_replay_in_real_time(tmp_path: Path, clouds: list[EmulatedCloud]) -> None:
-    seen: list[CloudEventKind] = []
+def test_background_replay_in_real_time(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
+    seen: list[ProviderEventKind] = []
     trace = make_trace(1, [(60.0, 0, 1), (120.0, 2, 0)], end_s=180.0)
-    cloud = EmulatedCloud(
+    cloud = replaying(
         trace, SLEEPER, MonotonicClock(), tmp_path, time_scale=600, notice_lead_s=30, notice_signal=None,
         on_event=lambda e: seen.append(e.kind),
     )  # fmt: skip
@@ -252,14 +260,14 @@ def test_background_replay_in_real_time(tmp_path: Path, clouds: list[EmulatedClo
     cloud.start_background(poll_s=0.01)
     deadline = time.monotonic() + 10
     while not cloud.done:
-        assert time.monotonic() < deadline, f"replay stuck at trace {cloud.trace_time_s:.1f} s"
+        assert time.monotonic() < deadline, f"replay stuck at trace {cloud.now_s():.1f} s"
         time.sleep(0.01)
     assert time.monotonic() - started >= 0.3 - 0.01  # 180 trace s at x600
     assert seen == [LAUNCH, NOTICE, KILL, LAUNCH, LAUNCH]
     notice, kill = cloud.events[1], cloud.events[2]
     assert notice.lead_s is not None and 0 < notice.lead_s <= 0.05 + 1e-9  # 30 s at x600
-    assert kill.time_s - notice.time_s >= notice.lead_s - 1e-6  # never killed before the lead is up
-    pids = list(cloud.instances().values())
+    assert kill.clock_s - notice.clock_s >= notice.lead_s - 1e-6  # never killed before the lead is up
+    pids = list(cloud.pids().values())
     assert len(pids) == 2
     cloud.close()
     assert not any(alive(pid) for pid in pids)
@@ -270,7 +278,7 @@ def test_launcher_fills_template_and_environment(tmp_path: Path) -> None:
         [sys.executable, "-c", "import os,sys; print(sys.argv[1], os.environ['LIVEPUT_INSTANCE_ID'], os.environ['LIVEPUT_NOTICE_FILE'])", "{instance_id}:{notice_file}"],
         log_dir=tmp_path,
     )  # fmt: skip
-    spec = InstanceSpec("i-0042", tmp_path / "n.json")
+    spec = LaunchSpec("i-0042", tmp_path / "n.json")
     assert spec.env == {INSTANCE_ID_ENV: "i-0042", NOTICE_FILE_ENV: str(tmp_path / "n.json"),
                         MARKET_ENV: "spot"}
     assert launcher(spec).wait(timeout=30) == 0
@@ -284,12 +292,12 @@ def test_launcher_fills_template_and_environment(tmp_path: Path) -> None:
 def test_bad_configuration_is_refused(tmp_path: Path) -> None:
     trace = make_trace(1, [], end_s=10.0)
     with pytest.raises(LiveputError, match="time_scale"):
-        EmulatedCloud(trace, SLEEPER, ManualClock(), tmp_path, time_scale=0)
+        replaying(trace, SLEEPER, ManualClock(), tmp_path, time_scale=0)
     with pytest.raises(LiveputError, match="notice_lead_s"):
-        EmulatedCloud(trace, SLEEPER, ManualClock(), tmp_path, notice_lead_s=-1)
+        replaying(trace, SLEEPER, ManualClock(), tmp_path, notice_lead_s=-1)
     with pytest.raises(LiveputError, match="does not exist"):
-        EmulatedCloud(trace, SLEEPER, ManualClock(), tmp_path / "missing")
-    cloud = EmulatedCloud(trace, SLEEPER, ManualClock(), tmp_path)
+        replaying(trace, SLEEPER, ManualClock(), tmp_path / "missing")
+    cloud = replaying(trace, SLEEPER, ManualClock(), tmp_path)
     with pytest.raises(LiveputError, match="start"):
         cloud.step()
     clock = ManualClock(5.0)
@@ -301,13 +309,13 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
 
 def test_launch_failure_names_the_instance(tmp_path: Path) -> None:
     trace = make_trace(1, [], end_s=10.0)
-    cloud = EmulatedCloud(trace, command_launcher([str(tmp_path / "no-such-agent")]), ManualClock(), tmp_path)
+    cloud = replaying(trace, command_launcher([str(tmp_path / "no-such-agent")]), ManualClock(), tmp_path)
     with pytest.raises(LiveputError, match="could not launch i-0000"):
         cloud.start()
 
 
 def test_a_victim_that_dies_on_its_notice_still_counts_as_preempted(
-    tmp_path: Path, clouds: list[EmulatedCloud]
+    tmp_path: Path, clouds: list[EmulatedProvider]
 ) -> None:
     # The victim ends by itself after its notice (an agent leaving once its layers are
     # elsewhere, or one that crashed); the preemption is still recorded, at its time, not as
@@ -315,18 +323,53 @@ def test_a_victim_that_dies_on_its_notice_still_counts_as_preempted(
     # cloud launches with it blocked, see tests/test_runtime_notices.py.)
     trace = make_trace(1, [(60.0, 0, 1)], end_s=120.0)
     clock = ManualClock()
-    cloud = EmulatedCloud(trace, SLEEPER, clock, tmp_path, time_scale=10, notice_lead_s=30)
+    cloud = replaying(trace, SLEEPER, clock, tmp_path, time_scale=10, notice_lead_s=30)
     clouds.append(cloud)
     cloud.start()
-    pid = cloud.instances()["i-0000"]
+    pid = cloud.pids()["i-0000"]
     clock.set(3.0)
     assert [e.kind for e in cloud.step()] == [NOTICE]
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert cloud.step() == [] and set(cloud.instances()) == {"i-0000"}
+    assert cloud.step() == [] and set(cloud.pids()) == {"i-0000"}
     clock.set(6.0)
     (kill,) = cloud.step()
-    assert (kill.kind, kill.trace_time_s, kill.detail) == (KILL, 60.0, f"already exited (code {-signal.SIGTERM})")
+    assert (kill.kind, kill.time_s, kill.detail) == (KILL, 60.0, f"i-0000 (its agent had exited, code {-signal.SIGTERM})")
     assert cloud.preemptions == 1 and not [e for e in cloud.events if e.kind is EXIT]
+
+
+def test_a_replay_grants_spot_only_from_its_trace_and_rents_on_demand_after_the_delay() -> None:
+    """Without a launcher the replay only accounts: its spot instances are the trace's (a spot
+    request is refused at once, not retried), on-demand ones start after their launch delay and
+    bill at the catalog's price like any emulated instance."""
+    clock = ManualClock()
+    trace = make_trace(1, [(60.0, 1, 0)], end_s=120.0)
+    provider = EmulatedProvider(trace, clock, EmulatedProviderConfig(
+        instance_types=("c5.xlarge",), time_scale=1.0, notice_lead_s=0, spot=SpotModel.REPLAY,
+        on_demand_delay_s=(10.0, 10.0)))
+    provider.start()
+    refused = provider.request(1, "c5.xlarge", "spot")
+    assert refused.granted == () and refused.failures[0].code == "InsufficientInstanceCapacity"
+    assert refused.failures[0].attempts == 1
+    (od,) = provider.request(1, "c5.xlarge", "on-demand").granted
+    clock.set(9.0)
+    provider.step()
+    assert [r.state.value for r in provider.instances() if r.instance_id == od.instance_id] == ["pending"]
+    clock.set(10.0)
+    provider.step()
+    clock.set(60.0)
+    provider.step()
+    records = {r.instance_id: r for r in provider.instances()}
+    assert records[od.instance_id].launch_s == 10.0 and od.instance_id.startswith("e-")
+    assert sorted(i for i, r in records.items() if r.market.value == "spot") == ["i-0000", "i-0002"]
+    assert (provider.preemptions, provider.allocations) == (0, 2)  # the addition and on-demand
+    clock.set(120.0)
+    provider.step()
+    assert provider.done
+    provider.close()
+    spec = provider.catalog.get("c5.xlarge")
+    bill = provider.bill()
+    assert bill.usd_spot == pytest.approx((120.0 + 60.0) / 3600 * spec.spot_usd_per_hour)
+    assert bill.usd_on_demand == pytest.approx(110.0 / 3600 * spec.on_demand_usd_per_hour)

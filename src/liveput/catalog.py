@@ -24,10 +24,34 @@ BUILTIN_CATALOGS = {"aws": "aws.json", "deepvm-aws": "deepvm_aws.json"}
 
 
 class Market(str, Enum):
-    """How an instance is rented."""
+    """How an instance is rented. The values are the clouds' own words (EC2's
+    ``DefaultTargetCapacityType``, the agents' ``LIVEPUT_MARKET``, a registration's ``market``);
+    catalog files and advise plans write DeepVM's (:attr:`catalog_name`)."""
 
     SPOT = "spot"
-    ON_DEMAND = "ondemand"
+    """Cheap, preemptible with a notice."""
+    ON_DEMAND = "on-demand"
+    """Full price, never preempted."""
+
+    @classmethod
+    def parse(cls, value: str | Market) -> Market:
+        """``spot`` or ``on-demand`` (``ondemand`` too); anything else is a one-line error."""
+        if isinstance(value, Market):
+            return value
+        text = str(value).strip().lower()
+        for market in cls:
+            if text in (market.value, market.catalog_name):
+                return market
+        raise LiveputError(f"unknown market {value!r}; known: spot, on-demand")
+
+    @property
+    def catalog_name(self) -> str:
+        """This market's name in catalog files (``available_vcpus``) and advise plans
+        (``market``, :meth:`~liveput.advise.plans.Plan.describe`): DeepVM's ``ondemand``."""
+        return _CATALOG_NAMES[self]
+
+
+_CATALOG_NAMES = {Market.SPOT: "spot", Market.ON_DEMAND: "ondemand"}
 
 
 @dataclass(frozen=True)
@@ -183,8 +207,8 @@ def catalog_from_dict(data: Any, name: str) -> Catalog:
         if not isinstance(markets, dict):
             raise LiveputError(f"catalog {name}: available_vcpus[{family!r}] must be an object")
         for market in Market:
-            if market.value in markets:
-                quota[(family, market)] = int(_number(markets, market.value,
+            if market.catalog_name in markets:
+                quota[(family, market)] = int(_number(markets, market.catalog_name,
                                                       f"catalog {name}: available_vcpus[{family}]"))
     return Catalog(str(data.get("name", name)), tuple(specs), quota, dict(data.get("sources", {})))
 

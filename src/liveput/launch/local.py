@@ -1,9 +1,10 @@
 """``liveput train``: the coordinator, agents and an emulated cloud, all on this machine.
 
 The coordinator hosts the store (a TCPStore on 127.0.0.1 unless ``store_url`` names another) and
-runs its control loop in this process; the emulated cloud replays the trace time-scaled, starting
-one agent process per instance (``liveput agent``), noticing then SIGKILLing them as the trace
-says. One decision interval is one trace minute, i.e. ``60 / time_scale`` wall seconds.
+runs its control loop in this process; the emulated provider replays the trace time-scaled,
+starting one agent process per instance (``liveput agent``), noticing then SIGKILLing them as the
+trace says (a deadline job instead rents from it, :class:`LocalCloud`). One decision interval is
+one trace minute, i.e. ``60 / time_scale`` wall seconds.
 """
 
 from __future__ import annotations
@@ -20,14 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
+from liveput.cloud.holding import InstanceHolder
+from liveput.cloud.market import HolderMarket
+from liveput.cloud.processes import Launcher, command_launcher
 from liveput.errors import LiveputError
+from liveput.launch.deadline import DeadlineJob, deadline_context
+from liveput.policies.base import Provisioning
+from liveput.runtime.clock import Clock, MonotonicClock
+from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime import keys
 from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
-from liveput.runtime.clock import MonotonicClock
-from liveput.runtime.cloud import EmulatedCloud, command_launcher
-from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime.deadline import DeadlineJob, ProvidedCloud, deadline_context
 from liveput.runtime.launch import JobSpec, job_profile, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.prune import PruneConfig
@@ -82,7 +87,7 @@ class LocalTrainingConfig:
     checkpoint on every change of the instance count)."""
     deadline: DeadlineJob | None = None
     """A deadline job: the deadline policy decides, and the emulated provider rents, the spot
-    and on-demand instances (:mod:`liveput.runtime.deadline`); None: the trace's instances."""
+    and on-demand instances (:mod:`liveput.launch.deadline`); None: the trace's instances."""
     token: str | None = None
     """The job token (default: a fresh one; a launched job keeps its own in its state dir)."""
 
@@ -223,22 +228,17 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                  "--notices", "sigterm,emulator"], env=environment, log_dir=log_dir)
             notice_dir = Path(scratch) / "notices"
             notice_dir.mkdir()
-            if config.deadline is None:
-                cloud = EmulatedCloud(trace, launcher, MonotonicClock(), notice_dir,
-                                      time_scale=config.time_scale,
-                                      notice_lead_s=config.notice_lead_s, seed=config.seed)
-                cloud.start_background()
+            cloud = LocalCloud(trace, launcher, MonotonicClock(), notice_dir,
+                               workers=config.workers, time_scale=config.time_scale,
+                               notice_lead_s=config.notice_lead_s, seed=config.seed,
+                               instance_type=None if config.deadline is None
+                               else config.deadline.instance_type)
+            if cloud.market is None:
+                cloud.start_background(interval_s)
                 cloud_started_s = time.monotonic()
-            else:
-                cloud = ProvidedCloud(trace, launcher, MonotonicClock(), notice_dir,
-                                      workers=config.workers, time_scale=config.time_scale,
-                                      notice_lead_s=config.notice_lead_s,
-                                      instance_type=config.deadline.instance_type,
-                                      seed=config.seed)
             coordinator = Coordinator(store, profile, coordinator_config, deadline=deadline,
-                                      market=cloud.market if isinstance(cloud, ProvidedCloud)
-                                      else None)
-            if isinstance(cloud, ProvidedCloud):
+                                      market=cloud.market)
+            if cloud.market is not None:
                 cloud.start_background(interval_s)
                 cloud_started_s = time.monotonic()
             while coordinator.tick():
@@ -250,7 +250,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                     raise LiveputError(f"train: not done after {config.timeout_s:g} s "
                                        f"({coordinator.status})")
                 time.sleep(coordinator.config.tick_s)
-            if isinstance(cloud, ProvidedCloud):
+            if cloud.market is not None:
                 cloud.finish()
             if on_progress is not None:
                 on_progress(_progress(store, coordinator, cloud_started_s))
@@ -284,11 +284,80 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             store.close()
 
 
+class LocalCloud:
+    """The emulated provider of ``liveput train``, with the surface it reads (instances,
+    preemptions, allocations, close).
+
+    Without an ``instance_type`` it replays the trace as the job's instances
+    (:attr:`SpotModel.REPLAY`). With one (a deadline job) the trace is the spot capacity and a
+    holder carries out the policy's provisioning (:attr:`market`): it asks for ``workers`` spot
+    instances all along, and for the on-demand instances the policy wants."""
+
+    def __init__(self, trace: Trace | IntervalTrace, launcher: Launcher, clock: Clock,
+                 notice_dir: Path, *, workers: int, time_scale: float, notice_lead_s: float,
+                 seed: int, instance_type: str | None = None) -> None:
+        self.workers = workers
+        self.provider = EmulatedProvider(trace, clock, EmulatedProviderConfig(
+            instance_types=() if instance_type is None else (instance_type,),
+            time_scale=time_scale, notice_lead_s=notice_lead_s, seed=seed,
+            spot=SpotModel.REPLAY if instance_type is None else SpotModel.CAPACITY),
+            launcher=launcher, notice_dir=notice_dir)
+        self.holder = None if instance_type is None else InstanceHolder(
+            self.provider, Provisioning(workers, 0), [instance_type])
+        self.market = None if self.holder is None else HolderMarket(self.holder, workers)
+        """The coordinator's view of the market (None: the trace decides the instances)."""
+        self.finished_s: float | None = None
+        """Cloud seconds at which the job's last step committed (set by :meth:`finish`)."""
+
+    def start_background(self, interval_s: float) -> None:
+        """Start the provider's thread (and the holder's, reconciling every ``interval_s``)."""
+        if self.holder is not None:
+            self.holder.reconcile()
+        self.provider.start_background()
+        if self.holder is not None:
+            self.holder.start_background(interval_s)
+
+    def finish(self) -> None:
+        """The job is done: hold nothing more (agents already ending finish by themselves)."""
+        self.finished_s = self.provider.now_s()
+        if self.holder is not None:
+            self.holder.target = Provisioning(0, 0)
+            self.holder.reconcile()
+
+    @property
+    def instances(self) -> dict[str, int]:
+        return self.provider.pids()
+
+    @property
+    def preemptions(self) -> int:
+        return self.provider.preemptions
+
+    @property
+    def allocations(self) -> int:
+        return self.provider.allocations
+
+    def close(self) -> None:
+        if self.holder is not None:
+            self.holder.close()
+        self.provider.close()
+
+    def summary(self, deadline_hours: float) -> dict:
+        """The deadline fields of the ``--json`` document (cloud hours, dollars)."""
+        bill = self.provider.bill()
+        finished_s = self.provider.now_s() if self.finished_s is None else self.finished_s
+        return {"deadline_hours": deadline_hours,
+                "finished_hours": round(finished_s / 3600.0, 4),
+                "deadline_met": finished_s <= deadline_hours * 3600.0,
+                "usd": round(bill.usd, 4), "usd_spot": round(bill.usd_spot, 4),
+                "usd_on_demand": round(bill.usd_on_demand, 4),
+                "on_demand_hours": round(bill.on_demand_hours, 4)}
+
+
 def _initial_count(trace: Trace | IntervalTrace) -> int:
     return int(trace.initial_count if isinstance(trace, Trace) else trace.count[0])
 
 
-def _wait_agents(cloud: EmulatedCloud | ProvidedCloud, grace_s: float = 15.0) -> None:
+def _wait_agents(cloud: LocalCloud, grace_s: float = 15.0) -> None:
     """Let finished agents exit by themselves, then stop the cloud (which kills the rest)."""
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and cloud.instances:

@@ -1,10 +1,9 @@
 """Agent processes standing in for instances: launch, notice, kill, reap.
 
-What an emulated cloud does to the machine an instance is: start its agent through a launcher
-(:func:`liveput.runtime.cloud.command_launcher`), deliver a preemption notice (a JSON notice file,
-an optional store key, then a signal), SIGKILL it, stop it on release. Shared by the trace replay
-(:class:`~liveput.runtime.cloud.EmulatedCloud`) and the emulated provider
-(:class:`~liveput.cloud.emulated.EmulatedProvider`), which decide *when*; this module only acts.
+What the emulated provider (:class:`~liveput.cloud.emulated.EmulatedProvider`) does to the
+machine an instance is: start its agent through a launcher (:func:`command_launcher`), deliver a
+preemption notice (a JSON notice file, an optional store key, then a signal), SIGKILL it, stop it
+on release. The provider decides *when*; this module only acts.
 """
 
 from __future__ import annotations
@@ -18,25 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from liveput.errors import LiveputError
+from liveput.runtime.instance_env import INSTANCE_ID_ENV, MARKET_ENV, NOTICE_FILE_ENV
 from liveput.runtime import keys
 from liveput.runtime.notices import Notice, write_notice_file
 from liveput.runtime.store import Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["INSTANCE_ID_ENV", "NOTICE_FILE_ENV", "InstanceSpec", "Launcher", "command_launcher",
-           "InstanceProcesses"]
-
-INSTANCE_ID_ENV = "LIVEPUT_INSTANCE_ID"
-"""Environment variable carrying a launched agent's instance id."""
-NOTICE_FILE_ENV = "LIVEPUT_NOTICE_FILE"
-"""Environment variable carrying the path where the emulator writes the agent's notice."""
-MARKET_ENV = "LIVEPUT_MARKET"
-"""Environment variable a provider's launch sets to the instance's market (default spot)."""
+__all__ = ["LaunchSpec", "Launcher", "command_launcher", "InstanceProcesses"]
 
 
 @dataclass(frozen=True)
-class InstanceSpec:
+class LaunchSpec:
     """What a launcher needs to start the agent of a new instance."""
 
     instance_id: str
@@ -54,7 +46,7 @@ class InstanceSpec:
                 MARKET_ENV: self.market}
 
 
-Launcher = Callable[[InstanceSpec], subprocess.Popen]
+Launcher = Callable[[LaunchSpec], subprocess.Popen]
 """Starts the agent process of a new instance."""
 
 
@@ -67,13 +59,13 @@ def command_launcher(
 ) -> Launcher:
     """A launcher running ``template`` with ``{instance_id}`` and ``{notice_file}`` filled in.
 
-    The process gets ``env`` (default: this process's environment) plus :attr:`InstanceSpec.env`;
+    The process gets ``env`` (default: this process's environment) plus :attr:`LaunchSpec.env`;
     with ``log_dir``, its stdout and stderr go to ``log_dir/<instance_id>.log``.
     """
     if not template:
         raise LiveputError("agent command template is empty")
 
-    def launch(spec: InstanceSpec) -> subprocess.Popen:
+    def launch(spec: LaunchSpec) -> subprocess.Popen:
         fields = {"instance_id": spec.instance_id, "notice_file": str(spec.notice_file)}
         try:
             argv = [part.format(**fields) for part in template]
@@ -99,8 +91,7 @@ class InstanceProcesses:
 
     def __init__(self, launcher: Launcher, notice_dir: Path, *,
                  notice_signal: int | None = signal.SIGUSR1, store: Store | None = None,
-                 notice_key_prefix: str = keys.CLOUD_NOTICE.prefix,
-                 what: str = "emulated cloud") -> None:
+                 notice_key_prefix: str = keys.CLOUD_NOTICE.prefix, what: str = "emulated provider") -> None:
         self.launcher = launcher
         self.notice_dir = Path(notice_dir)
         if not self.notice_dir.is_dir():
@@ -120,7 +111,7 @@ class InstanceProcesses:
 
     def launch(self, instance_id: str, market: str = "spot") -> int:
         """Start ``instance_id``'s agent (rented on ``market``); its pid."""
-        spec = InstanceSpec(instance_id, self.notice_dir / f"{instance_id}.notice.json", market)
+        spec = LaunchSpec(instance_id, self.notice_dir / f"{instance_id}.notice.json", market)
         spec.notice_file.unlink(missing_ok=True)
         # A notice due at launch is signalled the moment the process exists, before its
         # interpreter can even ignore the signal, whose default action ends it (every such

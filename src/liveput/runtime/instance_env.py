@@ -1,0 +1,14 @@
+"""The environment a launcher gives an instance's agent: who it is, how it is rented, where its
+preemption notice lands. The emulated provider and the cloud user-data scripts set these; the
+agent (:mod:`liveput.runtime.launch`) reads them."""
+
+from __future__ import annotations
+
+__all__ = ["INSTANCE_ID_ENV", "NOTICE_FILE_ENV", "MARKET_ENV"]
+
+INSTANCE_ID_ENV = "LIVEPUT_INSTANCE_ID"
+"""Environment variable carrying a launched agent's instance id."""
+NOTICE_FILE_ENV = "LIVEPUT_NOTICE_FILE"
+"""Environment variable carrying the path where the emulator writes the agent's notice."""
+MARKET_ENV = "LIVEPUT_MARKET"
+"""Environment variable a provider's launch sets to the instance's market (default spot)."""
