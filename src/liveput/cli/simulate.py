@@ -12,8 +12,8 @@ import typer
 from rich.table import Table
 
 from liveput.cli import params
-from liveput.cli.params import FLAG
 from liveput.cli.output import console, err_console, print_json, progress, to_json
+from liveput.cli.params import FLAG
 from liveput.cli.trace import load_trace
 from liveput.errors import LiveputError
 from liveput.files import check_output_file, check_output_folder, write_text_atomic
@@ -155,11 +155,11 @@ def _deadline_curve(trace: IntervalTrace, profile: ModelProfile, policies: list[
         bar.add_task("cost against the deadline", total=None)
         curve = deadline_sweep([trace], profile, job, SWEEP_FACTORS, (config.seed,), policies,
                                config)
-    return curve + [
-        DeadlineSweepRow(trace.name, result.deadline_hours / result.fastest_hours,
-                         result.deadline_hours, config.seed, name, run.deadline_met,
-                         run.hours_late, run.cost_usd, run.usd_on_demand)
-        for name, run in result.runs.items()]
+    if result.fastest_hours is None:
+        raise ValueError("the curve needs a deadline job's result")
+    return curve + [DeadlineSweepRow.of(trace.name, job.deadline_hours / result.fastest_hours,
+                                        job.deadline_hours, config.seed, run)
+                    for run in result.runs.values()]
 
 
 def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: SimulationConfig,

@@ -4,7 +4,11 @@
 from collections.abc import Sequence
 from pathlib import Path
 
-from liveput.report.deadline import DEADLINE_HEADER, deadline_rows, write_deadline_report
+from liveput.report.deadline import (
+    DEADLINE_HEADER,
+    deadline_rows,
+    write_deadline_report,
+)
 from liveput.report.html import SUMMARY_HEADER, summary_rows, write_simulation_report
 from liveput.report.plots import FIGURES, write_figures
 from liveput.sim.result import SimulationResult

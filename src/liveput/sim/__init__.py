@@ -9,7 +9,12 @@ at the least cost (:mod:`liveput.sim.deadline`: spot and on-demand instances). B
 
 from liveput.sim.config import SimulationConfig
 from liveput.sim.deadline import simulate_deadline
-from liveput.sim.engine import DEFAULT_POLICIES, default_trace, simulate, simulate_policy
+from liveput.sim.engine import (
+    DEFAULT_POLICIES,
+    default_trace,
+    simulate,
+    simulate_policy,
+)
 from liveput.sim.result import PolicyRun, SimulationResult
 
 __all__ = [

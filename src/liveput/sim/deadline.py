@@ -199,8 +199,7 @@ class Deadline(Objective):
         return self.policy.decide(observation)
 
     def replayed(self, trace: IntervalTrace) -> IntervalTrace:
-        return _extended(trace, int(math.ceil(CAP_FACTOR * self.deadline_s
-                                              / self.context.interval_s)))
+        return _extended(trace, math.ceil(CAP_FACTOR * self.deadline_s / self.context.interval_s))
 
     def begin(self, job: SimulatedJob, interval: Interval) -> None:
         self.cloud.grant(interval.start_s)

@@ -126,7 +126,7 @@ def make_context(trace: IntervalTrace, profile: ModelProfile,
                        if config.on_demand_price_usd_per_hour is not None
                        else instance.on_demand_price_usd_per_hour)
     # The on-demand policy rents what the spot job had on average: the same instance budget.
-    budget = int(round(float(np.mean(trace.count)))) + config.num_on_demand
+    budget = round(float(np.mean(trace.count))) + config.num_on_demand
     max_nodes = max(capacity + config.num_on_demand, budget, 1)
     return PolicyContext(
         profile=profile,

@@ -16,6 +16,7 @@ from liveput.policies.objective import JobObjective
 from liveput.sim.config import SimulationConfig
 from liveput.sim.deadline import all_on_demand_hours, simulate_deadline
 from liveput.sim.engine import simulate
+from liveput.sim.result import PolicyRun
 from liveput.traces import IntervalTrace, generate_trace
 
 SWEEP_MODELS = ("gpt-1.5b", "gpt-6.7b", "bert-large")
@@ -97,6 +98,16 @@ class DeadlineSweepRow:
     usd_on_demand: float
     """Of which on-demand."""
 
+    @classmethod
+    def of(cls, trace: str, factor: float, deadline_hours: float, seed: int,
+           run: PolicyRun) -> DeadlineSweepRow:
+        """The row of a deadline job's run (one whose deadline fields are filled)."""
+        if run.deadline_met is None or run.hours_late is None or run.usd_on_demand is None:
+            raise ValueError(f"{run.policy}: not a deadline job's run")
+        return cls(trace=trace, factor=factor, deadline_hours=deadline_hours, seed=seed,
+                   policy=run.policy, deadline_met=run.deadline_met, hours_late=run.hours_late,
+                   usd=run.cost_usd, usd_on_demand=run.usd_on_demand)
+
 
 def deadline_sweep(traces: Sequence[IntervalTrace], profile: ModelProfile, objective: JobObjective,
                    factors: Sequence[float] = SWEEP_FACTORS, seeds: Sequence[int] = (0,),
@@ -115,12 +126,8 @@ def deadline_sweep(traces: Sequence[IntervalTrace], profile: ModelProfile, objec
             for seed in seeds:
                 result = simulate_deadline(trace, profile, job, policies,
                                            dataclasses.replace(config, seed=seed))
-                for name, run in result.runs.items():
-                    rows.append(DeadlineSweepRow(
-                        trace=trace.name, factor=factor, deadline_hours=job.deadline_hours,
-                        seed=seed, policy=name, deadline_met=run.deadline_met,
-                        hours_late=run.hours_late, usd=run.cost_usd,
-                        usd_on_demand=run.usd_on_demand))
+                rows += [DeadlineSweepRow.of(trace.name, factor, job.deadline_hours, seed, run)
+                         for run in result.runs.values()]
                 if on_cell is not None:
                     on_cell(trace.name, factor, seed)
     return rows
