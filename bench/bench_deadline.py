@@ -22,7 +22,7 @@ from liveput.policies.deadline import DEADLINE_POLICY_NAMES, make_deadline_polic
 from liveput.policies.objective import JobObjective
 from liveput.sim import SimulationConfig
 from liveput.sim.deadline import make_deadline_context
-from liveput.sim.deadline_sweep import deadline_sweep
+from liveput.sim.sweep import deadline_sweep
 from liveput.traces import IntervalTrace, generate_trace, read_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -131,8 +131,8 @@ def test_on_demand_billing_is_every_instance_second_from_grant_to_release() -> N
         assert run.on_demand_hours == pytest.approx(seconds / 3600)
         assert run.usd_on_demand == pytest.approx(
             seconds / 3600 * context.policy.on_demand_price_usd_per_hour)
-        assert run.usd == pytest.approx(run.usd_spot + run.usd_on_demand)
-        assert np.all(np.diff(run.cumulative_usd) >= -1e-9)
+        assert run.cost_usd == pytest.approx(run.usd_spot + run.usd_on_demand)
+        assert np.all(np.diff(run.cumulative_cost_usd) >= -1e-9)
         assert all(release >= grant for grant, release in run.on_demand_ledger)
 
 
@@ -169,7 +169,7 @@ def test_liveput_meets_the_deadlines_of_seeded_traces_and_pays_less_than_on_dema
                                        ["liveput", "on-demand"], config)
             liveput = result.runs["liveput"]
             assert liveput.deadline_met, (seed, factor, liveput.hours_late)
-            assert liveput.usd < result.runs["on-demand"].usd
+            assert liveput.cost_usd < result.runs["on-demand"].cost_usd
 
 
 def test_a_budget_per_hour_caps_the_on_demand_instances() -> None:
@@ -191,7 +191,7 @@ def test_a_policy_that_never_trains_is_reported_unfinished_at_the_cap() -> None:
     assert stuck.finished_hours is None and not stuck.deadline_met
     assert stuck.hours_late == pytest.approx(1.0)  # the replay stops at twice the deadline
     # Nothing runs, but the four spot instances are kept (what it would start on): 2 h of them.
-    assert stuck.samples == 0.0 and stuck.usd == pytest.approx(4 * 2.0 * 1.25)
+    assert stuck.samples == 0.0 and stuck.cost_usd == pytest.approx(4 * 2.0 * 1.25)
     assert result.runs["on-demand"].deadline_met
 
 

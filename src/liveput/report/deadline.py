@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 
 from liveput.files import write_bytes_atomic, write_text_atomic  # noqa: E402
 from liveput.report.html import STYLE  # noqa: E402
-from liveput.sim.deadline_result import DeadlineResult  # noqa: E402
-from liveput.sim.deadline_sweep import DeadlineSweepRow  # noqa: E402
+from liveput.sim.result import SimulationResult  # noqa: E402
+from liveput.sim.sweep import DeadlineSweepRow  # noqa: E402
 
 COLORS = {"liveput": "#1f5f9e", "uniform-progress": "#c0392b", "greedy": "#d68910",
           "on-demand": "#27ae60", "spot-only": "#8e44ad", "omniscient": "#555555"}
@@ -34,14 +34,14 @@ the deadline, hours late, hours to done, dollars in all, for spot and for on-dem
 on-demand instance-hours."""
 
 
-def deadline_rows(result: DeadlineResult) -> list[list[str]]:
+def deadline_rows(result: SimulationResult) -> list[list[str]]:
     """Rows of the deadline table."""
     rows = []
     for name, run in result.runs.items():
         rows.append([
             name, "yes" if run.deadline_met else "no", f"{run.hours_late:.2f}",
             "-" if run.finished_hours is None else f"{run.finished_hours:.2f}",
-            f"{run.usd:,.2f}", f"{run.usd_spot:,.2f}", f"{run.usd_on_demand:,.2f}",
+            f"{run.cost_usd:,.2f}", f"{run.usd_spot:,.2f}", f"{run.usd_on_demand:,.2f}",
             f"{run.on_demand_hours:,.1f}"])
     return rows
 
@@ -67,7 +67,7 @@ def _cost_figure(rows: Sequence[DeadlineSweepRow]) -> plt.Figure:
     return figure
 
 
-def _mix_figure(result: DeadlineResult) -> plt.Figure:
+def _mix_figure(result: SimulationResult) -> plt.Figure:
     names = list(result.runs)
     figure, axes = plt.subplots(len(names), 1, figsize=(10, 1.4 * len(names) + 0.8), dpi=110,
                                 sharex=True, squeeze=False)
@@ -88,7 +88,7 @@ def _mix_figure(result: DeadlineResult) -> plt.Figure:
     return figure
 
 
-def write_deadline_report(result: DeadlineResult, curve: Sequence[DeadlineSweepRow],
+def write_deadline_report(result: SimulationResult, curve: Sequence[DeadlineSweepRow],
                           directory: str | Path) -> Path:
     """Write ``index.html`` and its PNGs into ``directory`` (``curve``: the same job at several
     deadlines, for the cost-vs-deadline figure); returns the page's path."""

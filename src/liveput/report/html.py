@@ -60,7 +60,7 @@ def policy_summaries(result: SimulationResult) -> dict[str, str]:
             for name in result.runs if name in POLICIES}
 
 
-def write_report(result: SimulationResult, directory: str | Path) -> Path:
+def write_simulation_report(result: SimulationResult, directory: str | Path) -> Path:
     """Write ``index.html`` and the PNGs into ``directory``; returns the page's path."""
     directory = Path(directory)
     figures = write_figures(result, directory)

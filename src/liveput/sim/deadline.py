@@ -1,8 +1,9 @@
-"""The deadline simulator: a fixed amount of work, a deadline, spot and on-demand instances.
+"""The deadline objective: a fixed amount of work, a deadline, spot and on-demand instances.
 
-It executes deadline policies (:mod:`liveput.policies.deadline`) as the interval simulator
-(:mod:`liveput.sim.engine`) executes the others, on the same losses (common random numbers),
-with an emulated cloud in between. Model of interval t (length T, starting at ``t * T``):
+The one executor (:func:`liveput.sim.engine.execute`) replays deadline policies
+(:mod:`liveput.policies.deadline`) under :class:`Deadline` as it replays the others for
+throughput, on the same losses (common random numbers); the objective puts an emulated
+on-demand market in between. Model of interval t (length T, starting at ``t * T``):
 
 1. *On-demand grants.* Instances asked for earlier whose launch delay has passed join: usable
    from this interval on (one granted inside an interval is billed from its grant but joins at
@@ -35,14 +36,15 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf import estimate_configs
 from liveput.perf.types import ModelProfile
-from liveput.policies.base import Observation, Provisioning
-from liveput.policies.common import restart_s
+from liveput.policies.base import Decision, Observation, Provisioning
+from liveput.policies.common import ConfigurationLookup, restart_s
 from liveput.policies.deadline import (
     DEADLINE_POLICIES,
     DEADLINE_POLICY_NAMES,
@@ -51,15 +53,16 @@ from liveput.policies.deadline import (
 )
 from liveput.policies.objective import JobObjective
 from liveput.sim.config import SimulationConfig
-from liveput.sim.deadline_result import DeadlineResult, DeadlineRun
-from liveput.sim.engine import InvariantError, _Draws, _Job, _lost_slots, make_context
+from liveput.sim.engine import execute, make_context
+from liveput.sim.job import SimulatedJob
+from liveput.sim.objective import Interval, Objective
+from liveput.sim.result import PolicyRun, SimulationResult
 from liveput.traces import IntervalTrace
 
 logger = logging.getLogger(__name__)
 
 CAP_FACTOR = 2.0
 """The replay stops at this many times the deadline (a policy unfinished then is late)."""
-
 
 def make_deadline_context(trace: IntervalTrace, profile: ModelProfile, objective: JobObjective,
                           config: SimulationConfig, check: bool = True) -> DeadlineContext:
@@ -90,8 +93,6 @@ def make_deadline_context(trace: IntervalTrace, profile: ModelProfile, objective
 def fastest_finish_s(context: DeadlineContext, config: SimulationConfig) -> float:
     """Seconds the work takes on the largest allowed on-demand cluster asked for at the start:
     the shortest launch, a launch, then training (inf when no configuration fits it)."""
-    from liveput.policies.common import ConfigurationLookup
-
     lookup = ConfigurationLookup(context.policy)
     best = lookup.best_for(context.on_demand_max)
     if best is None:
@@ -173,141 +174,118 @@ def _delays(config: SimulationConfig) -> Callable[[int], float]:
     return delay
 
 
-class _DeadlineJob(_Job):
-    def run_until(self, seconds: float, target: float) -> float | None:
-        """Train for ``seconds`` or until ``target`` samples; the seconds it took to reach the
-        target (None: not reached)."""
-        if self.current is None or seconds <= 0:
-            return None
-        moving = min(self.moving_s, seconds)
-        redo = min(self.redo_s, seconds - moving)
-        rate = self.grid[self.current.data_parallel, self.current.pipeline_stages] * self.factor
-        need = target - self.samples
-        if rate > 0 and rate * (seconds - moving - redo) >= need:
-            done = moving + redo + max(need, 0.0) / rate
-            self.run(done)
-            self.samples = max(self.samples, target)
-            return done
-        self.run(seconds)
-        return None
+class Deadline(Objective):
+    """The work by the deadline at the least cost: the policy's provisioning carried out on an
+    emulated on-demand market (module docstring); the replay stops when the work is done."""
+
+    def __init__(self, policy: str, context: DeadlineContext, config: SimulationConfig) -> None:
+        self.policy_name = policy
+        self.deadline = context
+        self.context = context.policy
+        self.policy = make_deadline_policy(policy, context)
+        self.target_samples = context.target_samples
+        self.deadline_s = context.objective.deadline_s
+        self.cloud = _Cloud(_delays(config))
+        self.spot_usd_per_s = self.context.spot_price_usd_per_hour / 3600.0
+        self.on_demand_usd_per_s = self.context.on_demand_price_usd_per_hour / 3600.0
+        self.spot_s = 0.0
+        """Spot instance-seconds paid so far."""
+        self.finish_s: float | None = None
+
+    def new_job(self) -> SimulatedJob:
+        return SimulatedJob(self.context, 0)
+
+    def decide(self, observation: Observation) -> Decision:
+        return self.policy.decide(observation)
+
+    def replayed(self, trace: IntervalTrace) -> IntervalTrace:
+        return _extended(trace, math.ceil(CAP_FACTOR * self.deadline_s / self.context.interval_s))
+
+    def begin(self, job: SimulatedJob, interval: Interval) -> None:
+        self.cloud.grant(interval.start_s)
+        job.num_on_demand = len(self.cloud.held)
+
+    def _spent_usd(self, now_s: float) -> float:
+        return (self.spot_s * self.spot_usd_per_s
+                + self.cloud.seconds(now_s) * self.on_demand_usd_per_s)
+
+    def observed(self, job: SimulatedJob, interval: Interval) -> dict[str, Any]:
+        return {"samples_done": job.samples,
+                "samples_remaining": max(self.target_samples - job.samples, 0.0),
+                "seconds_to_deadline": self.deadline_s - interval.start_s,
+                "on_demand_pending": len(self.cloud.pending),
+                "usd_spent": self._spent_usd(interval.start_s)}
+
+    def adopt(self, job: SimulatedJob, decision: Decision, interval: Interval) -> None:
+        cloud = self.cloud
+        provisioning = decision.provisioning or Provisioning(
+            interval.available, len(cloud.held) + len(cloud.pending))
+        cloud.target(min(provisioning.on_demand, self.deadline.on_demand_max), interval.start_s)
+        kept = min(provisioning.spot, interval.available)
+        job.num_on_demand = len(cloud.held)
+        self.recover(job, decision, kept, interval.start_s)
+        interval.pool = interval.held = kept
+
+    def event_fields(self) -> dict[str, Any]:
+        return {"on_demand_pending": len(self.cloud.pending)}
+
+    def recover(self, job: SimulatedJob, decision: Decision, num_available: int,
+                time_s: float) -> None:
+        job.apply(dataclasses.replace(decision, provisioning=None,
+                                      num_on_demand=len(self.cloud.held)),
+                  num_available, time_s)
+
+    def _end_s(self, interval: Interval) -> float:
+        return interval.interval_s if interval.done_s is None else interval.done_s
+
+    def close(self, job: SimulatedJob, interval: Interval) -> bool:
+        end_s, hit_s = self._end_s(interval), interval.hit_s
+        kept = interval.held
+        self.spot_s += (kept * min(hit_s, end_s)
+                        + (kept - interval.lost_held) * max(end_s - hit_s, 0.0))
+        if interval.done_s is not None:
+            self.finish_s = interval.start_s + interval.done_s
+            self.cloud.end(self.finish_s)
+        return interval.done_s is not None
+
+    def paid_usd(self, job: SimulatedJob, interval: Interval) -> float:
+        return self._spent_usd(interval.start_s + self._end_s(interval))
+
+    def outcome(self, job: SimulatedJob, trace: IntervalTrace,
+                intervals_replayed: int) -> dict[str, Any]:
+        finish_s = self.finish_s
+        end_s = finish_s if finish_s is not None else len(trace) * self.context.interval_s
+        self.cloud.end(end_s)
+        usd_spot = self.spot_s * self.spot_usd_per_s
+        on_demand_s = self.cloud.seconds(end_s)
+        usd_on_demand = on_demand_s * self.on_demand_usd_per_s
+        late_s = end_s - self.deadline_s
+        logger.info("%s on %s: %s, $%.2f", self.policy_name, trace.name,
+                    "unfinished" if finish_s is None else f"done at {finish_s / 3600:.2f} h",
+                    usd_spot + usd_on_demand)
+        return {
+            "cost_usd": float(usd_spot + usd_on_demand),
+            "deadline_met": bool(finish_s is not None and late_s <= 1e-6),
+            "hours_late": float(max(late_s, 0.0) / 3600.0),
+            "finished_hours": None if finish_s is None else float(finish_s / 3600.0),
+            "usd_spot": float(usd_spot),
+            "usd_on_demand": float(usd_on_demand),
+            "on_demand_hours": float(on_demand_s / 3600.0),
+            "on_demand_ledger": tuple(self.cloud.ledger),
+        }
 
 
 def simulate_deadline_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
                              context: DeadlineContext, config: SimulationConfig,
-                             on_step: Callable[[int], None] | None = None) -> DeadlineRun:
+                             on_step: Callable[[int], None] | None = None) -> PolicyRun:
     """Replay ``trace`` with one deadline policy until its work is done (module docstring)."""
-    decider = make_deadline_policy(policy, context)
-    interval_s = config.interval_s
-    deadline_s = context.objective.deadline_s
-    target = context.target_samples
-    trace = _extended(trace, int(math.ceil(CAP_FACTOR * deadline_s / interval_s)))
-    draws = _Draws.make(len(trace), config.seed)
-    cloud = _Cloud(_delays(config))
-    job = _DeadlineJob(context.policy, 0)
-    spot_usd_per_s = context.policy.spot_price_usd_per_hour / 3600.0
-    on_demand_usd_per_s = context.policy.on_demand_price_usd_per_hour / 3600.0
-    spot_s = 0.0
-    gone = 0
-    finish_s: float | None = None
-    series: dict[str, list[float]] = {key: [] for key in (
-        "spot", "on_demand", "data_parallel", "pipeline_stages", "samples", "usd")}
-    for t in range(len(trace)):
-        start_s = t * interval_s
-        cloud.grant(start_s)
-        market = int(trace.count[t])
-        available = max(market - gone, 0)
-        spent = spot_s * spot_usd_per_s + cloud.seconds(start_s) * on_demand_usd_per_s
-        observation = Observation(
-            time_s=start_s, interval_index=t, interval_s=interval_s, history=trace.head(t + 1),
-            num_available=available, current=job.current, num_on_demand=len(cloud.held),
-            future=trace.window(t + 1), capacity=context.policy.capacity, remaining_s=interval_s,
-            samples_done=job.samples, samples_remaining=max(target - job.samples, 0.0),
-            seconds_to_deadline=deadline_s - start_s, on_demand_pending=len(cloud.pending),
-            usd_spent=spent)
-        decision = decider.decide(observation)
-        provisioning = decision.provisioning or Provisioning(available, len(cloud.held)
-                                                             + len(cloud.pending))
-        cloud.target(min(provisioning.on_demand, context.on_demand_max), start_s)
-        kept = min(provisioning.spot, available)
-        job.num_on_demand = len(cloud.held)
-        job.apply(dataclasses.replace(decision, provisioning=None, num_on_demand=len(cloud.held)),
-                  kept, start_s)
-        num_lost = int(trace.preempted[t])
-        hit_s = float(draws.loss_fraction[t]) * interval_s if num_lost else interval_s
-        done = job.run_until(hit_s, target)
-        lost_kept = lost_released = 0
-        if done is None and num_lost:
-            # The losses fall among the market's instances; the job's kept ones come first.
-            lost = draws.loss_order(t, market)[:num_lost]
-            mine = lost[lost < kept]
-            lost_kept = len(mine)
-            lost_released = int(np.sum((lost >= kept) & (lost < available)))
-            slots, spares = _lost_slots(job.current, len(cloud.held), mine)
-            event = dataclasses.replace(
-                observation, time_s=start_s + hit_s, num_available=kept - lost_kept,
-                current=job.current, num_on_demand=len(cloud.held),
-                on_demand_pending=len(cloud.pending), event="preemption", lost_slots=slots,
-                lost_spares=spares,
-                remaining_s=interval_s - hit_s)
-            recovery = decider.decide(event)
-            job.apply(dataclasses.replace(recovery, provisioning=None,
-                                          num_on_demand=len(cloud.held)),
-                      kept - lost_kept, start_s + hit_s)
-            rest = job.run_until(interval_s - hit_s, target)
-            done = None if rest is None else hit_s + rest
-        end_s = interval_s if done is None else done
-        spot_s += kept * min(hit_s, end_s) + (kept - lost_kept) * max(end_s - hit_s, 0.0)
-        gone = (available - kept) - lost_released
-        if done is not None:
-            finish_s = start_s + done
-            cloud.end(finish_s)
-        series["spot"].append(kept)
-        series["on_demand"].append(job.num_on_demand)
-        series["data_parallel"].append(job.current.data_parallel if job.current else 0)
-        series["pipeline_stages"].append(job.current.pipeline_stages if job.current else 0)
-        series["samples"].append(job.samples)
-        now_s = start_s + end_s
-        series["usd"].append(spot_s * spot_usd_per_s + cloud.seconds(now_s) * on_demand_usd_per_s)
-        if len(series["usd"]) > 1 and series["usd"][-1] < series["usd"][-2] - 1e-9:
-            raise InvariantError(f"interval {t}: dollars paid decreased")
-        if on_step is not None:
-            on_step(t)
-        if finish_s is not None:
-            break
-    end_s = finish_s if finish_s is not None else len(trace) * interval_s
-    cloud.end(end_s)
-    usd_spot = spot_s * spot_usd_per_s
-    on_demand_s = cloud.seconds(end_s)
-    usd_on_demand = on_demand_s * on_demand_usd_per_s
-    late_s = (finish_s if finish_s is not None else end_s) - deadline_s
-    logger.info("%s on %s: %s, $%.2f", policy, trace.name,
-                "unfinished" if finish_s is None else f"done at {finish_s / 3600:.2f} h",
-                usd_spot + usd_on_demand)
-    return DeadlineRun(
-        policy=policy,
-        deadline_met=bool(finish_s is not None and late_s <= 1e-6),
-        hours_late=float(max(late_s, 0.0) / 3600.0),
-        finished_hours=None if finish_s is None else float(finish_s / 3600.0),
-        usd=float(usd_spot + usd_on_demand),
-        usd_spot=float(usd_spot),
-        usd_on_demand=float(usd_on_demand),
-        on_demand_hours=float(on_demand_s / 3600.0),
-        samples=float(job.samples),
-        interval_s=interval_s,
-        spot=np.array(series["spot"], dtype=np.int64),
-        on_demand=np.array(series["on_demand"], dtype=np.int64),
-        data_parallel=np.array(series["data_parallel"], dtype=np.int64),
-        pipeline_stages=np.array(series["pipeline_stages"], dtype=np.int64),
-        cumulative_samples=np.array(series["samples"]),
-        cumulative_usd=np.array(series["usd"]),
-        on_demand_ledger=tuple(cloud.ledger),
-    )
+    return execute(Deadline(policy, context, config), trace, config.seed, on_step)
 
 
 def simulate_deadline(trace: IntervalTrace, profile: ModelProfile, objective: JobObjective,
                       policies: Sequence[str] = DEADLINE_POLICY_NAMES,
                       config: SimulationConfig | None = None,
-                      on_step: Callable[[str, int], None] | None = None) -> DeadlineResult:
+                      on_step: Callable[[str, int], None] | None = None) -> SimulationResult:
     """Replay ``trace`` with every deadline policy on the same job."""
     config = config or SimulationConfig()
     if not policies:
@@ -319,8 +297,8 @@ def simulate_deadline(trace: IntervalTrace, profile: ModelProfile, objective: Jo
     for name in dict.fromkeys(policies):
         step = None if on_step is None else (lambda t, name=name: on_step(name, t))
         runs[name] = simulate_deadline_policy(trace, profile, name, context, config, step)
-    return DeadlineResult(
-        trace=trace.name, model=profile.model, interval_s=config.interval_s,
-        deadline_hours=objective.deadline_hours, target_samples=context.target_samples,
-        on_demand_max=context.on_demand_max,
-        fastest_hours=fastest_finish_s(context, config) / 3600.0, runs=runs)
+    return SimulationResult(
+        trace=trace.name, model=profile.model, interval_s=config.interval_s, hours=trace.hours,
+        runs=runs, deadline_hours=objective.deadline_hours,
+        target_samples=context.target_samples, on_demand_max=context.on_demand_max,
+        fastest_hours=fastest_finish_s(context, config) / 3600.0)
