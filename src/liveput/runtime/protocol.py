@@ -2,7 +2,7 @@
 
 Keys (all under the job's store):
 
-- ``members/<id>``: an agent's registration (JSON: host); ``hb/<id>``: its heartbeat counter;
+- ``members/<id>``: an agent's registration (JSON: host, market, device); ``hb/<id>``: its heartbeat counter;
   ``notice/<id>``: its preemption notice; ``state/<id>``: its current state name.
 - ``plan/current``: the generation number of the plan in force; ``plan/<g>``: plan g (JSON).
 - ``commit/<g>/<s>``: the commit counter of step s in generation g; ``done/<g>/<s>``: its outcome.
