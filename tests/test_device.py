@@ -146,3 +146,28 @@ def test_the_job_file_takes_a_device_and_refuses_a_bad_one(tmp_path):
     path.write_text("model: tiny-gpt\nsteps: 5\ndevice: gpu\n")
     with pytest.raises(LiveputError, match="device 'gpu': expected auto, cpu, cuda or cuda:K"):
         load_job_file(path)
+
+
+def test_status_shows_the_device_each_billed_instance_trains_on():
+    """From the agents' registrations: a running one, a joining one, one registered before
+    agents said their device (the CPU); a lost one is no longer shown."""
+    import json
+    from types import SimpleNamespace
+
+    from liveput.cli.output import device_counts
+    from liveput.operate.recorder import RecorderConfig, StatusRecorder
+    from liveput.runtime.store import MemoryStore
+
+    store = MemoryStore()
+    gpu = "cuda:0 (NVIDIA H100 80GB HBM3)"
+    store.set("members/1", json.dumps({"host": "h", "market": "spot", "device": gpu}).encode())
+    store.set("members/2", json.dumps({"host": "h", "market": "spot", "device": gpu}).encode())
+    store.set("members/3", json.dumps({"host": "h", "market": "spot"}).encode())
+    store.set("members/4", json.dumps({"host": "h", "market": "spot", "device": gpu}).encode())
+    store.set("lost/4", b"1")
+    recorder = StatusRecorder(store, RecorderConfig(job="j", num_steps=10, global_batch_size=8))
+    coordinator = SimpleNamespace(plan=None, committed=-1, available=[1, 3], status="waiting")
+    snapshot = recorder.record(coordinator, 0.0, force=True)
+    assert snapshot["devices"] == {"1": gpu, "2": gpu, "3": "cpu"}
+    assert device_counts(snapshot["devices"]) == f"cpu x 1, {gpu} x 2"
+    assert device_counts({}) == "-"
