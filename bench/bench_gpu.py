@@ -555,6 +555,7 @@ def run_isolated(name: str, request: str, quick: bool, limit_s: float, directory
     command = [sys.executable, "-m", "bench.bench_gpu", "--part", name, "--device", request,
                "--result", str(result)] + (["--quick"] if quick else [])
     started = time.perf_counter()
+    cpu_before_s = _children_cpu_s()
     with open(log, "wb") as output:
         process = subprocess.Popen(command, env=_environment(), stdout=output,
                                    stderr=subprocess.STDOUT, cwd=_REPO, start_new_session=True)
@@ -580,7 +581,17 @@ def run_isolated(name: str, request: str, quick: bool, limit_s: float, directory
             data["log_tail"] = log.read_text(errors="replace")[-2000:]
     data["limit_s"] = limit_s
     data["wall_s"] = round(time.perf_counter() - started, 2)
+    # CPU seconds of the part's processes (those waited for): its cost whatever else loads
+    # the machine, which its wall time is not.
+    data["cpu_s"] = round(_children_cpu_s() - cpu_before_s, 2)
     return data
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def summary_rows(document: dict) -> list[tuple[str, str, str]]:
@@ -591,7 +602,8 @@ def summary_rows(document: dict) -> list[tuple[str, str, str]]:
         part = parts.get(name, {})
         status = part.get("status", "not run")
         figures = part.get("error", "") if status != "ok" else _figures(name, part)
-        rows.append((name, f"{status} ({part.get('wall_s', 0):.0f} s)", figures))
+        rows.append((name, f"{status} ({part.get('wall_s', 0):.0f} s, cpu "
+                           f"{part.get('cpu_s', 0):.0f} s)", figures))
     return rows
 
 

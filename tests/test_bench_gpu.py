@@ -13,6 +13,7 @@ from bench import bench_gpu
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # about 1 CPU-minute; its parts' own limits bound a loaded machine
 def test_the_quick_cpu_run_measures_every_part(tmp_path: Path) -> None:
     output = tmp_path / "gpu.json"
     code = bench_gpu.main(["--device", "cpu", "--quick", "-o", str(output)])

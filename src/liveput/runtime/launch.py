@@ -55,10 +55,11 @@ class JobSpec:
     """Local directory or fsspec URL of the checkpoints (every agent must reach it)."""
     checkpoint_every: int = 10
     """K: checkpoint every K steps."""
-    device: str = "auto"
+    device: str = "cpu"
     """``auto`` (CUDA where the instance has it), ``cpu``, ``cuda`` or ``cuda:K``: each agent
     trains on one device (:mod:`liveput.runtime.device`); one asked for CUDA without any exits
-    with a one-line error."""
+    with a one-line error. The entry points (train, coordinator, the job file) default to
+    ``auto``; a spec published without one (an older coordinator) means the CPU."""
     shared_gpu: bool = False
     """The agents share this machine (``liveput train``): on CUDA they spread over its GPUs
     and communicate over gloo through CPU memory (NCCL refuses two ranks on one GPU)."""
@@ -148,6 +149,9 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
         device = resolve_device(device or spec.device, f"agent {instance}",
                                 instance if spec.shared_gpu else None)
         LOG.info("agent %d trains on %s", instance, describe_device(device))
+        if device != "cpu" and not spec.shared_gpu and torch.cuda.device_count() > 1:
+            LOG.warning("agent %d: this instance has %d GPUs; it trains on %s only (one agent "
+                        "per instance)", instance, torch.cuda.device_count(), device)
         engine = Engine(job, instance, store, StoreRendezvous(store, host, timeout_s),
                         Checkpointer(store, spec.checkpoint_dir, keep=spec.keep_checkpoints,
                                      token=token.encode()),
