@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench_gpu
+from bench import bench_gpu, gpu_parts
 
 
 @pytest.mark.slow
@@ -47,7 +47,7 @@ def test_the_quick_cpu_run_measures_every_part(tmp_path: Path) -> None:
     assert scripted["exactly_once"] and scripted["restores"] == 1
     assert scripted["steps_rolled_back"] == 2  # the steps after the restored checkpoint
     assert scripted["same_as_fault_free"], scripted["parameters_outside_tolerance"]
-    assert scripted["max_abs_difference"] < bench_gpu.BF16_TOLERANCE["atol"] * 10
+    assert scripted["max_abs_difference"] < gpu_parts.BF16_TOLERANCE["atol"] * 10
     train = parts["runtime"]["train"]
     assert train["exit_code"] == 0, train.get("stderr")
     assert train["exactly_once"] and train["steps_completed"] == 12
