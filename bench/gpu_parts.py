@@ -161,6 +161,8 @@ def measure_step(job: Job, device: str, steps: int) -> tuple[float, float | None
     from liveput.runtime.schedule import StagePosition, compute_gradients
 
     torch_device = torch.device(device)
+    # Whatever the process still holds on the GPU (an earlier model) is not this step's.
+    baseline = torch.cuda.memory_allocated(torch_device) if device.startswith("cuda") else 0
     layers = [fresh_layer(job, i, torch_device) for i in range(job.num_layers)]
     update = OptimizerStep(job.training)
     position = StagePosition(0, 0, 1, 1, None, None)
@@ -178,7 +180,7 @@ def measure_step(job: Job, device: str, steps: int) -> tuple[float, float | None
             times.append(time.perf_counter() - start)
     peak_gb = None
     if device.startswith("cuda"):
-        peak_gb = torch.cuda.max_memory_allocated(torch_device) / 1e9
+        peak_gb = (torch.cuda.max_memory_allocated(torch_device) - baseline) / 1e9
     del layers
     return _median(times), peak_gb
 
@@ -191,10 +193,6 @@ def _error(predicted: float | None, measured: float | None) -> float | None:
 
 def part_profiles(record: PartRecord, request: str, quick: bool) -> None:
     from liveput.cli.main import main as cli
-    from liveput.perf.estimator import Calibration, estimate_configs
-    from liveput.perf.profile_io import read_profile
-    from liveput.perf.types import InstanceType
-    from liveput.runtime.job import resolve_job
 
     device = _device(request)
     entry = _catalog_entry(device)
@@ -207,44 +205,58 @@ def part_profiles(record: PartRecord, request: str, quick: bool) -> None:
         for model in _models(quick):
             for precision in ("fp32", "bf16"):
                 key = f"{model}/{precision}"
-                path = Path(scratch) / f"{model}-{precision}.json"
-                started = time.perf_counter()
-                code = cli(["--quiet", "profile", "--model", model, "--device", device,
-                            "--precision", precision, "--repeats", "1" if quick else "3",
-                            "-o", str(path)])
-                if code != 0:
-                    results[key] = {"error": f"liveput profile exited {code}"}
-                    record.flush()
-                    continue
-                profile = dataclasses.replace(read_profile(path), activation_checkpointing="none")
-                if entry is not None:
-                    profile = dataclasses.replace(profile, instance_type=InstanceType(
-                        entry["instance_type"], entry["memory_gb_per_gpu"],
-                        entry["network_gbps"], entry["spot_usd_per_hour"],
-                        entry["on_demand_usd_per_hour"]))
-                profile_s = time.perf_counter() - started
-                # The profile is this machine's measurement: no built-in calibration applies.
-                table = estimate_configs(profile, 1, Calibration())
-                rate = float(table.samples_per_s[0])
-                predicted_s = profile.global_batch_size / rate if rate > 0 else None
-                job = _with_precision(resolve_job(model), precision)
-                measured_s, peak_gb = measure_step(job, device, 2 if quick else 8)
-                predicted_gb = float(table.memory_gb[0])
-                results[key] = {
-                    "profile_s": round(profile_s, 2),
-                    "layers": profile.num_layers, "params_m": round(profile.num_params / 1e6, 2),
-                    "global_batch": profile.global_batch_size,
-                    "micro_batch": profile.micro_batch_size,
-                    "feasible": bool(table.feasible[0]),
-                    "measured_step_s": round(measured_s, 5),
-                    "predicted_step_s": None if predicted_s is None else round(predicted_s, 5),
-                    "step_error": _error(predicted_s, measured_s),
-                    "measured_peak_gb": None if peak_gb is None else round(peak_gb, 3),
-                    "predicted_peak_gb": round(predicted_gb, 3),
-                    "memory_error": _error(predicted_gb, peak_gb),
-                }
+                try:
+                    results[key] = _profile_against_estimate(
+                        cli, model, precision, device, entry, quick,
+                        Path(scratch) / f"{model}-{precision}.json")
+                except Exception as error:  # noqa: BLE001 - the next model still runs
+                    results[key] = {"error": _describe(error)}
                 record.flush()
                 _free(device)
+
+
+def _profile_against_estimate(cli: Callable[[list[str]], int], model: str, precision: str,
+                              device: str, entry: dict | None, quick: bool, path: Path) -> dict:
+    """``liveput profile`` of ``model`` in ``precision``, the estimator's (1, 1) step time and
+    memory from it, one instance's measured step time and peak memory."""
+    from liveput.perf.estimator import Calibration, estimate_configs
+    from liveput.perf.profile_io import read_profile
+    from liveput.perf.types import InstanceType
+    from liveput.runtime.job import resolve_job
+
+    started = time.perf_counter()
+    code = cli(["--quiet", "profile", "--model", model, "--device", device,
+                "--precision", precision, "--repeats", "1" if quick else "3",
+                "-o", str(path)])
+    if code != 0:
+        return {"error": f"liveput profile exited {code}"}
+    profile = dataclasses.replace(read_profile(path), activation_checkpointing="none")
+    if entry is not None:
+        profile = dataclasses.replace(profile, instance_type=InstanceType(
+            entry["instance_type"], entry["memory_gb_per_gpu"],
+            entry["network_gbps"], entry["spot_usd_per_hour"],
+            entry["on_demand_usd_per_hour"]))
+    profile_s = time.perf_counter() - started
+    # The profile is this machine's measurement: no built-in calibration applies.
+    table = estimate_configs(profile, 1, Calibration())
+    rate = float(table.samples_per_s[0])
+    predicted_s = profile.global_batch_size / rate if rate > 0 else None
+    job = _with_precision(resolve_job(model), precision)
+    measured_s, peak_gb = measure_step(job, device, 2 if quick else 8)
+    predicted_gb = float(table.memory_gb[0])
+    return {
+        "profile_s": round(profile_s, 2),
+        "layers": profile.num_layers, "params_m": round(profile.num_params / 1e6, 2),
+        "global_batch": profile.global_batch_size,
+        "micro_batch": profile.micro_batch_size,
+        "feasible": bool(table.feasible[0]),
+        "measured_step_s": round(measured_s, 5),
+        "predicted_step_s": None if predicted_s is None else round(predicted_s, 5),
+        "step_error": _error(predicted_s, measured_s),
+        "measured_peak_gb": None if peak_gb is None else round(peak_gb, 3),
+        "predicted_peak_gb": round(predicted_gb, 3),
+        "memory_error": _error(predicted_gb, peak_gb),
+    }
 
 
 def _free(device: str) -> None:

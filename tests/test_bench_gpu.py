@@ -30,6 +30,7 @@ def test_the_quick_cpu_run_measures_every_part(tmp_path: Path) -> None:
     profiles = parts["profiles"]["results"]
     assert set(profiles) == {"tiny-gpt-small/fp32", "tiny-gpt-small/bf16"}
     for figures in profiles.values():
+        assert "error" not in figures, figures["error"]
         assert figures["feasible"]
         assert figures["measured_step_s"] > 0 and figures["predicted_step_s"] > 0
         assert math.isfinite(figures["step_error"])
