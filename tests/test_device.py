@@ -171,3 +171,27 @@ def test_status_shows_the_device_each_billed_instance_trains_on():
     assert snapshot["devices"] == {"1": gpu, "2": gpu, "3": "cpu"}
     assert device_counts(snapshot["devices"]) == f"cpu x 1, {gpu} x 2"
     assert device_counts({}) == "-"
+
+
+def test_the_job_profile_is_measured_on_the_device_and_precision_asked(monkeypatch):
+    """Kept in the store per (job, data, device, precision): a coordinator that restarts with
+    the same reuses it; one asking for another device or precision measures again."""
+    from liveput.perf import load_profile
+    from liveput.runtime import planning
+    from liveput.runtime.launch import job_profile
+    from liveput.runtime.store import MemoryStore
+
+    measured = []
+
+    def profile_job(job, repeats=2, device="cpu"):  # noqa: ANN001, ANN202 - the fake's
+        measured.append((device, job.training.precision))
+        return load_profile("tiny-gpt")
+
+    monkeypatch.setattr(planning, "profile_job", profile_job)
+    store = MemoryStore()
+    job_profile(store, "tiny-gpt-small", None, "cpu", "bf16")
+    job_profile(store, "tiny-gpt-small", None, "cpu", "bf16")
+    assert measured == [("cpu", "bf16")]
+    job_profile(store, "tiny-gpt-small", None, "cuda:0", "bf16")
+    job_profile(store, "tiny-gpt-small", None, "cuda:0")
+    assert measured == [("cpu", "bf16"), ("cuda:0", "bf16"), ("cuda:0", "fp32")]

@@ -188,8 +188,10 @@ def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
         if device == "cpu" and spec.device != "cpu":
             LOG.warning("the job asks for %s but this machine has no CUDA: its profile is "
                         "measured on this CPU, and the plans use CPU timings", spec.device)
-        profile = through_outage(lambda: job_profile(store, spec.job, spec.data, device),
-                                 spec.store_outage_s)
+        precision = None if spec.training is None else \
+            TrainingConfig.from_dict(spec.training).precision
+        profile = through_outage(lambda: job_profile(store, spec.job, spec.data, device,
+                                                     precision), spec.store_outage_s)
     coordinator = through_outage(lambda: Coordinator(store, profile, config, **deciding),
                                  spec.store_outage_s)
     coordinator.run()
@@ -197,9 +199,10 @@ def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
 
 
 def job_profile(store: Store, job_name: str, data: str | None = None,
-                device: str = "cpu") -> ModelProfile:
+                device: str = "cpu", precision: str | None = None) -> ModelProfile:
     """The profile of job ``job_name`` (on ``data``) measured on ``device`` (``cpu`` or
-    ``cuda:K``): the one in the store, else a fresh one, kept there."""
+    ``cuda:K``) in ``precision`` (None: the job's own): the one in the store, else a fresh
+    one, kept there."""
     from liveput.perf.profile_io import profile_from_dict, profile_to_dict
     from liveput.runtime.planning import profile_job
 
@@ -207,13 +210,20 @@ def job_profile(store: Store, job_name: str, data: str | None = None,
     if raw is not None:
         kept = json.loads(raw)
         if kept.get("job") == job_name and kept.get("data") == data and \
-                kept.get("device", "cpu") == device:
+                kept.get("device", "cpu") == device and kept.get("precision") == precision:
             LOG.info("the job's profile from the store (measured by an earlier coordinator)")
             return profile_from_dict(kept["profile"])
-    profile = profile_job(resolve_job(job_name, data), device=device)
+    job = resolve_job(job_name, data)
+    if precision is not None:
+        job = dataclasses.replace(job, training=dataclasses.replace(job.training,
+                                                                    precision=precision))
+    profile = profile_job(job, device=device)
     kept = {"job": job_name, "data": data, "profile": profile_to_dict(profile)}
-    if device != "cpu":  # a CPU profile's record stays as it always was
+    # A CPU profile in the job's own precision is kept as it always was.
+    if device != "cpu":
         kept["device"] = device
+    if precision is not None:
+        kept["precision"] = precision
     store.set(PROFILE_KEY, json.dumps(kept).encode())
     return profile
 

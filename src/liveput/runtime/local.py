@@ -214,7 +214,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             # layers are measured without recomputation; the job's checkpointing is its own),
             # measured on the device the agents train on.
             profile = dataclasses.replace(
-                job_profile(store, config.model, config.data, device), activation_checkpointing=(
+                job_profile(store, config.model, config.data, device,
+                            None if config.training is None else config.training.precision),
+                activation_checkpointing=(
                     "layer" if job.training.activation_checkpointing else "none"))
             deadline = None if config.deadline is None else deadline_context(
                 trace, profile, config.deadline, config.steps, config.time_scale)
