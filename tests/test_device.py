@@ -183,7 +183,7 @@ def test_the_job_profile_is_measured_on_the_device_and_precision_asked(monkeypat
 
     measured = []
 
-    def profile_job(job, repeats=2, device="cpu"):  # noqa: ANN001, ANN202 - the fake's
+    def profile_job(job, repeats=2, device="cpu"):
         measured.append((device, job.training.precision))
         return load_profile("tiny-gpt")
 
