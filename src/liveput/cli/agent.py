@@ -33,6 +33,9 @@ def agent(
     connect_timeout_s: float = typer.Option(10.0, "--connect-timeout", parser=params.SECONDS,
                                             help="Longest wait for the store and the job, "
                                             "seconds."),
+    device: str = typer.Option(None, "--device", help="Train on auto (CUDA where this "
+                               "instance has it), cpu, cuda or cuda:K (default: the job's "
+                               "--device). One agent uses one GPU."),
 ) -> None:
     """Run this instance's agent: join the job, train, follow plans, leave on preemption."""
     # Before torch loads: c10d's C++ errors (dozens of stack frames each time a heartbeat
@@ -52,7 +55,7 @@ def agent(
 
     try:
         state = run_agent(url, _token(token), instance, host, sources,
-                          connect_timeout_s=connect_timeout_s)
+                          connect_timeout_s=connect_timeout_s, device=device)
     except LiveputError as error:
         typer.echo(f"error: {' '.join(str(error).split())}", err=True)
         end_process(2)
@@ -125,6 +128,10 @@ def coordinator(
         120.0, "--store-wait", parser=params.SECONDS,
         help="Longest wait for --store to answer at start, seconds: a restarted coordinator may "
         "find its etcd restarting (agents ride out as long an outage)."),
+    device: str = typer.Option(
+        "auto", "--device", help="What every agent trains on: auto (CUDA where its instance "
+        "has it), cpu, cuda or cuda:K; one agent per instance, on one GPU. The job is profiled "
+        "on this device here when this machine has it."),
 ) -> None:
     """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
     plans. Restarted with the same --etcd-dir, it resumes the job. With --provider, it also
@@ -138,8 +145,11 @@ def coordinator(
     from liveput.runtime.store import open_store, parse_host_port
     from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
+    from liveput.runtime.device import check_device_request
+
     if store is not None and embedded:
         raise LiveputError("give at most one of --store URL and --embedded")
+    check_device_request(device, "coordinator")
     job = resolve_job(model, data)
     token = _token(token)
     holder = _holder(provider, region=region, instance_types=instance_types, spot_max=spot_max,
@@ -147,6 +157,8 @@ def coordinator(
                      address=advertise or store or (f"tcp://{listen}" if embedded else listen),
                      token=token, image_id=image_id, trace=trace_path,
                      work_dir=Path(etcd_dir).parent / "liveput-provider")
+    if holder is not None:
+        _check_gpu_use(provider, holder.instance_types, device)
     deadline = None
     if deadline_hours is not None:
         if holder is None:
@@ -184,7 +196,8 @@ def coordinator(
                 from liveput.cloud.market import HolderMarket
 
                 config = dataclasses.replace(config, policy=deadline_policy)
-                spec = JobSpec(model, checkpoint_dir, checkpoint_every, data=data)
+                spec = JobSpec(model, checkpoint_dir, checkpoint_every, data=data,
+                               device=device)
                 run_coordinator(handle, spec, config, deadline=deadline[0],
                                 market=HolderMarket(holder, spot_max))
                 elapsed_h = (time.monotonic() - deadline[1]) / 3600.0
@@ -192,7 +205,7 @@ def coordinator(
                            f"done at {elapsed_h:.3f} h of {deadline_hours:g} h", err=True)
             else:
                 run_coordinator(handle, JobSpec(model, checkpoint_dir, checkpoint_every,
-                                                data=data), config)
+                                                data=data, device=device), config)
         finally:
             if holder is not None:  # the job is done or this process stops: give them back
                 released = holder.close()
@@ -204,6 +217,28 @@ def coordinator(
         if etcd is not None:
             etcd.stop()  # the job is done, or this process stops: its data stays on disk
     typer.echo("job done", err=True)
+
+
+def _check_gpu_use(provider: str, instance_types: tuple[str, ...], device: str) -> None:
+    """GPUs of the rented types the agents leave idle: an error with a real provider (the
+    bill is real), a warning with the emulated one, whose agents run on this machine."""
+    from liveput.catalog import load_catalog
+    from liveput.runtime.device import idle_gpus_message, resolve_device
+
+    catalog = load_catalog("aws")
+    emulated = provider == "emulated"
+    for name in instance_types:
+        spec = catalog.get(name)
+        if emulated:
+            used = resolve_device(device, "coordinator")
+        else:  # ``auto`` on the instance: its GPU when it has one
+            used = "cpu" if device == "cpu" or not spec.gpus else "cuda"
+        message = idle_gpus_message(spec.name, spec.gpus, spec.gpu, used)
+        if message is None:
+            continue
+        if not emulated:
+            raise LiveputError(f"--instance-types: {message}")
+        typer.echo(f"warning: {message}", err=True)
 
 
 def _holder(name: str | None, *, region: str, instance_types: str | None, spot_max: int,

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from liveput.cli import params
-from liveput.cli.output import console, err_console, print_json
+from liveput.cli.output import console, device_counts, err_console, print_json
 from liveput.errors import LiveputError
 from liveput.runtime import keys
 
@@ -241,6 +241,7 @@ def _status_view(s: dict) -> Table:
     rows = [("step", f"{s['step']:,} / {s['steps_total']:,} ({s['samples']:,} samples)"),
             ("doing", s["activity"]), ("configuration (D x P)", s["configuration"]),
             ("instances", instances),
+            ("devices", device_counts(s.get("devices", {}))),
             ("samples/s now / avg", f"{s['samples_per_s']:.1f} / {s['samples_per_s_avg']:.1f}"),
             ("loss", "-" if s["loss"] is None else f"{s['loss']:.4f}"),
             ("dollars (spot / on-demand)", f"${usd['total']:.2f} (${usd['spot']:.2f} / "

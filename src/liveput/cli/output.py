@@ -63,3 +63,11 @@ def progress(transient: bool = True) -> Progress:
         transient=transient,
         disable=_Display.quiet or not err_console.is_terminal,
     )
+
+
+def device_counts(devices: dict[str, str]) -> str:
+    """``cuda:0 (NVIDIA H100 ...) x 3, cpu x 1`` from instance id -> device (``-``: none)."""
+    counts: dict[str, int] = {}
+    for device in devices.values():
+        counts[device] = counts.get(device, 0) + 1
+    return ", ".join(f"{device} x {n}" for device, n in sorted(counts.items())) or "-"

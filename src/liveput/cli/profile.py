@@ -24,6 +24,8 @@ def register(app: typer.Typer) -> None:
                                         "else 8)."),
         device: str = typer.Option("auto", "--device",
                                    help="cpu, cuda[:k], or auto: CUDA when present."),
+        precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16: "
+                                      "forwards under autocast, as the job trains."),
         repeats: int = typer.Option(5, "--repeats", parser=params.REPEATS,
                                     help="Timed passes per layer."),
         output: Path = typer.Option(..., "-o", "--output", help="Profile JSON to write."),
@@ -39,7 +41,8 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task(f"profiling {target.name}", total=len(target.layers))
             measured = profile_model(target, micro_batch or target.micro_batch_size or 8,
                                      device, repeats,
-                                     on_layer=lambda done, _: bar.update(task, completed=done))
+                                     on_layer=lambda done, _: bar.update(task, completed=done),
+                                     precision=precision)
         write_profile(measured, output)
         console.print(f"wrote {output}: {measured.num_layers} layers, "
                       f"{measured.num_params / 1e6:.2f} M parameters")

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from liveput.cli import params
 from liveput.cli import agent as agent_commands
-from liveput.cli.output import console, err_console, print_json, progress, to_json
+from liveput.cli.output import (console, device_counts, err_console, print_json, progress,
+                                 to_json)
 from liveput.errors import LiveputError
 from liveput.files import check_output_file, write_text_atomic
 from liveput.models.training import TrainingConfig
@@ -89,6 +90,10 @@ def train(
     on_nonfinite_loss: str = typer.Option(
         None, "--on-nonfinite-loss", help="A NaN or infinite loss: stop the job (the step is not "
         "committed) or skip that step's update on every stage (default: the job's own, stop)."),
+    device: str = typer.Option(
+        "auto", "--device", help="What the agents train on: auto (CUDA where this machine has "
+        "it), cpu, cuda or cuda:K. They share this machine: on CUDA they spread over its GPUs "
+        "and talk over gloo through CPU memory (NCCL refuses two ranks on one GPU)."),
     job_file: Path = typer.Option(None, "--job", help="Take the model, steps, checkpoints, "
                                   "provider, objective and notices from this job file (the "
                                   "options above are then ignored; see liveput launch)."),
@@ -97,11 +102,18 @@ def train(
     if job_file is not None:
         (model, workers, trace_path, time_scale, steps, checkpoint_dir, checkpoint_every,
          notice_lead_s, seed, keep_checkpoints, deadline_hours, on_demand_max, instance_type,
-         deadline_policy) = _from_job_file(job_file)
+         deadline_policy, device) = _from_job_file(job_file)
     from liveput.launch.deadline import DeadlineJob
-    from liveput.launch.local import LocalTrainingConfig, Progress, run_local_training
+    from liveput.launch.local import (LocalTrainingConfig, Progress, run_local_training,
+                                      warn_idle_gpus)
     from liveput.models.jobs import resolve_job
+    from liveput.runtime.device import check_device_request, resolve_device
     from liveput.traces import generate_trace, read_trace
+
+    # A CUDA request on a machine without CUDA: one line, before anything starts.
+    resolved = resolve_device(check_device_request(device, "train"), "train")
+    if deadline_hours is not None or job_file is not None:
+        warn_idle_gpus(instance_type, resolved)  # the instances the job is billed for
 
     data_path = None if data is None else str(data.resolve())
     # An unknown model is refused before anything starts or is printed.
@@ -116,7 +128,7 @@ def train(
         notice_lead_s=notice_lead_s, store_url=store, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, seed=seed, log_dir=str(log_dir),
         keep_checkpoints=keep_checkpoints, heartbeat_timeout_s=heartbeat_timeout_s,
-        notice_margin_s=notice_margin_s, training=training,
+        notice_margin_s=notice_margin_s, training=training, device=device,
         deadline=None if deadline_hours is None else DeadlineJob(
             deadline_hours, on_demand_max, instance_type, deadline_policy))
     trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)
@@ -193,7 +205,7 @@ def _from_job_file(path: Path) -> tuple:
             job.num_steps(resolve_job(job.model).global_batch_size), job.checkpoint.url,
             job.checkpoint.every, job.notices.lead_s, provider.trace_seed, job.checkpoint.keep,
             objective.deadline_hours, provider.on_demand_max, provider.instance_type,
-            objective.policy)
+            objective.policy, job.device)
 
 
 def _summary_table(summary: dict) -> Table:
@@ -212,6 +224,8 @@ def _summary_table(summary: dict) -> Table:
             ("plans", f"{len(summary['plans'])} ({moves})"),
             ("steps rolled back and redone", str(summary["steps_rolled_back"])),
             ("exactly once", "yes" if summary["exactly_once"] else "NO"),
+            ("devices", device_counts(summary.get("devices", {})) if summary.get("devices")
+             else summary.get("device", "-")),
             *_deadline_rows(summary),
             ("wall time", f"{summary['wall_s']:.1f} s"),
             ("agents' logs", summary["log_dir"])):

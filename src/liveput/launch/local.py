@@ -33,6 +33,8 @@ from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime import keys
 from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
+from liveput.runtime.device import (check_device_request, describe_device, idle_gpus_message,
+                                    resolve_device)
 from liveput.runtime.launch import JobSpec, job_profile, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.prune import PruneConfig
@@ -90,6 +92,10 @@ class LocalTrainingConfig:
     and on-demand instances (:mod:`liveput.launch.deadline`); None: the trace's instances."""
     token: str | None = None
     """The job token (default: a fresh one; a launched job keeps its own in its state dir)."""
+    device: str = "auto"
+    """What the agents train on: ``auto`` (CUDA where this machine has it), ``cpu``, ``cuda``
+    or ``cuda:K``. They share this machine: on CUDA they spread over its GPUs and communicate
+    over gloo through CPU memory (NCCL refuses two ranks on one GPU)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.steps < 1:
@@ -103,6 +109,7 @@ class LocalTrainingConfig:
         if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= 0:
             raise LiveputError(f"train: --heartbeat-timeout must be positive, got "
                                f"{self.heartbeat_timeout_s:g}")
+        check_device_request(self.device, "train")
 
 
 @dataclass
@@ -127,6 +134,10 @@ class TrainingResult:
     """The coordinator's plans (time, reason, kind, configuration)."""
     deadline: dict | None = None
     """A deadline job's figures (``deadline_met``, ``finished_hours``, dollars), else None."""
+    devices: dict[str, str] = field(default_factory=dict)
+    """The device each instance trained on (instance id -> ``cpu``, ``cuda:0 (NVIDIA ...)``)."""
+    device: str = "cpu"
+    """The device the job was profiled and planned on (this machine's, as asked)."""
 
     def summary(self) -> dict:
         data = {k: v for k, v in self.__dict__.items()
@@ -171,6 +182,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
     last one), in its thread; a LiveputError it raises ends the run."""
     started = time.monotonic()
     token = config.token or secrets.token_hex(16)
+    # A CUDA request on a machine without CUDA: one line, before anything starts.
+    device = resolve_device(config.device, "train")
     job = resolve_job(config.model, config.data)
     if config.training is not None:
         job = dataclasses.replace(job, training=config.training)
@@ -201,11 +214,15 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                                         training=None if config.training is None
                                         else config.training.to_dict(),
                                         data=config.data,
-                                        notice_margin_s=config.notice_margin_s))
+                                        notice_margin_s=config.notice_margin_s,
+                                        device=config.device, shared_gpu=True))
             # Kept in the store: a resumed job plans with the profile it started with (the
-            # layers are measured without recomputation; the job's checkpointing is its own).
+            # layers are measured without recomputation; the job's checkpointing is its own),
+            # measured on the device the agents train on.
             profile = dataclasses.replace(
-                job_profile(store, config.model, config.data), activation_checkpointing=(
+                job_profile(store, config.model, config.data, device,
+                            None if config.training is None else config.training.precision),
+                activation_checkpointing=(
                     "layer" if job.training.activation_checkpointing else "none"))
             deadline = None if config.deadline is None else deadline_context(
                 trace, profile, config.deadline, config.steps, config.time_scale)
@@ -241,7 +258,12 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             if cloud.market is not None:
                 cloud.start_background(interval_s)
                 cloud_started_s = time.monotonic()
+            devices: dict[str, str] = {}
+            devices_read_s = 0.0
             while coordinator.tick():
+                if time.monotonic() - devices_read_s >= 1.0:
+                    _record_devices(store, devices)
+                    devices_read_s = time.monotonic()
                 if on_progress is not None:
                     on_progress(_progress(store, coordinator, cloud_started_s))
                 if on_tick is not None:
@@ -260,6 +282,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
             stats = readers.migrations(store)
             events = readers.events(store)
             losses = [r["loss"] for r in report.records]
+            _record_devices(store, devices)
             finished = True
             return TrainingResult(
                 steps_completed=report.steps_applied,
@@ -272,7 +295,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 wall_s=round(time.monotonic() - started, 2), log_dir=str(log_dir),
                 steps=report.records, events=events,
                 deadline=None if config.deadline is None
-                else cloud.summary(config.deadline.deadline_hours))
+                else cloud.summary(config.deadline.deadline_hours),
+                devices=dict(sorted(devices.items(), key=lambda kv: int(kv[0]))),
+                device=describe_device(device))
         except LiveputError as error:  # one line, saying where to look
             raise LiveputError(f"{error}; agents' logs in {log_dir}") from None
         finally:
@@ -351,6 +376,28 @@ class LocalCloud:
                 "usd": round(bill.usd, 4), "usd_spot": round(bill.usd_spot, 4),
                 "usd_on_demand": round(bill.usd_on_demand, 4),
                 "on_demand_hours": round(bill.on_demand_hours, 4)}
+
+
+def warn_idle_gpus(instance_type: str, device: str) -> None:
+    """Warn (the emulated provider bills them) when the agents leave GPUs of
+    ``instance_type`` idle, training on ``device`` here."""
+    from liveput.catalog import load_catalog
+
+    spec = load_catalog("aws").get(instance_type)
+    message = idle_gpus_message(spec.name, spec.gpus, spec.gpu, device)
+    if message is not None:
+        LOG.warning("%s", message)
+
+
+def _record_devices(store: Store, devices: dict[str, str]) -> None:
+    """Add the device of every instance registered now (``members/<id>``) to ``devices``."""
+    for instance, raw in readers.by_instance(store, keys.MEMBER).items():
+        try:
+            device = json.loads(raw).get("device")
+        except (ValueError, AttributeError):
+            continue
+        if device:
+            devices[str(instance)] = device
 
 
 def _initial_count(trace: Trace | IntervalTrace) -> int:

@@ -157,6 +157,9 @@ class JobFile:
     """Steps to train (give this or ``target_samples``; default 300)."""
     target_samples: int | None = None
     """Samples to train; rounded up to whole steps of the job's global batch."""
+    device: str = "auto"
+    """What each instance trains on: ``auto`` (CUDA where the instance has it), ``cpu``,
+    ``cuda`` or ``cuda:K``; one agent per instance, on one device."""
     state_dir: str | None = None
     """Where the job keeps its store data, token and exported model (default:
     ``.liveput/<name>`` beside the job file)."""
@@ -191,6 +194,9 @@ class JobFile:
             raise LiveputError("target_samples must be >= 1")
         if self.linger_s < 0:
             raise LiveputError("linger_s must be >= 0")
+        from liveput.runtime.device import check_device_request
+
+        check_device_request(self.device, "device")
 
     def num_steps(self, global_batch_size: int) -> int:
         """Steps to train: ``steps``, or ``target_samples`` in whole global batches."""

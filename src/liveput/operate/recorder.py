@@ -96,6 +96,8 @@ class StatusRecorder:
         self._generation = -1 if previous.get("generation") is None else previous["generation"]
         self._noticed: set[int] = set(readers.by_instance(store, keys.NOTICE))
         self._lost: set[int] = set(readers.by_instance(store, keys.LOST))
+        self._devices: dict[str, str] = {}
+        """The device each billed instance trains on (instance id -> as its agent says)."""
         self._checkpoint = _latest_checkpoint(store)
         self._downtime: dict | None = None
         """The newest plan's event until its first step commits (its downtime is then known)."""
@@ -146,11 +148,13 @@ class StatusRecorder:
 
     def _instances(self, coordinator: Coordinator) -> dict[str, dict[str, int]]:
         markets: dict[str, dict[str, int]] = {"spot": {}, "on-demand": {}}
+        self._devices.clear()
         available = set(coordinator.available)
         states = readers.by_instance(self.store, keys.STATE)
         left = {instance for instance, value in states.items() if value in (b"left", b"done")}
         for instance, raw in readers.by_instance(self.store, keys.MEMBER).items():
-            market = "on-demand" if (_json(raw) or {}).get("market") == "on-demand" else "spot"
+            registration = _json(raw) or {}
+            market = "on-demand" if registration.get("market") == "on-demand" else "spot"
             if instance in available:
                 state = "running"
             elif instance in self._noticed and instance not in left:
@@ -160,6 +164,8 @@ class StatusRecorder:
             else:
                 state = "joining"
             markets[market][state] = markets[market].get(state, 0) + 1
+            # Agents before the device was registered trained on the CPU.
+            self._devices[str(instance)] = registration.get("device", "cpu")
         return markets
 
     def record(self, coordinator: Coordinator, now_s: float, state: str = "running",
@@ -230,6 +236,7 @@ class StatusRecorder:
                                                       f"{plan.pipeline_stages}",
             "generation": None if plan is None else plan.generation,
             "instances": instances,
+            "devices": dict(sorted(self._devices.items(), key=lambda kv: int(kv[0]))),
             "usd": {"spot": round(self.usd_spot, 6), "on_demand": round(self.usd_on_demand, 6),
                     "total": round(usd_total, 6),
                     "on_demand_equivalent": round(self.usd_equivalent, 6),

@@ -216,11 +216,15 @@ def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str
     from liveput.operate.export import export_model
     from liveput.operate.metrics import TensorBoardScalars
     from liveput.launch.deadline import DeadlineJob
-    from liveput.launch.local import LocalTrainingConfig, run_local_training
+    from liveput.launch.local import LocalTrainingConfig, run_local_training, warn_idle_gpus
+    from liveput.runtime.device import resolve_device
     from liveput.traces import generate_trace, read_trace
 
     provider = job.provider
     spec = load_catalog("aws").get(provider.instance_type)
+    # The emulated provider's instances are processes here: GPUs of the type that they do
+    # not train on are billed for nothing, which the user hears of (a warning, not an error).
+    warn_idle_gpus(provider.instance_type, resolve_device(job.device, "launch"))
     objective = job.objective
     recorder = StatusRecorder(store, RecorderConfig(
         job=job.job_name, num_steps=num_steps, global_batch_size=model.global_batch_size,
@@ -234,7 +238,7 @@ def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str
         store_url=place.store, checkpoint_dir=checkpoint_url,
         checkpoint_every=job.checkpoint.every, timeout_s=30 * 24 * 3600.0,
         seed=provider.trace_seed, log_dir=str(state_dir / "logs"),
-        keep_checkpoints=job.checkpoint.keep, token=token,
+        keep_checkpoints=job.checkpoint.keep, token=token, device=job.device,
         deadline=None if objective.deadline_hours is None else DeadlineJob(
             objective.deadline_hours, provider.on_demand_max, provider.instance_type,
             objective.policy))

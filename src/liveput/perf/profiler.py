@@ -11,6 +11,7 @@ size, and the bytes its forward keeps for the backward.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
@@ -30,6 +31,9 @@ from liveput.registry import call_spec
 
 if TYPE_CHECKING:
     from liveput.models.job import Job
+
+_AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The autocast dtype of each precision the profiler measures in."""
 
 
 def local_cpu_instance() -> InstanceType:
@@ -126,6 +130,7 @@ def saved_for_backward_bytes(layer: nn.Module, source: torch.Tensor,
 def profile_model(
     target: ProfileTarget, micro_batch_size: int = 8, device: str = "cpu", repeats: int = 5,
     in_flight: int = 4, on_layer: Callable[[int, int], None] | None = None,
+    precision: str = "fp32",
 ) -> ModelProfile:
     """Measure every layer of ``target`` per micro-batch on ``device``.
 
@@ -134,8 +139,9 @@ def profile_model(
     backward. A layer's figure is the median over ``repeats`` passes (after a warm-up) divided
     by ``in_flight``: timing one cached input over and over measured up to 20% faster than the
     runtime computes, and single slow passes (a shared machine) must not move the profile.
-    ``device`` is ``cpu``, ``cuda[:k]`` or ``auto`` (CUDA when present); ``on_layer(done, total)``
-    reports progress.
+    ``device`` is ``cpu``, ``cuda[:k]`` or ``auto`` (CUDA when present); ``precision`` ``fp32``,
+    ``bf16`` or ``fp16`` (forwards under ``torch.autocast``, as the engine trains);
+    ``on_layer(done, total)`` reports progress.
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -146,6 +152,15 @@ def profile_model(
     torch_device = torch.device(device)
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise LiveputError("profile: --device cuda requested but no CUDA device is available")
+    if precision not in _AUTOCAST_DTYPES:
+        raise LiveputError(f"profile: precision {precision!r}: expected "
+                           f"{', '.join(_AUTOCAST_DTYPES)}")
+
+    def autocast() -> contextlib.AbstractContextManager:
+        dtype = _AUTOCAST_DTYPES[precision]
+        return contextlib.nullcontext() if dtype is None else \
+            torch.autocast(device_type=torch_device.type, dtype=dtype)
+
     inputs, targets = target.make_batch(micro_batch_size * in_flight)
     activations = [part.to(torch_device) for part in inputs.split(micro_batch_size)]
     layers_out: list[LayerProfile] = []
@@ -161,7 +176,8 @@ def profile_model(
         for attempt in range(repeats + 1):
             _sync(torch_device)
             start = time.perf_counter()
-            outputs = [layer(source) for source in sources]
+            with autocast():
+                outputs = [layer(source) for source in sources]
             _sync(torch_device)
             middle = time.perf_counter()
             for output in outputs:
@@ -191,12 +207,15 @@ def profile_model(
                 return target.loss_fn(y, micro_targets)
 
             start = time.perf_counter()
-            loss(layer(sources[0])).backward()
+            with autocast():
+                last_loss = loss(layer(sources[0]))
+            last_loss.backward()
             _sync(torch_device)
             forward_s += (time.perf_counter() - start) / 3
         num_params = sum(p.numel() for p in layer.parameters())
         activation_bytes = output.numel() * output.element_size()
-        memory = saved_for_backward_bytes(layer, sources[0], loss)
+        with autocast():
+            memory = saved_for_backward_bytes(layer, sources[0], loss)
         layers_out.append(LayerProfile(
             name=f"{type(layer).__name__.lower()}.{index}", forward_s=forward_s,
             backward_s=backward_s, optimizer_s=optimizer_s, num_params=num_params,

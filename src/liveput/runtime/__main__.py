@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address peers reach this one at")
     parser.add_argument("--instance", type=int, default=None, help="instance id")
     parser.add_argument("--notices", default="sigterm,emulator", help="notice sources")
+    parser.add_argument("--device", default=None,
+                        help="auto, cpu, cuda or cuda:K (default: the job's)")
     parser.add_argument("--verbose", action="store_true", help="log every step's timings")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         if not token:
             raise LiveputError("LIVEPUT_TOKEN is not set")
         run_agent(args.store, token, args.instance, args.host,
-                  [s for s in args.notices.split(",") if s])
+                  [s for s in args.notices.split(",") if s], device=args.device)
     except LiveputError as error:
         sys.stderr.write(f"error: {error}\n")
         return 2

@@ -88,6 +88,8 @@ class AgentConfig:
     market: str = "spot"
     """``spot`` or ``on-demand`` (what its provider rented it as: the planner spreads on-demand
     instances over the stages)."""
+    device: str = "cpu"
+    """The device it trains on, as status shows it (``cuda:0 (NVIDIA H100 ...)``)."""
     heartbeat_s: float = 0.5
     """Seconds between heartbeats."""
     poll_s: float = 0.1
@@ -190,7 +192,8 @@ class Agent:
         end_process(3)
 
     def _member(self) -> bytes:
-        return json.dumps({"host": self.config.host, "market": self.config.market}).encode()
+        return json.dumps({"host": self.config.host, "market": self.config.market,
+                           "device": self.config.device}).encode()
 
     def join(self) -> None:
         """Register with the job (the store refuses values not signed with the job token)."""

@@ -115,10 +115,11 @@ def _serve(calls: queue.SimpleQueue) -> None:
 
 
 def _make_group(store: dist.Store, prefix: str, rank: int, size: int,
-                device: torch.device, timeout_s: float, host: str | None) -> dist.ProcessGroup:
+                wire: torch.device, timeout_s: float, host: str | None) -> dist.ProcessGroup:
+    """A group whose messages are tensors on ``wire``: NCCL on a GPU, gloo on the CPU."""
     timeout = datetime.timedelta(seconds=timeout_s)
     scoped = dist.PrefixStore(prefix, store)
-    if device.type == "cuda":
+    if wire.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(scoped, rank, size, options)
@@ -141,13 +142,20 @@ class Groups:
     stage: dist.ProcessGroup | None
     """The replicas of this instance's stage (None when D = 1 or it is a spare)."""
     device: torch.device
+    """Where this rank computes: tensors received are returned there."""
     timeout_s: float = 60.0
     """Timeout of one operation: the longest an abandoned one stays blocked, seconds."""
     pipeline: dist.ProcessGroup | None = None
     """The stages of this instance's pipeline, built only for a global gradient norm (None when
     P = 1, not needed, or a spare)."""
+    wire: torch.device | None = None
+    """Where messages travel from: ``device`` under NCCL; the CPU under gloo (None: ``device``).
+    Ranks sharing one GPU compute there but communicate over gloo, which moves CPU tensors:
+    every message is staged through CPU memory."""
 
     def __post_init__(self) -> None:
+        if self.wire is None:
+            self.wire = self.device
         self.aborted = threading.Event()
         """Set by :meth:`abort`: every call then raises :class:`CommAborted`."""
         self._lock = threading.Lock()
@@ -158,24 +166,26 @@ class Groups:
     def build(cls, store: dist.Store, generation: int, rank: int, world_size: int,
               stage_ranks: list[int] | None, device: torch.device,
               timeout_s: float = 60.0, host: str | None = None,
-              pipeline_ranks: list[int] | None = None) -> Groups:
+              pipeline_ranks: list[int] | None = None, shared_gpu: bool = False) -> Groups:
         """``stage_ranks``: world ranks holding this rank's stage (its replicas, itself included);
         ``host``: the address to bind (None: gloo's default); ``pipeline_ranks``: world ranks of
-        this rank's pipeline, when a step needs the stages to reduce together."""
-        world = _make_group(store, f"g{generation}/world/", rank, world_size, device, timeout_s,
+        this rank's pipeline, when a step needs the stages to reduce together; ``shared_gpu``:
+        other ranks may compute on the same GPU (gloo through CPU memory instead of NCCL)."""
+        wire = torch.device("cpu") if shared_gpu or device.type != "cuda" else device
+        world = _make_group(store, f"g{generation}/world/", rank, world_size, wire, timeout_s,
                             host)
         stage = None
         if stage_ranks is not None and len(stage_ranks) > 1:
             name = "-".join(map(str, stage_ranks))
             stage = _make_group(store, f"g{generation}/stage/{name}/", stage_ranks.index(rank),
-                                len(stage_ranks), device, timeout_s, host)
+                                len(stage_ranks), wire, timeout_s, host)
         pipeline = None
         if pipeline_ranks is not None and len(pipeline_ranks) > 1:
             name = "-".join(map(str, pipeline_ranks))
             pipeline = _make_group(store, f"g{generation}/pipeline/{name}/",
-                                   pipeline_ranks.index(rank), len(pipeline_ranks), device,
+                                   pipeline_ranks.index(rank), len(pipeline_ranks), wire,
                                    timeout_s, host)
-        return cls(world, rank, stage, device, timeout_s, pipeline)
+        return cls(world, rank, stage, device, timeout_s, pipeline, wire)
 
     # --- abortable calls --------------------------------------------------------------------
     def call(self, function: Callable[[], object]) -> object:
@@ -207,20 +217,24 @@ class Groups:
     # --- point to point ---------------------------------------------------------------------
     def isend_tensor(self, tensor: torch.Tensor, peer: int, tag: int) -> list[dist.Work]:
         """Send a tensor of any shape (header, then payload); the works to wait on."""
-        tensor = tensor.detach().contiguous().to(self.device)
+        tensor = tensor.detach().contiguous().to(self.wire)
         header = torch.zeros(_HEADER, dtype=torch.int64)
         header[0] = _DTYPES.index(tensor.dtype)
         header[1] = tensor.dim()
         header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-        return [self.world.send([header.to(self.device)], peer, 2 * tag),
+        return [self.world.send([header.to(self.wire)], peer, 2 * tag),
                 self.world.send([tensor], peer, 2 * tag + 1)]
 
     def recv_tensor(self, peer: int, tag: int) -> torch.Tensor:
-        header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
+        """The tensor ``peer`` sent, on this rank's ``device``."""
+        return self._recv_on_wire(peer, tag).to(self.device)
+
+    def _recv_on_wire(self, peer: int, tag: int) -> torch.Tensor:
+        header = torch.zeros(_HEADER, dtype=torch.int64, device=self.wire)
         self.wait(self.world.recv([header], peer, 2 * tag))
         header = header.cpu()
         shape = [int(x) for x in header[2:2 + int(header[1])]]
-        tensor = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=self.device)
+        tensor = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=self.wire)
         self.wait(self.world.recv([tensor], peer, 2 * tag + 1))
         return tensor
 
@@ -230,24 +244,30 @@ class Groups:
         return self.isend_tensor(buffer, peer, tag), buffer
 
     def recv_bytes(self, peer: int, tag: int) -> bytes:
-        return self.recv_tensor(peer, tag).cpu().numpy().tobytes()
+        return self._recv_on_wire(peer, tag).cpu().numpy().tobytes()
 
     # --- collectives ------------------------------------------------------------------------
     def allreduce_stage(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` in place over the replicas of this stage."""
-        if self.stage is not None:
+        if self.stage is None:
+            return
+        if flat.device == self.wire:
             self.wait(self.stage.allreduce([flat]))
+            return
+        staged = flat.to(self.wire)
+        self.wait(self.stage.allreduce([staged]))
+        flat.copy_(staged)
 
     def allreduce_pipeline(self, values: torch.Tensor) -> torch.Tensor:
         """The sum of ``values`` (a CPU tensor) over the stages of this pipeline."""
         if self.pipeline is None:
             return values
-        buffer = values.to(self.device)
+        buffer = values.to(self.wire)
         self.wait(self.pipeline.allreduce([buffer]))
         return buffer.cpu()
 
     def barrier(self) -> None:
-        flag = torch.zeros(1, device=self.device)
+        flag = torch.zeros(1, device=self.wire)
         self.wait(self.world.allreduce([flag]))
 
     def abort(self) -> None:

@@ -115,6 +115,9 @@ class EngineConfig:
     """How long one wait for a step's outcome blocks before checking for a stop, seconds."""
     device: str = "cpu"
     """``cpu`` (gloo) or ``cuda[:i]`` (NCCL, tensors on the device)."""
+    shared_gpu: bool = False
+    """Other instances may compute on the same GPU (agents sharing one machine): gloo, each
+    message staged through CPU memory, since NCCL refuses two ranks on one GPU."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0 or self.comm_timeout_s <= 0 or self.outcome_poll_s <= 0:
@@ -263,7 +266,7 @@ class Engine:
                 groups = Groups.build(self.rendezvous(plan, rank), plan.generation, rank,
                                       len(world), stage_ranks, self.device,
                                       self.config.comm_timeout_s, plan.hosts.get(self.instance),
-                                      pipeline_ranks)
+                                      pipeline_ranks, shared_gpu=self.config.shared_gpu)
                 watchdog = _Watchdog(self.store, plan.generation, groups, self.instance,
                                      lambda: self._step)
                 watchdog.start()

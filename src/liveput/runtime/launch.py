@@ -28,6 +28,7 @@ from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.device import check_device_request, describe_device, resolve_device
 from liveput.runtime.engine import Engine, EngineConfig
 from liveput.runtime.instance_env import INSTANCE_ID_ENV, MARKET_ENV, NOTICE_FILE_ENV
 from liveput.runtime.notices import (AwsNoticeWatcher, EmulatorNoticeWatcher, GcpNoticeWatcher,
@@ -54,7 +55,13 @@ class JobSpec:
     checkpoint_every: int = 10
     """K: checkpoint every K steps."""
     device: str = "cpu"
-    """``cpu`` or ``cuda`` (each agent uses its first GPU)."""
+    """``auto`` (CUDA where the instance has it), ``cpu``, ``cuda`` or ``cuda:K``: each agent
+    trains on one device (:mod:`liveput.runtime.device`); one asked for CUDA without any exits
+    with a one-line error. The entry points (train, coordinator, the job file) default to
+    ``auto``; a spec published without one (an older coordinator) means the CPU."""
+    shared_gpu: bool = False
+    """The agents share this machine (``liveput train``): on CUDA they spread over its GPUs
+    and communicate over gloo through CPU memory (NCCL refuses two ranks on one GPU)."""
     store_outage_s: float = 120.0
     """How long an agent lives through a store outage before it exits by itself, seconds
     (``liveput train`` sets the coordinator's heartbeat timeout: its store dies with it)."""
@@ -73,6 +80,7 @@ class JobSpec:
             raise LiveputError("checkpoint_every must be >= 0")
         if self.store_outage_s <= 0 or self.keep_checkpoints < 1:
             raise LiveputError("store_outage_s must be > 0 and keep_checkpoints >= 1")
+        check_device_request(self.device, "job")
 
 
 def publish_spec(store: Store, spec: JobSpec) -> None:
@@ -111,12 +119,15 @@ def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:
 
 def run_agent(store_url: str, token: str, instance: int | None = None, host: str = "127.0.0.1",
               notices: list[str] | None = None, timeout_s: float = 30.0,
-              connect_timeout_s: float | None = None) -> AgentState:
+              connect_timeout_s: float | None = None, device: str | None = None) -> AgentState:
     """Run this instance's agent until the job is done or the instance leaves.
 
     ``timeout_s`` bounds every store call (an outage is ridden out that long);
     ``connect_timeout_s`` (default ``timeout_s``) only the first contact: reaching the store
-    and finding the job."""
+    and finding the job; ``device`` overrides the job's device request (``auto``, ``cpu``,
+    ``cuda``, ``cuda:K``)."""
+    if device is not None:
+        check_device_request(device, "agent")
     torch.set_num_threads(1)  # one instance, one core's worth: instances share this machine
     first_s = timeout_s if connect_timeout_s is None else connect_timeout_s
     with open_store(store_url, token=token, timeout_s=first_s) as probe:
@@ -132,13 +143,21 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
         job = resolve_job(spec.job, spec.data)
         if spec.training is not None:
             job = dataclasses.replace(job, training=TrainingConfig.from_dict(spec.training))
-        device = "cuda" if spec.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+        # Before the agent joins: a CUDA request without CUDA ends it with one line, and the
+        # job never plans with it.
+        device = resolve_device(device or spec.device, f"agent {instance}",
+                                instance if spec.shared_gpu else None)
+        LOG.info("agent %d trains on %s", instance, describe_device(device))
+        if device != "cpu" and not spec.shared_gpu and torch.cuda.device_count() > 1:
+            LOG.warning("agent %d: this instance has %d GPUs; it trains on %s only (one agent "
+                        "per instance)", instance, torch.cuda.device_count(), device)
         engine = Engine(job, instance, store, StoreRendezvous(store, host, timeout_s),
                         Checkpointer(store, spec.checkpoint_dir, keep=spec.keep_checkpoints,
                                      token=token.encode()),
-                        EngineConfig(checkpoint_every=spec.checkpoint_every, device=device),
+                        EngineConfig(checkpoint_every=spec.checkpoint_every, device=device,
+                                     shared_gpu=spec.shared_gpu and device != "cpu"),
                         token=token.encode())
-        agent = Agent(AgentConfig(instance=instance, host=host,
+        agent = Agent(AgentConfig(instance=instance, host=host, device=describe_device(device),
                                   market=os.environ.get(MARKET_ENV) or "spot",
                                   store_outage_s=spec.store_outage_s,
                                   notice_margin_s=spec.notice_margin_s, exit_on_store_loss=True),
@@ -161,29 +180,50 @@ def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
 
     through_outage(lambda: publish_spec(store, spec), spec.store_outage_s)
     if profile is None:
-        profile = through_outage(lambda: job_profile(store, spec.job, spec.data),
-                                 spec.store_outage_s)
+        # Measured on the device the agents train on, where this machine has it: the planner
+        # then plans for that accelerator (its speed, its memory). A coordinator on a machine
+        # without CUDA (the agents' instances have it) measures on its CPU, and says so.
+        device = resolve_device("cpu" if spec.device == "cpu" else "auto", "coordinator")
+        if device == "cpu" and spec.device != "cpu":
+            LOG.warning("the job asks for %s but this machine has no CUDA: its profile is "
+                        "measured on this CPU, and the plans use CPU timings", spec.device)
+        precision = None if spec.training is None else \
+            TrainingConfig.from_dict(spec.training).precision
+        profile = through_outage(lambda: job_profile(store, spec.job, spec.data, device,
+                                                     precision), spec.store_outage_s)
     coordinator = through_outage(lambda: Coordinator(store, profile, config, **deciding),
                                  spec.store_outage_s)
     coordinator.run()
     return coordinator
 
 
-def job_profile(store: Store, job_name: str, data: str | None = None) -> ModelProfile:
-    """The profile of job ``job_name`` (on ``data``): the one in the store, else a fresh one,
-    kept there."""
+def job_profile(store: Store, job_name: str, data: str | None = None,
+                device: str = "cpu", precision: str | None = None) -> ModelProfile:
+    """The profile of job ``job_name`` (on ``data``) measured on ``device`` (``cpu`` or
+    ``cuda:K``) in ``precision`` (None: the job's own): the one in the store, else a fresh
+    one, kept there."""
     from liveput.perf.profile_io import profile_from_dict, profile_to_dict
     from liveput.runtime.planning import profile_job
 
     raw = store.get(keys.job_profile())
     if raw is not None:
         kept = json.loads(raw)
-        if kept.get("job") == job_name and kept.get("data") == data:
+        if kept.get("job") == job_name and kept.get("data") == data and \
+                kept.get("device", "cpu") == device and kept.get("precision") == precision:
             LOG.info("the job's profile from the store (measured by an earlier coordinator)")
             return profile_from_dict(kept["profile"])
-    profile = profile_job(resolve_job(job_name, data))
-    store.set(keys.job_profile(), json.dumps({"job": job_name, "data": data,
-                                              "profile": profile_to_dict(profile)}).encode())
+    job = resolve_job(job_name, data)
+    if precision is not None:
+        job = dataclasses.replace(job, training=dataclasses.replace(job.training,
+                                                                    precision=precision))
+    profile = profile_job(job, device=device)
+    kept = {"job": job_name, "data": data, "profile": profile_to_dict(profile)}
+    # A CPU profile in the job's own precision is kept as it always was.
+    if device != "cpu":
+        kept["device"] = device
+    if precision is not None:
+        kept["precision"] = precision
+    store.set(keys.job_profile(), json.dumps(kept).encode())
     return profile
 
 

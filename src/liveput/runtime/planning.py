@@ -125,12 +125,13 @@ def to_runtime_plan(profile: ModelProfile, migration: MigrationPlan, context: Pl
         transfers=transfers, kind=kind, restore_step=restore_step)
 
 
-def profile_job(job: Job, repeats: int = 2) -> ModelProfile:
-    """Measure the job's layers on this machine (what the optimizer and planner need)."""
+def profile_job(job: Job, repeats: int = 2, device: str = "cpu") -> ModelProfile:
+    """Measure the job's layers on this machine's ``device``, in the job's precision (what the
+    optimizer and planner need); the profile's instance type names that device."""
     from liveput.perf.profiler import job_target, profile_model
 
     profile = profile_model(job_target(job), micro_batch_size=job.micro_batch_size,
-                            repeats=repeats)
+                            device=device, repeats=repeats, precision=job.training.precision)
     # The layers are measured without recomputation; the estimator adds it (and its memory
     # saving) when the job checkpoints activations.
     return dataclasses.replace(profile, activation_checkpointing=(

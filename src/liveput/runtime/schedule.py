@@ -130,7 +130,7 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     """Run forward and backward of this replica's micro-batches; gradients accumulate in the
     layers' ``.grad``, multiplied by ``loss_scale`` (fp16). Returns the replica's part of the
     step's loss, unscaled (last stage; else 0)."""
-    device = groups.device if groups is not None else torch.device("cpu")
+    device = groups.device if groups is not None else _device_of(layers)
     micro = replica_micro_batches(job.num_micro_batches, position.data_parallel, position.pipeline)
     checkpointing = job.training.activation_checkpointing
     if position.is_first and position.is_last and _one_batch_is_the_same(job, layers):
@@ -180,6 +180,15 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
     for work in sends:
         groups.wait(work)
     return loss_sum
+
+
+def _device_of(layers: list[LayerState]) -> torch.device:
+    """Where the layers live (a lone instance has no groups to say it): the device of their
+    first parameter or buffer, else the CPU."""
+    for layer in layers:
+        for tensor in (*layer.module.parameters(), *layer.module.buffers()):
+            return tensor.device
+    return torch.device("cpu")
 
 
 def _one_batch_is_the_same(job: Job, layers: list[LayerState]) -> bool:

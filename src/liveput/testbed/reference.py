@@ -28,10 +28,11 @@ ATOL = 1e-6
 """Absolute tolerance of a parameter against the reference."""
 
 
-def reference_layers(job: Job, steps: int) -> list[LayerState]:
+def reference_layers(job: Job, steps: int, device: str = "cpu") -> list[LayerState]:
     """Every layer (parameters, optimizer, training state) after an uninterrupted
-    single-process run of ``steps`` steps, with the job's precision, clipping and schedule."""
-    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    single-process run of ``steps`` steps on ``device``, with the job's precision, clipping and
+    schedule."""
+    layers = [fresh_layer(job, i, torch.device(device)) for i in range(job.num_layers)]
     update = OptimizerStep(job.training)
     for step in range(steps):
         loss = compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step,
