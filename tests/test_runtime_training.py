@@ -190,3 +190,47 @@ def test_training_config_round_trips_through_json():
     import json
 
     assert TrainingConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+class _AbortedOnEnqueue:
+    """A process group that refuses to enqueue once aborted, as NCCL's does (gloo enqueues and
+    fails in ``wait``)."""
+
+    def __init__(self, groups_box: list) -> None:
+        self.groups_box = groups_box
+        self.enqueued = 0
+        self.abort_while_enqueuing = False
+
+    def allreduce(self, tensors):
+        groups = self.groups_box[0]
+        if self.abort_while_enqueuing:  # another thread aborts the groups meanwhile
+            groups.aborted.set()
+        if groups.aborted.is_set():
+            raise RuntimeError("NCCL communicator was aborted on rank 0.")
+        self.enqueued += 1
+        raise RuntimeError("a real failure, not the abort")
+
+    def abort(self) -> None:
+        pass
+
+
+def test_an_operation_enqueued_on_aborted_groups_raises_comm_aborted_and_other_errors_stay():
+    from liveput.runtime.comm import CommAborted
+
+    box: list = []
+    world = _AbortedOnEnqueue(box)
+    groups = Groups(world, 0, None, torch.device("cpu"), timeout_s=0.1)  # type: ignore[arg-type]
+    box.append(groups)
+    with pytest.raises(RuntimeError, match="a real failure"):
+        groups.barrier()
+    assert world.enqueued == 1
+    world.abort_while_enqueuing = True
+    with pytest.raises(CommAborted):
+        groups.barrier()
+    assert world.enqueued == 1
+    groups.aborted.set()  # as abort() does, without parking a helper thread
+    with pytest.raises(CommAborted):
+        groups.barrier()
+    with pytest.raises(CommAborted):
+        groups.issue(lambda: world.allreduce([torch.zeros(1)]))
+    assert world.enqueued == 1

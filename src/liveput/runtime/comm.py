@@ -214,6 +214,20 @@ class Groups:
         """``work.wait()``; :class:`CommAborted` once the groups are aborted."""
         self.call(work.wait)
 
+    def issue(self, operation: Callable[[], dist.Work]) -> dist.Work:
+        """``operation()``, which enqueues a collective or a send; :class:`CommAborted` once the
+        groups are aborted. NCCL refuses to enqueue on an aborted communicator (a
+        ``DistBackendError`` in the caller) where gloo enqueues and fails in ``wait``: both are
+        the abort, and callers handle one exception."""
+        if self.aborted.is_set():
+            raise CommAborted("communication aborted")
+        try:
+            return operation()
+        except RuntimeError as error:
+            if self.aborted.is_set():
+                raise CommAborted("communication aborted") from error
+            raise
+
     # --- point to point ---------------------------------------------------------------------
     def isend_tensor(self, tensor: torch.Tensor, peer: int, tag: int) -> list[dist.Work]:
         """Send a tensor of any shape (header, then payload); the works to wait on."""
@@ -222,8 +236,9 @@ class Groups:
         header[0] = _DTYPES.index(tensor.dtype)
         header[1] = tensor.dim()
         header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-        return [self.world.send([header.to(self.wire)], peer, 2 * tag),
-                self.world.send([tensor], peer, 2 * tag + 1)]
+        wire_header = header.to(self.wire)
+        return [self.issue(lambda: self.world.send([wire_header], peer, 2 * tag)),
+                self.issue(lambda: self.world.send([tensor], peer, 2 * tag + 1))]
 
     def recv_tensor(self, peer: int, tag: int) -> torch.Tensor:
         """The tensor ``peer`` sent, on this rank's ``device``."""
@@ -231,11 +246,11 @@ class Groups:
 
     def _recv_on_wire(self, peer: int, tag: int) -> torch.Tensor:
         header = torch.zeros(_HEADER, dtype=torch.int64, device=self.wire)
-        self.wait(self.world.recv([header], peer, 2 * tag))
+        self.wait(self.issue(lambda: self.world.recv([header], peer, 2 * tag)))
         header = header.cpu()
         shape = [int(x) for x in header[2:2 + int(header[1])]]
         tensor = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=self.wire)
-        self.wait(self.world.recv([tensor], peer, 2 * tag + 1))
+        self.wait(self.issue(lambda: self.world.recv([tensor], peer, 2 * tag + 1)))
         return tensor
 
     def isend_bytes(self, data: bytes, peer: int, tag: int) -> tuple[list[dist.Work], torch.Tensor]:
@@ -251,24 +266,26 @@ class Groups:
         """Sum ``flat`` in place over the replicas of this stage."""
         if self.stage is None:
             return
+        stage = self.stage
         if flat.device == self.wire:
-            self.wait(self.stage.allreduce([flat]))
+            self.wait(self.issue(lambda: stage.allreduce([flat])))
             return
         staged = flat.to(self.wire)
-        self.wait(self.stage.allreduce([staged]))
+        self.wait(self.issue(lambda: stage.allreduce([staged])))
         flat.copy_(staged)
 
     def allreduce_pipeline(self, values: torch.Tensor) -> torch.Tensor:
         """The sum of ``values`` (a CPU tensor) over the stages of this pipeline."""
         if self.pipeline is None:
             return values
+        pipeline = self.pipeline
         buffer = values.to(self.wire)
-        self.wait(self.pipeline.allreduce([buffer]))
+        self.wait(self.issue(lambda: pipeline.allreduce([buffer])))
         return buffer.cpu()
 
     def barrier(self) -> None:
         flag = torch.zeros(1, device=self.wire)
-        self.wait(self.world.allreduce([flag]))
+        self.wait(self.issue(lambda: self.world.allreduce([flag])))
 
     def abort(self) -> None:
         """Abort every operation of these groups, also one another thread waits on (which
