@@ -14,6 +14,7 @@ import logging
 
 from liveput.errors import LiveputError
 from liveput.perf.types import ModelProfile
+from liveput.policies import Provisioning
 from liveput.policies.deadline import DeadlineContext
 from liveput.runtime import protocol
 from liveput.runtime.clock import Clock, MonotonicClock
@@ -22,7 +23,7 @@ from liveput.runtime.coordinator.objective import MarketView, Objective, objecti
 from liveput.runtime.coordinator.observe import Observer
 from liveput.runtime.coordinator.policy import PolicyInputs, asks_policy, available, step
 from liveput.runtime.coordinator.publish import Publisher
-from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView
+from liveput.runtime.decide import Action, ActionKind, CoordinatorConfig, CoordinatorView
 from liveput.runtime.prune import Pruner
 from liveput.runtime.store import Store
 
@@ -44,10 +45,10 @@ class Coordinator:
         self.objective = objective or objective_for(deadline, market)
         self.planning = self.objective.start(profile, config)
         self.measurements: tuple = ()  # the step times the table was last fitted to
-        self.provisioning = None  # the policy's latest provisioning (None: none yet)
+        self.provisioning: Provisioning | None = None  # the policy's latest provisioning (None: none yet)
         self.available: list[int] = []  # instances available at the last tick
         self.status = "starting"  # what the job is doing, in words (the progress display's)
-        self.action = None  # the last decision
+        self.action: Action | None = None  # the last decision
         self.started_s = self.clock.now_s()
         self.observer = Observer(store, config, self.clock, self.started_s)
         self.publisher = Publisher(store, profile, config, self.clock, self.started_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from liveput.errors import LiveputError
@@ -104,7 +105,7 @@ class Observer:
         """A plan this coordinator published."""
         self.plans[plan.generation] = plan
 
-    def forget(self, instances: set[int], retire_before: int) -> None:
+    def forget(self, instances: AbstractSet[int], retire_before: int) -> None:
         """Drop what is remembered of pruned instances and of plans before ``retire_before - 1``
         (the records would grow as the pruned keys did)."""
         for instance in instances:

@@ -94,13 +94,13 @@ class Publisher:
         if action.noticed_workers:
             plan = dataclasses.replace(plan, noticed=list(action.noticed_workers))
         if plan.restore_step is not None and previous is not None:
-            held = {layer for layers in holdings.values() for layer in layers}
+            held_layers = {layer for layers in holdings.values() for layer in layers}
             LOG.info("plan %d restores from %s: %s", plan.generation,
                      "the initial weights" if plan.restore_step < 0 else
                      f"step {plan.restore_step}",
                      "forced after plans that failed" if action.restore else
                      f"no current holder of layers "
-                     f"{sorted(set(range(self.profile.num_layers)) - held)} at step {start - 1} "
+                     f"{sorted(set(range(self.profile.num_layers)) - held_layers)} at step {start - 1} "
                      f"(reported: { {i: m.held_step for i, m in view.members.items()} })")
         if plan.epoch != context.epoch:
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
