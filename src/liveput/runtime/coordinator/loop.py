@@ -45,7 +45,7 @@ class Coordinator:
         self.objective = objective or objective_for(deadline, market)
         self.planning = self.objective.start(profile, config)
         self.measurements: tuple = ()  # the step times the table was last fitted to
-        self.provisioning: Provisioning | None = None  # the policy's latest provisioning (None: none yet)
+        self.provisioning: Provisioning | None = None  # the policy's latest (None: none yet)
         self.available: list[int] = []  # instances available at the last tick
         self.status = "starting"  # what the job is doing, in words (the progress display's)
         self.action: Action | None = None  # the last decision

@@ -1,4 +1,4 @@
-"""The coordinator's policy step: what it sees in, one answer out; no store, clock, market or process.
+"""The coordinator's policy step: what it sees in, one answer out; no store, clock or market.
 
 The numbered rules of :func:`liveput.runtime.decide.decide` say what to do and when a
 configuration is wanted; the step then asks the policy (the objective, :mod:`.objective`, shapes

@@ -100,7 +100,8 @@ class Publisher:
                      f"step {plan.restore_step}",
                      "forced after plans that failed" if action.restore else
                      f"no current holder of layers "
-                     f"{sorted(set(range(self.profile.num_layers)) - held_layers)} at step {start - 1} "
+                     f"{sorted(set(range(self.profile.num_layers)) - held_layers)} "
+                     f"at step {start - 1} "
                      f"(reported: { {i: m.held_step for i, m in view.members.items()} })")
         if plan.epoch != context.epoch:
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
