@@ -1,4 +1,4 @@
-"""The coordinator's observation: the store read into a decide's :class:`CoordinatorView`.
+"""The coordinator's observation: the store read into decide's :class:`CoordinatorView`.
 
 It reads members, heartbeats, notices, what each instance reports holding, failure reports,
 arrivals, the committed step, the newest plan and the newest that ran. It writes nothing: what an
