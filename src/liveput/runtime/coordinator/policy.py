@@ -13,7 +13,8 @@ loop carries out as one :class:`Answer`:
 
 An objective that provisions every interval has its policy asked at every interval, also when
 the rules want no configuration (before the first plan, or with no instance up). The policy is
-asked at most once a step.
+asked at most once a step; it may keep what it learns from what it is asked (a forecaster's
+state), as it does in the simulator.
 """
 
 from __future__ import annotations
@@ -118,8 +119,7 @@ def step(inputs: PolicyInputs, config: CoordinatorConfig, profile: ModelProfile,
     """The rules' action, with the policy asked when a configuration is wanted (module
     docstring)."""
     view = inputs.view
-    decisions: list[Decision | None] = []
-    """The policy's answer, when asked (None: it failed)."""
+    decisions: list[Decision | None] = []  # the policy's answer, when asked (None: it failed)
     errors: list[str] = []
 
     def ask(num_available: int, event: str,
