@@ -129,7 +129,7 @@ def wall_clock_trace(trace: Trace, time_scale: float, resolution_s: float = 2.0
 def coordinator_fit(profile: ModelProfile, capacity: int
                     ) -> Callable[[tuple[Measurement, ...]], ConfigTable]:
     """What the runtime's coordinator plans with once it has measured step times: the table
-    of ``perf.online.refit``'s constants (``runtime.coordinator``, ``_refit``)."""
+    of ``perf.online.refit``'s constants (``runtime.coordinator.upkeep.refitted``)."""
     def fit(measurements: tuple[Measurement, ...]) -> ConfigTable:
         return estimate_configs(profile, capacity, refit(profile, measurements))
     return fit

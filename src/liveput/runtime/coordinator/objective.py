@@ -1,0 +1,180 @@
+"""What the coordinator's policy plans for: the objective the loop is handed.
+
+- :class:`ThroughputObjective` (the default): the most samples per second. The policy plans with
+  the job's throughput table, which is re-fitted to the step times the agents measure.
+- :class:`DeadlineObjective`: the job's work by its deadline at the least cost. A deadline policy
+  (:mod:`liveput.policies.deadline`) plans with its own table (in trace seconds, never re-fitted);
+  it also sees spot and on-demand apart, the work done and left, the time to the deadline and
+  what the market holds, and says what to rent: the market carries that out. It is asked every
+  interval, also before the first plan or while no instance is up (when the control loop has no
+  configuration to ask for).
+
+An objective shapes what the policy is asked and carries out its provisioning; the policy step
+(:mod:`.policy`) and the loop (:mod:`.loop`) never ask which objective they have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Protocol
+
+from liveput.perf.estimator import Calibration, calibration_for, estimate_configs
+from liveput.perf.types import ConfigTable, ModelProfile
+from liveput.policies import Decision, Observation, PolicyContext, Provisioning, make_policy
+from liveput.policies.deadline import DeadlineContext, make_deadline_policy
+from liveput.runtime.decide import CoordinatorConfig, CoordinatorView
+from liveput.runtime.planning import require_a_fit
+
+
+class Planner(Protocol):
+    """A policy, throughput or deadline: observation in, decision out."""
+
+    def decide(self, observation: Observation) -> Decision: ...
+
+
+@dataclass(frozen=True)
+class Planning:
+    """The throughput table the policy plans with, and the policy."""
+
+    calibration: Calibration
+    """The estimator's constants the table was scored with."""
+    table: ConfigTable
+    """Every configuration's throughput (the fastest fit comes from it)."""
+    policy: Planner
+    """Decides the configuration (and, for a deadline, what to rent)."""
+
+
+@dataclass(frozen=True)
+class MarketReading:
+    """What the market holds, as a deadline policy is told."""
+
+    on_demand_pending: int = 0
+    """On-demand instances asked for and still launching."""
+    usd_spent: float = 0.0
+    """Dollars paid so far, spot and on-demand."""
+
+
+class MarketView(Protocol):
+    """The executor's provider as a deadline job sees it: what it reads, and the one thing the
+    coordinator has it do (carry out a provisioning decision; only providers call a cloud)."""
+
+    def on_demand_pending(self) -> int:
+        """On-demand instances asked for and still launching."""
+
+    def usd_spent(self) -> float:
+        """Dollars paid so far, spot and on-demand."""
+
+    def provision(self, provisioning: Provisioning) -> None:
+        """Hold what the policy wants from now on."""
+
+
+class Objective(ABC):
+    """What the policy plans for; the defaults are an objective that neither provisions nor
+    reads the market."""
+
+    provisions_every_interval = False
+    """The policy is asked every interval, also when the control loop asks for no
+    configuration (the objective provisions)."""
+    reads_market = False
+    """The policy is told what the market holds (:meth:`read_market`)."""
+
+    @abstractmethod
+    def start(self, profile: ModelProfile, config: CoordinatorConfig) -> Planning:
+        """The table and policy the job starts with."""
+
+    def refits(self, config: CoordinatorConfig) -> bool:
+        """Whether the table is re-fitted to the step times the agents measure."""
+        return False
+
+    def refitted(self, profile: ModelProfile, config: CoordinatorConfig,
+                 calibration: Calibration) -> Planning:
+        """The table and policy once the estimator is re-fitted to ``calibration`` (asked only
+        when :meth:`refits`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not re-fit its table")
+
+    def read_market(self) -> MarketReading | None:
+        """What the market holds now (None: no market)."""
+        return None
+
+    def observation(self, observation: Observation, view: CoordinatorView,
+                    market: MarketReading | None, profile: ModelProfile,
+                    config: CoordinatorConfig) -> Observation:
+        """What the policy sees (the control loop's ``observation``, with this objective's own
+        fields)."""
+        return observation
+
+    def provision(self, provisioning: Provisioning) -> None:
+        """Carry out the policy's provisioning."""
+
+
+class ThroughputObjective(Objective):
+    """The most samples per second (module docstring)."""
+
+    def start(self, profile: ModelProfile, config: CoordinatorConfig) -> Planning:
+        """Refused (a one-line error) when no configuration fits the model in memory."""
+        planning = self.refitted(profile, config, calibration_for(profile.model))
+        require_a_fit(planning.table, profile, config.capacity)
+        return planning
+
+    def refits(self, config: CoordinatorConfig) -> bool:
+        return config.online_calibration
+
+    def refitted(self, profile: ModelProfile, config: CoordinatorConfig,
+                 calibration: Calibration) -> Planning:
+        """Every configuration scored with ``calibration``; a policy that plans with the table."""
+        table = estimate_configs(profile, config.capacity, calibration)
+        return Planning(calibration, table, make_policy(config.policy, PolicyContext(
+            profile=profile, table=table, costs=config.costs,
+            interval_s=config.policy_interval_s, horizon=config.horizon,
+            capacity=config.capacity, predictor=config.predictor)))
+
+
+class DeadlineObjective(Objective):
+    """The job's work by its deadline at the least cost (module docstring); ``config.policy``
+    names a deadline policy; ``market`` (None: no provider) carries out its provisioning."""
+
+    provisions_every_interval = True
+    reads_market = True
+
+    def __init__(self, context: DeadlineContext, market: MarketView | None = None) -> None:
+        self.context = context
+        self.market = market
+
+    def start(self, profile: ModelProfile, config: CoordinatorConfig) -> Planning:
+        return Planning(calibration_for(profile.model), self.context.policy.table,
+                        make_deadline_policy(config.policy, self.context))
+
+    def read_market(self) -> MarketReading | None:
+        if self.market is None:
+            return None
+        return MarketReading(self.market.on_demand_pending(), self.market.usd_spent())
+
+    def observation(self, observation: Observation, view: CoordinatorView,
+                    market: MarketReading | None, profile: ModelProfile,
+                    config: CoordinatorConfig) -> Observation:
+        """Besides: spot and on-demand apart, the work done and left, the time to the deadline
+        (policy seconds since this coordinator started), what the market holds."""
+        available = observation.num_available
+        on_demand = min(available, sum(
+            1 for m in view.members.values() if m.on_demand and not (m.noticed or m.left)
+            and m.heartbeat_age_s <= config.heartbeat_timeout_s))
+        done = float(max(view.committed + 1, 0) * profile.global_batch_size)
+        market = market or MarketReading()
+        return dataclasses.replace(
+            observation, num_available=available - on_demand, num_on_demand=on_demand,
+            samples_done=done,
+            samples_remaining=max(self.context.target_samples - done, 0.0),
+            seconds_to_deadline=self.context.objective.deadline_s - observation.time_s,
+            on_demand_pending=market.on_demand_pending, usd_spent=market.usd_spent)
+
+    def provision(self, provisioning: Provisioning) -> None:
+        if self.market is not None:
+            self.market.provision(provisioning)
+
+
+def objective_for(deadline: DeadlineContext | None = None,
+                  market: MarketView | None = None) -> Objective:
+    """The objective of a job with ``deadline`` (None: the throughput objective)."""
+    return ThroughputObjective() if deadline is None else DeadlineObjective(deadline, market)

@@ -1,0 +1,254 @@
+"""The coordinator's observation: the store read into decide's :class:`CoordinatorView`.
+
+It reads members, heartbeats, notices, what each instance reports holding, failure reports,
+arrivals, the committed step, the newest plan and the newest that ran. It writes nothing: what an
+observation leaves in the store (losses counted, the interval's instance count, a plan marked
+started) is :mod:`.publish`'s.
+
+The :class:`Progress` is what the coordinator knows of the job's progress. The store holds all of
+it, so a restarted coordinator reads it back (:meth:`Observer.recover`) and carries on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+from liveput.errors import LiveputError
+from liveput.runtime import ledger, protocol
+from liveput.runtime.checkpoint import latest_checkpoint
+from liveput.runtime.clock import Clock
+from liveput.runtime.decide import CoordinatorConfig, CoordinatorView, Member
+from liveput.runtime.notices import Notice
+from liveput.runtime.prune import read_floor
+from liveput.runtime.store import Store
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """What the coordinator knows of the job's progress (the store has all of it)."""
+
+    plan: protocol.RuntimePlan | None
+    """The newest published plan."""
+    started: protocol.RuntimePlan | None = None
+    """The newest plan that ran (None: none yet)."""
+    committed: int = -1
+    """The last step committed (-1: none)."""
+    fence: tuple[int, int] | None = None
+    """(generation, step) of the last fence this coordinator planned."""
+    last_commit_s: float = 0.0
+    """Clock time a committed step was last seen."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One observation: the decision's view and what it leaves to record."""
+
+    view: CoordinatorView
+    newly_started: bool = False
+    """The view's plan ran for the first time (it is to be marked started)."""
+
+
+class Observer:
+    """Reads the store into views; remembers what the store does not say (when a heartbeat
+    last moved, when a notice, a failure or a plan was first seen) and the plans it read."""
+
+    def __init__(self, store: Store, config: CoordinatorConfig, clock: Clock,
+                 started_s: float) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.started_s = started_s
+        """Clock time the coordinator started (views count from it)."""
+        self.next_interval_s = started_s
+        """Clock time the next interval decision is due."""
+        self.seen: dict[int, float] = {}
+        """Clock time each instance's heartbeat last moved."""
+        self.beats: dict[int, bytes] = {}
+        self.first_seen: dict[str, float] = {}
+        """Clock time each observed thing (a failure, a notice, a plan) was first seen."""
+        self.plans: dict[int, protocol.RuntimePlan] = {}
+        self.holdings: dict[int, protocol.Holding] = {}
+        """What each instance reported holding at the last observation."""
+
+    def recover(self) -> Progress:
+        """The job's progress as the store has it (a restarted coordinator carries on)."""
+        progress = Progress(protocol.current_plan(self.store), last_commit_s=self.started_s)
+        plan = progress.plan
+        if plan is not None:
+            raw = self.store.get("coord/started")
+            progress.started = None if raw is None else self.load(int(raw))
+            # Steps below the floor committed; their keys may have been pruned.
+            floor = read_floor(self.store, plan.generation)
+            progress.committed = protocol.last_committed(
+                self.store, plan.generation, max(plan.start_step, floor or 0))
+            # Recovered: learn who is alive (a heartbeat timeout) before deciding anything new.
+            self.next_interval_s = self.started_s + self.config.heartbeat_timeout_s
+            LOG.info("coordinator recovered: generation %d, committed step %d",
+                     plan.generation, progress.committed)
+        return progress
+
+    def load(self, generation: int) -> protocol.RuntimePlan | None:
+        """Plan ``generation`` (None: not published)."""
+        if generation not in self.plans:
+            plan = protocol.load_plan(self.store, generation)
+            if plan is None:
+                return None
+            self.plans[generation] = plan
+        return self.plans[generation]
+
+    def remember(self, plan: protocol.RuntimePlan) -> None:
+        """A plan this coordinator published."""
+        self.plans[plan.generation] = plan
+
+    def forget(self, instances: AbstractSet[int], retire_before: int) -> None:
+        """Drop what is remembered of pruned instances and of plans before ``retire_before - 1``
+        (the records would grow as the pruned keys did)."""
+        for instance in instances:
+            self.seen.pop(instance, None)
+            self.beats.pop(instance, None)
+            self.first_seen.pop(f"notice/{instance}", None)
+        for generation in [g for g in self.plans if g < retire_before - 1]:
+            del self.plans[generation]
+            self.first_seen.pop(f"plan/{generation}", None)
+            self.first_seen.pop(f"fail/{generation}", None)
+
+    def since(self, key: str, now: float) -> float:
+        return now - self.first_seen.setdefault(key, now)
+
+    def held_point(self, holding: protocol.Holding, progress: Progress) -> tuple[int, int]:
+        """(epoch, step) of a holding report's layers now: a report written while its
+        generation trains follows every step that generation commits."""
+        if holding.ending:
+            return holding.epoch, holding.step
+        plan = progress.plan
+        if plan is not None and holding.generation == plan.generation:
+            return holding.epoch, max(holding.step, progress.committed)
+        successor = self.load(holding.generation + 1)
+        if successor is None:
+            return -1, -2
+        return holding.epoch, max(holding.step, successor.start_step - 1)
+
+    def refresh_heartbeats(self, now: float) -> None:
+        for key, raw in self.store.get_prefix("hb/").items():
+            instance = int(key.split("/")[1])
+            if self.beats.get(instance) != raw:
+                self.beats[instance] = raw
+                self.seen[instance] = now
+
+    def members(self, now: float, progress: Progress) -> dict[int, Member]:
+        self.refresh_heartbeats(now)
+        states = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("state/").items()}
+        notices = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("notice/").items()}
+        holdings = self.holdings = protocol.holdings(self.store)
+        plan = progress.plan
+        arrived = set() if plan is None else protocol.arrivals(self.store, plan.generation)
+        members = {}
+        for key, raw in self.store.get_prefix("members/").items():
+            instance = int(key.split("/")[1])
+            holding = holdings.get(instance)
+            epoch, step = (-1, -2) if holding is None else self.held_point(holding, progress)
+            registration = json.loads(raw)
+            members[instance] = Member(
+                host=registration.get("host", "127.0.0.1"),
+                on_demand=registration.get("market") == "on-demand",
+                heartbeat_age_s=now - self.seen.setdefault(instance, now),
+                noticed=instance in notices, left=states.get(instance) == b"left",
+                done=states.get(instance) == b"done",
+                layers=() if holding is None else holding.layers, held_epoch=epoch,
+                held_step=step,
+                reported=-1 if holding is None or not holding.ending else holding.generation,
+                arrived=instance in arrived,
+                notice_age_s=self.since(f"notice/{instance}", now) if instance in notices
+                else 0.0, notice_lead_s=_notice_lead_s(notices.get(instance)))
+        return members
+
+    @staticmethod
+    def failed_in_row(progress: Progress, plan_failed: bool) -> int:
+        """Plans in a row, the newest last, that did not run (``plan_failed``: the newest has
+        failure reports)."""
+        plan = progress.plan
+        if plan is None:
+            return 0
+        oldest = -1 if progress.started is None else progress.started.generation
+        count = plan.generation - oldest - 1  # superseded before they ran
+        if plan.generation != oldest and plan_failed:
+            count += 1
+        return max(0, count)
+
+    def observe(self, progress: Progress) -> Observed:
+        """What the decision needs, read from the store; ``progress`` follows what it read (the
+        committed step, the plan that started)."""
+        now = self.clock.now_s()
+        plan = progress.plan
+        if plan is not None:  # first: members' holdings are read at this step
+            committed = protocol.last_committed(self.store, plan.generation,
+                                                max(progress.committed + 1, plan.start_step))
+            if committed > progress.committed:
+                progress.last_commit_s = now
+            progress.committed = committed
+        members = self.members(now, progress)
+        interval_due = now >= self.next_interval_s
+        if interval_due:
+            self.next_interval_s = now + self.config.interval_s
+        if plan is None:
+            return Observed(CoordinatorView(now - self.started_s, members, None, None, -1,
+                                            interval_due=interval_due))
+        committed = progress.committed
+        all_arrived = self.store.get(protocol.all_arrived_key(plan.generation)) is not None
+        newly_started = all_arrived and committed >= plan.start_step and (
+            progress.started is None or progress.started.generation < plan.generation)
+        if newly_started:
+            progress.started = plan
+        outcome = protocol.step_outcome(self.store, plan.generation, committed + 1)
+        fenced = outcome == protocol.ABORTED and progress.fence != (plan.generation, committed + 1)
+        failures = protocol.failures(self.store, plan.generation)
+        finishing = committed + 1 >= self.config.num_steps
+        return Observed(CoordinatorView(
+            now_s=now - self.started_s, members=members, plan=plan, started=progress.started,
+            committed=committed, fenced=fenced, all_arrived=all_arrived,
+            plan_age_s=self.since(f"plan/{plan.generation}", now), failures=failures,
+            failure_age_s=self.since(f"fail/{plan.generation}", now) if failures else 0.0,
+            failed_in_row=self.failed_in_row(progress, bool(failures)),
+            latest_checkpoint=latest_checkpoint(self.store),
+            last_step_recorded=finishing and self.recorded(plan.epoch, committed),
+            finish_age_s=self.since("finish", now) if finishing else 0.0,
+            interval_due=interval_due), newly_started)
+
+    def recorded(self, epoch: int, step: int) -> bool:
+        """Whether the ledger has step ``step`` of epoch ``epoch`` (as a record, or folded)."""
+        if self.store.get(f"ledger/{epoch}/{step}") is not None:
+            return True
+        raw = self.store.get(ledger.SUMMARY_KEY)
+        summary = None if raw is None else ledger.LedgerSummary.from_json(raw)
+        return summary is not None and summary.epoch == epoch and summary.through_step >= step
+
+    def history(self) -> list[int]:
+        """The instance counts of the intervals since the job started (``coord/history``)."""
+        return json.loads(self.store.get("coord/history") or b"[]")
+
+    def unfinished(self) -> list[int]:
+        """Live instances that have not yet said they are done or left."""
+        now = self.clock.now_s()
+        self.refresh_heartbeats(now)
+        ended = {int(k.split("/")[1]) for k, v in self.store.get_prefix("state/").items()
+                 if v in (b"done", b"left")}
+        return sorted(i for i, seen_s in self.seen.items() if i not in ended
+                      and now - seen_s <= self.config.heartbeat_timeout_s)
+
+
+def _notice_lead_s(raw: bytes | None) -> float | None:
+    """The lead a reported notice gives, wall seconds (None: none, or not readable). It counts
+    from when this coordinator first saw the notice: a restarted coordinator gives a noticed
+    instance up to its whole lead again, and one killed before it moves is a loss without a
+    notice (slower, never wrong)."""
+    if raw is None:
+        return None
+    try:
+        return Notice.from_json(raw.decode("utf-8", "replace"), "the store").lead_s
+    except LiveputError:
+        return None
