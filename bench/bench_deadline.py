@@ -2,7 +2,7 @@
 deadlines of 1.2x, 1.5x and 2x the all-on-demand time (gpt-1.5b; the work is what the largest
 on-demand cluster trains in 40% of the trace, so even the 2x deadline falls inside it).
 
-Targets (issue 16): ``liveput`` meets every deadline; costs less than ``uniform-progress`` on
+Targets: ``liveput`` meets every deadline; costs less than ``uniform-progress`` on
 average (aim: 15% less) and never more than 2% above it on any case; is within 10% of the
 ``omniscient`` bound on average; one decision including provisioning at N = 64, H = 12 takes
 under 50 ms.

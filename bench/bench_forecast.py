@@ -1,6 +1,6 @@
 """Predictors: cost of one forecast on a 12-hour history, and a whole 12-hour backtest.
 
-Target (issue 3): fit/update plus predict at most 20 ms per interval for a 12-hour history, so a
+Target: fit/update plus predict at most 20 ms per interval for a 12-hour history, so a
 12-hour walk-forward backtest of every method runs in seconds (the cost is quoted at 64 nodes, the
 p3-like trace below). Also prints each method's MAE and CRPS relative to persistence on the shared
 traces (when ``../shared`` is beside the repo) and on generated ones (default, volatile, v100-like,

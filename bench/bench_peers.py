@@ -19,7 +19,7 @@ Per trace it prints samples in the window, ratios to liveput, downtime per preem
 or migrations, final loss, the simulator's prediction (:mod:`bench.peers_sim`) and each system's
 samples/s with no preemption (two instances, one per core of this machine).
 
-Targets (issue 18): liveput >= 1.5x torchrun where preemptions come more than once per 5 trace
+Targets: liveput >= 1.5x torchrun where preemptions come more than once per 5 trace
 minutes, >= torchft; no-preemption throughput within 5 % of torchrun's; the simulator within
 10 % of the runtime for liveput and liveput-restart.
 """

@@ -1,4 +1,4 @@
-"""Hostile input (issue 22): generated bad arguments and malformed files for every command end in
+"""Hostile input: generated bad arguments and malformed files for every command end in
 one line and exit code 2, never a traceback, a hang, an accepted bad value or a stray file.
 
 Each example runs as its own ``liveput`` process under an address-space limit
@@ -68,7 +68,7 @@ def test_malformed_traces_never_crash(reader, content):
      "{dir}/trace.csv"),
     ("agent", "--coordinator", "127.0.0.1:1", "--token", "t", "--notices", "bogus"),
 ])
-def test_named_cases_of_the_issue(argv):
+def test_named_hostile_cases(argv):
     _judge(Case(" ".join(argv), argv, files=(("trace.csv", valid_trace()),)))
 
 

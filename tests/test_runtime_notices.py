@@ -291,7 +291,7 @@ def _ignores_sigusr1(pid: int) -> bool:
 
 
 def test_a_notice_signal_during_the_agents_startup_does_not_end_it() -> None:
-    """Issue 22: a notice due at launch sent SIGUSR1 while the agent still imported torch; its
+    """A notice due at launch sent SIGUSR1 while the agent still imported torch; its
     default action ended the agent before it joined, and `liveput train` waited for minutes."""
     process = subprocess.Popen(
         [sys.executable, "-m", "liveput.runtime", "--store", f"tcp://127.0.0.1:{free_port()}"],
@@ -316,7 +316,7 @@ def test_a_notice_signal_during_the_agents_startup_does_not_end_it() -> None:
 def test_a_notice_due_at_launch_waits_for_the_agents_watcher_instead_of_killing_it(tmp_path):
     """The emulator signals a notice the moment the process exists; SIGUSR1's default action
     ended every such agent (exit -10) before it could join, so a trace whose first preemptions
-    fall within the notice lead of the start trained nothing (issue 18's peers benchmark)."""
+    fall within the notice lead of the start trained nothing (seen in bench peers)."""
     from liveput.runtime.processes import InstanceProcesses, command_launcher
 
     agent = textwrap.dedent("""

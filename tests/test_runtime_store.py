@@ -469,7 +469,7 @@ def test_a_client_waits_for_a_server_that_starts_late_and_gives_up_at_its_timeou
 
 
 def test_a_writer_killed_while_indexing_a_key_hides_no_later_key(tcp_host: Store) -> None:
-    """The wipe-out stall of issue 21's bench: an agent SIGKILLed between counting its index
+    """The wipe-out stall of the noticeless benchmark: an agent SIGKILLed between counting its index
     entry and writing it left a hole, and the listing stopped there for good: instances that
     joined later were never seen, and the job waited for instances that were up."""
     assert isinstance(tcp_host, TCPStoreBackend)

@@ -41,7 +41,7 @@ def test_v100_like_regime_matches_the_v100_trace() -> None:
 
 @pytest.mark.parametrize("nodes", [32, 2000])
 def test_preemption_rate_per_instance_holds_from_32_to_2000_nodes(nodes: int) -> None:
-    # Issue 22: one burst process for the whole capacity made 2,000-node traces calm (0.0095
+    # One burst process for the whole capacity would make 2,000-node traces calm (0.0095
     # preemptions per instance-hour against 0.63 at 32 nodes); zones keep the calibrated rate.
     generated = _mean_stats("p3-like", nodes, 12, range(6))
     assert generated["preemptions_per_instance_hour"] == pytest.approx(
