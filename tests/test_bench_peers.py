@@ -17,7 +17,7 @@ JOB = "tiny-gpt-small"
 
 
 @pytest.fixture
-def world_of_one(tmp_path: Path):
+def world_of_one(tmp_path: Path, process_tier: None):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
                             world_size=1)
     yield
