@@ -39,13 +39,18 @@ run: setup system-deps
 	$(BIN)/liveput status docs/examples/local.yaml --json > out/local-job-status.json
 	$(BIN)/liveput stop docs/examples/local.yaml
 
-# Every test: the unit tier and the `process` tier (agents, etcd, network namespaces, servers).
-test: setup system-deps
-	$(BIN)/python -m pytest -q
-
 # The tests marked `process` (tests/conftest.py marks them) left out: no system packages needed.
+# They start nothing and time nothing, so two workers (pytest-xdist, a file per worker) run them.
+UNIT_TESTS := $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
+
+# Every test: the unit tier, then the `process` tier (agents, etcd, network namespaces, servers)
+# one test at a time, since those tests measure timeouts and share the machine's two cores.
+test: setup system-deps
+	$(UNIT_TESTS)
+	$(BIN)/python -m pytest -q -m process
+
 test-unit: setup
-	$(BIN)/python -m pytest -q -m "not process"
+	$(UNIT_TESTS)
 
 bench: setup
 	$(BIN)/python -m bench
