@@ -40,7 +40,8 @@ run: setup system-deps
 	$(BIN)/liveput stop docs/examples/local.yaml
 
 # The tests marked `process` (tests/conftest.py marks them) left out: no system packages needed.
-# They start nothing and time nothing, so two workers (pytest-xdist, a file per worker) run them.
+# They start nothing, so two workers (pytest-xdist, a file per worker) run them; the few that
+# time a training loop keep their fastest of several attempts, as they do beside other work.
 UNIT_TESTS := $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
 
 # Every test: the unit tier, then the `process` tier (agents, etcd, network namespaces, servers)
