@@ -1,10 +1,11 @@
-# Quick start: `make run` (set up, then the default job), `make test` (set up, then the suite).
+# Quick start: `make run` (set up, then the default job), `make test` (set up, then the suite),
+# `make test-unit` (the tests that start no process, server or socket: under a minute).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench system-deps clean
+.PHONY: setup run test test-unit bench system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,8 +39,19 @@ run: setup system-deps
 	$(BIN)/liveput status docs/examples/local.yaml --json > out/local-job-status.json
 	$(BIN)/liveput stop docs/examples/local.yaml
 
+# The tests marked `process` (tests/conftest.py marks them) left out: no system packages needed.
+# They start nothing, so two workers (pytest-xdist, a file per worker) run them; the few that
+# time a training loop keep their fastest of several attempts, as they do beside other work.
+UNIT_TESTS := $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
+
+# Every test: the unit tier, then the `process` tier (agents, etcd, network namespaces, servers)
+# one test at a time, since those tests measure timeouts and share the machine's two cores.
 test: setup system-deps
-	$(BIN)/python -m pytest -q
+	$(UNIT_TESTS)
+	$(BIN)/python -m pytest -q -m process
+
+test-unit: setup
+	$(UNIT_TESTS)
 
 bench: setup
 	$(BIN)/python -m bench

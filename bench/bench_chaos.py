@@ -1,4 +1,4 @@
-"""A fault campaign as a benchmark (issue 15): ``python -m bench chaos [--faults N] [--seed S]
+"""A fault campaign as a benchmark: ``python -m bench chaos [--faults N] [--seed S]
 [--json FILE]``.
 
 Real training (coordinator, agents on network-namespace hosts, TCP store and etcd) through

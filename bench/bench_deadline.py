@@ -2,7 +2,7 @@
 deadlines of 1.2x, 1.5x and 2x the all-on-demand time (gpt-1.5b; the work is what the largest
 on-demand cluster trains in 40% of the trace, so even the 2x deadline falls inside it).
 
-Targets (issue 16): ``liveput`` meets every deadline; costs less than ``uniform-progress`` on
+Targets: ``liveput`` meets every deadline; costs less than ``uniform-progress`` on
 average (aim: 15% less) and never more than 2% above it on any case; is within 10% of the
 ``omniscient`` bound on average; one decision including provisioning at N = 64, H = 12 takes
 under 50 ms.
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
+from bench.inputs import P3_TRACE, V100_TRACE, real_trace
 from liveput.perf import estimate_configs, load_profile
 from liveput.policies.base import Observation
 from liveput.policies.deadline import DEADLINE_POLICY_NAMES, make_deadline_policy
@@ -25,7 +25,6 @@ from liveput.sim.deadline import make_deadline_context
 from liveput.sim.sweep import deadline_sweep
 from liveput.traces import IntervalTrace, generate_trace, read_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 FACTORS = (1.2, 1.5, 2.0)
 SEEDS = (0, 1)
 MODEL = "gpt-1.5b"
@@ -38,16 +37,12 @@ BOUND_AIM = 1.10
 def bench_traces() -> list[IntervalTrace]:
     """The real traces (12-hour windows of the long one) and generated ones."""
     traces = []
-    p3 = TRACES / "aws-p3-32node.events.csv"
-    if p3.is_file():
-        traces.append(read_trace(p3).resample(60.0))
-    v100 = TRACES / "aws-v100-16node-us-west-2a.json"
-    if v100.is_file():
-        whole = read_trace(v100)
-        for start_h in (0.0, 120.0):
-            part = whole.slice(start_h * 3600, (start_h + 12) * 3600).resample(60.0)
-            traces.append(IntervalTrace(f"v100-{start_h:g}h", part.interval_s, part.count,
-                                        part.preempted, part.allocated, part.price_usd_per_hour))
+    traces.append(read_trace(real_trace(P3_TRACE)).resample(60.0))
+    whole = read_trace(real_trace(V100_TRACE))
+    for start_h in (0.0, 120.0):
+        part = whole.slice(start_h * 3600, (start_h + 12) * 3600).resample(60.0)
+        traces.append(IntervalTrace(f"v100-{start_h:g}h", part.interval_s, part.count,
+                                    part.preempted, part.allocated, part.price_usd_per_hour))
     for seed, regime in ((0, "default"), (1, "volatile"), (2, "calm")):
         traces.append(generate_trace(32, 12.0, seed=seed, regime=regime).resample(60.0))
     return traces

@@ -1,4 +1,4 @@
-"""Issue 22: every command against the hostile-input corpus (``bench/hostile.py``).
+"""Every command against the hostile-input corpus (``bench/hostile.py``).
 
 Prints the count of each verdict over the corpus (target: every case ``ok``: no traceback, no
 hang, no bad input accepted, no partial output, no refusal above 500 MB), the largest memory

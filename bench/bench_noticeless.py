@@ -7,7 +7,7 @@ downtime (last commit before the kill to the first commit after), by kind: a rep
 layers live on elsewhere), the last holder of a layer lost (the checkpoint restores it), all lost
 (the job waits for new instances; not held to the target).
 
-Targets (issue 21): every run completes exactly once; downtime median < 5 s and p95 < 10 s for the
+Targets: every run completes exactly once; downtime median < 5 s and p95 < 10 s for the
 first two kinds; wall time with no notice within 1.5x of the run with the default notice.
 
 ``python -m bench noticeless`` runs 10 runs of each (about an hour on 2 cores);

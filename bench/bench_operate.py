@@ -1,4 +1,4 @@
-"""Operating a job (issue 19): ``python -m bench operate [--steps N] [--skip-dashboard]``.
+"""Operating a job: ``python -m bench operate [--steps N] [--skip-dashboard]``.
 
 1. ``liveput status`` latency on a 10,000-step job's store. The store is a real etcd written
    the way a job writes it, faster than training would: every step is voted and committed

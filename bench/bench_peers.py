@@ -19,7 +19,7 @@ Per trace it prints samples in the window, ratios to liveput, downtime per preem
 or migrations, final loss, the simulator's prediction (:mod:`bench.peers_sim`) and each system's
 samples/s with no preemption (two instances, one per core of this machine).
 
-Targets (issue 18): liveput >= 1.5x torchrun where preemptions come more than once per 5 trace
+Targets: liveput >= 1.5x torchrun where preemptions come more than once per 5 trace
 minutes, >= torchft; no-preemption throughput within 5 % of torchrun's; the simulator within
 10 % of the runtime for liveput and liveput-restart.
 """
@@ -34,10 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import peers_report
+from bench.inputs import P3_TRACE, real_trace
 from bench.peers_run import (RunSettings, SystemRun, run_liveput, run_torchrun, scratch)
 from liveput.traces import Trace, generate_trace, read_trace
 
-P3_TRACE = Path("/work/shared/traces/aws-p3-32node.events.csv")
 WORKERS = 4
 """Instances requested (the two cores of this machine run them; one thread each)."""
 STEADY_INSTANCES = 2
@@ -45,12 +45,12 @@ STEADY_INSTANCES = 2
 
 
 def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trace:
-    """A ``span_s`` cut of the shared p3 trace (the default: its 5 minutes with the most
+    """A ``span_s`` cut of the real p3 trace (the default: its 5 minutes with the most
     preemption events, 4), rescaled to ``workers``: the count scaled by ``workers / 32``, each
     change keeping at least one instance so that no preemption event vanishes in the rounding."""
     import numpy as np
 
-    full = read_trace(P3_TRACE)
+    full = read_trace(real_trace(P3_TRACE))
     ratio = workers / 32
     count = int(np.clip(round(int(full.count_at(start_s)) * ratio), 1, workers))
     times, counts = [0.0], [count]
@@ -72,8 +72,7 @@ def traces(quick: bool, seeds: list[int]) -> list[tuple[str, Trace, int]]:
               for s in seeds]
     if quick:
         return chosen[:1]
-    if P3_TRACE.exists():
-        chosen.append(("p3-cut", p3_cut(WORKERS), seeds[0]))
+    chosen.append(("p3-cut", p3_cut(WORKERS), seeds[0]))
     return chosen
 
 

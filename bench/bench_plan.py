@@ -1,7 +1,7 @@
 """Liveput optimizer: decisions for N = 64 (gpt-1.5b) and N = 1024 (gpt-6.7b) instances, H = 12,
 full forecast distributions.
 
-N = 1024 targets (issue 15): first decision (optimizer construction and its first ``decide``)
+N = 1024 targets: first decision (optimizer construction and its first ``decide``)
 under 2 s and under 500 MB, steady decisions under 50 ms at p95. The first decision runs in a
 fresh child process (spawned), so its memory is that process's peak resident set
 (``ru_maxrss``: interpreter, numpy and scipy included) and, besides, the growth of the resident

@@ -1,12 +1,12 @@
 """Simulator: every policy on a 12-hour trace (target under 20 s), every registered policy on a
 12-hour trace of 1,024 instances (target under 60 s in all), and the fractions of ideal on the p3
-trace against the figures of Parcae's artifact (when ``../shared/traces`` is there)."""
+trace (committed in ``data/traces/``) against the figures of Parcae's artifact."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
+from bench.inputs import P3_TRACE, real_trace
 from liveput.perf import load_profile
 from liveput.policies import POLICIES
 from liveput.sim import DEFAULT_POLICIES, SimulationConfig, default_trace, simulate, simulate_policy
@@ -16,7 +16,6 @@ from liveput.traces import generate_trace, read_trace
 TARGET_S = 20.0
 LARGE_NODES = 1024
 LARGE_TARGET_S = 60.0
-P3_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "aws-p3-32node.events.csv"
 # Parcae's artifact on the p3 trace (60-s intervals): (predictor, truth, reactive) of ideal.
 PARCAE = {"gpt-1.5b": (None, 0.866, 0.939, 0.778), "gpt-6.7b": (8.47, 0.854, 0.921, 0.487)}
 
@@ -48,6 +47,7 @@ def _thousand_instances() -> None:
 
 
 def main() -> None:
+    p3_path = real_trace(P3_TRACE)
     _thousand_instances()
     trace = default_trace()
     profile = load_profile("gpt-1.5b")
@@ -59,10 +59,7 @@ def main() -> None:
           f"{TARGET_S:.0f} s, ratio {elapsed / TARGET_S:.2f})")
     print("  " + "  ".join(f"{name}={result.fraction_of_ideal(name):.3f}"
                            for name in result.runs))
-    if not P3_TRACE.is_file():
-        print(f"(no {P3_TRACE}: skipping the comparison with Parcae's figures)")
-        return
-    p3 = read_trace(P3_TRACE)
+    p3 = read_trace(p3_path)
     for model, (hours, predicted, truth, reactive) in PARCAE.items():
         part = p3 if hours is None else p3.slice(0, hours * 3600)
         ours = _fractions(part.resample(60), model)

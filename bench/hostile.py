@@ -37,7 +37,7 @@ from liveput.traces import generate_trace
 from liveput.traces.formats import _events_text
 
 REFUSAL_MEMORY_MB = 500.0
-"""A refusal must come before the command grows past this (issue 22)."""
+"""A refusal must come before the command grows past this."""
 ADDRESS_SPACE_BYTES = 6 * 2**30
 """Address-space limit of each case (a runaway allocation fails instead of taking the machine)."""
 BAD_NUMBERS = ("nan", "inf", "-inf", "-1", "abc", "", "1e400", "1e300")
@@ -330,7 +330,7 @@ def _valid_cases() -> Iterator[Case]:
     }
     for name, argv in large.items():
         yield Case(f"large: {name}", argv, bad=False, files=trace)
-    # Every policy plans 2,000 instances now (issue 15): 48 hours of them take minutes, past a
+    # Every policy plans 2,000 instances: 48 hours of them take minutes, past a
     # case's time limit, so the long trace runs the restarting policies and a short one all.
     big = _events_text(generate_trace(2000, 48, seed=0)).encode()
     yield Case("large: simulate a 2000-instance 48-h trace",

@@ -1,4 +1,12 @@
-"""Shared test fixtures."""
+"""Shared test fixtures, and the two tiers of the suite.
+
+Tiers: a test that starts a process, a server or a socket (agent processes, a real etcd, network
+namespaces, a TCP store, gloo groups, moto or an HTTP server) is marked ``process``; every other
+test is the unit tier, ``make test-unit`` (``pytest -m "not process"``). A fixture that starts
+one requests :func:`process_tier`, so that every test using it is marked here without a mark of
+its own; a test that starts one itself carries ``@pytest.mark.process``, and the modules whose
+every test does are listed in ``PROCESS_MODULES``.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +16,40 @@ import pytest
 # The runtime's server fixtures (a real etcd, network-namespace hosts), shared by the test files.
 from runtime_fixtures import etcd_server, etcd_url, netns_hosts  # noqa: F401
 
-SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+DATA = Path(__file__).resolve().parents[1] / "data"
+"""The repository's committed real data (``data/README.md`` names the public sources)."""
 
 
 @pytest.fixture(scope="session")
-def shared_traces() -> Path:
-    """The real measured traces that sit beside the repository (never copied into it)."""
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing: ../shared must sit beside the repo"
-    return SHARED_TRACES
+def process_tier() -> None:
+    """Requested by the fixtures that start a process, a server or a socket: the tests that
+    use them (directly or through another fixture) are marked ``process``."""
+
+
+PROCESS_MODULES = frozenset({
+    "test_bench_gpu.py",  # every part of bench gpu runs in a process of its own
+    "test_models_training.py",  # gloo groups in threads; `liveput train`'s agents
+    "test_runtime_deadline.py",  # `liveput train`: its store server and agents
+    "test_runtime_exit.py",  # child interpreters ending with a TCPStore
+    "test_runtime_netns.py",  # agents on network-namespace hosts
+    "test_runtime_recovery.py",  # coordinators, agents and etcd restarted
+    "test_runtime_train.py",  # `liveput train` end to end
+})
+"""Test modules whose every test starts processes, servers or sockets."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    missing = sorted(name for name in PROCESS_MODULES if not (here / name).is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py: PROCESS_MODULES names no file {missing}")
+    for item in items:
+        if (item.path.name in PROCESS_MODULES
+                or "process_tier" in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.process)
+
+
+@pytest.fixture(scope="session")
+def real_traces() -> Path:
+    """The folder of the real measured spot traces committed in the repository."""
+    return DATA / "traces"

@@ -34,7 +34,7 @@ __all__ = [
 
 
 @pytest.fixture(scope="session")
-def etcd_server() -> Iterator[EtcdServer]:
+def etcd_server(process_tier: None) -> Iterator[EtcdServer]:
     """A real etcd server for the whole test session, stopped and removed at the end."""
     with tempfile.TemporaryDirectory(prefix="liveput-etcd-") as tmp:
         server = EtcdServer(data_dir=Path(tmp) / "data")
@@ -56,7 +56,7 @@ def etcd_url(etcd_server: EtcdServer) -> str:
 
 
 @pytest.fixture
-def netns_hosts() -> Iterator[NetnsHosts]:
+def netns_hosts(process_tier: None) -> Iterator[NetnsHosts]:
     """Two namespace hosts (10.77.0.1 and 10.77.0.2), removed after the test."""
     with NetnsHosts(2) as hosts:
         yield hosts

@@ -14,7 +14,7 @@ from liveput.advise import Market, load_catalog
 from liveput.advise.prices import refresh_spot_prices
 from liveput.errors import LiveputError
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "profiles"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "profiles"
 
 
 def test_builtin_catalog_covers_required_types_and_names_a_source_for_every_figure() -> None:

@@ -114,7 +114,7 @@ def test_exact_method_equals_exhaustive_enumeration_on_random_catalogs() -> None
 
 
 def test_network_saturation_bounds_gpu_nodes_per_checkpoint_node() -> None:
-    """Issue 15: at 10 Gb/s DeepVM allows at most 19 GPU nodes per checkpoint node (NSP 20,
+    """At 10 Gb/s DeepVM allows at most 19 GPU nodes per checkpoint node (NSP 20,
     strict); liveput's stream bound put 20 or more behind one at $4/h."""
     deepvm = load_catalog("deepvm-aws")
     gpu = replace(deepvm.get("g4dn.xlarge"), network_gbps=10.0)

@@ -1,4 +1,4 @@
-"""Peers benchmark pieces: the torchrun peer resumes exactly; the JSON has the issue's shape."""
+"""Peers benchmark pieces: the torchrun peer resumes exactly; the JSON has its documented shape."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ JOB = "tiny-gpt-small"
 
 
 @pytest.fixture
-def world_of_one(tmp_path: Path):
+def world_of_one(tmp_path: Path, process_tier: None):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
                             world_size=1)
     yield
@@ -43,7 +43,7 @@ def test_ddp_peer_resumes_from_its_checkpoint_exactly(tmp_path: Path, world_of_o
                    zip(straight.state_dict().values(), fresh.state_dict().values(), strict=True))
 
 
-def test_json_document_has_the_issues_shape() -> None:
+def test_json_document_has_the_documented_shape() -> None:
     runs = {name: SystemRun(name, 160 * (i + 1), [(0.0, 0), (5.0, 160 * (i + 1))], [2.0],
                             restarts=i, final_loss=3.0) for i, name in enumerate(SYSTEMS)}
     document = to_json_document([("generated-4-seed20", runs, {"liveput": 700.0,

@@ -48,6 +48,7 @@ def test_the_readme_lists_commands_of_every_group() -> None:
     assert [c.split()[:3] for c in _make_run_commands()][-1] == ["liveput", "simulate", "--trace"]
 
 
+@pytest.mark.process
 def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()  # as `make run` does
     for command in [*_make_run_commands(), *_readme_commands()]:

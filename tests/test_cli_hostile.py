@@ -1,4 +1,4 @@
-"""Hostile input (issue 22): generated bad arguments and malformed files for every command end in
+"""Hostile input: generated bad arguments and malformed files for every command end in
 one line and exit code 2, never a traceback, a hang, an accepted bad value or a stray file.
 
 Each example runs as its own ``liveput`` process under an address-space limit
@@ -33,6 +33,7 @@ def _judge(case: Case) -> None:
                                      outcome.stderr[-600:], outcome.left)
 
 
+@pytest.mark.process
 @SETTINGS
 @given(option=options, value=bad_numbers)
 def test_bad_numbers_are_refused_in_one_line(option, value):
@@ -42,6 +43,7 @@ def test_bad_numbers_are_refused_in_one_line(option, value):
                 files=(("trace.csv", valid_trace()),)))
 
 
+@pytest.mark.process
 @SETTINGS
 @given(reader=st.sampled_from(["trace stats", "predict backtest"]),
        content=st.one_of(st.binary(max_size=300),
@@ -60,6 +62,7 @@ def test_malformed_traces_never_crash(reader, content):
                 files=(("bad", content),)))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("argv", [
     ("trace", "generate", "-o", "{dir}/no/such/folder/out.csv"),
     ("trace", "generate", "-o", "{dir}", "--hours", "1"),
@@ -68,7 +71,7 @@ def test_malformed_traces_never_crash(reader, content):
      "{dir}/trace.csv"),
     ("agent", "--coordinator", "127.0.0.1:1", "--token", "t", "--notices", "bogus"),
 ])
-def test_named_cases_of_the_issue(argv):
+def test_named_hostile_cases(argv):
     _judge(Case(" ".join(argv), argv, files=(("trace.csv", valid_trace()),)))
 
 

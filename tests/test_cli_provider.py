@@ -41,6 +41,7 @@ def test_bad_provider_input_is_one_line(argv: list[str], message: str, tmp_path:
     assert not (tmp_path / "etcd").exists()  # refused before any store started
 
 
+@pytest.mark.process
 def test_the_emulated_provider_rents_the_agents_of_a_job(tmp_path: Path) -> None:
     trace = tmp_path / "two.json"
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [2, 2, 2]}))
@@ -63,6 +64,7 @@ def test_the_emulated_provider_rents_the_agents_of_a_job(tmp_path: Path) -> None
     assert logs == ["e-0000.log", "e-0001.log"]  # the provider started both agents
 
 
+@pytest.mark.process
 def test_a_deadline_job_from_the_cli_holds_spot_and_rents_no_on_demand_it_does_not_need(
         tmp_path: Path) -> None:
     """`liveput coordinator --deadline-hours`: a few steps, a whole hour, spot all along: the

@@ -31,7 +31,7 @@ FAST = RetryPolicy(max_attempts=3, base_delay_s=1.0)
 
 
 @pytest.fixture(scope="module")
-def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def moto_server(tmp_path_factory: pytest.TempPathFactory, process_tier: None) -> Iterator[str]:
     with moto_endpoint(tmp_path_factory.mktemp("moto") / "moto.log") as url:
         yield url
 

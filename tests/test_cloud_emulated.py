@@ -130,6 +130,7 @@ def test_a_removal_of_capacity_the_job_does_not_hold_preempts_nothing() -> None:
     assert not any(e.kind is ProviderEventKind.PREEMPT for e in provider.events)
 
 
+@pytest.mark.process
 def test_agent_processes_are_noticed_killed_and_stopped(tmp_path: Path) -> None:
     clock = ManualClock(START)
     provider = EmulatedProvider(

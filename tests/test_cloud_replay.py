@@ -62,7 +62,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def clouds() -> Iterator[list[EmulatedProvider]]:
+def clouds(process_tier: None) -> Iterator[list[EmulatedProvider]]:
     """Clouds a test creates; closed (every process killed) afterwards."""
     made: list[EmulatedProvider] = []
     yield made
@@ -273,6 +273,7 @@ def test_background_replay_in_real_time(tmp_path: Path, clouds: list[EmulatedPro
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.process
 def test_launcher_fills_template_and_environment(tmp_path: Path) -> None:
     launcher = command_launcher(
         [sys.executable, "-c", "import os,sys; print(sys.argv[1], os.environ['LIVEPUT_INSTANCE_ID'], os.environ['LIVEPUT_NOTICE_FILE'])", "{instance_id}:{notice_file}"],
@@ -307,6 +308,7 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
         clock.advance(-1.0)
 
 
+@pytest.mark.process
 def test_launch_failure_names_the_instance(tmp_path: Path) -> None:
     trace = make_trace(1, [], end_s=10.0)
     cloud = replaying(trace, command_launcher([str(tmp_path / "no-such-agent")]), ManualClock(), tmp_path)

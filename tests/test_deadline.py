@@ -234,7 +234,7 @@ def short_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_cli_deadline_json_has_the_issue_fields(short_trace: Path, tmp_path: Path,
+def test_cli_deadline_json_has_the_documented_fields(short_trace: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "report"
     assert main(["simulate", "--trace", str(short_trace), "--deadline-hours", "2",

@@ -100,6 +100,7 @@ def _one_line(completed: subprocess.CompletedProcess, expected: str) -> None:
     assert expected in lines[0]
 
 
+@pytest.mark.process
 def test_train_asked_for_cuda_without_cuda_is_one_line_and_starts_nothing(tmp_path):
     completed = _run(["-m", "liveput.cli.main", "train", "--device", "cuda", "--workers", "1",
                       "--steps", "1", "--log-dir", str(tmp_path / "logs")])
@@ -110,6 +111,7 @@ def test_train_asked_for_cuda_without_cuda_is_one_line_and_starts_nothing(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_an_agent_asked_for_cuda_without_cuda_exits_with_one_line(tmp_path):
     """By the job's spec (``python -m liveput.runtime``) or its own --device (``liveput
     agent``): exit 2, one line, and it never joins the job."""

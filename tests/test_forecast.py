@@ -289,12 +289,12 @@ def test_auto_is_never_worse_than_persistence_and_sharper(seed: int, regime: str
     assert scores["auto"].crps_mean < scores["persistence"].crps_mean
 
 
-def test_auto_distribution_stop_loss_bounds_a_market_that_shrank(shared_traces: Path) -> None:
+def test_auto_distribution_stop_loss_bounds_a_market_that_shrank(real_traces: Path) -> None:
     """The p3 trace at 300-s intervals: 77 forecasts, the last three hours in a market that
     shrank, where the Markov model keeps expecting refills. The CRPS stop-loss falls back to
     persistence's distribution once auto is 5% behind (it ends 4.2% behind); without it auto
     ends 7.2% behind."""
-    trace = read_trace(shared_traces / "aws-p3-32node.events.csv").resample(300)
+    trace = read_trace(real_traces / "aws-p3-32node.events.csv").resample(300)
     guarded = walk_forward(trace, "auto", 12, 60)
     baseline = walk_forward(trace, "persistence", 12, 60)
     unguarded = AutoPredictor(crps_slack=1e9)
@@ -306,8 +306,8 @@ def test_auto_distribution_stop_loss_bounds_a_market_that_shrank(shared_traces: 
     assert float(np.concatenate(loose).sum()) > 1.06 * total
 
 
-def test_auto_beats_persistence_on_the_p3_trace(shared_traces: Path) -> None:
-    trace = read_trace(shared_traces / "aws-p3-32node.events.csv").resample(60)
+def test_auto_beats_persistence_on_the_p3_trace(real_traces: Path) -> None:
+    trace = read_trace(real_traces / "aws-p3-32node.events.csv").resample(60)
     scores = backtest(trace, ["persistence", "auto"], horizon=12, warmup=60)
     assert scores["auto"].mae_mean < scores["persistence"].mae_mean
     assert scores["auto"].crps_mean < 0.99 * scores["persistence"].crps_mean

@@ -80,6 +80,7 @@ def test_bad_job_files_are_one_line_naming_the_key_and_line(tmp_path, capsys, te
     assert not (tmp_path / ".liveput").exists()
 
 
+@pytest.mark.process
 def test_a_dashboard_port_in_use_or_an_unwritable_checkpoint_url_starts_nothing(tmp_path, capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -99,6 +100,7 @@ def test_a_dashboard_port_in_use_or_an_unwritable_checkpoint_url_starts_nothing(
     assert not (tmp_path / "state").exists()
 
 
+@pytest.mark.process
 def test_status_of_an_unreachable_store_is_one_line(capsys):
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -149,6 +151,7 @@ def _status(job_file: Path) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_launched_job_is_watched_killed_resumed_and_exports_its_model(tmp_path):
     steps = 24

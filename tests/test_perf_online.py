@@ -152,6 +152,7 @@ def test_online_fit_with_few_configurations_fits_fewer_constants():
         Measurement(1, 1, 0.0)
 
 
+@pytest.mark.process
 def test_the_runtime_measures_what_it_runs_and_the_coordinator_refits(tmp_path):
     """Engines publish the step times of each configuration they run; the coordinator's next
     interval re-fits the estimator to them and plans with the new table."""

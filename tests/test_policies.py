@@ -44,7 +44,7 @@ def observe(count: int, current: Configuration | None, time_s: float = 0.0,
                        capacity=32, remaining_s=float(extra.pop("remaining_s", 60.0)), **extra)
 
 
-def test_every_policy_of_the_issue_is_registered() -> None:
+def test_every_default_policy_is_registered() -> None:
     assert set(DEFAULT_POLICIES) <= set(POLICIES.names())
     with pytest.raises(LiveputError, match="unknown policy"):
         make_policy("varuna", CONTEXT)

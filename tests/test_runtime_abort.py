@@ -142,10 +142,12 @@ def _reference() -> list:
     return reference_parameters(resolve_job("tiny-gpt-small"), STEPS)
 
 
+@pytest.mark.process
 def test_a_frozen_instance_releases_its_peers_at_the_heartbeat_timeout(tmp_path):
     _check(_fault_mid_step(tmp_path, "stop"))
 
 
+@pytest.mark.process
 def test_a_partitioned_host_releases_its_peers_at_the_heartbeat_timeout(tmp_path):
     _check(_fault_mid_step(tmp_path, "partition"))
 

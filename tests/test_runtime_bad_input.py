@@ -35,6 +35,7 @@ def _cluster(tmp_path: Path, job_name: str) -> ThreadCluster:
 
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("job_name", "where"), [
     ("forward_bomb_job", "layer 0 raised in forward at step 5: ValueError: cannot handle"),
     ("backward_bomb_job", "layer 0 raised in backward at step 5: FloatingPointError: gradient"),
@@ -95,6 +96,7 @@ def test_the_coordinator_stops_with_the_jobs_one_line():
         coordinator.tick()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("target", [Configuration(1, 2), Configuration(2, 1)])
 def test_a_nonfinite_loss_configured_to_skip_skips_that_update_on_every_stage(tmp_path, target):
     cluster = _cluster(tmp_path, "nan_once_skipped_job")

@@ -4,6 +4,8 @@ each run: every step applied exactly once, final parameters equal to the fault-f
 
 from __future__ import annotations
 
+import pytest
+
 from liveput.testbed.campaign import CampaignConfig, run_campaign
 from liveput.testbed.faults import FAULT_KINDS, draw_campaign
 
@@ -20,6 +22,7 @@ def test_a_campaign_deals_every_kind_and_etcd_kinds_to_etcd_runs():
     assert draw_campaign(200, seed=5) == runs and draw_campaign(200, seed=6) != runs
 
 
+@pytest.mark.process
 def test_a_seeded_campaign_loses_and_doubles_no_step(tmp_path):
     result = run_campaign(CampaignConfig(faults=16, seed=11, faults_per_run=8, kinds=KINDS,
                                          kept_logs=str(tmp_path / "failed")))

@@ -247,7 +247,7 @@ def test_on_demand_members_hold_every_stage_so_losing_all_spot_ones_needs_no_res
 
 
 def test_a_plan_that_never_ran_is_not_what_the_next_plan_starts_from():
-    """The livelock of issue 21: after a plan that never ran, the coordinator planned from it
+    """A livelock this guards against: after a plan that never ran, the coordinator planned from it
     and asked instances that never received layers to send them, again and again."""
     store, clock, coordinator, agents = start(steps=400, instances=4)
     run(coordinator, agents, clock, 60)
@@ -322,8 +322,8 @@ def test_without_any_instance_the_job_waits_and_resumes_from_the_checkpoint():
 
 
 def test_only_noticed_instances_train_until_one_without_a_notice_comes():
-    """Issue 22: `liveput train --workers 2 --steps 3` sat 130 s with nothing running because
-    every instance up had a notice; now they train while they last, then hand over."""
+    """Instances that all have a notice train while they last, then hand over: waiting for one
+    without a notice made `liveput train --workers 2 --steps 3` sit 130 s with nothing running."""
     store, clock, coordinator, agents = start(steps=400, instances=1, initial=1)
     agents.notice(0)
     run(coordinator, agents, clock, 40)
@@ -342,8 +342,8 @@ def test_only_noticed_instances_train_until_one_without_a_notice_comes():
 
 
 def test_a_noticed_instance_trains_until_the_margin_before_its_end_then_only_sends():
-    """Issue 18: moving off an instance at its notice gave away the rest of its lead (two
-    minutes on AWS) at every preemption; it now trains until ``notice_margin_s`` before."""
+    """A noticed instance trains until ``notice_margin_s`` before its end: moving off it at its
+    notice would give away the rest of its lead (two minutes on AWS) at every preemption."""
     store, clock, coordinator, agents = start(steps=2000, instances=4)
     run(coordinator, agents, clock, 40)
     plan = coordinator.plan
@@ -408,8 +408,8 @@ def test_waiting_says_when_the_instances_up_have_a_notice():
 
 
 def test_the_first_plan_counts_noticed_instances_among_the_initial_ones_but_leaves_them_out():
-    """Issue 18: with one of two initial instances noticed, the job waited the whole start
-    grace (20 s) for a second instance without a notice; it now starts on the other at once."""
+    """With one of two initial instances noticed, the job starts on the other at once instead of
+    waiting the whole start grace (20 s) for a second instance without a notice."""
     config = CoordinatorConfig(num_steps=100, num_micro_batches=4, initial_workers=2,
                                start_grace_s=20.0)
     members = {0: Member("h", 0.1), 1: Member("h", 0.1, noticed=True)}

@@ -75,6 +75,7 @@ TRAINING = {
 }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("training", list(TRAINING), ids=list(TRAINING))
 def test_every_migration_kind_gives_the_uninterrupted_result(tmp_path, training):
     """Whatever (D, P) and migrations, the same computation as one process: fp32; bf16 with
@@ -156,6 +157,7 @@ def test_1f1b_completes_with_blocking_receives_and_bounds_activations(num_micro,
         assert peak == min(stages - s, num_micro)  # GPipe would keep all num_micro
 
 
+@pytest.mark.process
 def test_a_corrupt_checkpoint_is_refused_and_the_one_before_restores_the_same_result(tmp_path):
     steps = 12
     cluster = make_cluster(tmp_path, end_step=steps, checkpoint_every=3)

@@ -28,7 +28,7 @@ def profile():
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, process_tier):
     hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
     store = SignedStore(hosted, TOKEN)
     publish_spec(store, JobSpec(JOB, str(tmp_path / "ckpt"), checkpoint_every=3))

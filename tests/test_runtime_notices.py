@@ -92,7 +92,7 @@ class MetadataHandler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def metadata() -> Iterator[tuple[str, MetadataState]]:
+def metadata(process_tier: None) -> Iterator[tuple[str, MetadataState]]:
     """A fake metadata service on 127.0.0.1: (endpoint URL, its state)."""
     state = MetadataState()
     handler = type("Handler", (MetadataHandler,), {"state": state})
@@ -228,6 +228,7 @@ def test_emulator_notice_from_the_store() -> None:
         EmulatorNoticeWatcher(None, signum=None)
 
 
+@pytest.mark.process
 def test_monitor_wakes_on_signal_and_survives_a_failing_source(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -270,6 +271,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_sigterm_to_an_agent_process_is_reported_not_fatal() -> None:
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
     try:
@@ -290,8 +292,9 @@ def _ignores_sigusr1(pid: int) -> bool:
     return False
 
 
+@pytest.mark.process
 def test_a_notice_signal_during_the_agents_startup_does_not_end_it() -> None:
-    """Issue 22: a notice due at launch sent SIGUSR1 while the agent still imported torch; its
+    """A notice due at launch sent SIGUSR1 while the agent still imported torch; its
     default action ended the agent before it joined, and `liveput train` waited for minutes."""
     process = subprocess.Popen(
         [sys.executable, "-m", "liveput.runtime", "--store", f"tcp://127.0.0.1:{free_port()}"],
@@ -313,10 +316,11 @@ def test_a_notice_signal_during_the_agents_startup_does_not_end_it() -> None:
         process.wait()
 
 
+@pytest.mark.process
 def test_a_notice_due_at_launch_waits_for_the_agents_watcher_instead_of_killing_it(tmp_path):
     """The emulator signals a notice the moment the process exists; SIGUSR1's default action
     ended every such agent (exit -10) before it could join, so a trace whose first preemptions
-    fall within the notice lead of the start trained nothing (issue 18's peers benchmark)."""
+    fall within the notice lead of the start trained nothing (seen in bench peers)."""
     from liveput.cloud.processes import InstanceProcesses, command_launcher
 
     agent = textwrap.dedent("""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from runtime_cluster import JOB, TOKEN, AgentProcesses
@@ -50,6 +51,7 @@ def test_a_checkpoint_that_is_not_the_latest_never_prunes_the_latest(tmp_path):
     assert latest_checkpoint(store) == 4 and (tmp_path / "step-4").is_dir()
 
 
+@pytest.mark.process
 def test_an_agent_whose_store_is_gone_exits_by_itself(tmp_path):
     hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
     store = SignedStore(hosted, TOKEN)
@@ -72,6 +74,7 @@ def test_an_agent_whose_store_is_gone_exits_by_itself(tmp_path):
         agents.close()
 
 
+@pytest.mark.process
 def test_a_spare_sees_the_job_end_before_the_store_ends_with_its_coordinator(tmp_path):
     """The embedded store ends with the coordinator. A spare that had not yet read ``job/done``
     used to wait out a 120-s store outage and exit with an error (the netns test's flake)."""
@@ -101,6 +104,7 @@ def test_a_spare_sees_the_job_end_before_the_store_ends_with_its_coordinator(tmp
         agents.close()
 
 
+@pytest.mark.process
 def test_liveput_train_terminated_stops_its_agents(tmp_path):
     logs = tmp_path / "logs"
     err_path = tmp_path / "train.err"

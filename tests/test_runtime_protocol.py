@@ -135,7 +135,7 @@ def test_job_is_validated_with_one_line_errors():
 
 
 def test_a_noticed_agent_leaves_only_when_a_plan_made_after_it_joined_leaves_it_out():
-    """Issue 18: an instance that joined with a notice while an older plan was in force saw that
+    """An instance that joined with a notice while an older plan was in force saw that
     plan, which could not name it, and left at once: its lead was never used (bench peers'
     seed-20 trace trained nothing for 54 s)."""
     from liveput.runtime.clock import ManualClock

@@ -151,6 +151,7 @@ def test_dead_keys_of_a_job():
     assert forgotten({7: 400.0, 8: 400.0, 9: 10.0}, {8}, 300.0) == frozenset({7})
 
 
+@pytest.mark.process
 def test_tcp_store_deletes_leave_a_bounded_index_and_rewritten_keys_listed(monkeypatch):
     monkeypatch.setattr("liveput.runtime.store.tcp._SWEEP_MIN_ENTRIES", 16)
     server = TCPStoreBackend("127.0.0.1", 0, host=True)

@@ -17,11 +17,13 @@ from runtime_fixtures import EtcdServer, NetnsHosts, free_port
 from liveput.errors import LiveputError
 from liveput.runtime.store import EtcdStore, MemoryStore, SignedStore, Store, TCPStoreBackend, open_store
 
-BACKENDS = ["memory", "tcp", "etcd"]
+BACKENDS = ["memory", pytest.param("tcp", marks=pytest.mark.process),
+            pytest.param("etcd", marks=pytest.mark.process)]
+"""The TCP and etcd backends are servers: their cases are in the process tier."""
 
 
 @pytest.fixture
-def tcp_host() -> Iterator[Store]:
+def tcp_host(process_tier: None) -> Iterator[Store]:
     """A TCPStore server hosted in this process on a free loopback port."""
     host = open_store("tcp://127.0.0.1:0", host=True, timeout_s=5)
     yield host
@@ -237,6 +239,7 @@ def test_open_store_picks_backends_and_wraps_with_token(tcp_host: Store, etcd_ur
     assert isinstance(signed, SignedStore)
 
 
+@pytest.mark.process
 def test_unreachable_stores_name_their_url() -> None:
     port = free_port()
     with pytest.raises(LiveputError, match=f"tcp://127.0.0.1:{port} unreachable"):
@@ -449,6 +452,7 @@ def test_tcp_store_reached_across_network_namespaces(netns_hosts: NetnsHosts) ->
         open_store(url, timeout_s=0.3)
 
 
+@pytest.mark.process
 def test_a_client_waits_for_a_server_that_starts_late_and_gives_up_at_its_timeout() -> None:
     port = free_port()
     started = time.monotonic()
@@ -469,7 +473,7 @@ def test_a_client_waits_for_a_server_that_starts_late_and_gives_up_at_its_timeou
 
 
 def test_a_writer_killed_while_indexing_a_key_hides_no_later_key(tcp_host: Store) -> None:
-    """The wipe-out stall of issue 21's bench: an agent SIGKILLed between counting its index
+    """The wipe-out stall of the noticeless benchmark: an agent SIGKILLed between counting its index
     entry and writing it left a hole, and the listing stopped there for good: instances that
     joined later were never seen, and the job waited for instances that were up."""
     assert isinstance(tcp_host, TCPStoreBackend)

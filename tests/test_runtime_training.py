@@ -70,6 +70,7 @@ def test_schedule_parse_and_one_line_errors():
         dataclasses.replace(resolve_job(JOB), training={"precision": "bf16"})
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("max_norm", [0.05, 1.0, 100.0])
 def test_global_norm_clip_equals_clip_grad_norm_on_the_unsplit_model(max_norm):
     """Stages that each hold part of the layers, summing their squared norms, clip as

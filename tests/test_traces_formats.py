@@ -138,11 +138,11 @@ def _independent_stats(path: Path) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("name", ["aws-p3-32node.events.csv", "aws-v100-16node-us-west-2a.json"])
-def test_stats_of_shared_traces_match_an_independent_computation(
-    shared_traces: Path, name: str
+def test_stats_of_real_traces_match_an_independent_computation(
+    real_traces: Path, name: str
 ) -> None:
-    figures = trace_stats(read_trace(shared_traces / name))
-    for key, value in _independent_stats(shared_traces / name).items():
+    figures = trace_stats(read_trace(real_traces / name))
+    for key, value in _independent_stats(real_traces / name).items():
         assert figures[key] == pytest.approx(value, rel=1e-9), key
     assert figures["preemptions_per_hour"] == pytest.approx(
         figures["preemptions"] / figures["hours"])

@@ -12,7 +12,7 @@ from liveput.cli.main import main
 from liveput.errors import LiveputError
 from liveput.traces import generate_trace, read_trace, trace_stats
 
-# Calibration targets: statistics of the shared traces at 60-s intervals (docs/traces.md).
+# Calibration targets: statistics of the real traces at 60-s intervals (docs/traces.md).
 P3 = {"mean_fraction": 0.751, "preemptions_per_instance_hour": 0.611,
       "fraction_of_intervals_with_preemption": 0.116, "mean_preemption_burst": 2.11}
 V100 = {"mean_fraction": 0.431, "preemptions_per_instance_hour": 0.541,
@@ -41,7 +41,7 @@ def test_v100_like_regime_matches_the_v100_trace() -> None:
 
 @pytest.mark.parametrize("nodes", [32, 2000])
 def test_preemption_rate_per_instance_holds_from_32_to_2000_nodes(nodes: int) -> None:
-    # Issue 22: one burst process for the whole capacity made 2,000-node traces calm (0.0095
+    # One burst process for the whole capacity would make 2,000-node traces calm (0.0095
     # preemptions per instance-hour against 0.63 at 32 nodes); zones keep the calibrated rate.
     generated = _mean_stats("p3-like", nodes, 12, range(6))
     assert generated["preemptions_per_instance_hour"] == pytest.approx(
@@ -63,12 +63,12 @@ def test_many_zones_over_a_long_span_is_refused_before_drawing() -> None:
         generate_trace(100_000, 146, 0)
 
 
-def test_calibration_targets_are_the_shared_traces_statistics(shared_traces: Path) -> None:
-    p3 = trace_stats(read_trace(shared_traces / "aws-p3-32node.events.csv"))
+def test_calibration_targets_are_the_real_traces_statistics(real_traces: Path) -> None:
+    p3 = trace_stats(read_trace(real_traces / "aws-p3-32node.events.csv"))
     assert p3["mean_nodes"] / 32 == pytest.approx(P3["mean_fraction"], abs=1e-3)
     assert p3["preemptions_per_instance_hour"] == pytest.approx(
         P3["preemptions_per_instance_hour"], abs=1e-3)
-    v100 = trace_stats(read_trace(shared_traces / "aws-v100-16node-us-west-2a.json"))
+    v100 = trace_stats(read_trace(real_traces / "aws-v100-16node-us-west-2a.json"))
     assert v100["fraction_of_time_empty"] == pytest.approx(V100["fraction_of_time_empty"], abs=1e-3)
 
 

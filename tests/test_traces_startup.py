@@ -37,17 +37,18 @@ def _random_trace(rng: np.random.Generator) -> Trace:
                  end_s=250.0)
 
 
-@pytest.mark.parametrize("seed", range(200))
-def test_ready_instances_equal_brute_force(seed):
-    rng = np.random.default_rng(seed)
-    trace = _random_trace(rng)
-    startup_s = float(rng.choice([0.0, 0.5, 7.0, 30.0, 120.0]))
-    ready = trace.ready_after(startup_s)
-    for time_s in np.linspace(0.0, 250.0, 501):
-        assert int(ready.count_at(time_s)) == _brute_force_ready(trace, startup_s, time_s), \
-            (seed, startup_s, time_s)
-    assert ready.end_s == trace.end_s
-    assert (ready.step_function()[1] <= trace.count_at(ready.step_function()[0])).all()
+def test_ready_instances_equal_brute_force():
+    """200 random traces (seeds 0 to 199), each checked at 501 times."""
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        trace = _random_trace(rng)
+        startup_s = float(rng.choice([0.0, 0.5, 7.0, 30.0, 120.0]))
+        ready = trace.ready_after(startup_s)
+        for time_s in np.linspace(0.0, 250.0, 501):
+            assert int(ready.count_at(time_s)) == _brute_force_ready(trace, startup_s, time_s), \
+                (seed, startup_s, time_s)
+        assert ready.end_s == trace.end_s, seed
+        assert (ready.step_function()[1] <= trace.count_at(ready.step_function()[0])).all(), seed
 
 
 def test_nothing_is_ready_before_the_start_up_and_a_negative_one_is_refused():
@@ -59,19 +60,21 @@ def test_nothing_is_ready_before_the_start_up_and_a_negative_one_is_refused():
         trace.ready_after(-1.0)
 
 
-@pytest.mark.parametrize("seed", range(100))
-def test_every_arrival_is_ready_its_start_up_after_at_any_float_times(seed):
+def test_every_arrival_is_ready_its_start_up_after_at_any_float_times():
     """Arrival times and start-ups as measured (bench peers: 255.84236205 s and 2 x 3.05 s):
     ``(a + s) - s`` rounds below ``a`` for some of them, and an instance arriving at ``a`` was
-    never ready (the simulator lost seed20's last arrival; a quarter of these cases failed)."""
-    rng = np.random.default_rng(seed)
-    base = _random_trace(rng)
-    trace = Trace("floats", base.initial_count, base.times_s + rng.random(len(base.times_s)),
-                  base.added, base.removed, end_s=250.0)
-    startup_s = float(rng.uniform(0.1, 30.0))
-    ready = trace.ready_after(startup_s)
-    arrivals = trace.times_s[trace.added > 0]
-    for time_s in np.concatenate([arrivals + startup_s + 1e-6, np.linspace(0.0, 250.0, 251)]):
-        if time_s <= trace.end_s:
-            assert int(ready.count_at(time_s)) == _brute_force_ready(trace, startup_s, time_s), \
-                (seed, startup_s, time_s)
+    never ready (the simulator lost seed20's last arrival; a quarter of these cases failed).
+    100 random traces (seeds 0 to 99)."""
+    for seed in range(100):
+        rng = np.random.default_rng(seed)
+        base = _random_trace(rng)
+        trace = Trace("floats", base.initial_count, base.times_s + rng.random(len(base.times_s)),
+                      base.added, base.removed, end_s=250.0)
+        startup_s = float(rng.uniform(0.1, 30.0))
+        ready = trace.ready_after(startup_s)
+        arrivals = trace.times_s[trace.added > 0]
+        for time_s in np.concatenate([arrivals + startup_s + 1e-6,
+                                      np.linspace(0.0, 250.0, 251)]):
+            if time_s <= trace.end_s:
+                assert int(ready.count_at(time_s)) == _brute_force_ready(
+                    trace, startup_s, time_s), (seed, startup_s, time_s)

@@ -1,6 +1,6 @@
 """Fit the per-model constants of the iteration-time formula to the measured table.
 
-The target is the mean absolute percentage error of throughput (issue 4), so that is what we
+The accuracy target is the mean absolute percentage error of throughput, so that is what we
 minimize. With measured iteration times ``T_k`` (s), the formula's feature rows ``f_k`` and its
 constants ``theta = (alpha, gamma, c, beta, d)`` (``estimator.iteration_features``), the
 prediction is ``T_hat_k = f_k . theta`` and the throughput error of row k is

@@ -31,7 +31,7 @@ capacity is added in time, launch delay included. When no choice meets (1), the 
 
 (D, P) on the mix: the liveput MPC optimizer (:mod:`liveput.plan.optimizer`) over the next H
 intervals, with the forecast capped at m, on the spot kept plus the on-demand instances running.
-Source: the issue's objective (deadline as a hard constraint, least expected cost), Can't Be
+Source: the objective (deadline as a hard constraint, least expected cost), Can't Be
 Late's observation (NSDI 2024) that on-demand is worth adding only where the slack cannot absorb
 a bad spot outcome, and the cost per sample that falls with fewer instances (``rate(m) / m``
 decreases): with slack, a smaller spot cluster trains cheaper.
