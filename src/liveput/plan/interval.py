@@ -93,7 +93,7 @@ class IntervalThroughput:
             high_stages = int(np.sum(per_stage > low_on_demand))
             t = np.arange(1, d + 1)
 
-            def index(on_demand: int, stages: int) -> np.ndarray:
+            def index(on_demand: int, stages: int, d: int = d, t: np.ndarray = t) -> np.ndarray:
                 if stages == 0:
                     return np.full(d, self._one)  # no such stage: a factor 1
                 spot = d - on_demand

@@ -10,6 +10,7 @@ after any of these endings the engine holds exactly the state of the last step i
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import threading
@@ -296,7 +297,7 @@ class Engine:
             # The job itself is wrong: every instance and the coordinator stop with this line.
             LOG.error("instance %d: %s", self.instance, failure)
             discard_gradients(list(self.layers.values()))
-            self._retry(lambda: protocol.fail_job(self.store, failure))
+            self._retry(functools.partial(protocol.fail_job, self.store, failure))
             raise
         except CommAborted:
             # The watchdog ended the generation's communication: it is over for every rank
@@ -304,7 +305,8 @@ class Engine:
             assert watchdog is not None
             if watchdog.reason == "ended with the job":
                 discard_gradients(list(self.layers.values()))
-                raise protocol.job_error(self.store) or protocol.JobFailure("the job failed")
+                raise (protocol.job_error(self.store)
+                       or protocol.JobFailure("the job failed")) from None
             LOG.warning("instance %d: generation %d %s; left its communication at step %s",
                         self.instance, plan.generation, watchdog.reason,
                         "-" if self._step is None else self._step)
@@ -429,7 +431,8 @@ class Engine:
                     num_samples=self.job.global_batch_size, loss=loss,
                     data_parallel=plan.data_parallel, pipeline_stages=plan.pipeline_stages,
                     committed_unix_s=time.time())
-                self._retry(lambda: protocol.record_step(self.store, plan.epoch, record))
+                self._retry(functools.partial(protocol.record_step, self.store, plan.epoch,
+                                              record))
             every = self.config.checkpoint_every
             if every and (step + 1) % every == 0 and self.checkpointer:
                 share = checkpoint_share(layers, position)
