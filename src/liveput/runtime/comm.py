@@ -35,10 +35,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import PrefixStore, Store
 
 _DTYPES = (torch.float32, torch.int64, torch.float16, torch.bfloat16, torch.float64, torch.int32,
            torch.uint8)
@@ -114,21 +115,26 @@ def _serve(calls: queue.SimpleQueue) -> None:
         call.run()
 
 
-def _make_group(store: dist.Store, prefix: str, rank: int, size: int,
+def _make_group(store: Store, prefix: str, rank: int, size: int,
                 device: torch.device, timeout_s: float, host: str | None) -> dist.ProcessGroup:
     timeout = datetime.timedelta(seconds=timeout_s)
-    scoped = dist.PrefixStore(prefix, store)
+    scoped = PrefixStore(prefix, store)
+    backend: object
     if device.type == "cuda":
-        options = dist.ProcessGroupNCCL.Options()
+        nccl_options = dist.ProcessGroupNCCL.Options()
+        nccl_options._timeout = timeout
+        backend = dist.ProcessGroupNCCL(scoped, rank, size, nccl_options)
+    elif host is None:
+        backend = dist.ProcessGroupGloo(scoped, rank, size, timeout)
+    else:
+        # Bind gloo to the instance's own address, not whatever the machine's hostname resolves to.
+        # torch's stub names the binding's options class Options; the binding itself, _Options.
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(scoped, rank, size, options)
-    if host is None:
-        return dist.ProcessGroupGloo(scoped, rank, size, timeout)
-    # Bind gloo to the instance's own address, not whatever the machine's hostname resolves to.
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    return dist.ProcessGroupGloo(scoped, rank, size, options)
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        backend = dist.ProcessGroupGloo(scoped, rank, size, options)
+    # torch's stubs declare send, recv and allreduce on ProcessGroup only; its backends have them.
+    return cast(dist.ProcessGroup, backend)
 
 
 @dataclass
@@ -155,7 +161,7 @@ class Groups:
         self._calls: queue.SimpleQueue | None = None
 
     @classmethod
-    def build(cls, store: dist.Store, generation: int, rank: int, world_size: int,
+    def build(cls, store: Store, generation: int, rank: int, world_size: int,
               stage_ranks: list[int] | None, device: torch.device,
               timeout_s: float = 60.0, host: str | None = None,
               pipeline_ranks: list[int] | None = None) -> Groups:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import Store as C10dStore
 
 from liveput.errors import LiveputError
 from liveput.runtime import protocol
@@ -35,7 +36,7 @@ from liveput.runtime.step_times import StepTimer
 from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)
-Rendezvous = Callable[[RuntimePlan, int], dist.Store]
+Rendezvous = Callable[[RuntimePlan, int], C10dStore]
 """``rendezvous(plan, rank)`` -> the c10d store the generation's process groups meet on."""
 _TRANSFER_TAG = 1 << 20
 _ARRIVAL_CHECK_S = 0.5
@@ -161,6 +162,10 @@ class Engine:
         self.device = torch.device(self.config.device)
         self.layers: dict[int, LayerState] = {}
         self.last_applied = protocol.FRESH_START
+        self._peer: int | None = None
+        """The instance this one receives layers from, while it does (named if the wait fails)."""
+        self._step: int | None = None
+        """The step in flight, while one is (named if the generation's communication ends)."""
         self.epoch = 0
         """Restore epoch of the layers' values (with ``last_applied``: the point they are at)."""
         self.update = OptimizerStep(job.training)
@@ -180,7 +185,7 @@ class Engine:
         layers = {}
         for index in needed:
             layer = fresh_layer(self.job, index, self.device)
-            if plan.restore_step != protocol.FRESH_START:
+            if plan.restore_step is not None and plan.restore_step != protocol.FRESH_START:
                 if self.checkpointer is None:
                     raise LiveputError("plan restores from a checkpoint but no checkpoint dir is set")
                 try:
@@ -198,33 +203,40 @@ class Engine:
             layers[index] = layer
         self.layers = layers
 
-    def _transfer(self, plan: RuntimePlan, groups: Groups, needed: range) -> None:
+    def _transfer(self, plan: RuntimePlan, groups: Groups | None, needed: range) -> None:
         if (self.epoch, self.last_applied) != (plan.epoch, plan.start_step - 1):
             # Layers of another point of training (this instance sat out plans that ran):
             # never train on them nor send them.
             self.layers = {}
-        sends, buffers = [], []
-        for tag, transfer in enumerate(plan.transfers):
-            if transfer.source == self.instance:
-                if transfer.layer not in self.layers:
-                    raise LiveputError(f"instance {self.instance} holds no layer {transfer.layer} "
-                                       f"at step {plan.start_step - 1} (epoch {plan.epoch})")
-                data = encode_state(self.layers[transfer.layer].state_dict(), self.token)
-                works, buffer = groups.isend_bytes(data, plan.rank_of(transfer.destination),
-                                                   _TRANSFER_TAG + tag)
-                sends += works
-                buffers.append(buffer)
-        received = {}
-        for tag, transfer in enumerate(plan.transfers):
-            if transfer.destination == self.instance:
-                self._peer = transfer.source
-                data = groups.recv_bytes(plan.rank_of(transfer.source), _TRANSFER_TAG + tag)
-                layer = fresh_layer(self.job, transfer.layer, self.device)
-                layer.load_state_dict(decode_state(data, self.token, f"instance {transfer.source}"))
-                received[transfer.layer] = layer
-        self._peer = None
-        for work in sends:
-            groups.wait(work)
+        sends: list[dist.Work] = []
+        buffers: list[torch.Tensor] = []
+        received: dict[int, LayerState] = {}
+        if plan.transfers:
+            if groups is None:
+                raise LiveputError(f"plan {plan.generation} moves layers between instances but "
+                                   "builds no process groups")
+            for tag, transfer in enumerate(plan.transfers):
+                if transfer.source == self.instance:
+                    if transfer.layer not in self.layers:
+                        raise LiveputError(f"instance {self.instance} holds no layer "
+                                           f"{transfer.layer} at step {plan.start_step - 1} "
+                                           f"(epoch {plan.epoch})")
+                    data = encode_state(self.layers[transfer.layer].state_dict(), self.token)
+                    works, buffer = groups.isend_bytes(data, plan.rank_of(transfer.destination),
+                                                       _TRANSFER_TAG + tag)
+                    sends += works
+                    buffers.append(buffer)
+            for tag, transfer in enumerate(plan.transfers):
+                if transfer.destination == self.instance:
+                    self._peer = transfer.source
+                    data = groups.recv_bytes(plan.rank_of(transfer.source), _TRANSFER_TAG + tag)
+                    layer = fresh_layer(self.job, transfer.layer, self.device)
+                    layer.load_state_dict(decode_state(data, self.token,
+                                                       f"instance {transfer.source}"))
+                    received[transfer.layer] = layer
+            self._peer = None
+            for work in sends:
+                groups.wait(work)
         missing = [i for i in needed if i not in self.layers and i not in received]
         if missing:
             raise LiveputError(f"plan {plan.generation} leaves instance {self.instance} "
