@@ -27,6 +27,7 @@ Search
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -131,8 +132,9 @@ def problem_from_catalog(catalog: Catalog, profile: ModelProfile, ps_type: str,
         raise LiveputError(f"no GPU type of catalog {catalog.name} holds {profile.model}'s "
                            "training state on one GPU")
     params = SpotDNNParams(model_gb=profile.num_params * 4 / 1e9,
-                           ps_bandwidth_gbps=ps.network_gbps,
-                           **({"g": tuple(loss_g)} if loss_g else {}))
+                           ps_bandwidth_gbps=ps.network_gbps)
+    if loss_g:
+        params = dataclasses.replace(params, g=tuple(loss_g))
     quota = {family: q for (family, market), q in catalog.vcpu_quota.items()
              if market is Market.SPOT}
     return SLOProblem(tuple(types), params, quota), ps

@@ -114,12 +114,14 @@ class BambooPolicy(LookupPolicy):
                                      configuration.pipeline_stages] / base) if base > 0 else 1.0
 
     def _run(self, target: Configuration | None, migration: str, downtime_s: float,
-             remaining_s: float, **extra: object) -> Decision:
-        factor = self._speed(target) * float(extra.pop("slowdown", 1.0))
+             remaining_s: float, slowdown: float = 1.0,
+             num_instances_used: int | None = None) -> Decision:
+        factor = self._speed(target) * slowdown
         return Decision(target, migration=migration, downtime_s=downtime_s,
                         throughput_factor=factor,
                         expected_samples=self.lookup.throughput(target) * factor
-                        * max(remaining_s - downtime_s, 0.0), **extra)
+                        * max(remaining_s - downtime_s, 0.0),
+                        num_instances_used=num_instances_used)
 
     def decide(self, observation: Observation) -> Decision:
         available = observation.num_available + observation.num_on_demand

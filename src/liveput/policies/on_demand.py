@@ -29,7 +29,8 @@ class OnDemandPolicy(LookupPolicy):
         return Decision(
             target,
             migration="checkpoint-restore" if launch else "none",
-            downtime_s=restart_s(self.context, target) if launch else 0.0,
+            downtime_s=(restart_s(self.context, target) if target is not None and launch
+                        else 0.0),
             release=observation.num_available,
             num_on_demand=0 if target is None else target.num_instances,
             expected_samples=self.lookup.throughput(target) * observation.remaining_s,

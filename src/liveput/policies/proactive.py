@@ -75,7 +75,7 @@ class LiveputPolicy(Policy):
             fitting = next((a for a in plan.alternatives if a.configuration is None
                             or a.configuration.num_instances <= room), None)
             chosen = None if fitting is None else fitting.configuration
-            migration = "none" if chosen is None else fitting.migration
+            migration = "none" if fitting is None or chosen is None else fitting.migration
             seconds = self.optimizer.migration_s(observation.current, chosen, room)
         return Decision(chosen, migration=migration, downtime_s=seconds,
                         expected_samples=plan.expected_samples,

@@ -124,8 +124,8 @@ def _parse_events(text: str, path: str) -> Trace:
         name=Path(path).name,
         initial_count=initial_added - initial_removed,
         times_s=times - first_time,
-        added=[changes[t][0] for t in times],
-        removed=[changes[t][1] for t in times],
+        added=np.array([changes[t][0] for t in times], dtype=np.int64),
+        removed=np.array([changes[t][1] for t in times], dtype=np.int64),
         end_s=last_time - first_time,
     )
 

@@ -212,7 +212,7 @@ def generate_trace(
     def per_interval(p: float | np.ndarray) -> float | np.ndarray:
         return 1.0 - (1.0 - np.minimum(p, 1.0)) ** scale
 
-    switch_prob = per_interval(1.0 / (params.dwell_h * 60.0))
+    switch_prob = float(per_interval(1.0 / (params.dwell_h * 60.0)))
     zones = -(-nodes // params.reference_nodes)
     if num_intervals * zones > MAX_ZONE_INTERVALS:
         raise LiveputError(
