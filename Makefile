@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench system-deps clean
+.PHONY: setup run test lint format-check bench system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,7 +38,18 @@ run: setup system-deps
 	$(BIN)/liveput status docs/examples/local.yaml --json > out/local-job-status.json
 	$(BIN)/liveput stop docs/examples/local.yaml
 
-test: setup system-deps
+# The linters first: ruff's rules, the type checker, and the layering of the packages
+# (pyproject.toml configures all three).
+lint: setup
+	$(BIN)/ruff check
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# The code as ruff's formatter writes it (line length 100, from pyproject.toml).
+format-check: setup
+	$(BIN)/ruff format --check
+
+test: lint system-deps
 	$(BIN)/python -m pytest -q
 
 bench: setup
