@@ -39,7 +39,6 @@ from typing import NoReturn, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import PrefixStore, Store
 
 _DTYPES = (torch.float32, torch.int64, torch.float16, torch.bfloat16, torch.float64, torch.int32,
            torch.uint8)
@@ -115,10 +114,10 @@ def _serve(calls: queue.SimpleQueue) -> None:
         call.run()
 
 
-def _make_group(store: Store, prefix: str, rank: int, size: int,
+def _make_group(store: dist.Store, prefix: str, rank: int, size: int,
                 device: torch.device, timeout_s: float, host: str | None) -> dist.ProcessGroup:
     timeout = datetime.timedelta(seconds=timeout_s)
-    scoped = PrefixStore(prefix, store)
+    scoped = dist.PrefixStore(prefix, store)
     backend: object
     if device.type == "cuda":
         nccl_options = dist.ProcessGroupNCCL.Options()
@@ -161,7 +160,7 @@ class Groups:
         self._calls: queue.SimpleQueue | None = None
 
     @classmethod
-    def build(cls, store: Store, generation: int, rank: int, world_size: int,
+    def build(cls, store: dist.Store, generation: int, rank: int, world_size: int,
               stage_ranks: list[int] | None, device: torch.device,
               timeout_s: float = 60.0, host: str | None = None,
               pipeline_ranks: list[int] | None = None) -> Groups:

@@ -405,6 +405,7 @@ class Coordinator:
                      f"{sorted(set(range(self.profile.num_layers)) - held)} at step {start - 1} "
                      f"(reported: { {i: m.held_step for i, m in view.members.items()} })")
         if plan.epoch != context.epoch:
+            assert plan.restore_step is not None  # a plan of a new epoch restores a checkpoint
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
             reset_latest(self.store, plan.epoch, plan.restore_step)
             self.committed = plan.start_step - 1

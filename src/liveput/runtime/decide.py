@@ -390,7 +390,7 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
                       f"({_short(next(iter(view.failures.values())).reason)}); "
                       "finding the lost peers")
     if lost or stranded or view.fenced or view.failures:
-        lost_slots = tuple(sorted(plan.slots[i] for i in lost if plan.slots[i] is not None))
+        lost_slots = tuple(sorted(slot for i in lost if (slot := plan.slots[i]) is not None))
         reason = "loss" if lost else "failure" if view.failures else "recovery"
         return _replan(view, config, choose, reason, suspects, lost_slots, "preemption")
     if not view.all_arrived:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import Store as C10dStore
 
 from liveput.errors import LiveputError
 from liveput.runtime import protocol
@@ -36,7 +35,7 @@ from liveput.runtime.step_times import StepTimer
 from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)
-Rendezvous = Callable[[RuntimePlan, int], C10dStore]
+Rendezvous = Callable[[RuntimePlan, int], dist.Store]
 """``rendezvous(plan, rank)`` -> the c10d store the generation's process groups meet on."""
 _TRANSFER_TAG = 1 << 20
 _ARRIVAL_CHECK_S = 0.5

@@ -283,7 +283,7 @@ class EmulatorNoticeWatcher(NoticeWatcher):
         if signum is not None:
             self._signals = SignalNoticeWatcher((signum,))
 
-    @property  # type: ignore[override]
+    @property
     def wake(self) -> threading.Event | None:
         return None if self._signals is None else self._signals.wake
 

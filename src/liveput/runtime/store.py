@@ -18,6 +18,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import operator
 import os
 import socket
 import threading
@@ -430,7 +431,7 @@ class TCPStoreBackend(Store):
         # Marker first, key last: a write of the key after its deletion then re-indexes it.
         self._call(lambda s: s.delete_key(f"{_TCP_INDEX}seen/{key}"))
         for entry in sorted(self._entries.pop(key, ())):
-            self._call(lambda s, e=entry: s.delete_key(f"{_TCP_INDEX}{e}"))
+            self._call(operator.methodcaller("delete_key", f"{_TCP_INDEX}{entry}"))
         self._call(lambda s: s.delete_key(key))
 
     def key_count(self) -> int:
@@ -470,7 +471,7 @@ class TCPStoreBackend(Store):
             return
         entries = self._entries.pop(key, set())
         for entry in sorted(entries):
-            self._call(lambda s, e=entry: s.delete_key(f"{_TCP_INDEX}{e}"))
+            self._call(operator.methodcaller("delete_key", f"{_TCP_INDEX}{entry}"))
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         self._read_index()
