@@ -5,11 +5,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from liveput.cli import params
 from liveput.errors import LiveputError
+
+if TYPE_CHECKING:
+    from liveput.cloud.holding import InstanceHolder
+    from liveput.policies.deadline import DeadlineContext
+    from liveput.runtime.etcd import LocalEtcd
+    from liveput.runtime.job import Job
 
 
 def _token(token: str | None) -> str:
@@ -129,8 +137,6 @@ def coordinator(
     """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
     plans. Restarted with the same --etcd-dir, it resumes the job. With --provider, it also
     rents the instances (--spot-max, --on-demand-max) and gives them back at the end."""
-    from pathlib import Path
-
     from liveput.cloud.holding import Holding
     from liveput.runtime.coordinator import CoordinatorConfig
     from liveput.runtime.etcd import EtcdConfig, LocalEtcd
@@ -155,7 +161,7 @@ def coordinator(
         deadline = _deadline(holder, job, steps, spot_max, on_demand_max, deadline_hours,
                              deadline_policy, trace_path, interval_s)
         holder.target = Holding(spot_max, 0)  # on-demand: as the deadline policy decides
-    etcd = None
+    etcd: LocalEtcd | None = None
     if store is None and not embedded:
         try:
             host_name, port = parse_host_port(f"etcd://{listen}")
@@ -165,7 +171,7 @@ def coordinator(
         etcd.start()
         typer.echo(f"store: {etcd.url} (etcd pid {etcd.pid}, data in {etcd.data_dir})", err=True)
     try:
-        url = store or (f"tcp://{listen}" if embedded else etcd.url)
+        url = store or (etcd.url if etcd is not None else f"tcp://{listen}")
         if embedded:
             handle = open_store(url, host=True, token=token)
         else:
@@ -208,7 +214,7 @@ def coordinator(
 
 def _holder(name: str | None, *, region: str, instance_types: str | None, spot_max: int,
             on_demand_max: int, capacity: int, address: str, token: str, image_id: str | None,
-            trace: str | None, work_dir: object):  # noqa: ANN202 - an InstanceHolder or None
+            trace: str | None, work_dir: Path) -> InstanceHolder | None:
     """The provider and what it holds, checked before anything starts (one-line errors)."""
     if name is None:
         if spot_max or on_demand_max or instance_types:
@@ -232,12 +238,11 @@ def _holder(name: str | None, *, region: str, instance_types: str | None, spot_m
     return InstanceHolder(provider, Holding(spot_max, on_demand_max), provider.instance_types)
 
 
-def _deadline(holder, job, steps: int, spot_max: int, on_demand_max: int,  # noqa: ANN001, ANN202
-              deadline_hours: float, policy: str, trace_path: str | None, interval_s: float):
+def _deadline(holder: InstanceHolder, job: Job, steps: int, spot_max: int, on_demand_max: int,
+              deadline_hours: float, policy: str, trace_path: str | None,
+              interval_s: float) -> tuple[DeadlineContext, float]:
     """(the deadline policy's context, the monotonic time the deadline counts from), checked
     before anything starts: the provider's prices, the spot it holds (or its trace)."""
-    from pathlib import Path
-
     import numpy as np
 
     from liveput.runtime.deadline import DeadlineJob, deadline_context

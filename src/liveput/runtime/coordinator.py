@@ -30,15 +30,15 @@ from liveput.errors import LiveputError
 from liveput.perf.estimator import Calibration, calibration_for, estimate_configs
 from liveput.perf.online import refit
 from liveput.perf.types import ModelProfile
-from liveput.policies import (Configuration, Observation, PolicyContext, Provisioning,
+from liveput.policies import (Configuration, Observation, Policy, PolicyContext, Provisioning,
                               make_policy)
-from liveput.policies.deadline import DeadlineContext, make_deadline_policy
+from liveput.policies.deadline import DeadlineContext, DeadlinePolicy, make_deadline_policy
 from liveput.runtime import ledger, protocol
 from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.notices import Notice
-from liveput.runtime.decide import (Action, ActionKind, CoordinatorConfig, CoordinatorView,
-                                    Member, decide)
+from liveput.runtime.decide import (Action, ActionKind, Choose, CoordinatorConfig,
+                                    CoordinatorView, Member, decide)
 from liveput.runtime.planning import PlanContext, plan_generation, require_a_fit
 from liveput.runtime.prune import (PruneView, Pruner, checkpoint_point, forgotten,
                                    instances_named, read_floor)
@@ -86,6 +86,7 @@ class Coordinator:
         """The policy's last answer this tick was a restart (the reactive baseline's move)."""
         self.provisioning: Provisioning | None = None
         """The deadline policy's latest provisioning decision (None: none yet, or no deadline)."""
+        self.policy: Policy | DeadlinePolicy
         if deadline is not None:
             self.calibration = calibration_for(profile.model)
             self.table = deadline.policy.table
@@ -317,7 +318,7 @@ class Coordinator:
                 best, best_rate = Configuration(int(d), int(p)), float(rate)
         return best
 
-    def _choose(self, view: CoordinatorView):  # noqa: ANN202 - a decide.Choose
+    def _choose(self, view: CoordinatorView) -> Choose:
         def choose(available: int, event: str,
                    lost_slots: tuple[tuple[int, int], ...]) -> Configuration | None:
             history = self._history(available)
@@ -396,13 +397,13 @@ class Coordinator:
         if action.noticed_workers:
             plan = dataclasses.replace(plan, noticed=list(action.noticed_workers))
         if plan.restore_step is not None and previous is not None:
-            held = {layer for layers in holdings.values() for layer in layers}
+            held_layers = {layer for layers in holdings.values() for layer in layers}
             LOG.info("plan %d restores from %s: %s", plan.generation,
                      "the initial weights" if plan.restore_step < 0 else
                      f"step {plan.restore_step}",
                      "forced after plans that failed" if action.restore else
                      f"no current holder of layers "
-                     f"{sorted(set(range(self.profile.num_layers)) - held)} at step {start - 1} "
+                     f"{sorted(set(range(self.profile.num_layers)) - held_layers)} at step {start - 1} "
                      f"(reported: { {i: m.held_step for i, m in view.members.items()} })")
         if plan.epoch != context.epoch:
             assert plan.restore_step is not None  # a plan of a new epoch restores a checkpoint

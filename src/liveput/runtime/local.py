@@ -184,7 +184,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
         else:
             url = config.store_url
             store = open_store(url, host=url.startswith("tcp://"), token=token)
-        cloud = None
+        cloud: EmulatedCloud | ProvidedCloud | None = None
         finished = False
         try:
             interval_s = 60.0 / config.time_scale
@@ -272,8 +272,8 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 steps_rolled_back=report.steps_rolled_back, exactly_once=report.exactly_once,
                 wall_s=round(time.monotonic() - started, 2), log_dir=str(log_dir),
                 steps=report.records, events=events,
-                deadline=None if config.deadline is None
-                else cloud.summary(config.deadline.deadline_hours))
+                deadline=cloud.summary(config.deadline.deadline_hours)
+                if isinstance(cloud, ProvidedCloud) and config.deadline is not None else None)
         except LiveputError as error:  # one line, saying where to look
             raise LiveputError(f"{error}; agents' logs in {log_dir}") from None
         finally:
