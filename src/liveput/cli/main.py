@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         return _refuse(f"{where}{(error.strerror or str(error)).lower()}")
     except Exception as error:
         # Usage errors of typer's (vendored) click: one line with the option and the command.
-        if callable(getattr(error, "format_message", None)) and \
-                isinstance(getattr(error, "exit_code", None), int):
-            return _refuse(_usage_line(error), error.exit_code)
+        exit_code = getattr(error, "exit_code", None)
+        if callable(getattr(error, "format_message", None)) and isinstance(exit_code, int):
+            return _refuse(_usage_line(error), exit_code)
         raise
     return 0
 

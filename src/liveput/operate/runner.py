@@ -24,12 +24,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from liveput.errors import LiveputError
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
 from liveput.runtime.etcd import pid_alive
 from liveput.runtime.store import Store, open_store
+
+if TYPE_CHECKING:
+    from liveput.operate.metrics import TensorBoardScalars
+    from liveput.runtime.coordinator import Coordinator
+    from liveput.runtime.job import Job
 
 LOG = logging.getLogger(__name__)
 STOP_KEY = "job/stop"
@@ -209,7 +215,7 @@ def run_job(job: JobFile, *, resume: bool = False,
             etcd.stop()
 
 
-def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str,
+def _train(job: JobFile, model: Job, num_steps: int, store: Store, token: str,
            checkpoint_url: str, state_dir: Path, place: JobPlace,
            on_ready: Callable[[JobPlace], None] | None) -> dict:
     from liveput.advise.catalog import load_catalog
@@ -240,10 +246,10 @@ def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str
             objective.policy))
     trace = (read_trace(Path(provider.trace)) if provider.trace
              else generate_trace(provider.workers, 5 / 60, provider.trace_seed))
-    last: dict = {}
+    last: dict[str, Coordinator] = {}
     ready = False
 
-    def tick(coordinator: object, done: bool) -> None:
+    def tick(coordinator: Coordinator, done: bool) -> None:
         nonlocal ready
         last["coordinator"] = coordinator
         snapshot = recorder.record(coordinator, time.monotonic())
@@ -280,8 +286,8 @@ def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str
             board.close()
 
 
-def _final(recorder: StatusRecorder, last: dict, state: str, reason: str,
-           board: object) -> None:
+def _final(recorder: StatusRecorder, last: dict[str, Coordinator], state: str, reason: str,
+           board: TensorBoardScalars | None) -> None:
     coordinator = last.get("coordinator")
     if coordinator is None:
         return
