@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _command() -> Any:
     """The click command of ``app``, with every ``--help`` shown as the flag it is (typer shows
-    a ``<bool>`` value for it); click caches each command's help option, so setting it once holds."""
+    a ``<bool>`` value for it); click caches each command's help option, so setting it once
+    holds."""
     root = typer.main.get_command(app)
     pending = [root]
     while pending:

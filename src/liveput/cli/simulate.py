@@ -1,4 +1,5 @@
-"""`liveput simulate`: replay a trace with every policy: a table (or ``--json``), a JSON file, a report."""
+"""`liveput simulate`: replay a trace with every policy: a table (or ``--json``), a JSON file, a
+report."""
 
 from __future__ import annotations
 

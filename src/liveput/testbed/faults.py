@@ -99,7 +99,7 @@ def draw_campaign(num_faults: int, seed: int, faults_per_run: int = 8,
 
 
 class Injector:
-    """Does faults to ``cluster``; ``checkpoint_fs`` is the (tmpfs) filesystem of its checkpoints."""
+    """Does faults to ``cluster``; ``checkpoint_fs``: the (tmpfs) filesystem of its checkpoints."""
 
     def __init__(self, cluster: ChaosCluster, rng: random.Random, checkpoint_fs: Path) -> None:
         self.cluster = cluster
