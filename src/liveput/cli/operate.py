@@ -80,7 +80,7 @@ def resume(
 
 def _run(job: JobFile, resume: bool, as_json: bool) -> None:
     from liveput.cli.train import _summary_table
-    from liveput.operate.runner import JobPlace, run_job
+    from liveput.operate.runner import run_job
 
     def ready(place: JobPlace) -> None:
         watch = f"liveput status --store {place.store} --token-file {place.token_file}"
