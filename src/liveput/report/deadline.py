@@ -18,8 +18,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-from matplotlib.figure import Figure  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from liveput.files import write_bytes_atomic, write_text_atomic  # noqa: E402
 from liveput.report.html import STYLE  # noqa: E402
