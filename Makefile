@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-unit bench system-deps clean
+.PHONY: setup run test test-unit lint bench system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,14 +39,22 @@ run: setup system-deps
 	$(BIN)/liveput status docs/examples/local.yaml --json > out/local-job-status.json
 	$(BIN)/liveput stop docs/examples/local.yaml
 
+# The linters first: ruff's rules and formatting, the type checker, and the layering of the
+# packages (pyproject.toml configures all of them).
+lint: setup
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
 # The tests marked `process` (tests/conftest.py marks them) left out: no system packages needed.
-# They start nothing, so two workers (pytest-xdist, a file per worker) run them; the few that
-# time a training loop keep their fastest of several attempts, as they do beside other work.
+# They start nothing, so two workers (pytest-xdist, a file per worker) run them.
 UNIT_TESTS := $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
 
-# Every test: the unit tier, then the `process` tier (agents, etcd, network namespaces, servers)
-# one test at a time, since those tests measure timeouts and share the machine's two cores.
-test: setup system-deps
+# Every test: the linters, the unit tier, then the `process` tier (agents, etcd, network
+# namespaces, servers) one test at a time, since those tests measure timeouts and share the
+# machine's two cores.
+test: lint system-deps
 	$(UNIT_TESTS)
 	$(BIN)/python -m pytest -q -m process
 

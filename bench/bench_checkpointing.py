@@ -2,11 +2,13 @@
 training step of ``tiny-gpt`` on this machine (``python -m bench checkpointing``).
 
 Time: seconds per step at (1, 1), one core, fp32, the fastest of four interleaved rounds (each
-the median of 3 steps after a warm-up), with and without per-layer checkpointing; the prediction is the ratio of the estimator's iteration times for the
-job's profile with ``activation_checkpointing`` = ``layer`` and ``none``. Memory: the bytes a
-forward of one micro-batch leaves for the backward pass (every tensor autograd saves, counted
-through ``torch.autograd.graph.saved_tensors_hooks``; under ``torch.utils.checkpoint`` only each
-layer's input; the weights autograd saves left out, as the profiler does), against the estimator's ``sum A_l`` and ``sum x_l`` (``docs/perf.md``).
+the median of 3 steps after a warm-up), with and without per-layer checkpointing; the prediction
+is the ratio of the estimator's iteration times for the job's profile with
+``activation_checkpointing`` = ``layer`` and ``none``. Memory: the bytes a forward of one
+micro-batch leaves for the backward pass (every tensor autograd saves, counted through
+``torch.autograd.graph.saved_tensors_hooks``; under ``torch.utils.checkpoint`` only each layer's
+input; the weights autograd saves left out, as the profiler does), against the estimator's
+``sum A_l`` and ``sum x_l`` (``docs/perf.md``).
 """
 
 from __future__ import annotations

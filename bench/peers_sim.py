@@ -11,11 +11,12 @@ What the first versions got wrong, measured against the runtime (``docs/peers.md
 
 - *Throughput per instance count.* The benchmark runs up to four instances on this machine's
   two cores, so three or four instances train slower than two; the profile's table assumes a
-  core per instance (140 samples/s on three where the runtime trains 81, and 98 on two). The runtime's samples/s with ``n`` instances and no
-  preemption is measured for every ``n``; each configuration of ``n`` instances trains at the
-  table's rate times ``measured(n) / table(best configuration of n)`` (:func:`measured_table`).
-  The policy still plans with the profile's table, as the runtime's coordinator does (on real
-  instances, each with its own accelerator, there is no such contention to plan for).
+  core per instance (140 samples/s on three where the runtime trains 81, and 98 on two). The
+  runtime's samples/s with ``n`` instances and no preemption is measured for every ``n``; each
+  configuration of ``n`` instances trains at the table's rate times
+  ``measured(n) / table(best configuration of n)`` (:func:`measured_table`). The policy still
+  plans with the profile's table, as the runtime's coordinator does (on real instances, each
+  with its own accelerator, there is no such contention to plan for).
 - *Time resolution.* Replayed in intervals of ``60 / time_scale`` s (five in a window), an
   instance counted only from the interval after it came, and one ready 2.6 s after the start
   of the trace trained from 30 s on. The runtime replans at every loss and arrival, so the

@@ -1,4 +1,5 @@
-"""Preemption notices from local stand-ins of the AWS and GCP metadata services, and from signals."""
+"""Preemption notices from local stand-ins of the AWS and GCP metadata services and from
+signals."""
 
 from __future__ import annotations
 
@@ -263,7 +264,9 @@ CHILD = textwrap.dedent(
     import sys, threading
     from liveput.runtime.notices import NoticeMonitor, SignalNoticeWatcher
     seen = threading.Event()
-    monitor = NoticeMonitor([SignalNoticeWatcher()], lambda n: (print(n.to_json(), flush=True), seen.set()), interval_s=60)
+    monitor = NoticeMonitor([SignalNoticeWatcher()],
+                            lambda n: (print(n.to_json(), flush=True), seen.set()),
+                            interval_s=60)
     monitor.start()
     print("ready", flush=True)
     sys.exit(0 if seen.wait(30) else 1)

@@ -71,7 +71,7 @@ class RevocationModel:
         return first, later
 
     def probability_revoked_within(self, hours: np.ndarray | float) -> np.ndarray:
-        """P(revoked within t hours) of one instance; past ``max_life_hours`` every instance is gone."""
+        """P(revoked within t hours) of one instance; past ``max_life_hours`` every one is gone."""
         t = np.asarray(hours, dtype=float)
         first, later = self.hazards_per_hour
         cumulative = first * np.minimum(t, 1.0) + later * np.maximum(t - 1.0, 0.0)
@@ -122,7 +122,8 @@ class RevocationModel:
 
 
 REVOCATION_MODELS: Registry[RevocationModel] = Registry("revocation model")
-"""Published measurements by name (CM-DARE, GCE preemptible GPUs, fractions revoked in 1 h / 24 h)."""
+"""Published measurements by name (CM-DARE, GCE preemptible GPUs, fractions revoked in 1 h and
+24 h)."""
 for _name, _p1, _p24 in (("gce-k80-us-central1", 0.10, 0.56), ("gce-k80-us-east1", 0.47, 0.47),
                          ("gce-p100-us-east1", 0.20, 0.70), ("gce-v100-us-central1", 0.67, 0.67),
                          ("gce-v100-europe-west4", 0.07, 0.43)):

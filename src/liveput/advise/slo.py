@@ -27,8 +27,10 @@ Search
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,7 +121,7 @@ def worker_type(spec: InstanceSpec, profile: ModelProfile, reference_flops_per_g
 
 
 def problem_from_catalog(catalog: Catalog, profile: ModelProfile, ps_type: str,
-                         loss_g: tuple[float, float, float, float, float] | None = None,
+                         loss_g: Sequence[float] | None = None,
                          ) -> tuple[SLOProblem, InstanceSpec]:
     """The SLO problem of ``profile`` over the catalog's GPU types, with ``ps_type`` as the PS."""
     ps = catalog.get(ps_type)
@@ -131,8 +133,10 @@ def problem_from_catalog(catalog: Catalog, profile: ModelProfile, ps_type: str,
         raise LiveputError(f"no GPU type of catalog {catalog.name} holds {profile.model}'s "
                            "training state on one GPU")
     params = SpotDNNParams(model_gb=profile.num_params * 4 / 1e9,
-                           ps_bandwidth_gbps=ps.network_gbps,
-                           **({"g": tuple(loss_g)} if loss_g else {}))
+                           ps_bandwidth_gbps=ps.network_gbps)
+    if loss_g:
+        g0, g1, g2, g3, g4 = loss_g  # the five constants of the loss curve (spotdnn.g)
+        params = dataclasses.replace(params, g=(g0, g1, g2, g3, g4))
     quota = {family: q for (family, market), q in catalog.vcpu_quota.items()
              if market is Market.SPOT}
     return SLOProblem(tuple(types), params, quota), ps

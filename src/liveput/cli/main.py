@@ -77,16 +77,17 @@ def main(argv: list[str] | None = None) -> int:
         return _refuse(f"{where}{(error.strerror or str(error)).lower()}")
     except Exception as error:
         # Usage errors of typer's (vendored) click: one line with the option and the command.
-        if callable(getattr(error, "format_message", None)) and \
-                isinstance(getattr(error, "exit_code", None), int):
-            return _refuse(_usage_line(error), error.exit_code)
+        exit_code = getattr(error, "exit_code", None)
+        if callable(getattr(error, "format_message", None)) and isinstance(exit_code, int):
+            return _refuse(_usage_line(error), exit_code)
         raise
     return 0
 
 
 def _command() -> Any:
     """The click command of ``app``, with every ``--help`` shown as the flag it is (typer shows
-    a ``<bool>`` value for it); click caches each command's help option, so setting it once holds."""
+    a ``<bool>`` value for it); click caches each command's help option, so setting it once
+    holds."""
     root = typer.main.get_command(app)
     pending = [root]
     while pending:

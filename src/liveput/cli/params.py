@@ -36,6 +36,7 @@ def _bounds(low: float | None, high: float | None, low_open: bool) -> str:
         return f"in {'(' if low_open else '['}{_figure(low)}, {_figure(high)}]"
     if low is not None:
         return f"{'>' if low_open else '>='} {_figure(low)}"
+    assert high is not None  # a bounded parameter has a low or a high bound
     return f"<= {_figure(high)}"
 
 

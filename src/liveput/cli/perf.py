@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--nodes must be >= 1")
         profile = load_profile(model)
         table = estimate_configs(profile, nodes)
-        best = {}
+        best: dict[str, list[int] | None] = {}
         for count in range(1, nodes + 1):
             choice = table.best_for(count)
             best[str(count)] = None if choice is None else [choice[0], choice[1]]
@@ -50,13 +50,13 @@ def register(app: typer.Typer) -> None:
                      "lists every count")
         for column in ("instances", "D x P", "samples/s", "memory GB"):
             view.add_column(column, justify="right")
-        for first, last, choice in rows:
+        for first, last, pair in rows:
             counts = str(first) if first == last else f"{first}-{last}"
-            if choice is None:
+            if pair is None:
                 view.add_row(counts, "-", "nothing fits", "-")
                 continue
-            figures = configs[index[tuple(choice)]]
-            view.add_row(counts, f"{choice[0]} x {choice[1]}",
+            figures = configs[index[(pair[0], pair[1])]]
+            view.add_row(counts, f"{pair[0]} x {pair[1]}",
                          f"{figures['samples_per_s']:.1f}", f"{figures['memory_gb']:.1f}")
         console.print(view)
 

@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
             view.add_row(str(alternative.configuration or "nothing"),
                          f"{alternative.expected_samples:,.0f}", alternative.migration)
         console.print(view)
-        if not runs_now:
+        if not runs_now and chosen is not None:
             now = "nothing" if best_now is None else f"{best_now[0]}x{best_now[1]}"
             console.print(f"[yellow]note:[/] {chosen} needs {chosen.num_instances} instances and "
                           f"{available} are available now; until the forecast ones arrive, "

@@ -125,8 +125,8 @@ class AwsProvider(Provider):
                                                                   "mode": "standard"})
         self.session = session
         self.client = session.client("ec2", endpoint_url=config.endpoint_url, config=client_config)
-        self._ssm = lambda: session.client("ssm", endpoint_url=config.endpoint_url,
-                                           config=client_config)
+        self._ssm: Callable[[], Any] = lambda: session.client(
+            "ssm", endpoint_url=config.endpoint_url, config=client_config)
         self._start_s = self.clock.now_s()
         self._known: dict[str, InstanceRecord] = {}
         self._released: set[str] = set()

@@ -99,8 +99,9 @@ class AutoPredictor(Predictor):
         self._made: dict[int, _Made] = {}
         # Per step h: paired absolute errors (persistence, mixture median) and the CRPS
         # coefficients of the members against persistence (``forecast.combine``).
-        self._error_p = [deque(maxlen=self.window) for _ in range(horizon)]
-        self._error_mix = [deque(maxlen=self.window) for _ in range(horizon)]
+        self._error_p: list[deque[float]] = [deque(maxlen=self.window) for _ in range(horizon)]
+        self._error_mix: list[deque[float]] = [deque(maxlen=self.window)
+                                               for _ in range(horizon)]
         self._coefficients = [_RollingSums(self.window, len(self.members))
                               for _ in range(horizon)]
         self._stop_loss = StopLoss(horizon, self.slack)

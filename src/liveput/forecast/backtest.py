@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +91,7 @@ def walk_forward(trace: IntervalTrace, method: str, horizon: int = 12, warmup: i
     truth, scores = np.full(shape, np.nan), np.full(shape, np.nan)
     counts = trace.count
     elapsed = 0.0
-    for row, now in enumerate(origins):
+    for row, now in enumerate(origins.tolist()):
         history = trace.head(now + 1)
         start = time.perf_counter()
         forecast = predictor.forecast(history, horizon, capacity)
@@ -124,7 +125,7 @@ def backtest(trace: IntervalTrace, methods: list[str], horizon: int = 12, warmup
 
 
 def backtest_summary(scores: dict[str, MethodScore], interval_s: float, horizon: int,
-                     default_method: str) -> dict[str, object]:
+                     default_method: str) -> dict[str, Any]:
     """The JSON object of ``liveput predict backtest --json``."""
     baseline = scores[BASELINE]
     return {

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -78,7 +79,8 @@ class ArimaPredictor(_Refitting):
                  refit_every: int = 30) -> None:
         super().__init__(window, refit_every)
         self.order = tuple(order)
-        self._results = None
+        self._results: Any = None
+        """statsmodels' fitted ARIMA results, once fitted."""
 
     def _predict(self, values: np.ndarray, length: int,
                  horizon: int) -> tuple[np.ndarray, np.ndarray]:

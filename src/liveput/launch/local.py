@@ -203,7 +203,7 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
         else:
             url = config.store_url
             store = open_store(url, host=url.startswith("tcp://"), token=token)
-        cloud = None
+        cloud: EmulatedCloud | ProvidedCloud | None = None
         finished = False
         try:
             interval_s = 60.0 / config.time_scale

@@ -87,8 +87,10 @@ class LMHead(nn.Module):
         return self.projection(self.norm(hidden))
 
 
+# A cut function takes a transformers model as Any: its submodules are attributes by name, which
+# nn.Module types as Tensor | Module.
 @FAMILIES.register("gpt2")
-def _cut_gpt2(model: nn.Module) -> list[nn.Module]:
+def _cut_gpt2(model: Any) -> list[nn.Module]:
     body = model.transformer
     return [TokenEmbedding(body.wte, body.wpe, body.drop),
             *(DecoderBlock(block, model.config) for block in body.h),
@@ -96,7 +98,7 @@ def _cut_gpt2(model: nn.Module) -> list[nn.Module]:
 
 
 @FAMILIES.register("llama")
-def _cut_llama(model: nn.Module) -> list[nn.Module]:
+def _cut_llama(model: Any) -> list[nn.Module]:
     body = model.model
     # Rotary embeddings hold no parameters (their buffer is not saved): each block has its own.
     return [TokenEmbedding(body.embed_tokens),
@@ -107,7 +109,7 @@ def _cut_llama(model: nn.Module) -> list[nn.Module]:
 
 def _family(config: Any) -> CutFn:
     model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise LiveputError(f"causal LM family {model_type!r} is not supported; "
                            f"known: {', '.join(FAMILIES.names())}")
     return FAMILIES.get(model_type)

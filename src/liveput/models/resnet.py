@@ -13,6 +13,7 @@ statistics per replica (they are buffers, not parameters: no gradient is all-red
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -125,8 +126,9 @@ def resnet_layers(model: nn.Module) -> list[nn.Module]:
     while hasattr(model, f"layer{stage}"):
         blocks.extend(getattr(model, f"layer{stage}").children())
         stage += 1
-    return [Stem(model.conv1, model.bn1, model.relu, model.maxpool), *blocks,
-            ClassifierHead(model.avgpool, model.fc)]
+    net: Any = model  # torchvision's ResNet: its submodules are attributes by name
+    return [Stem(net.conv1, net.bn1, net.relu, net.maxpool), *blocks,
+            ClassifierHead(net.avgpool, net.fc)]
 
 
 def build_resnet50(num_classes: int = 1000, width: int = 64, seed: int = 0) -> list[nn.Module]:

@@ -9,6 +9,7 @@ nothing is fetched at run time). Samples are windows of the token stream indexed
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def read_texts(path: str | Path, column: str = "text") -> list[str]:
     return [value for value in values if value]
 
 
-def _read_table(path: Path, suffix: str):  # noqa: ANN202 - a pyarrow.Table
+def _read_table(path: Path, suffix: str) -> Any:  # a pyarrow.Table
     pyarrow = require("pyarrow", f"reading {path}")
     try:
         if suffix in PARQUET_SUFFIXES:

@@ -9,8 +9,9 @@ Every option keeps training the same computation whatever (D, P) runs it (``job`
 - ``clip_grad_norm``: the gradients of the whole model are scaled by ``min(1, c / (norm + 1e-6))``,
   ``norm`` the L2 norm over every layer (``torch.nn.utils.clip_grad_norm_`` on the unsplit model):
   each stage computes its layers' squared norms, and the stages of a pipeline sum them.
-- ``lr_schedule``: the learning rate of global step s is ``base_lr * factor(s)`` (:class:`LRSchedule`),
-  a function of the step alone, so it does not matter which instance applies step s.
+- ``lr_schedule``: the learning rate of global step s is ``base_lr * factor(s)``
+  (:class:`LRSchedule`), a function of the step alone, so it does not matter which instance
+  applies step s.
 - ``activation_checkpointing``: each layer keeps only its input for the backward pass and runs its
   forward again there (``torch.utils.checkpoint``): memory down, compute up (``perf/estimator.py``).
 """

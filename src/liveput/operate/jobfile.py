@@ -273,7 +273,7 @@ def _build(cls: type, node: yaml.Node, where: str, prefix: str) -> Any:
 def _value(hint: Any, node: yaml.Node, where: str, name: str) -> Any:
     """``node`` as the type ``hint`` (a dataclass, str, int, float, bool, or one of them | None)."""
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if dataclasses.is_dataclass(options[0]):
+    if isinstance(options[0], type) and dataclasses.is_dataclass(options[0]):
         return _build(options[0], node, where, f"{name}.")
     wanted = [t for t in options if t is not type(None)]
     expected = " or ".join(t.__name__ for t in wanted) + (" or null" if len(wanted) < len(options)

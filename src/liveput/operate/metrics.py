@@ -6,10 +6,11 @@ what Prometheus scrapes, what TensorBoard plots and what ``liveput status`` prin
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from liveput.errors import LiveputError
 from liveput.runtime.store import Store, readers
@@ -22,7 +23,7 @@ class _StatusCollector:
         self.status = status
         self.migrations = migrations
 
-    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+    def collect(self) -> Iterator[Metric]:  # prometheus_client's collector protocol
         status = self.status
         job = status.get("job", "")
         gauges = (("liveput_step", "Steps committed", status.get("step", 0)),

@@ -23,7 +23,7 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from liveput.runtime import keys
 from liveput.runtime.store import Store, readers
@@ -301,5 +301,5 @@ def _latest_checkpoint(store: Store) -> int | None:
     return latest_checkpoint(store)
 
 
-def _json(raw: bytes | None) -> object:
+def _json(raw: bytes | None) -> Any:
     return None if raw is None else json.loads(raw)

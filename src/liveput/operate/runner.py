@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from liveput.errors import LiveputError
 from liveput.operate.jobfile import JobFile
@@ -31,6 +32,11 @@ from liveput.operate.recorder import RecorderConfig, StatusRecorder
 from liveput.runtime import keys
 from liveput.runtime.store import Store, open_store
 from liveput.runtime.store.etcd_server import pid_alive
+
+if TYPE_CHECKING:
+    from liveput.operate.metrics import TensorBoardScalars
+    from liveput.runtime.coordinator import Coordinator
+    from liveput.runtime.job import Job
 
 LOG = logging.getLogger(__name__)
 JOB_JSON = "job.json"
@@ -209,7 +215,7 @@ def run_job(job: JobFile, *, resume: bool = False,
             etcd.stop()
 
 
-def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str,
+def _train(job: JobFile, model: Job, num_steps: int, store: Store, token: str,
            checkpoint_url: str, state_dir: Path, place: JobPlace,
            on_ready: Callable[[JobPlace], None] | None) -> dict:
     from liveput.catalog import load_catalog
@@ -244,10 +250,10 @@ def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str
             objective.policy))
     trace = (read_trace(Path(provider.trace)) if provider.trace
              else generate_trace(provider.workers, 5 / 60, provider.trace_seed))
-    last: dict = {}
+    last: dict[str, Coordinator] = {}
     ready = False
 
-    def tick(coordinator: object, done: bool) -> None:
+    def tick(coordinator: Coordinator, done: bool) -> None:
         nonlocal ready
         last["coordinator"] = coordinator
         snapshot = recorder.record(coordinator, time.monotonic())
@@ -284,8 +290,8 @@ def _train(job: JobFile, model: object, num_steps: int, store: Store, token: str
             board.close()
 
 
-def _final(recorder: StatusRecorder, last: dict, state: str, reason: str,
-           board: object) -> None:
+def _final(recorder: StatusRecorder, last: dict[str, Coordinator], state: str, reason: str,
+           board: TensorBoardScalars | None) -> None:
     coordinator = last.get("coordinator")
     if coordinator is None:
         return

@@ -111,13 +111,13 @@ def _vgg19() -> list[LayerShape]:
     ReLU module, 5 max-pools, then 3 linear layers with their ReLU and dropout modules, 46 in
     all. The parameter-free modules carry no compute but count as layers for a uniform cut, and
     their outputs are what crosses a stage boundary there."""
-    plan = [(224, 3, 64), (224, 64, 64), "pool", (112, 64, 128), (112, 128, 128), "pool"]
+    plan: list[tuple[int, int, int] | str] = [(224, 3, 64), (224, 64, 64), "pool", (112, 64, 128), (112, 128, 128), "pool"]
     plan += [(56, 128, 256)] + [(56, 256, 256)] * 3 + ["pool", (28, 256, 512)]
     plan += [(28, 512, 512)] * 3 + ["pool"] + [(14, 512, 512)] * 4 + ["pool"]
-    shapes = []
+    shapes: list[LayerShape] = []
     elements = 224 * 224 * 3
     for item in plan:
-        if item == "pool":
+        if isinstance(item, str):  # "pool"
             elements //= 4
             shapes.append(LayerShape(f"pool.{len(shapes)}", 0.0, 0, elements))
             continue

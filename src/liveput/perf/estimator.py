@@ -29,8 +29,9 @@ throughput non-monotone in P: a cut through an early, high-resolution layer send
 micro-batch over the 10 Gb/s link, and the engine blocks on it every slot.
 
 Memory of stage s (0-based) under 1F1B, bytes, with ``n_s = min(P - s, m)`` micro-batches in
-flight, ``A_l`` the bytes layer l keeps for its backward per micro-batch (``activation_memory_bytes``)
-and ``x_l`` its input's bytes per micro-batch, by the profile's ``activation_checkpointing``:
+flight, ``A_l`` the bytes layer l keeps for its backward per micro-batch
+(``activation_memory_bytes``) and ``x_l`` its input's bytes per micro-batch, by the profile's
+``activation_checkpointing``:
 
     stage (the DeepSpeed engine of the built-in tables): the stage's input per micro-batch in
            flight, and the full activations of one micro-batch while it recomputes and runs its
@@ -148,7 +149,8 @@ def score(
             f"fewer samples ({batch}) than D x micro-batch ({d * profile.micro_batch_size})"
             if not samples_ok else
             f"out of memory: {mem:.1f} GB > {limit_gb:g} GB" if not memory_ok else
-            f"pipeline shallower than the model's minimum of {profile.min_pipeline_stages} stages"
+            f"pipeline shallower than the model's minimum of "
+            f"{profile.min_pipeline_stages} stages"
         )
         for ok, samples_ok, memory_ok, d, mem in zip(
             feasible, enough_samples, fits_memory, data_parallel, memory_gb, strict=True)

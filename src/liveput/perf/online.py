@@ -22,8 +22,8 @@ F takes the constants in the order alpha (compute), d (fixed per iteration), c (
 beta (all-reduce), gamma (boundary transfer), skipping any whose column the measured rows cannot
 tell from those already taken (beta while only D = 1 ran, gamma while only P = 1 ran or, for a
 transformer, whose boundary activation is the same at every cut, gamma beside c), and holds
-``K - 1`` of them (at least alpha, at most all five): fewer constants than measured configurations, so the
-fit is checked by more than it explains.
+``K - 1`` of them (at least alpha, at most all five): fewer constants than measured
+configurations, so the fit is checked by more than it explains.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def profile_model(
             # The loss is part of the last layer's forward and backward.
             micro_targets = targets[:micro_batch_size].to(torch_device)
 
-            def loss(y: torch.Tensor) -> torch.Tensor:
+            def loss(y: torch.Tensor, micro_targets: torch.Tensor = micro_targets) -> torch.Tensor:
                 return target.loss_fn(y, micro_targets)
 
             start = time.perf_counter()

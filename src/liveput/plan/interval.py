@@ -12,7 +12,8 @@ placed uniformly is the same as each instance lost independently with probabilit
 mixture over k is an expectation under independent losses:
 
     S(n) = (thr + E_q[thr(min_j c_j)]) / 2,
-    E_q[thr(min_j c_j)] = sum_{t=1..D} (thr(t) - thr(t - 1)) * prod_j F(s_j - max(0, t - o_j); s_j, q)
+    E_q[thr(min_j c_j)] = sum_{t=1..D} (thr(t) - thr(t - 1))
+                          * prod_j F(s_j - max(0, t - o_j); s_j, q)
 
 with F(l; s, q) = P(Bin(s, q) <= l) (0 for l < 0): stage j keeps t pipelines when it loses at
 most ``D - t`` of its slots, its on-demand ones never. Spares drop out (their losses hurt no
@@ -93,7 +94,7 @@ class IntervalThroughput:
             high_stages = int(np.sum(per_stage > low_on_demand))
             t = np.arange(1, d + 1)
 
-            def index(on_demand: int, stages: int) -> np.ndarray:
+            def index(on_demand: int, stages: int, d: int = d, t: np.ndarray = t) -> np.ndarray:
                 if stages == 0:
                     return np.full(d, self._one)  # no such stage: a factor 1
                 spot = d - on_demand

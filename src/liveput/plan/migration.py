@@ -223,7 +223,8 @@ def _place_on_demand(cost: np.ndarray, survivors: list[int], slots: list[Slot],
     pipeline = np.array([slot.pipeline for slot in slots])
     spot = np.ones(len(survivors), dtype=bool)
     spot[rows] = False
-    cost[np.ix_(rows, np.flatnonzero(pipeline >= high))] = np.inf  # (4)
+    on_demand_rows = np.asarray(rows, dtype=np.intp)
+    cost[np.ix_(on_demand_rows, np.flatnonzero(pipeline >= high))] = np.inf  # (4)
     cost[np.ix_(np.flatnonzero(spot), np.flatnonzero(pipeline < low))] = np.inf  # (4)
     cost[rows] -= total_bytes + 1.0  # (5)
 

@@ -207,6 +207,7 @@ class LiveputOptimizer:
                 best = (ratio, choice, first, samples)
             if spent > 0:
                 price_weight = ratio
+        assert best is not None  # the first round always keeps its plan
         _, choice, first, samples = best
         order = np.argsort(-first, kind="stable")[:10]
         alternatives = tuple(
@@ -256,7 +257,7 @@ class LiveputOptimizer:
             (start.data_parallel, start.pipeline_stages), 0)
         migration = self._transitions.seconds_row(begin, instances)
         salvaged = self._index.get((1, salvage_stages or 0)) if start is None else None
-        if salvaged is not None:
+        if salvaged is not None and salvage_stages:
             migration = self._transitions.seconds_row(salvaged, instances)
             stage_bytes = float(self.profile.layer_state_bytes().sum()) / salvage_stages
             migration[salvaged] = (self.costs.rebuild_s(instances)

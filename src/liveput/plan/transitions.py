@@ -106,7 +106,8 @@ class Transitions:
         from_nothing, cross_keep, down_keep, up_keep = self._keeps(num_instances)
         priced = bool(penalty.any())  # x - 0.0 == x: skipping a zero penalty changes no bit
 
-        def total(reward: np.ndarray, keep: np.ndarray | float, index=slice(None)) -> np.ndarray:
+        def total(reward: np.ndarray, keep: np.ndarray | float,
+                  index: slice | np.ndarray = slice(None)) -> np.ndarray:
             value = reward * keep
             if priced:
                 value = value - penalty[index]

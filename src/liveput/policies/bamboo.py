@@ -114,7 +114,8 @@ class BambooPolicy(LookupPolicy):
         return Decision(target, migration=migration, downtime_s=downtime_s,
                         throughput_factor=factor,
                         expected_samples=self.lookup.throughput(target) * factor
-                        * max(remaining_s - downtime_s, 0.0), **extra)
+                        * max(remaining_s - downtime_s, 0.0),
+                        num_instances_used=num_instances_used)
 
     def decide(self, observation: Observation) -> Decision:
         available = observation.num_available + observation.num_on_demand

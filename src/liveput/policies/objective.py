@@ -59,7 +59,8 @@ class JobObjective:
         """The work in samples (``steps * global_batch_size`` when given in steps)."""
         if self.target_samples is not None:
             return float(self.target_samples)
-        return float(self.steps) * global_batch_size  # type: ignore[operator]
+        assert self.steps is not None  # __post_init__ requires target_samples or steps
+        return float(self.steps) * global_batch_size
 
     def check_budget(self, cheapest_usd_per_hour: float) -> None:
         """Refuse a budget that cannot pay for one instance (one hour of it for a total)."""

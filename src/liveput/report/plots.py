@@ -17,6 +17,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 import numpy as np  # noqa: E402
 
 from liveput.files import write_bytes_atomic  # noqa: E402
@@ -35,7 +37,7 @@ def _color(name: str) -> str:
     return COLORS.get(name, "#34495e")
 
 
-def _single(title: str) -> tuple[plt.Figure, plt.Axes]:
+def _single(title: str) -> tuple[Figure, Axes]:
     figure, axis = plt.subplots(figsize=(10, 3.6), dpi=110)
     axis.set_title(title)
     axis.set_xlabel("time (hours)")
@@ -43,13 +45,13 @@ def _single(title: str) -> tuple[plt.Figure, plt.Axes]:
     return figure, axis
 
 
-def _finish(figure: plt.Figure, axis: plt.Axes) -> plt.Figure:
+def _finish(figure: Figure, axis: Axes) -> Figure:
     axis.set_ylim(bottom=0)
     figure.tight_layout()
     return figure
 
 
-def _available(result: SimulationResult) -> plt.Figure:
+def _available(result: SimulationResult) -> Figure:
     figure, axis = _single(f"available instances: {result.trace}")
     run = next(iter(result.runs.values()))
     hours = _hours(result, len(run.available))
@@ -60,7 +62,7 @@ def _available(result: SimulationResult) -> plt.Figure:
     return _finish(figure, axis)
 
 
-def _cumulative(result: SimulationResult, field: str, label: str, title: str) -> plt.Figure:
+def _cumulative(result: SimulationResult, field: str, label: str, title: str) -> Figure:
     figure, axis = _single(title)
     for name, run in result.runs.items():
         values = getattr(run, field)
@@ -72,11 +74,11 @@ def _cumulative(result: SimulationResult, field: str, label: str, title: str) ->
     return _finish(figure, axis)
 
 
-def _samples(result: SimulationResult) -> plt.Figure:
+def _samples(result: SimulationResult) -> Figure:
     return _cumulative(result, "cumulative_samples", "samples trained", "cumulative samples")
 
 
-def _cost(result: SimulationResult) -> plt.Figure:
+def _cost(result: SimulationResult) -> Figure:
     """Dollars paid so far (top) and dollars per 1,000 samples trained so far (bottom): spot
     policies that hold the same instances pay the same, and differ in what they get for it."""
     figure, (paid, rate) = plt.subplots(2, 1, figsize=(10, 6), dpi=110, sharex=True)
@@ -104,7 +106,7 @@ def _cost(result: SimulationResult) -> plt.Figure:
     return figure
 
 
-def _configurations(result: SimulationResult) -> plt.Figure:
+def _configurations(result: SimulationResult) -> Figure:
     names = list(result.runs)
     figure, axes = plt.subplots(len(names), 1, figsize=(10, 1.35 * len(names) + 0.8), dpi=110,
                                 sharex=True, squeeze=False)
@@ -134,7 +136,7 @@ def _configurations(result: SimulationResult) -> plt.Figure:
     return figure
 
 
-FIGURES: dict[str, Callable[[SimulationResult], plt.Figure]] = {
+FIGURES: dict[str, Callable[[SimulationResult], Figure]] = {
     "available": _available,
     "configurations": _configurations,
     "samples": _samples,

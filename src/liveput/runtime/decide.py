@@ -34,11 +34,12 @@ Rules, in order (numbered as in :func:`decide`):
 3. A working instance lost (dead, suspect or going), a plan that cannot meet, a fence nobody
    planned (a restarted coordinator), or a failure report: replan without the suspects and
    without any silent instance. Instances going together (a cloud preempting several at once)
-   are gathered for ``notice_settle_s``; after a failure report the coordinator waits until every member of the
-   plan has reported or gone silent, at most ``failure_wait_s``.
-4. A going instance only sends its layers. A plan that fails is never published again as it was: each failure narrows the next plan
-   (suspects out, holdings re-read), and after ``restore_after_failures`` plans in a row that did
-   not run, every layer comes from the newest complete checkpoint.
+   are gathered for ``notice_settle_s``; after a failure report the coordinator waits until
+   every member of the plan has reported or gone silent, at most ``failure_wait_s``.
+4. A going instance only sends its layers. A plan that fails is never published again as it
+   was: each failure narrows the next plan (suspects out, holdings re-read), and after
+   ``restore_after_failures`` plans in a row that did not run, every layer comes from the newest
+   complete checkpoint.
 5. Layers no current holder has come from the checkpoint (:func:`planning.plan_generation`).
 6. No instance available: wait; the next plan restores from the checkpoint. When the only
    instances up are going, train on them while they last (the plan records them as
@@ -390,7 +391,7 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
                       f"({_short(next(iter(view.failures.values())).reason)}); "
                       "finding the lost peers")
     if lost or stranded or view.fenced or view.failures:
-        lost_slots = tuple(sorted(plan.slots[i] for i in lost if plan.slots[i] is not None))
+        lost_slots = tuple(sorted(slot for i in lost if (slot := plan.slots[i]) is not None))
         reason = "loss" if lost else "failure" if view.failures else "recovery"
         return _replan(view, config, choose, reason, suspects, lost_slots, "preemption")
     if not view.all_arrived:

@@ -10,6 +10,7 @@ after any of these endings the engine holds exactly the state of the last step i
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import threading
@@ -163,6 +164,10 @@ class Engine:
         self.device = torch.device(self.config.device)
         self.layers: dict[int, LayerState] = {}
         self.last_applied = protocol.FRESH_START
+        self._peer: int | None = None
+        """The instance this one receives layers from, while it does (named if the wait fails)."""
+        self._step: int | None = None
+        """The step in flight, while one is (named if the generation's communication ends)."""
         self.epoch = 0
         """Restore epoch of the layers' values (with ``last_applied``: the point they are at)."""
         self.update = OptimizerStep(job.training)
@@ -182,7 +187,7 @@ class Engine:
         layers = {}
         for index in needed:
             layer = fresh_layer(self.job, index, self.device)
-            if plan.restore_step != protocol.FRESH_START:
+            if plan.restore_step is not None and plan.restore_step != protocol.FRESH_START:
                 if self.checkpointer is None:
                     raise LiveputError("plan restores from a checkpoint but no checkpoint dir is set")
                 try:
@@ -200,33 +205,40 @@ class Engine:
             layers[index] = layer
         self.layers = layers
 
-    def _transfer(self, plan: RuntimePlan, groups: Groups, needed: range) -> None:
+    def _transfer(self, plan: RuntimePlan, groups: Groups | None, needed: range) -> None:
         if (self.epoch, self.last_applied) != (plan.epoch, plan.start_step - 1):
             # Layers of another point of training (this instance sat out plans that ran):
             # never train on them nor send them.
             self.layers = {}
-        sends, buffers = [], []
-        for tag, transfer in enumerate(plan.transfers):
-            if transfer.source == self.instance:
-                if transfer.layer not in self.layers:
-                    raise LiveputError(f"instance {self.instance} holds no layer {transfer.layer} "
-                                       f"at step {plan.start_step - 1} (epoch {plan.epoch})")
-                data = encode_state(self.layers[transfer.layer].state_dict(), self.token)
-                works, buffer = groups.isend_bytes(data, plan.rank_of(transfer.destination),
-                                                   _TRANSFER_TAG + tag)
-                sends += works
-                buffers.append(buffer)
-        received = {}
-        for tag, transfer in enumerate(plan.transfers):
-            if transfer.destination == self.instance:
-                self._peer = transfer.source
-                data = groups.recv_bytes(plan.rank_of(transfer.source), _TRANSFER_TAG + tag)
-                layer = fresh_layer(self.job, transfer.layer, self.device)
-                layer.load_state_dict(decode_state(data, self.token, f"instance {transfer.source}"))
-                received[transfer.layer] = layer
-        self._peer = None
-        for work in sends:
-            groups.wait(work)
+        sends: list[dist.Work] = []
+        buffers: list[torch.Tensor] = []
+        received: dict[int, LayerState] = {}
+        if plan.transfers:
+            if groups is None:
+                raise LiveputError(f"plan {plan.generation} moves layers between instances but "
+                                   "builds no process groups")
+            for tag, transfer in enumerate(plan.transfers):
+                if transfer.source == self.instance:
+                    if transfer.layer not in self.layers:
+                        raise LiveputError(f"instance {self.instance} holds no layer "
+                                           f"{transfer.layer} at step {plan.start_step - 1} "
+                                           f"(epoch {plan.epoch})")
+                    data = encode_state(self.layers[transfer.layer].state_dict(), self.token)
+                    works, buffer = groups.isend_bytes(data, plan.rank_of(transfer.destination),
+                                                       _TRANSFER_TAG + tag)
+                    sends += works
+                    buffers.append(buffer)
+            for tag, transfer in enumerate(plan.transfers):
+                if transfer.destination == self.instance:
+                    self._peer = transfer.source
+                    data = groups.recv_bytes(plan.rank_of(transfer.source), _TRANSFER_TAG + tag)
+                    layer = fresh_layer(self.job, transfer.layer, self.device)
+                    layer.load_state_dict(decode_state(data, self.token,
+                                                       f"instance {transfer.source}"))
+                    received[transfer.layer] = layer
+            self._peer = None
+            for work in sends:
+                groups.wait(work)
         missing = [i for i in needed if i not in self.layers and i not in received]
         if missing:
             raise LiveputError(f"plan {plan.generation} leaves instance {self.instance} "
@@ -299,7 +311,7 @@ class Engine:
             # The job itself is wrong: every instance and the coordinator stop with this line.
             LOG.error("instance %d: %s", self.instance, failure)
             discard_gradients(list(self.layers.values()))
-            self._retry(lambda: protocol.fail_job(self.store, failure))
+            self._retry(functools.partial(protocol.fail_job, self.store, failure))
             raise
         except CommAborted:
             # The watchdog ended the generation's communication: it is over for every rank
@@ -307,7 +319,8 @@ class Engine:
             assert watchdog is not None
             if watchdog.reason == "ended with the job":
                 discard_gradients(list(self.layers.values()))
-                raise protocol.job_error(self.store) or protocol.JobFailure("the job failed")
+                raise (protocol.job_error(self.store)
+                       or protocol.JobFailure("the job failed")) from None
             LOG.warning("instance %d: generation %d %s; left its communication at step %s",
                         self.instance, plan.generation, watchdog.reason,
                         "-" if self._step is None else self._step)
@@ -432,7 +445,8 @@ class Engine:
                     num_samples=self.job.global_batch_size, loss=loss,
                     data_parallel=plan.data_parallel, pipeline_stages=plan.pipeline_stages,
                     committed_unix_s=time.time())
-                self._retry(lambda: protocol.record_step(self.store, plan.epoch, record))
+                self._retry(functools.partial(protocol.record_step, self.store, plan.epoch,
+                                              record))
             every = self.config.checkpoint_every
             if every and (step + 1) % every == 0 and self.checkpointer:
                 share = checkpoint_share(layers, position)

@@ -53,7 +53,7 @@ class ThreadCluster:
         self.plan: protocol.RuntimePlan | None = None
         self.last_applied = protocol.FRESH_START
         self.kinds: list[str] = []
-        self.failures = {}
+        self.failures: dict[int, BaseException] = {}
         """Instances whose last generation stopped the job (the error each raised)."""
 
     def engine(self, instance: int) -> Engine:
@@ -84,6 +84,7 @@ class ThreadCluster:
         plan = plan_generation(self.profile, MigrationCostModel(), target, context, workers,
                                holdings, previous=previous)
         if plan.epoch != context.epoch:
+            assert plan.restore_step is not None  # a plan of a new epoch restores a checkpoint
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
             reset_latest(self.store, plan.epoch, plan.restore_step)
         for instance in preempted:

@@ -38,7 +38,8 @@ from liveput.runtime.store import Store, open_store
 
 if TYPE_CHECKING:
     from liveput.perf.types import ModelProfile
-    from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+    from liveput.policies.deadline import DeadlineContext
+    from liveput.runtime.coordinator import Coordinator, CoordinatorConfig, MarketView
 
 LOG = logging.getLogger(__name__)
 NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
@@ -105,8 +106,9 @@ def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:
         raise LiveputError(f"unknown notice source(s) {', '.join(sorted(unknown))}; "
                            f"known: {', '.join(NOTICE_SOURCES)}")
     watchers: list[NoticeWatcher] = []
-    factories = {"aws": AwsNoticeWatcher, "gcp": GcpNoticeWatcher,
-                 "sigterm": lambda: SignalNoticeWatcher((signal.SIGTERM,))}
+    factories: dict[str, Callable[[], NoticeWatcher]] = {
+        "aws": AwsNoticeWatcher, "gcp": GcpNoticeWatcher,
+        "sigterm": lambda: SignalNoticeWatcher((signal.SIGTERM,))}
     for source in sources:
         if source == "emulator":
             notice_file = os.environ.get(NOTICE_FILE_ENV)
@@ -168,13 +170,14 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
 
 
 def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
-                    profile: ModelProfile | None = None, **deciding: object) -> Coordinator:
+                    profile: ModelProfile | None = None, deadline: DeadlineContext | None = None,
+                    market: MarketView | None = None) -> Coordinator:
     """Publish the job and run the control loop until the job is done.
 
     A restarted coordinator may find its store down (an etcd restarting): it waits for it as
     the agents do, ``spec.store_outage_s``. The job's profile is kept in the store
     (``job/profile``), so a restart plans with the same one instead of profiling again.
-    ``deciding``: a deadline job's ``deadline`` and ``market`` (see the coordinator)."""
+    ``deadline`` and ``market``: a deadline job's (see the coordinator)."""
     # Imported here: agents import this module and need none of the deciding code.
     from liveput.runtime.coordinator import Coordinator
 

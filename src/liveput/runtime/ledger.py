@@ -220,7 +220,7 @@ def fold(summary: LedgerSummary | None, epochs: dict[int, dict[int, dict]],
     folded = -1 if summary is None else summary.through_step
     if through <= folded or (summary is not None and epoch < summary.epoch):
         return None
-    known = {e: {s: r for s, r in steps.items()} for e, steps in epochs.items() if e <= epoch}
+    known = {e: dict(steps) for e, steps in epochs.items() if e <= epoch}
     result = replay(summary, known, {e: r for e, r in restores.items() if e <= epoch},
                     global_batch_size)
     if result.problems or any(s not in result.applied for s in range(folded + 1, through + 1)):

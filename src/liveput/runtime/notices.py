@@ -67,7 +67,8 @@ class Notice:
     source: str
     """Who said so: ``aws``, ``gcp``, ``signal`` or ``emulator``."""
     action: str
-    """What will happen, in the source's words (``terminate``, ``stop``, ``preempted``, ``SIGTERM``)."""
+    """What will happen, in the source's words (``terminate``, ``stop``, ``preempted``,
+    ``SIGTERM``)."""
     lead_s: float | None
     """Seconds from the notice to the instance's end, when the source says (None if unknown)."""
     detail: str = ""
@@ -209,7 +210,8 @@ class GcpNoticeWatcher(NoticeWatcher):
 
 
 class SignalNoticeWatcher(NoticeWatcher):
-    """A notice is a signal (SIGTERM by default). Installs handlers: construct in the main thread."""
+    """A notice is a signal (SIGTERM by default). Installs handlers: construct it in the main
+    thread."""
 
     def __init__(self, signals: Sequence[int] = (signal.SIGTERM,), *, lead_s: float | None = None) -> None:
         self._lead_s = lead_s
@@ -283,7 +285,7 @@ class EmulatorNoticeWatcher(NoticeWatcher):
         if signum is not None:
             self._signals = SignalNoticeWatcher((signum,))
 
-    @property  # type: ignore[override]
+    @property
     def wake(self) -> threading.Event | None:
         return None if self._signals is None else self._signals.wake
 

@@ -75,7 +75,7 @@ class OptimizerStep:
             if layer.training:
                 self.load_state_dict(layer.training)
                 return
-        self.__init__(self.config)  # fresh layers: the initial state
+        self.load_state_dict(OptimizerStep(self.config).state_dict())  # fresh layers: the start
 
     def stamp(self, layers: list[LayerState]) -> None:
         for layer in layers:

@@ -24,8 +24,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +39,12 @@ from liveput.testbed.etcd import EtcdServer
 from liveput.testbed.faults import FAULT_KINDS, Injector, RunPlan, draw_campaign
 from liveput.testbed.netns import NetnsHosts
 from liveput.testbed.reference import final_parameters, parameter_mismatches, reference_parameters
+
+if TYPE_CHECKING:
+    import torch
+
+    from liveput.runtime.job import Job
+    from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)
 __all__ = ["CampaignConfig", "RunOutcome", "CampaignResult", "run_campaign"]
@@ -107,18 +115,19 @@ class CampaignResult:
         by_kind: dict[str, list[float]] = {}
         for kind, downtime in done:
             by_kind.setdefault(kind, []).append(downtime)
-        downtime = {}
+        downtime_by_kind: dict[str, dict[str, float | None]] = {}
         for kind, values in sorted(by_kind.items()):
             finite = [v for v in values if v == v]
-            downtime[kind] = {"median": round(float(np.median(finite)), 3) if finite else None,
-                              "p95": round(float(np.percentile(finite, 95)), 3) if finite else None}
+            downtime_by_kind[kind] = {
+                "median": round(float(np.median(finite)), 3) if finite else None,
+                "p95": round(float(np.percentile(finite, 95)), 3) if finite else None}
         return {
             "faults": len(done),
             "by_kind": {kind: len(values) for kind, values in sorted(by_kind.items())},
             "lost_steps": sum(r.lost_steps for r in self.runs),
             "doubled_steps": sum(r.doubled_steps for r in self.runs),
             "params_equal": all(r.params_equal for r in self.runs),
-            "downtime_s": downtime,
+            "downtime_s": downtime_by_kind,
             "runs": len(self.runs),
             "failed_runs": [f"run {r.index}: {r.error}" for r in self.runs if r.error],
             "wall_s": round(self.wall_s, 1),
@@ -142,7 +151,13 @@ class _Tmpfs:
         self.path.rmdir()
 
 
-def _ledger_counts(store, global_batch_size: int, steps: int) -> tuple[int, int, list[str]]:  # noqa: ANN001
+def _committed_after(cluster: ChaosCluster, time_s: float) -> Callable[[], bool]:
+    """Whether the cluster committed a step after unix time ``time_s``."""
+    return lambda: any(c > time_s for c in cluster.commit_times())
+
+
+def _ledger_counts(store: Store, global_batch_size: int,
+                   steps: int) -> tuple[int, int, list[str]]:
     """(lost, doubled, problems) of a run's ledger."""
     report = verify_ledger(store, global_batch_size, steps)
     # Steps folded into the ledger's summary were proven applied once when folded.
@@ -166,7 +181,8 @@ class _Lane:
     tmpfs: Path
 
 
-def _job_and_reference(references: dict, lock: threading.Lock, steps: int):  # noqa: ANN202
+def _job_and_reference(references: dict, lock: threading.Lock,
+                       steps: int) -> tuple[Job, list[dict[str, torch.Tensor]]]:
     """The campaign's job and its fault-free parameters after ``steps`` steps. Under the lock:
     building a job seeds torch's global generator (a lane building one while another lane's was
     being initialized changed both), and lanes ask for the same step counts."""
@@ -208,15 +224,15 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, lane: _Lane, referen
                 done.append((kind, began))
                 LOG.info("run %d: %s at step %d", index, kind, cluster.committed())
                 # Let the job take the blow before the next one (a commit after it).
-                cluster.wait_until(lambda b=began: any(c > b for c in cluster.commit_times()),
-                                   60.0, poll_s=0.2)
+                cluster.wait_until(_committed_after(cluster, began), 60.0, poll_s=0.2)
                 # Timed now: the job prunes the ledger records of steps older than its newest
                 # checkpoint, so read at the end they would show later commits as the first.
                 downtimes.append(_downtime(began, _commit_times(cluster)))
             code = cluster.wait_done(config.run_timeout_s - (time.monotonic() - started))
             if code != 0:
                 raise TestbedError(f"the coordinator exited with code {code}")
-            lost, doubled, problems = _ledger_counts(cluster.store, job.global_batch_size, steps)
+            lost, doubled, problems = _ledger_counts(cluster.started_store(),
+                                                     job.global_batch_size, steps)
             mismatches = parameter_mismatches(final_parameters(checkpoints, job.num_layers),
                                               reference)
             equal = not mismatches
@@ -225,7 +241,8 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, lane: _Lane, referen
         except (TestbedError, OSError, RuntimeError) as failure:
             error = str(failure)[:300]
             try:
-                lost, doubled, _ = _ledger_counts(cluster.store, job.global_batch_size, steps)
+                lost, doubled, _ = _ledger_counts(cluster.started_store(),
+                                                  job.global_batch_size, steps)
             except Exception:  # noqa: BLE001 - the store may be what failed
                 lost = steps
         finally:
@@ -261,7 +278,8 @@ def _lane_subnet(config: CampaignConfig, lane: int) -> str:
     return f"10.{80 + pid % 100}.{(pid // 100 + lane) % 250}"
 
 
-def run_campaign(config: CampaignConfig, on_run=None) -> CampaignResult:  # noqa: ANN001
+def run_campaign(config: CampaignConfig,
+                 on_run: Callable[[RunOutcome], None] | None = None) -> CampaignResult:
     """Run runs until ``config.faults`` faults are done; ``on_run(outcome)`` after each (from
     the lane that ran it, one call at a time)."""
     started = time.monotonic()

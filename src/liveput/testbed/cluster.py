@@ -18,14 +18,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from liveput.runtime import keys, protocol
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
 from liveput.testbed.errors import TestbedError
 from liveput.testbed.etcd import EtcdServer
 from liveput.testbed.netns import NetnsHosts
+
+if TYPE_CHECKING:
+    from liveput.runtime.job import Job
 
 __all__ = ["ClusterConfig", "ChaosCluster", "CHAOS_JOB", "chaos_job", "TOKEN"]
 
@@ -38,7 +43,7 @@ SAMPLE_DELAY_S = 0.01
 to land inside it, as a real model's would."""
 
 
-def chaos_job():  # noqa: ANN201 - a liveput.Job
+def chaos_job() -> Job:
     """tiny-gpt-small whose samples take ``SAMPLE_DELAY_S`` each to load."""
     import torch
 
@@ -46,12 +51,14 @@ def chaos_job():  # noqa: ANN201 - a liveput.Job
 
     job = resolve_job("tiny-gpt-small")
     inner = job.dataset
+    assert isinstance(inner, Sized)  # tiny-gpt-small's windows
+    num_windows = len(inner)
 
     class SlowWindows(torch.utils.data.Dataset):
         def __len__(self) -> int:
-            return len(inner)
+            return num_windows
 
-        def __getitem__(self, index: int):  # noqa: ANN204
+        def __getitem__(self, index: int) -> Any:
             time.sleep(SAMPLE_DELAY_S)
             return inner[index]
 
@@ -238,10 +245,16 @@ class ChaosCluster:
         if self.store is not None:
             self.store.close()
 
+    def started_store(self) -> Store:
+        """The job's store; a TestbedError before :meth:`start` opened it."""
+        if self.store is None:
+            raise TestbedError("the cluster's store is not open (start the cluster first)")
+        return self.store
+
     # --- observation (None while the store is away) ---------------------------------------------
     def plan(self) -> protocol.RuntimePlan | None:
         try:
-            return protocol.current_plan(self.store)
+            return protocol.current_plan(self.started_store())
         except Exception:  # noqa: BLE001 - the store may be down: a fault
             return None
 
@@ -266,7 +279,8 @@ class ChaosCluster:
         return sorted(json.loads(raw)["committed_unix_s"]
                       for raw in self.store.get_prefix(keys.LEDGER.prefix).values())
 
-    def wait_until(self, condition, timeout_s: float, poll_s: float = 0.05) -> bool:  # noqa: ANN001
+    def wait_until(self, condition: Callable[[], bool], timeout_s: float,
+                   poll_s: float = 0.05) -> bool:
         """Whether ``condition()`` held within ``timeout_s`` (False too once the job ended)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -63,7 +63,7 @@ class EtcdServer:
                                     start_timeout_s=ETCD_START_TIMEOUT_S, die_with_parent=True))
 
     def start(self) -> None:
-        """Start etcd (same ports, same data) and wait until it answers; fails loudly if it cannot."""
+        """Start etcd (same ports, same data) and wait until it answers; fails loudly if not."""
         if self.process is not None:
             raise TestbedError("etcd is already running")
         local = self._local()

@@ -109,7 +109,7 @@ class NetnsHosts:
         return subprocess.Popen(self.argv(index, command), **kwargs)  # type: ignore[call-overload]
 
     def run(self, index: int, command: Sequence[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
-        """Run ``command`` inside host ``index``'s namespace to completion; output captured as text."""
+        """Run ``command`` in host ``index``'s namespace to completion; output captured as text."""
         return subprocess.run(self.argv(index, command), capture_output=True, text=True, timeout=timeout_s)
 
     def set_link(self, index: int, up: bool) -> None:

@@ -13,7 +13,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sized
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from liveput.runtime.job import Job
 
 __all__ = ["PAUSE_DIR_ENV", "PAUSING_JOB", "pausing_job", "read_paused"]
 
@@ -39,7 +44,7 @@ def _hold_if_cued(directory: Path) -> None:
         time.sleep(0.01)
 
 
-def pausing_job():  # noqa: ANN201 - a liveput.Job
+def pausing_job() -> Job:
     """:func:`~liveput.testbed.cluster.chaos_job` with the cued pause in its sample loader."""
     import torch
 
@@ -47,13 +52,15 @@ def pausing_job():  # noqa: ANN201 - a liveput.Job
 
     job = chaos_job()
     inner = job.dataset
+    assert isinstance(inner, Sized)  # tiny-gpt-small's windows
+    num_windows = len(inner)
     directory = Path(os.environ.get(PAUSE_DIR_ENV, ""))
 
     class PausingWindows(torch.utils.data.Dataset):
         def __len__(self) -> int:
-            return len(inner)
+            return num_windows
 
-        def __getitem__(self, index: int):  # noqa: ANN204
+        def __getitem__(self, index: int) -> Any:
             if directory.name:
                 _hold_if_cued(directory)
             return inner[index]

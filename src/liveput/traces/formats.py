@@ -1,13 +1,13 @@
 """Reading and writing availability traces in the four formats users bring.
 
-==========  =====================================================  ==================================
+==========  =====================================================  =================================
 format      content                                                span
-==========  =====================================================  ==================================
+==========  =====================================================  =================================
 ``events``  no header; ``timestamp_ms,add|remove,node_name``       first to last event
 ``json``    ``{"metadata": {"gap_seconds": g}, "data": [n, ...]}``  ``len(data) * g``
 ``csv``     header ``time,count`` (or ``time,instance_count``)     last time + median spacing
 ``text``    ``YYYY-MM-DD, HH:MM:SS, count`` per line               last time + median spacing
-==========  =====================================================  ==================================
+==========  =====================================================  =================================
 
 The format is detected from the content, never from the file name. Events at the first timestamp
 of an events trace form its initial state. Every error names the file and line.
@@ -124,8 +124,8 @@ def _parse_events(text: str, path: str) -> Trace:
         name=Path(path).name,
         initial_count=initial_added - initial_removed,
         times_s=times - first_time,
-        added=[changes[t][0] for t in times],
-        removed=[changes[t][1] for t in times],
+        added=np.array([changes[t][0] for t in times], dtype=np.int64),
+        removed=np.array([changes[t][1] for t in times], dtype=np.int64),
         end_s=last_time - first_time,
     )
 

@@ -194,7 +194,8 @@ def _many_zones(rng: np.random.Generator, params: Regime, nodes: int, num_interv
 def generate_trace(
     nodes: int, hours: float, seed: int, regime: str = "default", interval_s: float = 60.0
 ) -> Trace:
-    """A synthetic trace of ``nodes`` requested instances over ``hours``, reproducible by ``seed``."""
+    """A synthetic trace of ``nodes`` requested instances over ``hours``, reproducible by
+    ``seed``."""
     if nodes < 1:
         raise LiveputError(f"trace generator: --nodes must be >= 1, got {nodes}")
     if not 0 < hours < math.inf or not 0 < interval_s < math.inf:
@@ -212,7 +213,7 @@ def generate_trace(
     def per_interval(p: float | np.ndarray) -> float | np.ndarray:
         return 1.0 - (1.0 - np.minimum(p, 1.0)) ** scale
 
-    switch_prob = per_interval(1.0 / (params.dwell_h * 60.0))
+    switch_prob = float(per_interval(1.0 / (params.dwell_h * 60.0)))
     zones = -(-nodes // params.reference_nodes)
     if num_intervals * zones > MAX_ZONE_INTERVALS:
         raise LiveputError(

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.figure import Figure  # noqa: E402
 
 from liveput.files import write_bytes_atomic  # noqa: E402
 from liveput.traces.trace import Trace  # noqa: E402
@@ -37,7 +38,7 @@ def plot_trace(trace: Trace, path: str | Path) -> Path:
     return save_figure(figure, path)
 
 
-def save_figure(figure: plt.Figure, path: str | Path) -> Path:
+def save_figure(figure: Figure, path: str | Path) -> Path:
     """Lay out ``figure``, write it as PNG to ``path`` (atomically: no half-written image is
     ever left) and free it."""
     figure.tight_layout()

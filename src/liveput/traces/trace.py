@@ -33,7 +33,7 @@ MAX_INTERVALS = 2_000_000
 
 
 def _frozen(values: object, dtype: type) -> np.ndarray:
-    array = np.array(values, dtype=dtype)
+    array: np.ndarray = np.array(values, dtype=dtype)
     array.setflags(write=False)
     return array
 
