@@ -19,8 +19,10 @@ def main(argv: list[str]) -> int:
     split = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
     names, options = argv[:split], argv[split:]
     if options and len(names) != 1:
-        print("python -m bench: options go to one benchmark: python -m bench NAME --option ...",
-              file=sys.stderr)
+        print(
+            "python -m bench: options go to one benchmark: python -m bench NAME --option ...",
+            file=sys.stderr,
+        )
         return 2
     names = names or sorted(p.stem.removeprefix("bench_") for p in here.glob("bench_*.py"))
     for name in names:

@@ -46,17 +46,29 @@ HELD_OUT = ((3, 1), (4, 1), (1, 3), (1, 4), (2, 2))
 """Configurations it has not run: the estimator's error is measured on these."""
 
 
-def run_configuration(profile: ModelProfile, data_parallel: int, stages: int, steps: int,
-                      directory: Path) -> Measurement:
+def run_configuration(
+    profile: ModelProfile, data_parallel: int, stages: int, steps: int, directory: Path
+) -> Measurement:
     """Fresh agent processes train ``(data_parallel, stages)`` for ``steps`` steps; the step
     time the runtime itself published."""
     hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
     store = SignedStore(hosted, TOKEN)
     bounds = [int(b) for b in partition_layers(profile, stages)]
     slots = {i: (i // stages, i % stages) for i in range(data_parallel * stages)}
-    plan = protocol.RuntimePlan(0, 0, 0, steps, data_parallel, stages, bounds, slots,
-                                {i: "127.0.0.1" for i in slots}, [], "start",
-                                protocol.FRESH_START)
+    plan = protocol.RuntimePlan(
+        0,
+        0,
+        0,
+        steps,
+        data_parallel,
+        stages,
+        bounds,
+        slots,
+        dict.fromkeys(slots, "127.0.0.1"),
+        [],
+        "start",
+        protocol.FRESH_START,
+    )
     directory.mkdir(parents=True, exist_ok=True)
     publish_spec(store, JobSpec(JOB, str(directory), checkpoint_every=0))
     protocol.publish_plan(store, plan)
@@ -86,15 +98,18 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="liveput-bench-online-") as tmp:
         for round_index in range(args.rounds):
             for d, p in MEASURED_FIRST + HELD_OUT:
-                run = run_configuration(profile, d, p, args.steps,
-                                        Path(tmp) / f"{d}x{p}-{round_index}")
+                run = run_configuration(
+                    profile, d, p, args.steps, Path(tmp) / f"{d}x{p}-{round_index}"
+                )
                 if (d, p) not in measured or run.iteration_s < measured[(d, p)].iteration_s:
                     measured[(d, p)] = run
     first = [measured[c] for c in MEASURED_FIRST]
     held_out = [measured[c] for c in HELD_OUT]
     fitted = fit_online(profile, first, prior)
-    tables = {name: estimate_configs(profile, 4, calibration)
-              for name, calibration in (("before", prior), ("after", fitted))}
+    tables = {
+        name: estimate_configs(profile, 4, calibration)
+        for name, calibration in (("before", prior), ("after", fitted))
+    }
     print(f"{JOB} on this machine, one core per instance; step times published by the runtime")
     print(f"{'config':>7} {'measured s':>11} {'est. before':>12} {'est. after':>11}  role")
     for (d, p), m in measured.items():
@@ -107,12 +122,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"fitted constants after 3 configurations: {fitted}")
     before = prediction_mape(profile, held_out, prior)
     after = prediction_mape(profile, held_out, fitted)
-    print(f"throughput MAPE on the {len(held_out)} held-out configurations: before "
-          f"{before * 100:.1f} %, after {after * 100:.1f} % (target: drops): "
-          f"{'PASS' if after < before else 'FAIL'}")
-    print(f"(MAPE on the 3 measured: before {prediction_mape(profile, first, prior) * 100:.1f} %,"
-          f" after {prediction_mape(profile, first, fitted) * 100:.1f} %; "
-          f"{time.monotonic() - started:.0f} s)")
+    print(
+        f"throughput MAPE on the {len(held_out)} held-out configurations: before "
+        f"{before * 100:.1f} %, after {after * 100:.1f} % (target: drops): "
+        f"{'PASS' if after < before else 'FAIL'}"
+    )
+    print(
+        f"(MAPE on the 3 measured: before {prediction_mape(profile, first, prior) * 100:.1f} %,"
+        f" after {prediction_mape(profile, first, fitted) * 100:.1f} %; "
+        f"{time.monotonic() - started:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

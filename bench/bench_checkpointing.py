@@ -46,8 +46,9 @@ def saved_bytes(job: Job) -> int:
     layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
     held: list[int] = []
     # Weights saved for the backward are held anyway: not activations (as the profiler counts).
-    weights = {p.untyped_storage().data_ptr() for layer in layers
-               for p in layer.module.parameters()}
+    weights = {
+        p.untyped_storage().data_ptr() for layer in layers for p in layer.module.parameters()
+    }
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.untyped_storage().data_ptr() not in weights:
@@ -62,11 +63,14 @@ def saved_bytes(job: Job) -> int:
 def main() -> None:
     torch.set_num_threads(1)
     base = resolve_job("tiny-gpt")
-    jobs = {mode: dataclasses.replace(base, training=TrainingConfig(
-        activation_checkpointing=mode == "layer")) for mode in ("none", "layer")}
+    jobs = {
+        mode: dataclasses.replace(
+            base, training=TrainingConfig(activation_checkpointing=mode == "layer")
+        )
+        for mode in ("none", "layer")
+    }
     profile = profile_job(jobs["none"])
-    profiles = {mode: dataclasses.replace(profile, activation_checkpointing=mode)
-                for mode in jobs}
+    profiles = {mode: dataclasses.replace(profile, activation_checkpointing=mode) for mode in jobs}
     rows = {mode: estimate_configs(p, 1, Calibration()) for mode, p in profiles.items()}
     predicted_ratio = float(rows["none"].samples_per_s[0] / rows["layer"].samples_per_s[0])
     # Interleaved rounds, each mode keeping its fastest: load from other jobs only slows a
@@ -76,19 +80,27 @@ def main() -> None:
         for mode, job in jobs.items():
             measured[mode] = min(measured[mode], step_seconds(job, repeats=3))
     measured_ratio = measured["layer"] / measured["none"]
-    print(f"tiny-gpt (1, 1), one core, fp32: step {measured['none'] * 1e3:.1f} ms without, "
-          f"{measured['layer'] * 1e3:.1f} ms with per-layer checkpointing: x{measured_ratio:.2f}"
-          f" measured, x{predicted_ratio:.2f} predicted")
+    print(
+        f"tiny-gpt (1, 1), one core, fp32: step {measured['none'] * 1e3:.1f} ms without, "
+        f"{measured['layer'] * 1e3:.1f} ms with per-layer checkpointing: x{measured_ratio:.2f}"
+        f" measured, x{predicted_ratio:.2f} predicted"
+    )
     table = partition_table(profiles["none"], 1)
-    predicted_saved = {"none": float(table.stage_activation_memory[1, 0]),
-                       "layer": float(table.stage_layer_inputs_bytes[1, 0])}
+    predicted_saved = {
+        "none": float(table.stage_activation_memory[1, 0]),
+        "layer": float(table.stage_layer_inputs_bytes[1, 0]),
+    }
     for mode, job in jobs.items():
-        print(f"  {mode:>5}: bytes kept for the backward per micro-batch: measured "
-              f"{saved_bytes(job) / 1e6:.2f} MB, estimator {predicted_saved[mode] / 1e6:.2f} MB")
-    print(f"  estimator's (1, 1) memory: {rows['none'].memory_gb[0] * 1e3:.1f} MB without, "
-          f"{rows['layer'].memory_gb[0] * 1e3:.1f} MB with (one micro-batch in flight; the "
-          f"recomputed layer's {float(table.stage_max_layer_memory[1, 0]) / 1e6:.2f} MB "
-          "included)")
+        print(
+            f"  {mode:>5}: bytes kept for the backward per micro-batch: measured "
+            f"{saved_bytes(job) / 1e6:.2f} MB, estimator {predicted_saved[mode] / 1e6:.2f} MB"
+        )
+    print(
+        f"  estimator's (1, 1) memory: {rows['none'].memory_gb[0] * 1e3:.1f} MB without, "
+        f"{rows['layer'].memory_gb[0] * 1e3:.1f} MB with (one micro-batch in flight; the "
+        f"recomputed layer's {float(table.stage_max_layer_memory[1, 0]) / 1e6:.2f} MB "
+        "included)"
+    )
 
 
 if __name__ == "__main__":

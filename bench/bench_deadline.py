@@ -41,8 +41,16 @@ def bench_traces() -> list[IntervalTrace]:
     whole = read_trace(real_trace(V100_TRACE))
     for start_h in (0.0, 120.0):
         part = whole.slice(start_h * 3600, (start_h + 12) * 3600).resample(60.0)
-        traces.append(IntervalTrace(f"v100-{start_h:g}h", part.interval_s, part.count,
-                                    part.preempted, part.allocated, part.price_usd_per_hour))
+        traces.append(
+            IntervalTrace(
+                f"v100-{start_h:g}h",
+                part.interval_s,
+                part.count,
+                part.preempted,
+                part.allocated,
+                part.price_usd_per_hour,
+            )
+        )
     for seed, regime in ((0, "default"), (1, "volatile"), (2, "calm")):
         traces.append(generate_trace(32, 12.0, seed=seed, regime=regime).resample(60.0))
     return traces
@@ -60,10 +68,19 @@ def _decision_s() -> float:
     times = []
     for t in range(120, 160):
         observation = Observation(
-            time_s=t * 60.0, interval_index=t, interval_s=60.0, history=trace.head(t + 1),
-            num_available=int(trace.count[t]), current=None, num_on_demand=8,
-            capacity=trace.max_count, remaining_s=60.0, samples_done=5e5,
-            samples_remaining=1e6, seconds_to_deadline=36_000.0 - t * 60.0)
+            time_s=t * 60.0,
+            interval_index=t,
+            interval_s=60.0,
+            history=trace.head(t + 1),
+            num_available=int(trace.count[t]),
+            current=None,
+            num_on_demand=8,
+            capacity=trace.max_count,
+            remaining_s=60.0,
+            samples_done=5e5,
+            samples_remaining=1e6,
+            seconds_to_deadline=36_000.0 - t * 60.0,
+        )
         start = time.perf_counter()
         decision = policy.decide(observation)
         times.append(time.perf_counter() - start)
@@ -82,15 +99,20 @@ def main() -> None:
         best = estimate_configs(profile, trace.max_count).best_for(trace.max_count)
         samples = best[2] * 0.4 * trace.hours * 3600.0
         objective = JobObjective(deadline_hours=1.0, target_samples=samples)
-        rows += deadline_sweep([trace], profile, objective, FACTORS, SEEDS,
-                               DEADLINE_POLICY_NAMES, config)
+        rows += deadline_sweep(
+            [trace], profile, objective, FACTORS, SEEDS, DEADLINE_POLICY_NAMES, config
+        )
     elapsed = time.perf_counter() - start
     names = list(DEADLINE_POLICY_NAMES)
-    cases = sorted({(r.trace, r.factor, r.seed) for r in rows},
-                   key=lambda c: ([t.name for t in traces].index(c[0]), c[1], c[2]))
+    cases = sorted(
+        {(r.trace, r.factor, r.seed) for r in rows},
+        key=lambda c: ([t.name for t in traces].index(c[0]), c[1], c[2]),
+    )
     by = {(r.trace, r.factor, r.seed, r.policy): r for r in rows}
-    print(f"{len(cases)} cases ({len(traces)} traces x {len(FACTORS)} deadlines x {len(SEEDS)} "
-          f"seeds), {MODEL}, {elapsed:.0f} s; dollars (* deadline missed)")
+    print(
+        f"{len(cases)} cases ({len(traces)} traces x {len(FACTORS)} deadlines x {len(SEEDS)} "
+        f"seeds), {MODEL}, {elapsed:.0f} s; dollars (* deadline missed)"
+    )
     print(f"{'trace':34s} {'deadline':>9s} seed " + " ".join(f"{n:>16s}" for n in names))
     for case in cases:
         cells = []
@@ -102,16 +124,24 @@ def main() -> None:
     print("deadlines missed: " + ", ".join(f"{n} {missed[n]}/{len(cases)}" for n in names))
     vs_up = np.array([by[(*c, "liveput")].usd / by[(*c, "uniform-progress")].usd for c in cases])
     vs_bound = np.array([by[(*c, "liveput")].usd / by[(*c, "omniscient")].usd for c in cases])
-    print(f"liveput meets every deadline: {missed['liveput'] == 0} "
-          f"({len(cases) - missed['liveput']}/{len(cases)})")
-    print(f"liveput / uniform-progress: mean {vs_up.mean():.3f} (aim {COST_AIM}, ratio "
-          f"{vs_up.mean() / COST_AIM:.2f}), max {vs_up.max():.3f} (cap {COST_CAP}, ratio "
-          f"{vs_up.max() / COST_CAP:.2f})")
-    print(f"liveput / omniscient: mean {vs_bound.mean():.3f} (aim {BOUND_AIM}, ratio "
-          f"{vs_bound.mean() / BOUND_AIM:.2f}), max {vs_bound.max():.3f}")
+    print(
+        f"liveput meets every deadline: {missed['liveput'] == 0} "
+        f"({len(cases) - missed['liveput']}/{len(cases)})"
+    )
+    print(
+        f"liveput / uniform-progress: mean {vs_up.mean():.3f} (aim {COST_AIM}, ratio "
+        f"{vs_up.mean() / COST_AIM:.2f}), max {vs_up.max():.3f} (cap {COST_CAP}, ratio "
+        f"{vs_up.max() / COST_CAP:.2f})"
+    )
+    print(
+        f"liveput / omniscient: mean {vs_bound.mean():.3f} (aim {BOUND_AIM}, ratio "
+        f"{vs_bound.mean() / BOUND_AIM:.2f}), max {vs_bound.max():.3f}"
+    )
     decision_s = _decision_s()
-    print(f"one liveput deadline decision at N=64, H=12: {decision_s * 1000:.1f} ms (target "
-          f"{DECISION_TARGET_S * 1000:.0f} ms, ratio {decision_s / DECISION_TARGET_S:.2f})")
+    print(
+        f"one liveput deadline decision at N=64, H=12: {decision_s * 1000:.1f} ms (target "
+        f"{DECISION_TARGET_S * 1000:.0f} ms, ratio {decision_s / DECISION_TARGET_S:.2f})"
+    )
 
 
 if __name__ == "__main__":

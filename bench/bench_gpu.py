@@ -48,13 +48,28 @@ def run_isolated(name: str, request: str, quick: bool, limit_s: float, directory
     """Part ``name`` in a child process killed (with its children) after ``limit_s``."""
     result = directory / f"{name}.json"
     log = directory / f"{name}.log"
-    command = [sys.executable, "-m", "bench.bench_gpu", "--part", name, "--device", request,
-               "--result", str(result)] + (["--quick"] if quick else [])
+    command = [
+        sys.executable,
+        "-m",
+        "bench.bench_gpu",
+        "--part",
+        name,
+        "--device",
+        request,
+        "--result",
+        str(result),
+    ] + (["--quick"] if quick else [])
     started = time.perf_counter()
     cpu_before_s = _children_cpu_s()
     with open(log, "wb") as output:
-        process = subprocess.Popen(command, env=repository_environment(), stdout=output,
-                                   stderr=subprocess.STDOUT, cwd=_REPO, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            env=repository_environment(),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            cwd=_REPO,
+            start_new_session=True,
+        )
         timed_out = False
         try:
             process.wait(timeout=limit_s)
@@ -105,38 +120,51 @@ def summary_rows(document: dict) -> list[tuple[str, str, str]]:
 
 def _figures(name: str, part: dict) -> str:
     if name == "environment":
-        return (f"torch {part.get('torch')} cuda {part.get('cuda_build')} "
-                f"{part.get('gpu', part.get('device'))} {part.get('gpu_memory_gb', '')} "
-                f"nccl {part.get('nccl', '-')} bf16 {part.get('bf16_supported')}")
+        return (
+            f"torch {part.get('torch')} cuda {part.get('cuda_build')} "
+            f"{part.get('gpu', part.get('device'))} {part.get('gpu_memory_gb', '')} "
+            f"nccl {part.get('nccl', '-')} bf16 {part.get('bf16_supported')}"
+        )
     if name == "profiles":
         return "; ".join(
             f"{key}: step {r['measured_step_s'] * 1e3:.1f} ms (pred {_percent(r['step_error'])})"
             f", mem {_gb(r['measured_peak_gb'])} (pred {_percent(r['memory_error'])})"
-            if "error" not in r else f"{key}: {r['error']}"
-            for key, r in part.get("results", {}).items())
+            if "error" not in r
+            else f"{key}: {r['error']}"
+            for key, r in part.get("results", {}).items()
+        )
     if name == "overhead":
-        return (f"{part['model']} bf16: engine {part['engine_samples_per_s']} / plain "
-                f"{part['plain_samples_per_s']} samples/s = {part['ratio']} (target >= "
-                f"{part['target']}: {'PASS' if part['passed'] else 'FAIL'}); against the "
-                f"plain loop of the same {part['micro_batches']} micro-batches "
-                f"{part['ratio_to_accumulating']}")
+        return (
+            f"{part['model']} bf16: engine {part['engine_samples_per_s']} / plain "
+            f"{part['plain_samples_per_s']} samples/s = {part['ratio']} (target >= "
+            f"{part['target']}: {'PASS' if part['passed'] else 'FAIL'}); against the "
+            f"plain loop of the same {part['micro_batches']} micro-batches "
+            f"{part['ratio_to_accumulating']}"
+        )
     if name == "runtime":
         scripted, train = part.get("scripted", {}), part.get("train", {})
-        text = (f"scripted {'->'.join(scripted.get('kinds', []))}: exactly once "
-                f"{scripted.get('exactly_once')}, same as fault-free "
-                f"{scripted.get('same_as_fault_free')} (max diff "
-                f"{scripted.get('max_abs_difference', float('nan')):.2g})"
-                if "error" not in scripted else f"scripted: {scripted['error']}")
+        text = (
+            f"scripted {'->'.join(scripted.get('kinds', []))}: exactly once "
+            f"{scripted.get('exactly_once')}, same as fault-free "
+            f"{scripted.get('same_as_fault_free')} (max diff "
+            f"{scripted.get('max_abs_difference', float('nan')):.2g})"
+            if "error" not in scripted
+            else f"scripted: {scripted['error']}"
+        )
         if train.get("exit_code") == 0:
-            text += (f"; train: {train['steps_completed']} steps, exactly once "
-                     f"{train['exactly_once']}, migrations {train['migrations']}")
+            text += (
+                f"; train: {train['steps_completed']} steps, exactly once "
+                f"{train['exactly_once']}, migrations {train['migrations']}"
+            )
         else:
             text += f"; train: exit {train.get('exit_code')}"
         return text
     if name == "nccl":
-        return (f"{part['backend']} single rank: init {part['init_s']} s, all-reduce "
-                f"{part['allreduce_correct']}, abort {part['abort_s']} s, after abort "
-                f"{part['call_after_abort']}; not run: {len(part['not_run'])} (need 2 GPUs)")
+        return (
+            f"{part['backend']} single rank: init {part['init_s']} s, all-reduce "
+            f"{part['allreduce_correct']}, abort {part['abort_s']} s, after abort "
+            f"{part['call_after_abort']}; not run: {len(part['not_run'])} (need 2 GPUs)"
+        )
     return ""
 
 
@@ -149,13 +177,16 @@ def _gb(value: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench gpu",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench gpu", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--quick", action="store_true",
-                        help="small models and few steps (the suite's CPU run)")
-    parser.add_argument("-o", "--output", type=Path, default=None,
-                        help="write the JSON document here")
+    parser.add_argument(
+        "--quick", action="store_true", help="small models and few steps (the suite's CPU run)"
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, default=None, help="write the JSON document here"
+    )
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -167,16 +198,22 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(0)
     limits = LIMITS_S["quick" if args.quick else "full"]
-    document: dict = {"bench": "gpu", "device": args.device, "quick": args.quick,
-                      "command": "python -m bench gpu " + " ".join(argv or sys.argv[1:]),
-                      "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      "limits_s": limits, "parts": {}}
+    document: dict = {
+        "bench": "gpu",
+        "device": args.device,
+        "quick": args.quick,
+        "command": "python -m bench gpu " + " ".join(argv or sys.argv[1:]),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "limits_s": limits,
+        "parts": {},
+    }
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
         for name in PARTS:
             print(f"bench gpu: {name} (limit {limits[name]} s)", file=sys.stderr, flush=True)
-            document["parts"][name] = run_isolated(name, args.device, args.quick, limits[name],
-                                                   Path(scratch))
+            document["parts"][name] = run_isolated(
+                name, args.device, args.quick, limits[name], Path(scratch)
+            )
             document["wall_s"] = round(time.perf_counter() - started, 1)
             if args.output is not None:
                 args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -189,9 +226,11 @@ def _print_table(document: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"bench gpu --device {document['device']}"
-                        f"{' --quick' if document['quick'] else ''}: "
-                        f"{document['wall_s']:.0f} s")
+    table = Table(
+        title=f"bench gpu --device {document['device']}"
+        f"{' --quick' if document['quick'] else ''}: "
+        f"{document['wall_s']:.0f} s"
+    )
     for column in ("part", "status", "figures"):
         table.add_column(column, overflow="fold")
     for row in summary_rows(document):

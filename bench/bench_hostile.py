@@ -23,17 +23,21 @@ def main() -> None:
         for index, outcome in enumerate(pool.map(run_case, cases), start=1):
             outcomes.append(outcome)
             if outcome.verdict != "ok":
-                print(f"  {outcome.verdict:9s} {outcome.case.name}: "
-                      f"{outcome.stderr.strip().splitlines()[-1:] or ''} {outcome.left or ''}",
-                      flush=True)
+                print(
+                    f"  {outcome.verdict:9s} {outcome.case.name}: "
+                    f"{outcome.stderr.strip().splitlines()[-1:] or ''} {outcome.left or ''}",
+                    flush=True,
+                )
             if index % 50 == 0:
                 print(f"  ... {index}/{len(cases)}", flush=True)
     figures = summary(outcomes)
     print(f"verdicts: {figures['verdicts']}")
     bad = sum(n for verdict, n in figures["verdicts"].items() if verdict != "ok")
     print(f"cases not ok: {bad} of {len(cases)} (target 0)")
-    print(f"largest refusal: {figures['largest_refusal_mb']:.0f} MB "
-          f"(target <= {REFUSAL_MEMORY_MB:.0f}); slowest case {figures['slowest_s']:.1f} s")
+    print(
+        f"largest refusal: {figures['largest_refusal_mb']:.0f} MB "
+        f"(target <= {REFUSAL_MEMORY_MB:.0f}); slowest case {figures['slowest_s']:.1f} s"
+    )
     path = os.environ.get("LIVEPUT_BENCH_JSON")
     if path:
         with open(path, "w", encoding="utf-8") as out:

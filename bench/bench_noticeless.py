@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-import statistics
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -39,18 +39,26 @@ LOGGERS = ("liveput.cloud.provider", "liveput.runtime.coordinator")
 """The in-process loggers the bench reads (kills, plans) and keeps with each run's logs."""
 
 
-def _trace(name: str, initial: int, events: list[tuple[float, int, int]],
-           end_s: float = 600.0) -> Trace:
+def _trace(
+    name: str, initial: int, events: list[tuple[float, int, int]], end_s: float = 600.0
+) -> Trace:
     """``events``: (trace second, added, removed)."""
     times, added, removed = zip(*events, strict=True)
-    return Trace(name, initial, np.array(times, dtype=float), np.array(added, dtype=np.int64),
-                 np.array(removed, dtype=np.int64), end_s)
+    return Trace(
+        name,
+        initial,
+        np.array(times, dtype=float),
+        np.array(added, dtype=np.int64),
+        np.array(removed, dtype=np.int64),
+        end_s,
+    )
 
 
 TRACES = {
     "single-double": _trace("single-double", 6, [(150, 0, 1), (260, 0, 2), (330, 2, 0)]),
-    "back-to-back": _trace("back-to-back", 6, [(120, 0, 1), (135, 0, 1), (200, 3, 0),
-                                                (212, 0, 2), (300, 0, 1)]),
+    "back-to-back": _trace(
+        "back-to-back", 6, [(120, 0, 1), (135, 0, 1), (200, 3, 0), (212, 0, 2), (300, 0, 1)]
+    ),
     "wipe-out": _trace("wipe-out", 4, [(150, 0, 4), (200, 3, 0), (300, 0, 1), (340, 2, 0)]),
 }
 
@@ -94,8 +102,13 @@ def _losses(records: _Records, commits: list[float], trace: Trace) -> list[tuple
         last_removal_s = removed_at[min(killed, len(removed_at)) - 1]
         alive = trace.initial_count + sum(a - r for t, a, r in schedule if t <= last_removal_s)
         next_plan = next((kind for t, kind in records.plans if t > group[0]), "none")
-        kind = ("all lost" if alive <= 0 else
-                "last holder lost" if next_plan == "checkpoint-restore" else "replica lost")
+        kind = (
+            "all lost"
+            if alive <= 0
+            else "last holder lost"
+            if next_plan == "checkpoint-restore"
+            else "replica lost"
+        )
         losses.append((kind, after[0] - before[-1]))
     return losses
 
@@ -105,9 +118,17 @@ def _run(trace: Trace, lead_s: float, seed: int, records: _Records) -> dict:
     records.plans.clear()
     with tempfile.TemporaryDirectory(prefix="bench-noticeless-") as directory:
         config = LocalTrainingConfig(
-            model="tiny-gpt", workers=WORKERS, steps=STEPS, time_scale=TIME_SCALE,
-            notice_lead_s=lead_s, checkpoint_dir=f"{directory}/ckpt", checkpoint_every=10,
-            timeout_s=600.0, seed=seed, log_dir=f"{directory}/logs")
+            model="tiny-gpt",
+            workers=WORKERS,
+            steps=STEPS,
+            time_scale=TIME_SCALE,
+            notice_lead_s=lead_s,
+            checkpoint_dir=f"{directory}/ckpt",
+            checkpoint_every=10,
+            timeout_s=600.0,
+            seed=seed,
+            log_dir=f"{directory}/logs",
+        )
         started = time.monotonic()
         Path(f"{directory}/logs").mkdir()
         runtime_log = logging.FileHandler(f"{directory}/logs/coordinator-and-cloud.log")
@@ -121,16 +142,23 @@ def _run(trace: Trace, lead_s: float, seed: int, records: _Records) -> dict:
             kept = Path(FAILED_LOGS) / f"{trace.name}-lead{lead_s:g}-seed{seed}"
             shutil.rmtree(kept, ignore_errors=True)
             shutil.copytree(f"{directory}/logs", kept, dirs_exist_ok=True)
-            return {"ok": False, "wall_s": time.monotonic() - started,
-                    "error": f"{str(error)[:200]} (logs kept in {kept})", "losses": []}
+            return {
+                "ok": False,
+                "wall_s": time.monotonic() - started,
+                "error": f"{str(error)[:200]} (logs kept in {kept})",
+                "losses": [],
+            }
         finally:
             for name in LOGGERS:
                 logging.getLogger(name).removeHandler(runtime_log)
             runtime_log.close()
     commits = sorted(r["committed_unix_s"] for r in result.steps)
-    return {"ok": result.steps_completed == STEPS and result.exactly_once,
-            "wall_s": result.wall_s, "losses": _losses(records, commits, trace),
-            "rolled_back": result.steps_rolled_back}
+    return {
+        "ok": result.steps_completed == STEPS and result.exactly_once,
+        "wall_s": result.wall_s,
+        "losses": _losses(records, commits, trace),
+        "rolled_back": result.steps_rolled_back,
+    }
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -144,8 +172,11 @@ def main() -> None:
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
         logger.addHandler(records)
-    print(f"{runs} runs per trace and lead; tiny-gpt, {STEPS} steps, {WORKERS} workers, "
-          f"time scale {TIME_SCALE:g}", flush=True)
+    print(
+        f"{runs} runs per trace and lead; tiny-gpt, {STEPS} steps, {WORKERS} workers, "
+        f"time scale {TIME_SCALE:g}",
+        flush=True,
+    )
     by_kind: dict[str, list[float]] = {}
     walls: dict[float, list[float]] = {0.0: [], 120.0: []}
     for name, trace in TRACES.items():
@@ -154,21 +185,27 @@ def main() -> None:
             done = sum(o["ok"] for o in outcomes)
             wall = [o["wall_s"] for o in outcomes]
             walls[lead_s] += wall
-            print(f"{name:14s} lead {lead_s:5.0f} s: {done}/{runs} complete exactly once; wall "
-                  f"median {statistics.median(wall):.1f} s (max {max(wall):.1f}); rolled back "
-                  f"{sum(o.get('rolled_back', 0) for o in outcomes)} steps in all"
-                  + "".join(f"; failed: {o['error']}" for o in outcomes if "error" in o),
-                  flush=True)
+            print(
+                f"{name:14s} lead {lead_s:5.0f} s: {done}/{runs} complete exactly once; wall "
+                f"median {statistics.median(wall):.1f} s (max {max(wall):.1f}); rolled back "
+                f"{sum(o.get('rolled_back', 0) for o in outcomes)} steps in all"
+                + "".join(f"; failed: {o['error']}" for o in outcomes if "error" in o),
+                flush=True,
+            )
             if lead_s == 0.0:
                 for kind, downtime in (loss for o in outcomes for loss in o["losses"]):
                     by_kind.setdefault(kind, []).append(downtime)
-    print("downtime per unannounced loss (last commit before the kill -> first after):",
-          flush=True)
+    print("downtime per unannounced loss (last commit before the kill -> first after):", flush=True)
     for kind, values in sorted(by_kind.items()):
         median, p95 = _percentile(values, 50), _percentile(values, 95)
-        target = "" if kind == "all lost" else \
-            f"  (targets 5 / 10 s: {median / 5:.2f}x / {p95 / 10:.2f}x)"
-        print(f"  {kind:17s} n={len(values):3d} median {median:5.2f} s  p95 {p95:5.2f} s{target}",
-              flush=True)
+        target = (
+            ""
+            if kind == "all lost"
+            else f"  (targets 5 / 10 s: {median / 5:.2f}x / {p95 / 10:.2f}x)"
+        )
+        print(
+            f"  {kind:17s} n={len(values):3d} median {median:5.2f} s  p95 {p95:5.2f} s{target}",
+            flush=True,
+        )
     ratio = statistics.median(walls[0.0]) / statistics.median(walls[120.0])
     print(f"wall time, no notice / default notice: {ratio:.2f}x (target <= 1.5x)", flush=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from bench import peers_report
 from bench.inputs import P3_TRACE, real_trace
-from bench.peers_run import (RunSettings, SystemRun, run_liveput, run_torchrun, scratch)
+from bench.peers_run import RunSettings, SystemRun, run_liveput, run_torchrun, scratch
 from liveput.traces import Trace, generate_trace, read_trace
 
 WORKERS = 4
@@ -55,8 +55,9 @@ def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trac
     count = int(np.clip(round(int(full.count_at(start_s)) * ratio), 1, workers))
     times, counts = [0.0], [count]
     inside = (full.times_s > start_s) & (full.times_s < start_s + span_s)
-    for time_s, added, removed in zip(full.times_s[inside], full.added[inside],
-                                      full.removed[inside], strict=True):
+    for time_s, added, removed in zip(
+        full.times_s[inside], full.added[inside], full.removed[inside], strict=True
+    ):
         delta = int(added) - int(removed)
         if delta:
             step = int(np.sign(delta)) * max(1, round(abs(delta) * ratio))
@@ -68,8 +69,9 @@ def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trac
 
 def traces(quick: bool, seeds: list[int]) -> list[tuple[str, Trace, int]]:
     """(name, trace, seed): the generated 5-minute trace per seed, and the p3 cut."""
-    chosen = [(f"generated-{WORKERS}-seed{s}", generate_trace(WORKERS, 5 / 60, s), s)
-              for s in seeds]
+    chosen = [
+        (f"generated-{WORKERS}-seed{s}", generate_trace(WORKERS, 5 / 60, s), s) for s in seeds
+    ]
     if quick:
         return chosen[:1]
     chosen.append(("p3-cut", p3_cut(WORKERS), seeds[0]))
@@ -100,8 +102,14 @@ def _run(system: str, trace: Trace, settings: RunSettings) -> SystemRun | str:
 
 def steady_runs(settings: RunSettings, systems: list[str]) -> dict[str, SystemRun]:
     """Each system on ``STEADY_INSTANCES`` that stay the whole window (no preemption)."""
-    constant = Trace(f"constant-{STEADY_INSTANCES}", STEADY_INSTANCES, [], [], [],
-                     settings.window_s * settings.time_scale)
+    constant = Trace(
+        f"constant-{STEADY_INSTANCES}",
+        STEADY_INSTANCES,
+        [],
+        [],
+        [],
+        settings.window_s * settings.time_scale,
+    )
     runs = {}
     # Without preemptions liveput-restart is liveput's runtime doing the same thing.
     for system in [s for s in systems if s != "liveput-restart"]:
@@ -113,8 +121,9 @@ def steady_runs(settings: RunSettings, systems: list[str]) -> dict[str, SystemRu
     return runs
 
 
-def rates_by_count(settings: RunSettings, steady: SystemRun | None,
-                   window_s: float) -> dict[int, float]:
+def rates_by_count(
+    settings: RunSettings, steady: SystemRun | None, window_s: float
+) -> dict[int, float]:
     """liveput's samples/s with ``n`` instances and no preemption, ``n = 1 .. WORKERS``, each
     after a third of its window (the simulator's throughput per instance count: the instances
     share this machine's cores). ``steady``: the run of ``STEADY_INSTANCES`` already made."""
@@ -141,18 +150,28 @@ def first_step_s(run: SystemRun) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench peers", description=__doc__.split(
-        "\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="one trace, one seed (under 10 minutes)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench peers", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="one trace, one seed (under 10 minutes)"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--plot", type=Path, help="write the samples-over-time plot here (PNG)")
     parser.add_argument("--seeds", default="20,22", help="seeds of the generated traces")
     parser.add_argument("--systems", default=",".join(peers_report.SYSTEMS))
-    parser.add_argument("--time-scale", type=float, default=None,
-                        help="trace seconds per wall second (default 2; 4 with --quick)")
-    parser.add_argument("--notice-margin", type=float, default=RunSettings.notice_margin_s,
-                        help="liveput's --notice-margin, wall s (default %(default)s)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="trace seconds per wall second (default 2; 4 with --quick)",
+    )
+    parser.add_argument(
+        "--notice-margin",
+        type=float,
+        default=RunSettings.notice_margin_s,
+        help="liveput's --notice-margin, wall s (default %(default)s)",
+    )
     parser.add_argument("--work-dir", default="", help="keep logs and checkpoints here")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulator's prediction")
     args = parser.parse_args(argv or [])
@@ -164,32 +183,52 @@ def main(argv: list[str] | None = None) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.time_scale is None:
         args.time_scale = 4.0 if args.quick else 2.0
-    base = RunSettings(time_scale=args.time_scale, work_dir=args.work_dir,
-                       notice_margin_s=args.notice_margin)
+    base = RunSettings(
+        time_scale=args.time_scale, work_dir=args.work_dir, notice_margin_s=args.notice_margin
+    )
     # No-preemption runs first: liveput's gives the start-up time the simulator is told.
-    steady_settings = RunSettings(job=base.job, time_scale=args.time_scale,
-                                  window_s=45.0 if args.quick else 90.0, work_dir=args.work_dir,
-                                  notice_margin_s=args.notice_margin)
-    print(f"no preemption: {', '.join(systems)} ({steady_settings.window_s:.0f} s each) ...",
-          flush=True)
+    steady_settings = RunSettings(
+        job=base.job,
+        time_scale=args.time_scale,
+        window_s=45.0 if args.quick else 90.0,
+        work_dir=args.work_dir,
+        notice_margin_s=args.notice_margin,
+    )
+    print(
+        f"no preemption: {', '.join(systems)} ({steady_settings.window_s:.0f} s each) ...",
+        flush=True,
+    )
     steady = steady_runs(steady_settings, systems)
     measured, by_count = None, {}
     if not args.no_sim:
         from bench.peers_sim import measure
+
         startup_s = first_step_s(steady["liveput"]) if "liveput" in steady else None
         print(f"liveput on 1 to {WORKERS} instances, no preemption ...", flush=True)
-        by_count = rates_by_count(steady_settings, steady.get("liveput"),
-                                  20.0 if args.quick else 30.0)
-        print("samples/s by instance count: " + ", ".join(
-            f"{n}: {rate:.1f}" for n, rate in by_count.items()), flush=True)
+        by_count = rates_by_count(
+            steady_settings, steady.get("liveput"), 20.0 if args.quick else 30.0
+        )
+        print(
+            "samples/s by instance count: "
+            + ", ".join(f"{n}: {rate:.1f}" for n, rate in by_count.items()),
+            flush=True,
+        )
         measured = measure(base.job, startup_s or 0.0, by_count)
-        print("measured here: " + ", ".join(f"{k} {v:.2f} s" for k, v in
-                                            measured.downtimes_s.items()), flush=True)
+        print(
+            "measured here: "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in measured.downtimes_s.items()),
+            flush=True,
+        )
     results = []
     for name, trace, seed in traces(args.quick, seeds):
-        settings = RunSettings(job=base.job, time_scale=args.time_scale,
-                               window_s=trace.end_s / args.time_scale, seed=seed,
-                               work_dir=args.work_dir, notice_margin_s=args.notice_margin)
+        settings = RunSettings(
+            job=base.job,
+            time_scale=args.time_scale,
+            window_s=trace.end_s / args.time_scale,
+            seed=seed,
+            work_dir=args.work_dir,
+            notice_margin_s=args.notice_margin,
+        )
         runs = {}
         for system in systems:
             print(f"{name}: {system} ({settings.window_s:.0f} s window) ...", flush=True)
@@ -197,11 +236,12 @@ def main(argv: list[str] | None = None) -> None:
         simulated = {}
         if measured is not None:
             from bench.peers_sim import predict
-            simulated = predict(trace, measured, settings.time_scale, settings.notice_lead_s,
-                                seed)
+
+            simulated = predict(trace, measured, settings.time_scale, settings.notice_lead_s, seed)
         results.append((name, runs, simulated))
     document = peers_report.to_json_document(
-        results, steady_rates(steady, steady_settings.window_s))
+        results, steady_rates(steady, steady_settings.window_s)
+    )
     if by_count:
         document["liveput_samples_per_s_by_instances"] = {str(n): r for n, r in by_count.items()}
     print(peers_report.table(document))
@@ -223,17 +263,24 @@ def _verdicts(document: dict) -> None:
             if live and other:
                 ratio = live / other
                 bound = entry.get("bound_samples")
-                reach = "" if bound is None or bound >= target * other else (
-                    f"; out of reach here: {target} x {other} > the bound, {bound}")
-                print(f"{entry['trace']}: liveput / {peer} = {ratio:.2f} (target >= {target}): "
-                      f"{'PASS' if ratio >= target else 'FAIL'}{reach}")
+                reach = (
+                    ""
+                    if bound is None or bound >= target * other
+                    else (f"; out of reach here: {target} x {other} > the bound, {bound}")
+                )
+                print(
+                    f"{entry['trace']}: liveput / {peer} = {ratio:.2f} (target >= {target}): "
+                    f"{'PASS' if ratio >= target else 'FAIL'}{reach}"
+                )
         for system, predicted in simulated.items():
             real = systems.get(system, {}).get("samples")
             if real:
                 error = predicted / real - 1
-                print(f"{entry['trace']}: simulator / runtime for {system} = {predicted} / "
-                      f"{real} ({error * 100:+.0f} %, target within 10 %): "
-                      f"{'PASS' if abs(error) <= 0.10 else 'FAIL'}")
+                print(
+                    f"{entry['trace']}: simulator / runtime for {system} = {predicted} / "
+                    f"{real} ({error * 100:+.0f} %, target within 10 %): "
+                    f"{'PASS' if abs(error) <= 0.10 else 'FAIL'}"
+                )
 
 
 if __name__ == "__main__":

@@ -39,10 +39,12 @@ def _thousand_instances() -> None:
         simulate_policy(trace, profile, name, config, context)
         times[name] = time.perf_counter() - begin
     total = time.perf_counter() - start
-    print(f"all {len(POLICIES.names())} registered policies, {DEFAULT_MODEL}, {trace.hours:.0f}-h "
-          f"trace of {LARGE_NODES} instances ({len(trace)} intervals, {trace.max_count} at "
-          f"most): {total:.1f} s (target {LARGE_TARGET_S:.0f} s, ratio "
-          f"{total / LARGE_TARGET_S:.2f})")
+    print(
+        f"all {len(POLICIES.names())} registered policies, {DEFAULT_MODEL}, {trace.hours:.0f}-h "
+        f"trace of {LARGE_NODES} instances ({len(trace)} intervals, {trace.max_count} at "
+        f"most): {total:.1f} s (target {LARGE_TARGET_S:.0f} s, ratio "
+        f"{total / LARGE_TARGET_S:.2f})"
+    )
     print("  " + "  ".join(f"{name} {seconds:.1f} s" for name, seconds in times.items()))
 
 
@@ -54,22 +56,25 @@ def main() -> None:
     start, start_cpu = time.perf_counter(), time.process_time()
     result = simulate(trace, profile, list(DEFAULT_POLICIES))
     elapsed, cpu = time.perf_counter() - start, time.process_time() - start_cpu
-    print(f"all {len(DEFAULT_POLICIES)} policies, gpt-1.5b, {trace.hours:.0f}-h trace "
-          f"({len(trace)} intervals): {elapsed:.1f} s wall, {cpu:.1f} s CPU (target "
-          f"{TARGET_S:.0f} s, ratio {elapsed / TARGET_S:.2f})")
-    print("  " + "  ".join(f"{name}={result.fraction_of_ideal(name):.3f}"
-                           for name in result.runs))
+    print(
+        f"all {len(DEFAULT_POLICIES)} policies, gpt-1.5b, {trace.hours:.0f}-h trace "
+        f"({len(trace)} intervals): {elapsed:.1f} s wall, {cpu:.1f} s CPU (target "
+        f"{TARGET_S:.0f} s, ratio {elapsed / TARGET_S:.2f})"
+    )
+    print("  " + "  ".join(f"{name}={result.fraction_of_ideal(name):.3f}" for name in result.runs))
     p3 = read_trace(p3_path)
     for model, (hours, predicted, truth, reactive) in PARCAE.items():
         part = p3 if hours is None else p3.slice(0, hours * 3600)
         ours = _fractions(part.resample(60), model)
-        print(f"p3 trace, {model}, {part.hours:.2f} h: liveput {ours['liveput']:.3f} vs Parcae "
-              f"{predicted} (ratio {ours['liveput'] / predicted:.3f}); oracle "
-              f"{ours['liveput-oracle']:.3f} vs {truth}; liveput / oracle "
-              f"{ours['liveput'] / ours['liveput-oracle']:.3f} (target 0.9); reactive "
-              f"{ours['reactive']:.3f} vs {reactive} (|diff| "
-              f"{abs(ours['reactive'] - reactive):.3f}, target <= 0.1); bamboo "
-              f"{ours['bamboo']:.3f}, checkpoint {ours['checkpoint']:.3f}")
+        print(
+            f"p3 trace, {model}, {part.hours:.2f} h: liveput {ours['liveput']:.3f} vs Parcae "
+            f"{predicted} (ratio {ours['liveput'] / predicted:.3f}); oracle "
+            f"{ours['liveput-oracle']:.3f} vs {truth}; liveput / oracle "
+            f"{ours['liveput'] / ours['liveput-oracle']:.3f} (target 0.9); reactive "
+            f"{ours['reactive']:.3f} vs {reactive} (|diff| "
+            f"{abs(ours['reactive'] - reactive):.3f}, target <= 0.1); bamboo "
+            f"{ours['bamboo']:.3f}, checkpoint {ours['checkpoint']:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -25,14 +25,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from liveput.models.jobs import resolve_job
 from liveput.runtime import keys, protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.models.jobs import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.runtime.prune import PruneConfig
-from liveput.runtime.store import EtcdStore, SignedStore, Store, TCPStoreBackend, open_store, readers
+from liveput.runtime.store import (
+    EtcdStore,
+    SignedStore,
+    Store,
+    TCPStoreBackend,
+    open_store,
+    readers,
+)
 from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
 STEPS = 10_000
@@ -80,8 +87,11 @@ class ObedientAgents:
         plan = self.plan
         slot = plan.slots.get(instance)
         layers = () if slot is None else tuple(plan.layers_of(slot[1]))
-        protocol.report_holding(self.store, instance, protocol.Holding(
-            plan.generation, self.epoch, self.last, layers, ending))
+        protocol.report_holding(
+            self.store,
+            instance,
+            protocol.Holding(plan.generation, self.epoch, self.last, layers, ending),
+        )
 
     def follow(self) -> None:
         """Take up a newer plan (arrive, hold its layers), as agents do."""
@@ -125,13 +135,29 @@ class ObedientAgents:
         if protocol.step_outcome(self.store, plan.generation, step) != protocol.COMMITTED:
             return
         self.last = step
-        protocol.record_step(self.store, plan.epoch, protocol.LedgerRecord(
-            step, plan.generation, step * self.batch, self.batch, 1.0, plan.data_parallel,
-            plan.pipeline_stages, time.time()))
+        protocol.record_step(
+            self.store,
+            plan.epoch,
+            protocol.LedgerRecord(
+                step,
+                plan.generation,
+                step * self.batch,
+                self.batch,
+                1.0,
+                plan.data_parallel,
+                plan.pipeline_stages,
+                time.time(),
+            ),
+        )
         if (step + 1) % CHECKPOINT_EVERY == 0:
-            if self.store.add(keys.checkpoint_layers(plan.epoch, step), self.num_layers) == self.num_layers:
-                self.store.set(keys.latest_checkpoint(),
-                               json.dumps({"epoch": plan.epoch, "step": step}).encode())
+            if (
+                self.store.add(keys.checkpoint_layers(plan.epoch, step), self.num_layers)
+                == self.num_layers
+            ):
+                self.store.set(
+                    keys.latest_checkpoint(),
+                    json.dumps({"epoch": plan.epoch, "step": step}).encode(),
+                )
         if step + 1 >= plan.end_step:
             for instance in self.alive:
                 self.store.set(keys.state(instance), b"done")
@@ -140,8 +166,11 @@ class ObedientAgents:
 def _measure(store: Store, extra: dict) -> dict:
     inner = store.inner if isinstance(store, SignedStore) else store
     listed = inner.get_prefix("")
-    return {"listed_keys": len(listed),
-            "listed_bytes": sum(len(k) + len(v) for k, v in listed.items()), **extra}
+    return {
+        "listed_keys": len(listed),
+        "listed_bytes": sum(len(k) + len(v) for k, v in listed.items()),
+        **extra,
+    }
 
 
 def _rss_bytes(pid: int) -> int:
@@ -156,10 +185,21 @@ def run(store: Store, measure, prune: bool = True) -> tuple[list[dict], dict]:  
     job = resolve_job("tiny-gpt")
     profile = profile_job(job, repeats=1)
     clock = ManualClock()
-    coordinator = Coordinator(store, profile, CoordinatorConfig(
-        num_steps=STEPS, num_micro_batches=job.num_micro_batches, capacity=3,
-        initial_workers=3, interval_s=60.0, policy_interval_s=60.0, heartbeat_timeout_s=3.0,
-        prune=PruneConfig(enabled=prune)), clock=clock)
+    coordinator = Coordinator(
+        store,
+        profile,
+        CoordinatorConfig(
+            num_steps=STEPS,
+            num_micro_batches=job.num_micro_batches,
+            capacity=3,
+            initial_workers=3,
+            interval_s=60.0,
+            policy_interval_s=60.0,
+            heartbeat_timeout_s=3.0,
+            prune=PruneConfig(enabled=prune),
+        ),
+        clock=clock,
+    )
     agents = ObedientAgents(store, job.num_layers, job.global_batch_size)
     for _ in range(3):
         agents.join()
@@ -184,15 +224,25 @@ def run(store: Store, measure, prune: bool = True) -> tuple[list[dict], dict]:  
                 agents.alive.discard(instance)
                 agents.join()
         if done >= SAMPLE_EVERY * (len(rows) + 1):
-            rows.append({"steps": done, "generation": agents.plan.generation,
-                         "deleted": coordinator.pruner.deleted,
-                         "wall_s": round(time.perf_counter() - started, 1), **measure(store)})
+            rows.append(
+                {
+                    "steps": done,
+                    "generation": agents.plan.generation,
+                    "deleted": coordinator.pruner.deleted,
+                    "wall_s": round(time.perf_counter() - started, 1),
+                    **measure(store),
+                }
+            )
         if tick > 20 * STEPS:
             raise RuntimeError(f"job stuck at step {agents.last}: {coordinator.status}")
     report = verify_ledger(store, job.global_batch_size, STEPS)
-    return rows, {"exactly_once": report.exactly_once, "summarized_steps": report.summarized_steps,
-                  "records_left": len(report.records), "restores": report.restores,
-                  "problems": report.problems[:3]}
+    return rows, {
+        "exactly_once": report.exactly_once,
+        "summarized_steps": report.summarized_steps,
+        "records_left": len(report.records),
+        "restores": report.restores,
+        "problems": report.problems[:3],
+    }
 
 
 def _peak(rows: list[dict], key: str, end: int) -> float:
@@ -205,30 +255,44 @@ def _report(rows: list[dict], keys: tuple[str, ...]) -> None:
     for point in MEASURE_AT:
         row = min(rows, key=lambda r: abs(r["steps"] - point))
         peaks = {key: _peak(rows, key, point) for key in keys}
-        print(f"  at {point:>6} steps: peak over the last 1,000 steps {peaks}; "
-              f"generation {row['generation']}, keys deleted {row['deleted']}, "
-              f"{row['wall_s']} s", flush=True)
+        print(
+            f"  at {point:>6} steps: peak over the last 1,000 steps {peaks}; "
+            f"generation {row['generation']}, keys deleted {row['deleted']}, "
+            f"{row['wall_s']} s",
+            flush=True,
+        )
     for key in keys:
         first, last = _peak(rows, key, MEASURE_AT[0]), _peak(rows, key, MEASURE_AT[-1])
         ratio = last / max(first, 1)
-        print(f"  {key}: {first} -> {last} ({ratio:.2f}x from 1k to 10k steps; target <= "
-              f"{TARGET_RATIO}x: {'met' if ratio <= TARGET_RATIO else 'MISSED'})")
+        print(
+            f"  {key}: {first} -> {last} ({ratio:.2f}x from 1k to 10k steps; target <= "
+            f"{TARGET_RATIO}x: {'met' if ratio <= TARGET_RATIO else 'MISSED'})"
+        )
 
 
 def bench_tcp() -> None:
     print("-- TCPStore (server in a child process)", flush=True)
-    code = ("import sys, time; from liveput.runtime.store import TCPStoreBackend; "
-            "s = TCPStoreBackend('127.0.0.1', 0, host=True); print(s.port, flush=True); "
-            "sys.stdin.read()")
-    server = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys, time; from liveput.runtime.store import TCPStoreBackend; "
+        "s = TCPStoreBackend('127.0.0.1', 0, host=True); print(s.port, flush=True); "
+        "sys.stdin.read()"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         port = int(server.stdout.readline())
         raw = TCPStoreBackend("127.0.0.1", port)
         store = SignedStore(raw, TOKEN)
+
         def measure(s: Store) -> dict:
-            return _measure(s, {"server_keys": raw.key_count(),
-                                "server_rss_mib": round(_rss_bytes(server.pid) / 2**20, 1)})
+            return _measure(
+                s,
+                {
+                    "server_keys": raw.key_count(),
+                    "server_rss_mib": round(_rss_bytes(server.pid) / 2**20, 1),
+                },
+            )
 
         rows, ledger = run(store, measure)
         _report(rows, ("server_keys", "listed_bytes", "server_rss_mib"))
@@ -248,8 +312,14 @@ def _free_port() -> int:
 def bench_etcd() -> None:
     print("-- etcd (a local server, data on disk)", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-store-") as directory:
-        etcd = LocalEtcd(EtcdConfig(Path(directory), client_port=_free_port(),
-                                    peer_port=_free_port(), die_with_parent=True))
+        etcd = LocalEtcd(
+            EtcdConfig(
+                Path(directory),
+                client_port=_free_port(),
+                peer_port=_free_port(),
+                die_with_parent=True,
+            )
+        )
         etcd.start()
         try:
             raw = open_store(etcd.url)
@@ -258,10 +328,15 @@ def bench_etcd() -> None:
 
             def measure(s: Store) -> dict:
                 status = raw.status()
-                return _measure(s, {"etcd_keys": raw.key_count(),
-                                    "etcd_rss_mib": round(etcd.rss_bytes() / 2**20, 1),
-                                    "db_in_use_kib": int(status.get("dbSizeInUse", 0)) // 1024,
-                                    "revision": raw.revision()})
+                return _measure(
+                    s,
+                    {
+                        "etcd_keys": raw.key_count(),
+                        "etcd_rss_mib": round(etcd.rss_bytes() / 2**20, 1),
+                        "db_in_use_kib": int(status.get("dbSizeInUse", 0)) // 1024,
+                        "revision": raw.revision(),
+                    },
+                )
 
             rows, ledger = run(store, measure)
             _report(rows, ("etcd_keys", "listed_bytes", "etcd_rss_mib", "db_in_use_kib"))
@@ -276,8 +351,9 @@ def bench_unpruned() -> None:
     print("-- TCPStore without pruning (for comparison)", flush=True)
     server = TCPStoreBackend("127.0.0.1", 0, host=True)
     try:
-        rows, _ = run(SignedStore(server, TOKEN), lambda s: {"server_keys": server.key_count()},
-                      prune=False)
+        rows, _ = run(
+            SignedStore(server, TOKEN), lambda s: {"server_keys": server.key_count()}, prune=False
+        )
         for point in MEASURE_AT:
             print(f"  at {point:>6} steps: {_peak(rows, 'server_keys', point)} keys")
     finally:

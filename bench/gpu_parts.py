@@ -115,8 +115,9 @@ def part_environment(record: PartRecord, request: str, quick: bool) -> None:
         record.put("bf16_supported", bool(torch.cuda.is_bf16_supported()))
         with contextlib.suppress(Exception):
             version = torch.cuda.nccl.version()
-            record.put("nccl", ".".join(map(str, version)) if isinstance(version, tuple)
-                       else str(version))
+            record.put(
+                "nccl", ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+            )
     else:
         record.put("cpu", platform.processor() or platform.machine())
         record.put("bf16_supported", True)  # autocast on the CPU (emulated where no AVX512)
@@ -132,23 +133,33 @@ def _catalog_entry(device: str) -> dict | None:
     from liveput.catalog import load_catalog
 
     name = torch.cuda.get_device_name(torch.device(device)).upper()
-    matches = [spec for spec in load_catalog("aws").gpu_types if spec.gpu and spec.gpus
-               and spec.gpu.upper() in name.split()]
+    matches = [
+        spec
+        for spec in load_catalog("aws").gpu_types
+        if spec.gpu and spec.gpus and spec.gpu.upper() in name.split()
+    ]
     if not matches:
-        matches = [spec for spec in load_catalog("aws").gpu_types if spec.gpu and spec.gpus
-                   and spec.gpu.upper() in name]
+        matches = [
+            spec
+            for spec in load_catalog("aws").gpu_types
+            if spec.gpu and spec.gpus and spec.gpu.upper() in name
+        ]
     if not matches:
         return None
     spec = min(matches, key=lambda s: s.gpus)
-    return {"instance_type": spec.name, "gpu": spec.gpu, "gpus": spec.gpus,
-            "memory_gb_per_gpu": spec.gpu_memory_gb / spec.gpus,
-            "network_gbps": spec.network_gbps, "spot_usd_per_hour": spec.spot_usd_per_hour,
-            "on_demand_usd_per_hour": spec.on_demand_usd_per_hour}
+    return {
+        "instance_type": spec.name,
+        "gpu": spec.gpu,
+        "gpus": spec.gpus,
+        "memory_gb_per_gpu": spec.gpu_memory_gb / spec.gpus,
+        "network_gbps": spec.network_gbps,
+        "spot_usd_per_hour": spec.spot_usd_per_hour,
+        "on_demand_usd_per_hour": spec.on_demand_usd_per_hour,
+    }
 
 
 def _with_precision(job: Job, precision: str) -> Job:
-    return dataclasses.replace(job, training=dataclasses.replace(job.training,
-                                                                 precision=precision))
+    return dataclasses.replace(job, training=dataclasses.replace(job.training, precision=precision))
 
 
 def measure_step(job: Job, device: str, steps: int) -> tuple[float, float | None]:
@@ -173,8 +184,11 @@ def measure_step(job: Job, device: str, steps: int) -> tuple[float, float | None
         _sync(device)
         start = time.perf_counter()
         loss = compute_gradients(job, layers, position, None, step, update.loss_scale)
-        update.apply(layers, step, update.decide(layers, job.num_layers,
-                                                 nonfinite_loss=not math.isfinite(loss)))
+        update.apply(
+            layers,
+            step,
+            update.decide(layers, job.num_layers, nonfinite_loss=not math.isfinite(loss)),
+        )
         _sync(device)
         if step >= 2:  # two warm-up steps
             times.append(time.perf_counter() - start)
@@ -207,35 +221,67 @@ def part_profiles(record: PartRecord, request: str, quick: bool) -> None:
                 key = f"{model}/{precision}"
                 try:
                     results[key] = _profile_against_estimate(
-                        cli, model, precision, device, entry, quick,
-                        Path(scratch) / f"{model}-{precision}.json")
+                        cli,
+                        model,
+                        precision,
+                        device,
+                        entry,
+                        quick,
+                        Path(scratch) / f"{model}-{precision}.json",
+                    )
                 except Exception as error:  # noqa: BLE001 - the next model still runs
                     results[key] = {"error": _describe(error)}
                 record.flush()
                 _free(device)
 
 
-def _profile_against_estimate(cli: Callable[[list[str]], int], model: str, precision: str,
-                              device: str, entry: dict | None, quick: bool, path: Path) -> dict:
+def _profile_against_estimate(
+    cli: Callable[[list[str]], int],
+    model: str,
+    precision: str,
+    device: str,
+    entry: dict | None,
+    quick: bool,
+    path: Path,
+) -> dict:
     """``liveput profile`` of ``model`` in ``precision``, the estimator's (1, 1) step time and
     memory from it, one instance's measured step time and peak memory."""
+    from liveput.models.jobs import resolve_job
     from liveput.perf.estimator import Calibration, estimate_configs
     from liveput.perf.profile_io import read_profile
     from liveput.perf.types import InstanceType
-    from liveput.models.jobs import resolve_job
 
     started = time.perf_counter()
-    code = cli(["--quiet", "profile", "--model", model, "--device", device,
-                "--precision", precision, "--repeats", "1" if quick else "3",
-                "-o", str(path)])
+    code = cli(
+        [
+            "--quiet",
+            "profile",
+            "--model",
+            model,
+            "--device",
+            device,
+            "--precision",
+            precision,
+            "--repeats",
+            "1" if quick else "3",
+            "-o",
+            str(path),
+        ]
+    )
     if code != 0:
         return {"error": f"liveput profile exited {code}"}
     profile = dataclasses.replace(read_profile(path), activation_checkpointing="none")
     if entry is not None:
-        profile = dataclasses.replace(profile, instance_type=InstanceType(
-            entry["instance_type"], entry["memory_gb_per_gpu"],
-            entry["network_gbps"], entry["spot_usd_per_hour"],
-            entry["on_demand_usd_per_hour"]))
+        profile = dataclasses.replace(
+            profile,
+            instance_type=InstanceType(
+                entry["instance_type"],
+                entry["memory_gb_per_gpu"],
+                entry["network_gbps"],
+                entry["spot_usd_per_hour"],
+                entry["on_demand_usd_per_hour"],
+            ),
+        )
     profile_s = time.perf_counter() - started
     # The profile is this machine's measurement: no built-in calibration applies.
     table = estimate_configs(profile, 1, Calibration())
@@ -246,7 +292,8 @@ def _profile_against_estimate(cli: Callable[[list[str]], int], model: str, preci
     predicted_gb = float(table.memory_gb[0])
     return {
         "profile_s": round(profile_s, 2),
-        "layers": profile.num_layers, "params_m": round(profile.num_params / 1e6, 2),
+        "layers": profile.num_layers,
+        "params_m": round(profile.num_params / 1e6, 2),
         "global_batch": profile.global_batch_size,
         "micro_batch": profile.micro_batch_size,
         "feasible": bool(table.feasible[0]),
@@ -269,13 +316,14 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _global_batch(job: Job, step: int,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _global_batch(job: Job, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
 
     batches = [job.micro_batch(step, j) for j in range(job.num_micro_batches)]
-    return (torch.cat([b[0] for b in batches]).to(device),
-            torch.cat([b[1] for b in batches]).to(device))
+    return (
+        torch.cat([b[0] for b in batches]).to(device),
+        torch.cat([b[1] for b in batches]).to(device),
+    )
 
 
 def plain_loop(job: Job, device: str, steps: int, accumulate: bool = False) -> float:
@@ -326,15 +374,34 @@ def engine_loop(job: Job, device: str, steps: int, directory: str) -> float:
     hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
     store = SignedStore(hosted, "bench-gpu")
     try:
-        engine = Engine(job, 0, store, lambda plan, rank: None, Checkpointer(store, directory),
-                        EngineConfig(checkpoint_every=0, device=device))
-        plan = protocol.RuntimePlan(0, 0, 0, steps + 3, 1, 1, [0, job.num_layers], {0: (0, 0)},
-                                    {0: "127.0.0.1"}, [], "start", protocol.FRESH_START)
+        engine = Engine(
+            job,
+            0,
+            store,
+            lambda plan, rank: None,
+            Checkpointer(store, directory),
+            EngineConfig(checkpoint_every=0, device=device),
+        )
+        plan = protocol.RuntimePlan(
+            0,
+            0,
+            0,
+            steps + 3,
+            1,
+            1,
+            [0, job.num_layers],
+            {0: (0, 0)},
+            {0: "127.0.0.1"},
+            [],
+            "start",
+            protocol.FRESH_START,
+        )
         protocol.fence(store, 0, steps + 2, 1)
         engine.run_generation(plan)
         engine.checkpointer.close()
-        committed = sorted(json.loads(v)["committed_unix_s"]
-                           for v in store.get_prefix("ledger/").values())
+        committed = sorted(
+            json.loads(v)["committed_unix_s"] for v in store.get_prefix("ledger/").values()
+        )
     finally:
         store.close()
     gaps = [b - a for a, b in itertools.pairwise(committed[1:])]
@@ -357,8 +424,7 @@ def part_overhead(record: PartRecord, request: str, quick: bool) -> None:
     record.put("plain_samples_per_s", round(job.global_batch_size / plain_s, 2))
     _free(device)
     accumulating_s = plain_loop(job, device, steps, accumulate=True)
-    record.put("plain_accumulating_samples_per_s",
-               round(job.global_batch_size / accumulating_s, 2))
+    record.put("plain_accumulating_samples_per_s", round(job.global_batch_size / accumulating_s, 2))
     record.put("micro_batches", job.num_micro_batches)
     _free(device)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-overhead-") as scratch:
@@ -379,10 +445,10 @@ def scripted_migrations(device: str, directory: str, precision: str = "bf16") ->
     the same steps on the same device."""
     import torch
 
+    from liveput.models.jobs import resolve_job
     from liveput.perf.configuration import Configuration
     from liveput.runtime.engine import EngineConfig
     from liveput.runtime.inprocess import ThreadCluster
-    from liveput.models.jobs import resolve_job
     from liveput.runtime.ledger import verify_ledger
     from liveput.runtime.planning import profile_job
     from liveput.testbed.reference import reference_layers
@@ -390,9 +456,15 @@ def scripted_migrations(device: str, directory: str, precision: str = "bf16") ->
     steps = 12
     job = _with_precision(resolve_job(RUNTIME_JOB), precision)
     started = time.perf_counter()
-    cluster = ThreadCluster(job, profile_job(job, repeats=1, device=device), directory, steps,
-                            EngineConfig(checkpoint_every=3, comm_timeout_s=60, device=device,
-                                         shared_gpu=device != "cpu"))
+    cluster = ThreadCluster(
+        job,
+        profile_job(job, repeats=1, device=device),
+        directory,
+        steps,
+        EngineConfig(
+            checkpoint_every=3, comm_timeout_s=60, device=device, shared_gpu=device != "cpu"
+        ),
+    )
     cluster.migrate(Configuration(2, 2), set(), [0, 1, 2, 3], 2)
     cluster.migrate(Configuration(1, 2), {3}, [], 4)
     cluster.migrate(Configuration(2, 2), set(), [4, 5], 6)
@@ -402,8 +474,10 @@ def scripted_migrations(device: str, directory: str, precision: str = "bf16") ->
     cluster.checkpointer.flush()
     run_s = time.perf_counter() - started
     report = verify_ledger(cluster.store, job.global_batch_size, steps)
-    final = [cluster.checkpointer.load_layer_file(f"final/layer-{i}.pt")["module"]
-             for i in range(job.num_layers)]
+    final = [
+        cluster.checkpointer.load_layer_file(f"final/layer-{i}.pt")["module"]
+        for i in range(job.num_layers)
+    ]
     reference = [layer.module.state_dict() for layer in reference_layers(job, steps, device)]
     tolerance = FP32_TOLERANCE if precision == "fp32" else BF16_TOLERANCE
     worst, mismatched, total = 0.0, [], 0
@@ -416,44 +490,102 @@ def scripted_migrations(device: str, directory: str, precision: str = "bf16") ->
             if not torch.allclose(other, value, **tolerance):
                 mismatched.append(f"{index}.{name}")
     cluster.checkpointer.close()
-    return {"job": RUNTIME_JOB, "precision": precision, "steps": steps,
-            "agents_at_most": 4, "kinds": cluster.kinds,
-            "exactly_once": report.exactly_once, "steps_rolled_back": report.steps_rolled_back,
-            "restores": report.restores, "tolerance": tolerance,
-            "max_abs_difference": worst, "parameters": total,
-            "parameters_outside_tolerance": mismatched,
-            "same_as_fault_free": not mismatched, "wall_s": round(run_s, 2)}
+    return {
+        "job": RUNTIME_JOB,
+        "precision": precision,
+        "steps": steps,
+        "agents_at_most": 4,
+        "kinds": cluster.kinds,
+        "exactly_once": report.exactly_once,
+        "steps_rolled_back": report.steps_rolled_back,
+        "restores": report.restores,
+        "tolerance": tolerance,
+        "max_abs_difference": worst,
+        "parameters": total,
+        "parameters_outside_tolerance": mismatched,
+        "same_as_fault_free": not mismatched,
+        "wall_s": round(run_s, 2),
+    }
 
 
 def train_command(request: str, quick: bool, directory: Path, limit_s: float) -> dict:
     """``liveput train --device`` with several agents sharing this machine; its summary."""
     output = directory / "train.json"
     workers, steps, scale = (2, 12, 6.0) if quick else (4, 120, 4.0)
-    command = [sys.executable, "-m", "liveput.cli.main", "--quiet", "train",
-               "--model", RUNTIME_JOB, "--workers", str(workers), "--steps", str(steps),
-               "--time-scale", str(scale), "--device", request, "--checkpoint-every", "5",
-               "--precision", "bf16", "-o", str(output), "--log-dir", str(directory / "logs"),
-               "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "liveput.cli.main",
+        "--quiet",
+        "train",
+        "--model",
+        RUNTIME_JOB,
+        "--workers",
+        str(workers),
+        "--steps",
+        str(steps),
+        "--time-scale",
+        str(scale),
+        "--device",
+        request,
+        "--checkpoint-every",
+        "5",
+        "--precision",
+        "bf16",
+        "-o",
+        str(output),
+        "--log-dir",
+        str(directory / "logs"),
+        "--json",
+    ]
     started = time.perf_counter()
-    completed = subprocess.run(command, env=repository_environment(), capture_output=True, text=True,
-                               timeout=limit_s, check=False)
-    result: dict = {"command": " ".join(command[1:]), "exit_code": completed.returncode,
-                    "wall_s": round(time.perf_counter() - started, 2)}
+    completed = subprocess.run(
+        command,
+        env=repository_environment(),
+        capture_output=True,
+        text=True,
+        timeout=limit_s,
+        check=False,
+    )
+    result: dict = {
+        "command": " ".join(command[1:]),
+        "exit_code": completed.returncode,
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
     if completed.returncode != 0:
         result["stderr"] = completed.stderr[-2000:]
         return result
     summary = json.loads(output.read_text())
-    result.update({key: summary.get(key) for key in (
-        "steps_completed", "exactly_once", "preemptions", "allocations", "migrations",
-        "steps_rolled_back", "initial_loss", "final_loss", "devices", "device")})
+    result.update(
+        {
+            key: summary.get(key)
+            for key in (
+                "steps_completed",
+                "exactly_once",
+                "preemptions",
+                "allocations",
+                "migrations",
+                "steps_rolled_back",
+                "initial_loss",
+                "final_loss",
+                "devices",
+                "device",
+            )
+        }
+    )
     return result
 
 
 def part_runtime(record: PartRecord, request: str, quick: bool) -> None:
     device = _device(request)
     record.put("device", device)
-    record.put("communication", "gloo, every message staged through CPU memory (agents share "
-               "one device; NCCL refuses two ranks on one GPU)" if device != "cpu" else "gloo")
+    record.put(
+        "communication",
+        "gloo, every message staged through CPU memory (agents share "
+        "one device; NCCL refuses two ranks on one GPU)"
+        if device != "cpu"
+        else "gloo",
+    )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-runtime-") as scratch:
         try:
@@ -469,8 +601,12 @@ def part_nccl(record: PartRecord, request: str, quick: bool) -> None:
     import torch
     import torch.distributed as dist
 
-    from liveput.runtime.comm import NCCL_ERROR_HANDLING, CommAborted, Groups, \
-        configure_error_handling
+    from liveput.runtime.comm import (
+        NCCL_ERROR_HANDLING,
+        CommAborted,
+        Groups,
+        configure_error_handling,
+    )
 
     configure_error_handling()
     record.put("environment", {name: os.environ.get(name) for name in NCCL_ERROR_HANDLING})
@@ -499,16 +635,24 @@ def part_nccl(record: PartRecord, request: str, quick: bool) -> None:
     again.barrier()
     record.put("next_generation_after_abort", "ok")
     again.close()
-    record.put("not_run", [
-        "NCCL collectives and send/recv between ranks on distinct GPUs (needs 2 GPUs)",
-        "abort of a rank blocked in an NCCL collective whose peer died (needs 2 GPUs)",
-        "the blocking-wait timeout of a collective with a frozen peer (needs 2 GPUs)",
-        "one agent per GPU of a multi-GPU instance (needs 2 GPUs)"])
+    record.put(
+        "not_run",
+        [
+            "NCCL collectives and send/recv between ranks on distinct GPUs (needs 2 GPUs)",
+            "abort of a rank blocked in an NCCL collective whose peer died (needs 2 GPUs)",
+            "the blocking-wait timeout of a collective with a frozen peer (needs 2 GPUs)",
+            "one agent per GPU of a multi-GPU instance (needs 2 GPUs)",
+        ],
+    )
 
 
 PART_FUNCTIONS: dict[str, Callable[[PartRecord, str, bool], None]] = {
-    "environment": part_environment, "profiles": part_profiles, "overhead": part_overhead,
-    "runtime": part_runtime, "nccl": part_nccl}
+    "environment": part_environment,
+    "profiles": part_profiles,
+    "overhead": part_overhead,
+    "runtime": part_runtime,
+    "nccl": part_nccl,
+}
 
 
 def _describe(error: BaseException) -> str:

@@ -121,47 +121,130 @@ def _json_inputs() -> dict[str, bytes]:
 # Numeric options of each command, with a base command line that is otherwise valid.
 NUMERIC_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, bool]]] = {
     # command: (base argv, {option: whole number?})
-    "trace stats": (("trace", "stats", "{dir}/trace.csv"),
-                    {"--interval": False, "--start-hour": False, "--end-hour": False}),
-    "trace generate": (("trace", "generate", "-o", "{dir}/out.csv"),
-                       {"--nodes": True, "--hours": False, "--seed": True}),
-    "trace plot": (("trace", "plot", "{dir}/trace.csv", "-o", "{dir}/out.png"),
-                   {"--start-hour": False, "--end-hour": False}),
-    "simulate": (("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive"),
-                 {"--interval": False, "--horizon": True, "--on-demand": True, "--seed": True,
-                  "--spot-price": False, "--on-demand-price": False,
-                  "--preemption-notice": False, "--start-hour": False, "--end-hour": False}),
-    "plan": (("plan", "--nodes", "8", "--forecast", "8,8,8", "--horizon", "4"),
-             {"--nodes": True, "--horizon": True, "--interval": False, "--on-demand": True,
-              "--spread": True}),
+    "trace stats": (
+        ("trace", "stats", "{dir}/trace.csv"),
+        {"--interval": False, "--start-hour": False, "--end-hour": False},
+    ),
+    "trace generate": (
+        ("trace", "generate", "-o", "{dir}/out.csv"),
+        {"--nodes": True, "--hours": False, "--seed": True},
+    ),
+    "trace plot": (
+        ("trace", "plot", "{dir}/trace.csv", "-o", "{dir}/out.png"),
+        {"--start-hour": False, "--end-hour": False},
+    ),
+    "simulate": (
+        ("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive"),
+        {
+            "--interval": False,
+            "--horizon": True,
+            "--on-demand": True,
+            "--seed": True,
+            "--spot-price": False,
+            "--on-demand-price": False,
+            "--preemption-notice": False,
+            "--start-hour": False,
+            "--end-hour": False,
+        },
+    ),
+    "plan": (
+        ("plan", "--nodes", "8", "--forecast", "8,8,8", "--horizon", "4"),
+        {
+            "--nodes": True,
+            "--horizon": True,
+            "--interval": False,
+            "--on-demand": True,
+            "--spread": True,
+        },
+    ),
     "perf": (("perf", "gpt-1.5b"), {"--nodes": True}),
-    "predict backtest": (("predict", "backtest", "{dir}/trace.csv", "--methods", "persistence"),
-                         {"--horizon": True, "--interval": False, "--warmup": True,
-                          "--start-hour": False, "--end-hour": False}),
-    "predict plot": (("predict", "plot", "{dir}/trace.csv", "-o", "{dir}/out.png"),
-                     {"--horizon": True, "--interval": False, "--warmup": True}),
-    "advise deepvm": (("advise", "deepvm", "--budget-usd-per-hour", "3"),
-                      {"--budget-usd-per-hour": False, "--checkpoint-gb": False,
-                       "--checkpoint-interval-s": False}),
-    "advise slo": (("advise", "slo", "--model", "resnet152", "--target-loss", "0.5",
-                    "--deadline-hours", "0.5"),
-                   {"--target-loss": False, "--deadline-hours": False, "--max-workers": True}),
-    "advise pool": (("advise", "pool", "--model", "gpt-1.5b", "--deadline-hours", "6", "--trace",
-                     "{dir}/trace.csv", "--target-samples", "2e6"),
-                    {"--deadline-hours": False, "--target-samples": False, "--hours": False,
-                     "--interval": False}),
-    "profile": (("profile", "-o", "{dir}/profile.json"), {"--micro-batch": True,
-                                                           "--repeats": True}),
-    "train": (("train", "--steps", "3"),
-              {"--workers": True, "--time-scale": False, "--steps": True,
-               "--checkpoint-every": True, "--notice-lead": False, "--seed": True,
-               "--keep-checkpoints": True}),
-    "coordinator": (("coordinator", "--token", "t"),
-                    {"--steps": True, "--checkpoint-every": True, "--capacity": True,
-                     "--workers": True, "--start-grace": False, "--interval": False,
-                     "--heartbeat-timeout": False}),
-    "agent": (("agent", "--coordinator", "127.0.0.1:1", "--token", "t"),
-              {"--connect-timeout": False}),
+    "predict backtest": (
+        ("predict", "backtest", "{dir}/trace.csv", "--methods", "persistence"),
+        {
+            "--horizon": True,
+            "--interval": False,
+            "--warmup": True,
+            "--start-hour": False,
+            "--end-hour": False,
+        },
+    ),
+    "predict plot": (
+        ("predict", "plot", "{dir}/trace.csv", "-o", "{dir}/out.png"),
+        {"--horizon": True, "--interval": False, "--warmup": True},
+    ),
+    "advise deepvm": (
+        ("advise", "deepvm", "--budget-usd-per-hour", "3"),
+        {
+            "--budget-usd-per-hour": False,
+            "--checkpoint-gb": False,
+            "--checkpoint-interval-s": False,
+        },
+    ),
+    "advise slo": (
+        (
+            "advise",
+            "slo",
+            "--model",
+            "resnet152",
+            "--target-loss",
+            "0.5",
+            "--deadline-hours",
+            "0.5",
+        ),
+        {"--target-loss": False, "--deadline-hours": False, "--max-workers": True},
+    ),
+    "advise pool": (
+        (
+            "advise",
+            "pool",
+            "--model",
+            "gpt-1.5b",
+            "--deadline-hours",
+            "6",
+            "--trace",
+            "{dir}/trace.csv",
+            "--target-samples",
+            "2e6",
+        ),
+        {
+            "--deadline-hours": False,
+            "--target-samples": False,
+            "--hours": False,
+            "--interval": False,
+        },
+    ),
+    "profile": (
+        ("profile", "-o", "{dir}/profile.json"),
+        {"--micro-batch": True, "--repeats": True},
+    ),
+    "train": (
+        ("train", "--steps", "3"),
+        {
+            "--workers": True,
+            "--time-scale": False,
+            "--steps": True,
+            "--checkpoint-every": True,
+            "--notice-lead": False,
+            "--seed": True,
+            "--keep-checkpoints": True,
+        },
+    ),
+    "coordinator": (
+        ("coordinator", "--token", "t"),
+        {
+            "--steps": True,
+            "--checkpoint-every": True,
+            "--capacity": True,
+            "--workers": True,
+            "--start-grace": False,
+            "--interval": False,
+            "--heartbeat-timeout": False,
+        },
+    ),
+    "agent": (
+        ("agent", "--coordinator", "127.0.0.1:1", "--token", "t"),
+        {"--connect-timeout": False},
+    ),
 }
 
 # Commands that read a trace, with the trace's place in their arguments.
@@ -171,8 +254,18 @@ TRACE_READERS = {
     "simulate": ("simulate", "--trace", "{dir}/bad", "--policies", "reactive"),
     "predict backtest": ("predict", "backtest", "{dir}/bad", "--methods", "persistence"),
     "predict plot": ("predict", "plot", "{dir}/bad", "-o", "{dir}/out.png"),
-    "advise pool": ("advise", "pool", "--model", "gpt-1.5b", "--deadline-hours", "6",
-                    "--trace", "{dir}/bad", "--target-samples", "2e6"),
+    "advise pool": (
+        "advise",
+        "pool",
+        "--model",
+        "gpt-1.5b",
+        "--deadline-hours",
+        "6",
+        "--trace",
+        "{dir}/bad",
+        "--target-samples",
+        "2e6",
+    ),
 }
 
 
@@ -180,8 +273,11 @@ def _number_cases() -> Iterator[Case]:
     for command, (base, options) in NUMERIC_OPTIONS.items():
         for option, whole in options.items():
             for value in BAD_WHOLE_NUMBERS if whole else BAD_NUMBERS:
-                yield Case(f"{command} {option}={value!r}", (*base, option, value),
-                           files=(("trace.csv", valid_trace()),))
+                yield Case(
+                    f"{command} {option}={value!r}",
+                    (*base, option, value),
+                    files=(("trace.csv", valid_trace()),),
+                )
 
 
 def _trace_cases() -> Iterator[Case]:
@@ -197,15 +293,37 @@ def _output_cases() -> Iterator[Case]:
     outputs = {
         "trace generate": ("trace", "generate", "--hours", "0.5", "-o", "{out}"),
         "trace plot": ("trace", "plot", "{dir}/trace.csv", "-o", "{out}"),
-        "predict plot": ("predict", "plot", "{dir}/trace.csv", "--method", "persistence",
-                         "--warmup", "5", "--horizon", "3", "-o", "{out}"),
-        "simulate -o": ("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive",
-                        "-o", "{out}"),
+        "predict plot": (
+            "predict",
+            "plot",
+            "{dir}/trace.csv",
+            "--method",
+            "persistence",
+            "--warmup",
+            "5",
+            "--horizon",
+            "3",
+            "-o",
+            "{out}",
+        ),
+        "simulate -o": (
+            "simulate",
+            "--trace",
+            "{dir}/trace.csv",
+            "--policies",
+            "reactive",
+            "-o",
+            "{out}",
+        ),
         "profile": ("profile", "-o", "{out}"),
         "train -o": ("train", "--steps", "3", "-o", "{out}"),
     }
-    places = {"folder": "{dir}/sub", "missing-parent": "{dir}/no/such/out.png",
-              "parent-is-file": "{dir}/trace.csv/out.png", "root": "/"}
+    places = {
+        "folder": "{dir}/sub",
+        "missing-parent": "{dir}/no/such/out.png",
+        "parent-is-file": "{dir}/trace.csv/out.png",
+        "root": "/",
+    }
     for command, argv in outputs.items():
         for what, out in places.items():
             filled = tuple(a.replace("{out}", out) for a in argv)
@@ -214,9 +332,21 @@ def _output_cases() -> Iterator[Case]:
         filled = tuple(a.replace("{out}", "{dir}/out.jpg") for a in outputs[command])
         yield Case(f"{command} out:not-png", filled, files=trace)
     for what, out in {"is-a-file": "{dir}/trace.csv", "missing-parent": "{dir}/no/report"}.items():
-        yield Case(f"simulate --report:{what}", ("simulate", "--trace", "{dir}/trace.csv",
-                                                 "--policies", "reactive", "-o",
-                                                 "{dir}/sim.json", "--report", out), files=trace)
+        yield Case(
+            f"simulate --report:{what}",
+            (
+                "simulate",
+                "--trace",
+                "{dir}/trace.csv",
+                "--policies",
+                "reactive",
+                "-o",
+                "{dir}/sim.json",
+                "--report",
+                out,
+            ),
+            files=trace,
+        )
 
 
 def _name_cases() -> Iterator[Case]:
@@ -231,30 +361,115 @@ def _name_cases() -> Iterator[Case]:
         "simulate --objective": ("simulate", "--trace", "{dir}/trace.csv", "--objective", "x"),
         "trace generate --regime": ("trace", "generate", "-o", "{dir}/t.csv", "--regime", "x"),
         "trace stats --format": ("trace", "stats", "{dir}/trace.csv", "--format", "bogus"),
-        "predict backtest --methods": ("predict", "backtest", "{dir}/trace.csv", "--methods",
-                                       "bogus"),
-        "predict plot --method": ("predict", "plot", "{dir}/trace.csv", "-o", "{dir}/o.png",
-                                  "--method", "bogus"),
-        "advise deepvm --catalog": ("advise", "deepvm", "--budget-usd-per-hour", "3",
-                                    "--catalog", "bogus"),
-        "advise deepvm --types": ("advise", "deepvm", "--budget-usd-per-hour", "3", "--types",
-                                  "bogus"),
-        "advise deepvm --revocation": ("advise", "deepvm", "--budget-usd-per-hour", "3",
-                                       "--revocation", "bogus"),
-        "advise slo --model": ("advise", "slo", "--model", "bogus", "--target-loss", "0.5",
-                               "--deadline-hours", "1"),
-        "advise slo --search": ("advise", "slo", "--model", "resnet152", "--target-loss", "0.5",
-                                "--deadline-hours", "1", "--search", "bogus"),
-        "advise slo --ps-type": ("advise", "slo", "--model", "resnet152", "--target-loss", "0.5",
-                                 "--deadline-hours", "1", "--ps-type", "bogus"),
-        "advise slo --loss-params": ("advise", "slo", "--model", "resnet152", "--target-loss",
-                                     "0.5", "--deadline-hours", "1", "--loss-params", "1,nan"),
-        "advise pool --anchors": ("advise", "pool", "--model", "gpt-1.5b", "--deadline-hours",
-                                  "6", "--trace", "{dir}/trace.csv", "--target-samples", "2e6",
-                                  "--anchors", "x,-1"),
+        "predict backtest --methods": (
+            "predict",
+            "backtest",
+            "{dir}/trace.csv",
+            "--methods",
+            "bogus",
+        ),
+        "predict plot --method": (
+            "predict",
+            "plot",
+            "{dir}/trace.csv",
+            "-o",
+            "{dir}/o.png",
+            "--method",
+            "bogus",
+        ),
+        "advise deepvm --catalog": (
+            "advise",
+            "deepvm",
+            "--budget-usd-per-hour",
+            "3",
+            "--catalog",
+            "bogus",
+        ),
+        "advise deepvm --types": (
+            "advise",
+            "deepvm",
+            "--budget-usd-per-hour",
+            "3",
+            "--types",
+            "bogus",
+        ),
+        "advise deepvm --revocation": (
+            "advise",
+            "deepvm",
+            "--budget-usd-per-hour",
+            "3",
+            "--revocation",
+            "bogus",
+        ),
+        "advise slo --model": (
+            "advise",
+            "slo",
+            "--model",
+            "bogus",
+            "--target-loss",
+            "0.5",
+            "--deadline-hours",
+            "1",
+        ),
+        "advise slo --search": (
+            "advise",
+            "slo",
+            "--model",
+            "resnet152",
+            "--target-loss",
+            "0.5",
+            "--deadline-hours",
+            "1",
+            "--search",
+            "bogus",
+        ),
+        "advise slo --ps-type": (
+            "advise",
+            "slo",
+            "--model",
+            "resnet152",
+            "--target-loss",
+            "0.5",
+            "--deadline-hours",
+            "1",
+            "--ps-type",
+            "bogus",
+        ),
+        "advise slo --loss-params": (
+            "advise",
+            "slo",
+            "--model",
+            "resnet152",
+            "--target-loss",
+            "0.5",
+            "--deadline-hours",
+            "1",
+            "--loss-params",
+            "1,nan",
+        ),
+        "advise pool --anchors": (
+            "advise",
+            "pool",
+            "--model",
+            "gpt-1.5b",
+            "--deadline-hours",
+            "6",
+            "--trace",
+            "{dir}/trace.csv",
+            "--target-samples",
+            "2e6",
+            "--anchors",
+            "x,-1",
+        ),
         "advise catalog --catalog": ("advise", "catalog", "--catalog", "bogus"),
-        "advise deepvm --network-bound": ("advise", "deepvm", "--budget-usd-per-hour", "3",
-                                          "--network-bound", "bogus"),
+        "advise deepvm --network-bound": (
+            "advise",
+            "deepvm",
+            "--budget-usd-per-hour",
+            "3",
+            "--network-bound",
+            "bogus",
+        ),
         "plan --forecast": ("plan", "--nodes", "8", "--forecast", "8,x,8", "--horizon", "4"),
         "plan --forecast short": ("plan", "--nodes", "8", "--forecast", "8", "--horizon", "4"),
         "profile --device": ("profile", "--device", "bogus", "-o", "{dir}/p.json"),
@@ -262,8 +477,15 @@ def _name_cases() -> Iterator[Case]:
         "train --model": ("train", "--model", "bogus", "--steps", "3"),
         "train --precision": ("train", "--precision", "fp8", "--steps", "3"),
         "train --lr-schedule": ("train", "--lr-schedule", "cosine:warm=2", "--steps", "3"),
-        "agent --notices": ("agent", "--coordinator", "127.0.0.1:1", "--token", "t",
-                            "--notices", "bogus"),
+        "agent --notices": (
+            "agent",
+            "--coordinator",
+            "127.0.0.1:1",
+            "--token",
+            "t",
+            "--notices",
+            "bogus",
+        ),
         "unknown command": ("bogus",),
         "unknown option": ("trace", "stats", "{dir}/trace.csv", "--bogus"),
     }
@@ -274,20 +496,29 @@ def _name_cases() -> Iterator[Case]:
 def _file_cases() -> Iterator[Case]:
     for what, content in _json_inputs().items():
         files = (("input.json", content),)
-        yield Case(f"advise deepvm --catalog file:{what}",
-                   ("advise", "deepvm", "--budget-usd-per-hour", "3", "--catalog",
-                    "{dir}/input.json"), files=files)
-        yield Case(f"plan --model file:{what}", ("plan", "--model", "{dir}/input.json",
-                                                  "--nodes", "8", "--forecast", "8,8"),
-                   files=files)
+        yield Case(
+            f"advise deepvm --catalog file:{what}",
+            ("advise", "deepvm", "--budget-usd-per-hour", "3", "--catalog", "{dir}/input.json"),
+            files=files,
+        )
+        yield Case(
+            f"plan --model file:{what}",
+            ("plan", "--model", "{dir}/input.json", "--nodes", "8", "--forecast", "8,8"),
+            files=files,
+        )
         yield Case(f"perf file:{what}", ("perf", "{dir}/input.json"), files=files)
-    speedups = {"binary": bytes(range(256)), "no-header": b"1,2,3\n",
-                "nan": b"type,nodes,speedup\np3.2xlarge,nan,1\n",
-                "text": b"type,nodes,speedup\np3.2xlarge,two,1\n"}
+    speedups = {
+        "binary": bytes(range(256)),
+        "no-header": b"1,2,3\n",
+        "nan": b"type,nodes,speedup\np3.2xlarge,nan,1\n",
+        "text": b"type,nodes,speedup\np3.2xlarge,two,1\n",
+    }
     for what, content in speedups.items():
-        yield Case(f"advise deepvm --speedups file:{what}",
-                   ("advise", "deepvm", "--budget-usd-per-hour", "3", "--speedups",
-                    "{dir}/s.csv"), files=(("s.csv", content),))
+        yield Case(
+            f"advise deepvm --speedups file:{what}",
+            ("advise", "deepvm", "--budget-usd-per-hour", "3", "--speedups", "{dir}/s.csv"),
+            files=(("s.csv", content),),
+        )
 
 
 def _valid_cases() -> Iterator[Case]:
@@ -300,52 +531,130 @@ def _valid_cases() -> Iterator[Case]:
         "perf": ("perf", "gpt-1.5b", "--nodes", "8", "--json"),
         "advise deepvm": ("advise", "deepvm", "--budget-usd-per-hour", "3", "--json"),
         "advise catalog": ("advise", "catalog", "--json"),
-        "simulate": ("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive",
-                     "-o", "{dir}/s.json"),
-        "simulate --json": ("simulate", "--trace", "{dir}/trace.csv", "--policies", "reactive",
-                            "--json"),
-        "quiet simulate": ("--quiet", "simulate", "--trace", "{dir}/trace.csv", "--policies",
-                           "reactive"),
-        "plan with a longer forecast": ("plan", "--nodes", "8", "--forecast", "8,8,8,8,8",
-                                        "--horizon", "4"),
-        "advise deepvm --network-bound stream": ("advise", "deepvm", "--budget-usd-per-hour",
-                                                 "3", "--network-bound", "stream"),
+        "simulate": (
+            "simulate",
+            "--trace",
+            "{dir}/trace.csv",
+            "--policies",
+            "reactive",
+            "-o",
+            "{dir}/s.json",
+        ),
+        "simulate --json": (
+            "simulate",
+            "--trace",
+            "{dir}/trace.csv",
+            "--policies",
+            "reactive",
+            "--json",
+        ),
+        "quiet simulate": (
+            "--quiet",
+            "simulate",
+            "--trace",
+            "{dir}/trace.csv",
+            "--policies",
+            "reactive",
+        ),
+        "plan with a longer forecast": (
+            "plan",
+            "--nodes",
+            "8",
+            "--forecast",
+            "8,8,8,8,8",
+            "--horizon",
+            "4",
+        ),
+        "advise deepvm --network-bound stream": (
+            "advise",
+            "deepvm",
+            "--budget-usd-per-hour",
+            "3",
+            "--network-bound",
+            "stream",
+        ),
     }
     for name, argv in valid.items():
         yield Case(f"valid: {name}", argv, bad=False, files=trace)
     # Large but plausible work: done within the limits, or refused in one line.
     large = {
-        "plan --nodes 2000": ("plan", "--nodes", "2000", "--forecast", "2000,2000",
-                              "--horizon", "3", "--json"),
+        "plan --nodes 2000": (
+            "plan",
+            "--nodes",
+            "2000",
+            "--forecast",
+            "2000,2000",
+            "--horizon",
+            "3",
+            "--json",
+        ),
         "perf --nodes 100000": ("perf", "gpt-1.5b", "--nodes", "100000", "--json"),
-        "trace generate 2000 nodes 48 h": ("trace", "generate", "-o", "{dir}/big.csv",
-                                           "--nodes", "2000", "--hours", "48"),
-        "trace generate a year": ("trace", "generate", "-o", "{dir}/year.csv", "--hours",
-                                  "8784"),
-        "advise slo exact 64": ("advise", "slo", "--model", "resnet152", "--target-loss", "0.5",
-                                "--deadline-hours", "1", "--search", "exact",
-                                "--max-workers", "64", "--json"),
-        "simulate 1-ms intervals": ("simulate", "--trace", "{dir}/trace.csv", "--interval",
-                                    "0.001", "--policies", "reactive"),
+        "trace generate 2000 nodes 48 h": (
+            "trace",
+            "generate",
+            "-o",
+            "{dir}/big.csv",
+            "--nodes",
+            "2000",
+            "--hours",
+            "48",
+        ),
+        "trace generate a year": ("trace", "generate", "-o", "{dir}/year.csv", "--hours", "8784"),
+        "advise slo exact 64": (
+            "advise",
+            "slo",
+            "--model",
+            "resnet152",
+            "--target-loss",
+            "0.5",
+            "--deadline-hours",
+            "1",
+            "--search",
+            "exact",
+            "--max-workers",
+            "64",
+            "--json",
+        ),
+        "simulate 1-ms intervals": (
+            "simulate",
+            "--trace",
+            "{dir}/trace.csv",
+            "--interval",
+            "0.001",
+            "--policies",
+            "reactive",
+        ),
     }
     for name, argv in large.items():
         yield Case(f"large: {name}", argv, bad=False, files=trace)
     # Every policy plans 2,000 instances: 48 hours of them take minutes, past a
     # case's time limit, so the long trace runs the restarting policies and a short one all.
     big = _events_text(generate_trace(2000, 48, seed=0)).encode()
-    yield Case("large: simulate a 2000-instance 48-h trace",
-               ("simulate", "--trace", "{dir}/big.csv", "--policies", "reactive,checkpoint"),
-               bad=False, files=(("big.csv", big),))
+    yield Case(
+        "large: simulate a 2000-instance 48-h trace",
+        ("simulate", "--trace", "{dir}/big.csv", "--policies", "reactive,checkpoint"),
+        bad=False,
+        files=(("big.csv", big),),
+    )
     short = _events_text(generate_trace(2000, 2, seed=0)).encode()
-    yield Case("large: simulate a 2000-instance 2-h trace with every policy",
-               ("simulate", "--trace", "{dir}/short.csv"), bad=False,
-               files=(("short.csv", short),))
+    yield Case(
+        "large: simulate a 2000-instance 2-h trace with every policy",
+        ("simulate", "--trace", "{dir}/short.csv"),
+        bad=False,
+        files=(("short.csv", short),),
+    )
 
 
 def corpus() -> list[Case]:
     """Every case, in a fixed order."""
-    return [*_number_cases(), *_trace_cases(), *_output_cases(), *_name_cases(),
-            *_file_cases(), *_valid_cases()]
+    return [
+        *_number_cases(),
+        *_trace_cases(),
+        *_output_cases(),
+        *_name_cases(),
+        *_file_cases(),
+        *_valid_cases(),
+    ]
 
 
 # A small launcher forks the command and reports its peak memory. The command is not forked
@@ -377,13 +686,23 @@ def run_case(case: Case, timeout_s: float = 60.0) -> Outcome:
             (folder / name).mkdir()
         before = {p.relative_to(folder) for p in folder.rglob("*")}
         argv = [a.replace("{dir}", str(folder)) for a in case.argv]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-               "COLUMNS": "120", "LIVEPUT_TOKEN": "hostile"}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "COLUMNS": "120",
+            "LIVEPUT_TOKEN": "hostile",
+        }
         started = time.monotonic()
         process = subprocess.Popen(
             [sys.executable, "-c", _LAUNCHER, str(ADDRESS_SPACE_BYTES), str(report), *argv],
-            cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, start_new_session=True)
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         hung = threading.Event()
 
         def kill() -> None:
@@ -402,8 +721,7 @@ def run_case(case: Case, timeout_s: float = 60.0) -> Outcome:
         text = stderr.decode(errors="replace")
         outcome = Outcome(case, code, text, seconds, peak_kb / 1024.0)
         after = {p.relative_to(folder) for p in folder.rglob("*")}
-        outcome.left = sorted(str(p) for p in after - before
-                              if code != 0 or p.name.startswith("."))
+        outcome.left = sorted(str(p) for p in after - before if code != 0 or p.name.startswith("."))
         outcome.verdict = _verdict(outcome)
         return outcome
     finally:
@@ -438,9 +756,17 @@ def summary(outcomes: list[Outcome]) -> dict[str, object]:
         "verdicts": counts,
         "largest_refusal_mb": max((o.peak_mb for o in outcomes if o.code == 2), default=0.0),
         "slowest_s": max((o.seconds for o in outcomes), default=0.0),
-        "failures": [{"case": o.case.name, "verdict": o.verdict, "code": o.code,
-                      "stderr": o.stderr.strip().splitlines()[-3:], "left": o.left}
-                     for o in outcomes if o.verdict != "ok"],
+        "failures": [
+            {
+                "case": o.case.name,
+                "verdict": o.verdict,
+                "code": o.code,
+                "stderr": o.stderr.strip().splitlines()[-3:],
+                "left": o.left,
+            }
+            for o in outcomes
+            if o.verdict != "ok"
+        ],
     }
 
 

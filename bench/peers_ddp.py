@@ -71,20 +71,24 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _save(directory: Path, next_step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-          keep: int) -> None:
+def _save(
+    directory: Path, next_step: int, model: nn.Module, optimizer: torch.optim.Optimizer, keep: int
+) -> None:
     path = directory / f"step-{next_step:010d}.pt"
     partial = path.with_suffix(".partial")
-    torch.save({"next_step": next_step, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict()}, partial)
+    torch.save(
+        {"next_step": next_step, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
+        partial,
+    )
     os.replace(partial, path)
     for old in sorted(directory.glob(CHECKPOINT_GLOB))[:-keep]:
         old.unlink(missing_ok=True)
 
 
 def _local_batch(job: Job, step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
-    pairs = [job.micro_batch(step, m)
-             for m in replica_micro_batches(job.num_micro_batches, world, rank)]
+    pairs = [
+        job.micro_batch(step, m) for m in replica_micro_batches(job.num_micro_batches, world, rank)
+    ]
     return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
 
 
@@ -107,12 +111,16 @@ def train(config: DDPConfig) -> nn.Sequential:
         optimizer.load_state_dict(state["optimizer"])
         step = int(state["next_step"])
     ddp = DistributedDataParallel(model) if world > 1 else model
-    progress = (open(config.progress_file, "a", buffering=1)  # noqa: SIM115
-                if rank == 0 and config.progress_file else None)
+    progress = (
+        open(config.progress_file, "a", buffering=1)  # noqa: SIM115
+        if rank == 0 and config.progress_file
+        else None
+    )
     if progress is not None:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        progress.write(json.dumps({"t": time.time(), "start": step, "world": world,
-                                   "restart": restart}) + "\n")
+        progress.write(
+            json.dumps({"t": time.time(), "start": step, "world": world, "restart": restart}) + "\n"
+        )
     try:
         while step < config.steps:
             inputs, targets = _local_batch(job, step, rank, world)
@@ -125,8 +133,17 @@ def train(config: DDPConfig) -> nn.Sequential:
             if rank == 0 and step % config.checkpoint_every == 0:
                 _save(directory, step, model, optimizer, config.keep_checkpoints)
             if progress is not None:
-                progress.write(json.dumps({"t": time.time(), "step": step - 1, "world": world,
-                                           "loss": float(loss.detach()) / weight}) + "\n")
+                progress.write(
+                    json.dumps(
+                        {
+                            "t": time.time(),
+                            "step": step - 1,
+                            "world": world,
+                            "loss": float(loss.detach()) / weight,
+                        }
+                    )
+                    + "\n"
+                )
     finally:
         if progress is not None:
             progress.close()
@@ -141,8 +158,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000_000)
     parser.add_argument("--progress")
     args = parser.parse_args()
-    config = DDPConfig(args.checkpoint_dir, args.job, args.checkpoint_every, args.steps,
-                       args.progress)
+    config = DDPConfig(
+        args.checkpoint_dir, args.job, args.checkpoint_every, args.steps, args.progress
+    )
     dist.init_process_group("gloo")
     try:
         train(config)

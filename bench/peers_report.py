@@ -42,20 +42,29 @@ def _system_entry(run: Outcome, liveput: Outcome, steady: float | None) -> dict:
     }
 
 
-def to_json_document(results: Sequence[TraceResult],
-                     steady: Mapping[str, float] | None = None) -> dict:
+def to_json_document(
+    results: Sequence[TraceResult], steady: Mapping[str, float] | None = None
+) -> dict:
     """The ``--json`` document; ``steady``: each system's samples/s with no preemption."""
     steady = steady or {}
     traces = []
     for name, runs, simulated in results:
         liveput = runs.get("liveput", "not run")
-        traces.append({
-            "trace": name,
-            "systems": {system: _system_entry(runs[system], liveput, steady.get(system))
-                        for system in SYSTEMS if system in runs},
-            "simulated": {policy: int(round(simulated[policy])) for policy in SIMULATED
-                          if policy in simulated},
-        })
+        traces.append(
+            {
+                "trace": name,
+                "systems": {
+                    system: _system_entry(runs[system], liveput, steady.get(system))
+                    for system in SYSTEMS
+                    if system in runs
+                },
+                "simulated": {
+                    policy: int(round(simulated[policy]))
+                    for policy in SIMULATED
+                    if policy in simulated
+                },
+            }
+        )
         if "bound" in simulated:
             traces[-1]["bound_samples"] = int(round(simulated["bound"]))
     return {"traces": traces}
@@ -66,9 +75,11 @@ def table(document: dict) -> str:
     lines = []
     for entry in document["traces"]:
         lines.append(f"trace {entry['trace']}")
-        lines.append(f"  {'system':<16}{'samples':>9}{'/liveput':>10}{'simulated':>11}"
-                     f"{'down s/event':>14}{'restarts':>10}{'final loss':>12}"
-                     f"{'no-preempt/s':>14}")
+        lines.append(
+            f"  {'system':<16}{'samples':>9}{'/liveput':>10}{'simulated':>11}"
+            f"{'down s/event':>14}{'restarts':>10}{'final loss':>12}"
+            f"{'no-preempt/s':>14}"
+        )
         for system, figures in entry["systems"].items():
             steady = figures.get("no_preemption_samples_per_s")
             steady_text = "-" if steady is None else f"{steady:.1f}"
@@ -85,10 +96,13 @@ def table(document: dict) -> str:
                 f"{'-' if simulated is None else str(simulated):>11}"
                 f"{'-' if down is None else f'{down:.1f}':>14}"
                 f"{figures['restarts_or_migrations']:>10}"
-                f"{'-' if loss is None else f'{loss:.3f}':>12}{steady_text:>14}")
+                f"{'-' if loss is None else f'{loss:.3f}':>12}{steady_text:>14}"
+            )
         if "bound_samples" in entry:
-            lines.append(f"  bound: {entry['bound_samples']} samples (every instance at the best "
-                         "measured rate, nothing lost)")
+            lines.append(
+                f"  bound: {entry['bound_samples']} samples (every instance at the best "
+                "measured rate, nothing lost)"
+            )
     return "\n".join(lines)
 
 

@@ -28,8 +28,8 @@ from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, Spo
 from liveput.cloud.processes import Launcher, LaunchSpec
 from liveput.cloud.replay import trace_schedule
 from liveput.launch.local import LocalTrainingConfig, Progress, run_local_training
-from liveput.runtime.clock import MonotonicClock
 from liveput.models.jobs import resolve_job
+from liveput.runtime.clock import MonotonicClock
 from liveput.traces import Trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,10 +61,16 @@ class RunSettings:
     """Where logs, checkpoints and progress files go (empty: a temporary directory)."""
 
     def __post_init__(self) -> None:
-        if self.time_scale <= 0 or self.window_s <= 0 or self.checkpoint_every < 1 \
-                or self.notice_margin_s < 0:
-            raise ValueError("peers: time scale, window and checkpoint interval must be positive, "
-                             "the notice margin >= 0")
+        if (
+            self.time_scale <= 0
+            or self.window_s <= 0
+            or self.checkpoint_every < 1
+            or self.notice_margin_s < 0
+        ):
+            raise ValueError(
+                "peers: time scale, window and checkpoint interval must be positive, "
+                "the notice margin >= 0"
+            )
 
 
 @dataclass
@@ -119,7 +125,7 @@ def _descendants(pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        parent = int(stat[stat.rindex(")") + 2:].split()[1])
+        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
         children.setdefault(parent, []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
@@ -141,14 +147,23 @@ class TreePopen(subprocess.Popen):
                 pass
 
 
-def tree_launcher(template: Sequence[str], env: Mapping[str, str], log_dir: Path,
-                  cwd: Path = REPO) -> Launcher:
+def tree_launcher(
+    template: Sequence[str], env: Mapping[str, str], log_dir: Path, cwd: Path = REPO
+) -> Launcher:
     """Like :func:`liveput.cloud.processes.command_launcher`, starting :class:`TreePopen`s."""
+
     def launch(spec: LaunchSpec) -> subprocess.Popen:
         argv = [part.format(instance_id=spec.instance_id) for part in template]
         with open(log_dir / f"{spec.instance_id}.log", "ab") as out:
-            return TreePopen(argv, env={**env, **spec.env}, cwd=cwd, stdin=subprocess.DEVNULL,
-                             stdout=out, stderr=out)
+            return TreePopen(
+                argv,
+                env={**env, **spec.env},
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+            )
+
     return launch
 
 
@@ -156,25 +171,39 @@ class WindowOver(Exception):
     """The window ended (raised from the progress callback to stop a liveput run)."""
 
 
-def replayed_cloud(trace: Trace, launcher: Launcher, notice_dir: Path,
-                   settings: RunSettings) -> EmulatedProvider:
+def replayed_cloud(
+    trace: Trace, launcher: Launcher, notice_dir: Path, settings: RunSettings
+) -> EmulatedProvider:
     """The emulated provider replaying ``trace`` as ``liveput train`` does (signal-less notices:
     the other systems have no notice handler)."""
-    return EmulatedProvider(trace, MonotonicClock(), EmulatedProviderConfig(
-        time_scale=settings.time_scale, notice_lead_s=settings.notice_lead_s, seed=settings.seed,
-        spot=SpotModel.REPLAY), launcher=launcher, notice_dir=notice_dir, notice_signal=None)
+    return EmulatedProvider(
+        trace,
+        MonotonicClock(),
+        EmulatedProviderConfig(
+            time_scale=settings.time_scale,
+            notice_lead_s=settings.notice_lead_s,
+            seed=settings.seed,
+            spot=SpotModel.REPLAY,
+        ),
+        launcher=launcher,
+        notice_dir=notice_dir,
+        notice_signal=None,
+    )
 
 
 def scheduled_times(trace: Trace, settings: RunSettings) -> tuple[list[float], list[float]]:
     """(kills, additions) in wall seconds from the cloud's start: the cloud carries out the
     trace's schedule at these times (within its 50-ms poll)."""
     _, removals, additions, _ = trace_schedule(trace)
-    return ([t / settings.time_scale for t in sorted(removals)],
-            [t / settings.time_scale for t in sorted(additions)])
+    return (
+        [t / settings.time_scale for t in sorted(removals)],
+        [t / settings.time_scale for t in sorted(additions)],
+    )
 
 
-def run_liveput(trace: Trace, settings: RunSettings, work: Path, policy: str,
-                system: str) -> SystemRun:
+def run_liveput(
+    trace: Trace, settings: RunSettings, work: Path, policy: str, system: str
+) -> SystemRun:
     """liveput's runtime (``liveput train``'s coordinator, agents and emulated cloud)."""
     batch = resolve_job(settings.job).global_batch_size
     timeline: list[tuple[float, int]] = []
@@ -191,23 +220,38 @@ def run_liveput(trace: Trace, settings: RunSettings, work: Path, policy: str,
             raise WindowOver
 
     config = LocalTrainingConfig(
-        model=settings.job, workers=max(1, trace.max_count()), steps=10_000_000,
-        time_scale=settings.time_scale, notice_lead_s=settings.notice_lead_s,
-        notice_margin_s=settings.notice_margin_s, checkpoint_dir=str(work / "checkpoints"),
+        model=settings.job,
+        workers=max(1, trace.max_count()),
+        steps=10_000_000,
+        time_scale=settings.time_scale,
+        notice_lead_s=settings.notice_lead_s,
+        notice_margin_s=settings.notice_margin_s,
+        checkpoint_dir=str(work / "checkpoints"),
         checkpoint_every=settings.checkpoint_every,
-        seed=settings.seed, log_dir=str(work / "logs"), timeout_s=settings.window_s + 600,
-        policy=policy)
+        seed=settings.seed,
+        log_dir=str(work / "logs"),
+        timeout_s=settings.window_s + 600,
+        policy=policy,
+    )
     try:
         run_local_training(config, trace, progress)
     except WindowOver:
         pass
     kills, launches = scheduled_times(trace, settings)
-    return SystemRun(system, timeline[-1][1] if timeline else 0, timeline, kills, launches,
-                     restarts=max(state["plans"], 0), final_loss=state["loss"])
+    return SystemRun(
+        system,
+        timeline[-1][1] if timeline else 0,
+        timeline,
+        kills,
+        launches,
+        restarts=max(state["plans"], 0),
+        final_loss=state["loss"],
+    )
 
 
-def read_progress(path: Path, start_unix_s: float, batch: int
-                  ) -> tuple[list[tuple[float, int]], int, float | None]:
+def read_progress(
+    path: Path, start_unix_s: float, batch: int
+) -> tuple[list[tuple[float, int]], int, float | None]:
     """(timeline, worker-group starts, last loss) from a peer's progress lines."""
     timeline: list[tuple[float, int]] = [(0.0, 0)]
     starts, loss = 0, None
@@ -238,21 +282,41 @@ def run_torchrun(trace: Trace, settings: RunSettings, work: Path) -> SystemRun:
     (work / "notices").mkdir(parents=True, exist_ok=True)
     maximum = max(1, trace.max_count())
     template = [
-        sys.executable, "-m", "torch.distributed.run", f"--nnodes=1:{maximum}",
-        "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{store.port}",
-        "--rdzv-id=peers", "--max-restarts=1000000", "--local-addr=127.0.0.1",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes=1:{maximum}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{store.port}",
+        "--rdzv-id=peers",
+        "--max-restarts=1000000",
+        "--local-addr=127.0.0.1",
         # A careful user's settings for short runs: close a round 1 s after the minimum is
         # there (default 30 s), declare a silent node dead after 3 missed 1-s keep-alives.
         "--rdzv-conf=is_host=false,last_call_timeout=1,keep_alive_interval=1,"
         "keep_alive_max_attempt=3",
-        "-m", "bench.peers_ddp", "--job", settings.job,
-        "--checkpoint-dir", str(work / "checkpoints"),
-        "--checkpoint-every", str(settings.checkpoint_every), "--progress", str(progress_file)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1"}
-    cloud = replayed_cloud(trace, tree_launcher(template, env, work / "logs"), work / "notices",
-                           settings)
+        "-m",
+        "bench.peers_ddp",
+        "--job",
+        settings.job,
+        "--checkpoint-dir",
+        str(work / "checkpoints"),
+        "--checkpoint-every",
+        str(settings.checkpoint_every),
+        "--progress",
+        str(progress_file),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]
+        ),
+        "OMP_NUM_THREADS": "1",
+    }
+    cloud = replayed_cloud(
+        trace, tree_launcher(template, env, work / "logs"), work / "notices", settings
+    )
     start_unix = time.time()
     start = time.monotonic()
     cloud.start_background()
@@ -264,8 +328,15 @@ def run_torchrun(trace: Trace, settings: RunSettings, work: Path) -> SystemRun:
     kills, launches = scheduled_times(trace, settings)
     timeline, starts, loss = read_progress(progress_file, start_unix, batch)
     timeline = [(t, s) for t, s in timeline if t <= settings.window_s]
-    return SystemRun("torchrun", timeline[-1][1], timeline, kills, launches,
-                     restarts=max(starts - 1, 0), final_loss=loss)
+    return SystemRun(
+        "torchrun",
+        timeline[-1][1],
+        timeline,
+        kills,
+        launches,
+        restarts=max(starts - 1, 0),
+        final_loss=loss,
+    )
 
 
 def scratch(settings: RunSettings, name: str) -> Path:

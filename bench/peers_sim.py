@@ -76,8 +76,7 @@ class Measured:
     the profile's table as it is)."""
 
 
-def measured_table(table: ConfigTable, samples_per_s_by_count: Mapping[int, float]
-                   ) -> ConfigTable:
+def measured_table(table: ConfigTable, samples_per_s_by_count: Mapping[int, float]) -> ConfigTable:
     """``table`` with every configuration of ``n = D * P`` instances scaled by the measured
     samples/s of ``n`` over the table's best configuration of ``n`` (``n`` not measured: as
     it is). The table's choice among configurations of ``n`` stays; their level is what this
@@ -94,8 +93,9 @@ def measured_table(table: ConfigTable, samples_per_s_by_count: Mapping[int, floa
     return dataclasses.replace(table, samples_per_s=rates)
 
 
-def measure(job_name: str, startup_s: float,
-            samples_per_s_by_count: Mapping[int, float] | None = None) -> Measured:
+def measure(
+    job_name: str, startup_s: float, samples_per_s_by_count: Mapping[int, float] | None = None
+) -> Measured:
     """Profile the job and time its migrations here (about a minute on two idle cores);
     ``startup_s`` and the samples/s per instance count are measured by the caller (runs
     with no preemption)."""
@@ -112,64 +112,100 @@ def measure(job_name: str, startup_s: float,
         measured = downtimes(job, directory)
     costs = MigrationCostModel(
         network_gbps=profile.instance_type.network_gbps,
-        rebuild_base_s=measured.get("intra-stage", 1.5), rebuild_per_node_s=0.0,
+        rebuild_base_s=measured.get("intra-stage", 1.5),
+        rebuild_per_node_s=0.0,
         checkpoint_latency_s=0.05,
-        measured_restart_s=measured.get("checkpoint-restore"))
-    return Measured(profile, costs, {**measured, "start-up": startup_s}, startup_s,
-                    dict(samples_per_s_by_count or {}))
+        measured_restart_s=measured.get("checkpoint-restore"),
+    )
+    return Measured(
+        profile,
+        costs,
+        {**measured, "start-up": startup_s},
+        startup_s,
+        dict(samples_per_s_by_count or {}),
+    )
 
 
-def wall_clock_trace(trace: Trace, time_scale: float, resolution_s: float = 2.0
-                     ) -> IntervalTrace:
+def wall_clock_trace(trace: Trace, time_scale: float, resolution_s: float = 2.0) -> IntervalTrace:
     """The trace in intervals of ``resolution_s`` trace seconds, each relabelled as the
     ``resolution_s / time_scale`` wall seconds it is replayed in."""
     intervals = trace.resample(resolution_s)
     return dataclasses.replace(intervals, interval_s=resolution_s / time_scale)
 
 
-def coordinator_fit(profile: ModelProfile, capacity: int
-                    ) -> Callable[[tuple[Measurement, ...]], ConfigTable]:
+def coordinator_fit(
+    profile: ModelProfile, capacity: int
+) -> Callable[[tuple[Measurement, ...]], ConfigTable]:
     """What the runtime's coordinator plans with once it has measured step times: the table
     of ``perf.online.refit``'s constants (``runtime.coordinator.upkeep.refitted``)."""
+
     def fit(measurements: tuple[Measurement, ...]) -> ConfigTable:
         return estimate_configs(profile, capacity, refit(profile, measurements))
+
     return fit
 
 
-def upper_bound(trace: Trace, startup_s: float, samples_per_s_by_count: Mapping[int, float],
-                time_scale: float, resolution_s: float = 2.0) -> float:
+def upper_bound(
+    trace: Trace,
+    startup_s: float,
+    samples_per_s_by_count: Mapping[int, float],
+    time_scale: float,
+    resolution_s: float = 2.0,
+) -> float:
     """Samples no system trains more than on ``trace`` here: in every interval, every instance
     the trace holds at any moment of it (ready its start-up after it came, as for the
     simulator) trains at the best measured rate of at most that many instances, with no
     migration, restart, notice margin or lost step. The rates are liveput's, measured with no
     preemption; a peer faster per step (torchrun's DDP, by the no-preemption runs) could pass it
     by that much."""
-    intervals = wall_clock_trace(trace.ready_after(startup_s * time_scale), time_scale,
-                                 resolution_s)
+    intervals = wall_clock_trace(
+        trace.ready_after(startup_s * time_scale), time_scale, resolution_s
+    )
     present = intervals.count + intervals.allocated
     # best[n]: the best rate of at most n instances (an instance may sit idle).
-    best = np.maximum.accumulate([0.0] + [float(samples_per_s_by_count.get(n, 0.0))
-                                          for n in range(1, int(present.max(initial=0)) + 1)])
+    best = np.maximum.accumulate(
+        [0.0]
+        + [
+            float(samples_per_s_by_count.get(n, 0.0))
+            for n in range(1, int(present.max(initial=0)) + 1)
+        ]
+    )
     return float(best[present].sum() * intervals.interval_s)
 
 
-def predict(trace: Trace, measured: Measured, time_scale: float, notice_lead_s: float,
-            seed: int, resolution_s: float = 2.0) -> dict[str, float]:
+def predict(
+    trace: Trace,
+    measured: Measured,
+    time_scale: float,
+    notice_lead_s: float,
+    seed: int,
+    resolution_s: float = 2.0,
+) -> dict[str, float]:
     """Samples the simulator predicts, per benchmark system it shares with the runtime."""
-    intervals = wall_clock_trace(trace.ready_after(measured.startup_s * time_scale), time_scale,
-                                 resolution_s)
-    config = SimulationConfig(interval_s=intervals.interval_s, seed=seed, predictor="persistence",
-                              preemption_notice_s=notice_lead_s / time_scale)
-    context = dataclasses.replace(make_context(intervals, measured.profile, config),
-                                  costs=measured.costs)
+    intervals = wall_clock_trace(
+        trace.ready_after(measured.startup_s * time_scale), time_scale, resolution_s
+    )
+    config = SimulationConfig(
+        interval_s=intervals.interval_s,
+        seed=seed,
+        predictor="persistence",
+        preemption_notice_s=notice_lead_s / time_scale,
+    )
+    context = dataclasses.replace(
+        make_context(intervals, measured.profile, config), costs=measured.costs
+    )
     actual = measured_table(context.table, measured.samples_per_s_by_count)
-    learn = OnlineCalibration(every_s=60.0 / time_scale, fit=coordinator_fit(
-        measured.profile, int(intervals.max_count)))
-    predicted = {system: simulate_policy(intervals, measured.profile, policy, config, context,
-                                         actual=actual, learn=learn).samples
-                 for system, policy in POLICIES.items()}
+    learn = OnlineCalibration(
+        every_s=60.0 / time_scale, fit=coordinator_fit(measured.profile, int(intervals.max_count))
+    )
+    predicted = {
+        system: simulate_policy(
+            intervals, measured.profile, policy, config, context, actual=actual, learn=learn
+        ).samples
+        for system, policy in POLICIES.items()
+    }
     if measured.samples_per_s_by_count:
-        predicted["bound"] = upper_bound(trace, measured.startup_s,
-                                         measured.samples_per_s_by_count, time_scale,
-                                         resolution_s)
+        predicted["bound"] = upper_bound(
+            trace, measured.startup_s, measured.samples_per_s_by_count, time_scale, resolution_s
+        )
     return predicted

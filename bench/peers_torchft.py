@@ -22,8 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-from bench.peers_run import REPO, RunSettings, SystemRun, read_progress, replayed_cloud, \
-    scheduled_times, tree_launcher
+from bench.peers_run import (
+    REPO,
+    RunSettings,
+    SystemRun,
+    read_progress,
+    replayed_cloud,
+    scheduled_times,
+    tree_launcher,
+)
 from liveput.models.jobs import resolve_job
 from liveput.traces import Trace
 
@@ -43,8 +50,9 @@ def ensure_venv() -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     site = next((VENV / "lib").glob("python3*/site-packages"))
     (site / "liveput-parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", TORCHFT],
-                             capture_output=True, text=True)
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", TORCHFT], capture_output=True, text=True
+    )
     if install.returncode != 0:
         raise RuntimeError(f"pip install {TORCHFT} failed: {install.stderr.strip()[-300:]}")
     return python
@@ -67,18 +75,42 @@ def run_torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | 
         (work / sub).mkdir(parents=True, exist_ok=True)
     port = _free_port()
     lighthouse = subprocess.Popen(
-        [str(VENV / "bin" / "torchft_lighthouse"), "--min_replicas", "1",
-         "--bind", f"127.0.0.1:{port}", "--join_timeout_ms", "1000",
-         "--heartbeat_timeout_ms", "3000", "--quorum_tick_ms", "100"],
+        [
+            str(VENV / "bin" / "torchft_lighthouse"),
+            "--min_replicas",
+            "1",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--join_timeout_ms",
+            "1000",
+            "--heartbeat_timeout_ms",
+            "3000",
+            "--quorum_tick_ms",
+            "100",
+        ],
         stdout=open(work / "logs" / "lighthouse.log", "wb"),  # noqa: SIM115
-        stderr=subprocess.STDOUT)
+        stderr=subprocess.STDOUT,
+    )
     progress_file = work / "progress.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
-           "OMP_NUM_THREADS": "1", "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}"}
-    template = [str(python), "-m", "bench.peers_torchft", "{instance_id}", settings.job,
-                str(work / "checkpoints"), str(settings.checkpoint_every), str(progress_file)]
-    cloud = replayed_cloud(trace, tree_launcher(template, env, work / "logs"), work / "notices",
-                           settings)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "OMP_NUM_THREADS": "1",
+        "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}",
+    }
+    template = [
+        str(python),
+        "-m",
+        "bench.peers_torchft",
+        "{instance_id}",
+        settings.job,
+        str(work / "checkpoints"),
+        str(settings.checkpoint_every),
+        str(progress_file),
+    ]
+    cloud = replayed_cloud(
+        trace, tree_launcher(template, env, work / "logs"), work / "notices", settings
+    )
     start_unix, start = time.time(), time.monotonic()
     try:
         cloud.start_background()
@@ -94,15 +126,23 @@ def run_torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | 
     timeline, starts, loss = read_progress(progress_file, start_unix, batch)
     timeline = [(t, s) for t, s in timeline if t <= settings.window_s]
     if len(timeline) < 2:
-        log = (work / "logs" / "i-0000.log")
+        log = work / "logs" / "i-0000.log"
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
         return f"torchft trained no step ({tail[0][:200] if tail else 'no log'})"
-    return SystemRun("torchft", timeline[-1][1], timeline, kills, launches,
-                     restarts=max(starts - 1, 0), final_loss=loss)
+    return SystemRun(
+        "torchft",
+        timeline[-1][1],
+        timeline,
+        kills,
+        launches,
+        restarts=max(starts - 1, 0),
+        final_loss=loss,
+    )
 
 
-def worker(replica_id: str, job_name: str, checkpoint_dir: str, checkpoint_every: int,
-           progress_file: str) -> None:
+def worker(
+    replica_id: str, job_name: str, checkpoint_dir: str, checkpoint_every: int, progress_file: str
+) -> None:
     """One replica group of one worker; trains until killed."""
     import json
     from datetime import timedelta
@@ -127,22 +167,34 @@ def worker(replica_id: str, job_name: str, checkpoint_dir: str, checkpoint_every
         model.load_state_dict(state["model"])
         inner.load_state_dict(state["optim"])
 
-    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1,
-                      load_state_dict=load_state_dict, state_dict=state_dict,
-                      use_async_quorum=False, timeout=timedelta(seconds=10),
-                      rank=0, world_size=1, store_addr="127.0.0.1", store_port=store.port,
-                      replica_id=replica_id, hostname="127.0.0.1")
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        use_async_quorum=False,
+        timeout=timedelta(seconds=10),
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        replica_id=replica_id,
+        hostname="127.0.0.1",
+    )
     latest = latest_checkpoint(directory)
     if latest is not None:  # every replica may have been lost: the disk has the newest state
         saved = torch.load(latest, weights_only=True)
         model.load_state_dict(saved["model"])
         inner.load_state_dict(saved["optimizer"])
-        manager.load_state_dict({"step": int(saved["next_step"]),
-                                 "batches_committed": int(saved["next_step"])})
+        manager.load_state_dict(
+            {"step": int(saved["next_step"]), "batches_committed": int(saved["next_step"])}
+        )
     parameters = [p for p in model.parameters() if p.requires_grad]
     with open(progress_file, "a", buffering=1) as progress:
-        progress.write(json.dumps({"t": time.time(), "start": manager.current_step(),
-                                   "replica": replica_id}) + "\n")
+        progress.write(
+            json.dumps({"t": time.time(), "start": manager.current_step(), "replica": replica_id})
+            + "\n"
+        )
         while True:
             inner.zero_grad(set_to_none=True)
             manager.start_quorum()
@@ -161,14 +213,23 @@ def worker(replica_id: str, job_name: str, checkpoint_dir: str, checkpoint_every
             manager.allreduce(flat).wait()
             offset = 0
             for p in parameters:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
             if not manager.should_commit():
                 continue
             inner.step()
             if rank == 0:
-                progress.write(json.dumps({"t": time.time(), "step": step, "world": world,
-                                           "loss": float(loss.detach()) / weight}) + "\n")
+                progress.write(
+                    json.dumps(
+                        {
+                            "t": time.time(),
+                            "step": step,
+                            "world": world,
+                            "loss": float(loss.detach()) / weight,
+                        }
+                    )
+                    + "\n"
+                )
                 if (step + 1) % checkpoint_every == 0:
                     _save(directory, step + 1, model, inner, keep=2)
 

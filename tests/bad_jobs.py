@@ -23,8 +23,9 @@ _FIRST_BAD = BAD_STEP * BATCH
 
 
 class _Indexed(torch.utils.data.Dataset):
-    def __init__(self, size: int, nan_from: int | None = None,
-                 nan_until: int | None = None) -> None:
+    def __init__(
+        self, size: int, nan_from: int | None = None, nan_until: int | None = None
+    ) -> None:
         self.size = size
         self.nan_from = nan_from
         self.nan_until = nan_until
@@ -81,10 +82,15 @@ class BackwardBomb(nn.Module):
 
 def _job(first: nn.Module, dataset: torch.utils.data.Dataset, name: str) -> Job:
     torch.manual_seed(0)
-    return Job(layers=[first, nn.Sequential(nn.Tanh(), nn.Linear(4, 4)), nn.Linear(4, 1)],
-               dataset=dataset, loss_fn=nn.functional.mse_loss,
-               optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.01),
-               global_batch_size=BATCH, micro_batch_size=2, name=name)
+    return Job(
+        layers=[first, nn.Sequential(nn.Tanh(), nn.Linear(4, 4)), nn.Linear(4, 1)],
+        dataset=dataset,
+        loss_fn=nn.functional.mse_loss,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.01),
+        global_batch_size=BATCH,
+        micro_batch_size=2,
+        name=name,
+    )
 
 
 def forward_bomb_job() -> Job:
@@ -101,8 +107,11 @@ def nan_loss_job() -> Job:
 
 def nan_once_skipped_job() -> Job:
     """The loss is NaN at step ``BAD_STEP`` only; the job skips such a step's update."""
-    job = _job(nn.Linear(4, 4), _Indexed(SAMPLES, nan_from=_FIRST_BAD,
-                                         nan_until=_FIRST_BAD + BATCH), "nan-once")
+    job = _job(
+        nn.Linear(4, 4),
+        _Indexed(SAMPLES, nan_from=_FIRST_BAD, nan_until=_FIRST_BAD + BATCH),
+        "nan-once",
+    )
     return dataclasses.replace(job, training=TrainingConfig(on_nonfinite_loss="skip"))
 
 

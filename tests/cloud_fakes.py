@@ -12,8 +12,15 @@ import dataclasses
 import itertools
 from collections import deque
 
-from liveput.cloud import (InstanceRecord, InstanceState, Market, PriceQuote, Provider,
-                           ProviderError, RetryPolicy)
+from liveput.cloud import (
+    InstanceRecord,
+    InstanceState,
+    Market,
+    PriceQuote,
+    Provider,
+    ProviderError,
+    RetryPolicy,
+)
 from liveput.runtime.clock import Clock
 
 __all__ = ["FakeProvider", "throttled", "no_capacity"]
@@ -24,16 +31,23 @@ def throttled() -> ProviderError:
 
 
 def no_capacity() -> ProviderError:
-    return ProviderError("InsufficientInstanceCapacity", "We currently do not have sufficient "
-                         "capacity in the Availability Zone you requested.", retryable=True)
+    return ProviderError(
+        "InsufficientInstanceCapacity",
+        "We currently do not have sufficient capacity in the Availability Zone you requested.",
+        retryable=True,
+    )
 
 
 class FakeProvider(Provider):
     name = "fake"
 
-    def __init__(self, clock: Clock, retry: RetryPolicy | None = None,
-                 grants: list[int | ProviderError] | None = None,
-                 calls: list[ProviderError] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        retry: RetryPolicy | None = None,
+        grants: list[int | ProviderError] | None = None,
+        calls: list[ProviderError] | None = None,
+    ) -> None:
         super().__init__(clock, retry)
         self.grants: deque[int | ProviderError] = deque(grants or [])
         self.calls: deque[ProviderError] = deque(calls or [])
@@ -60,9 +74,16 @@ class FakeProvider(Provider):
         got = []
         for _ in range(min(outcome, count)):
             iid = f"f-{next(self._ids)}"
-            record = InstanceRecord(iid, instance_types[0], market, zones[0], InstanceState.RUNNING,
-                                    self.now_s(), 1.0 if market is Market.SPOT else 3.0,
-                                    launch_s=self.now_s())
+            record = InstanceRecord(
+                iid,
+                instance_types[0],
+                market,
+                zones[0],
+                InstanceState.RUNNING,
+                self.now_s(),
+                1.0 if market is Market.SPOT else 3.0,
+                launch_s=self.now_s(),
+            )
             self._all[iid] = record
             got.append(record)
         return got, (no_capacity() if len(got) < count else None)
@@ -75,8 +96,9 @@ class FakeProvider(Provider):
     def _terminate(self, instance_ids: list[str]) -> None:
         self._call()
         for iid in instance_ids:
-            self._all[iid] = dataclasses.replace(self._all[iid], state=InstanceState.TERMINATED,
-                                                 end_s=self.now_s())
+            self._all[iid] = dataclasses.replace(
+                self._all[iid], state=InstanceState.TERMINATED, end_s=self.now_s()
+            )
 
     def _list(self) -> list[InstanceRecord]:
         self._call()

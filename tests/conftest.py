@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 # The runtime's server fixtures (a real etcd, network-namespace hosts), shared by the test files.
 from runtime_fixtures import etcd_server, etcd_url, netns_hosts  # noqa: F401
 
@@ -26,15 +27,17 @@ def process_tier() -> None:
     use them (directly or through another fixture) are marked ``process``."""
 
 
-PROCESS_MODULES = frozenset({
-    "test_bench_gpu.py",  # every part of bench gpu runs in a process of its own
-    "test_models_training.py",  # gloo groups in threads; `liveput train`'s agents
-    "test_runtime_deadline.py",  # `liveput train`: its store server and agents
-    "test_runtime_exit.py",  # child interpreters ending with a TCPStore
-    "test_runtime_netns.py",  # agents on network-namespace hosts
-    "test_runtime_recovery.py",  # coordinators, agents and etcd restarted
-    "test_runtime_train.py",  # `liveput train` end to end
-})
+PROCESS_MODULES = frozenset(
+    {
+        "test_bench_gpu.py",  # every part of bench gpu runs in a process of its own
+        "test_models_training.py",  # gloo groups in threads; `liveput train`'s agents
+        "test_runtime_deadline.py",  # `liveput train`: its store server and agents
+        "test_runtime_exit.py",  # child interpreters ending with a TCPStore
+        "test_runtime_netns.py",  # agents on network-namespace hosts
+        "test_runtime_recovery.py",  # coordinators, agents and etcd restarted
+        "test_runtime_train.py",  # `liveput train` end to end
+    }
+)
 """Test modules whose every test starts processes, servers or sockets."""
 
 
@@ -44,8 +47,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if missing:
         raise pytest.UsageError(f"tests/conftest.py: PROCESS_MODULES names no file {missing}")
     for item in items:
-        if (item.path.name in PROCESS_MODULES
-                or "process_tier" in getattr(item, "fixturenames", ())):
+        if item.path.name in PROCESS_MODULES or "process_tier" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.process)
 
 

@@ -23,15 +23,20 @@ from pathlib import Path
 
 from liveput.cloud import InstanceState
 from liveput.cloud.aws import AwsProvider
-from liveput.runtime.instance_env import MARKET_ENV
 from liveput.cloud.userdata import parse_agent_command
+from liveput.runtime.instance_env import MARKET_ENV
 
 __all__ = ["moto_endpoint", "MotoInstanceRunner", "DUMMY_CREDENTIALS"]
 
-DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                     "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_CONFIG_FILE": os.devnull,
-                     "AWS_EC2_METADATA_DISABLED": "true"}
+DUMMY_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 """What the fixture puts in the environment: boto3's standard chain finds these first."""
 
 
@@ -47,9 +52,12 @@ def moto_endpoint(log_path: Path, timeout_s: float = 30.0) -> Iterator[str]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "ab") as log:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                   "-p", str(port)], stdout=log, stderr=log,
-                                  stdin=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -99,8 +107,9 @@ class MotoInstanceRunner:
                     self.processes[iid].terminate()
 
     def _boot(self, instance_id: str, market: str) -> None:
-        answer = self.provider.client.describe_instance_attribute(InstanceId=instance_id,
-                                                                  Attribute="userData")
+        answer = self.provider.client.describe_instance_attribute(
+            InstanceId=instance_id, Attribute="userData"
+        )
         script = base64.b64decode(answer["UserData"]["Value"]).decode()
         command = parse_agent_command(script)
         argv = command.resolved(self.liveput, "127.0.0.1")
@@ -110,8 +119,12 @@ class MotoInstanceRunner:
         self.commands[instance_id] = argv
         with open(self.log_dir / f"{instance_id}.log", "ab") as log:
             self.processes[instance_id] = subprocess.Popen(
-                argv, env={**os.environ, **command.env}, stdout=log, stderr=log,
-                stdin=subprocess.DEVNULL)
+                argv,
+                env={**os.environ, **command.env},
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
 
     def log(self, instance_id: str) -> str:
         return (self.log_dir / f"{instance_id}.log").read_text(errors="replace")

@@ -19,8 +19,16 @@ from liveput.runtime.coordinator import Coordinator
 from liveput.testbed import reference
 from liveput.testbed.reference import final_parameters, parameter_mismatches
 
-__all__ = ["JOB", "TOKEN", "AgentProcesses", "assert_same_parameters", "final_parameters",
-           "reference_parameters", "run_to_end", "run_until"]
+__all__ = [
+    "JOB",
+    "TOKEN",
+    "AgentProcesses",
+    "assert_same_parameters",
+    "final_parameters",
+    "reference_parameters",
+    "run_to_end",
+    "run_until",
+]
 
 JOB = "runtime_cluster:slow_small_job"
 TOKEN = "test-token"
@@ -47,17 +55,42 @@ class AgentProcesses:
         self.token = token
         self.processes: dict[int, subprocess.Popen] = {}
 
-    def start(self, instance: int, token: str | None = None,
-              argv_prefix: list[str] | None = None, host: str = "127.0.0.1",
-              market: str = "spot") -> subprocess.Popen:
+    def start(
+        self,
+        instance: int,
+        token: str | None = None,
+        argv_prefix: list[str] | None = None,
+        host: str = "127.0.0.1",
+        market: str = "spot",
+    ) -> subprocess.Popen:
         tests = str(Path(__file__).parent)
-        env = {**os.environ, "LIVEPUT_TOKEN": token or self.token, "LIVEPUT_MARKET": market,
-               "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "LIVEPUT_TOKEN": token or self.token,
+            "LIVEPUT_MARKET": market,
+            "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+        }
         log = open(self.log_dir / f"agent-{instance}.log", "ab")  # noqa: SIM115 - kept by Popen
         process = subprocess.Popen(
-            [*(argv_prefix or []), sys.executable, "-m", "liveput.runtime", "--store",
-             self.store_url, "--instance", str(instance), "--notices", "sigterm", "--host", host],
-            env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            [
+                *(argv_prefix or []),
+                sys.executable,
+                "-m",
+                "liveput.runtime",
+                "--store",
+                self.store_url,
+                "--instance",
+                str(instance),
+                "--notices",
+                "sigterm",
+                "--host",
+                host,
+            ],
+            env=env,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
         self.processes[instance] = process
         return process
 
@@ -85,8 +118,13 @@ class AgentProcesses:
                 process.wait(timeout=10)
 
 
-def run_until(tick: Callable[[], bool], condition: Callable[[], bool], timeout_s: float,
-              what: str, tick_s: float = 0.05) -> None:
+def run_until(
+    tick: Callable[[], bool],
+    condition: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    tick_s: float = 0.05,
+) -> None:
     """Tick the coordinator until ``condition`` holds (fails the test after ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -95,8 +133,7 @@ def run_until(tick: Callable[[], bool], condition: Callable[[], bool], timeout_s
         time.sleep(tick_s)
 
 
-def run_to_end(coordinator: Coordinator, agents: AgentProcesses,
-               timeout_s: float = 200.0) -> None:
+def run_to_end(coordinator: Coordinator, agents: AgentProcesses, timeout_s: float = 200.0) -> None:
     """Tick the coordinator (sleeping ``tick_s`` between ticks, as ``Coordinator.run`` does) until
     the job is done; fail after ``timeout_s`` with the plan and the agents' last log lines.
 
@@ -110,7 +147,8 @@ def run_to_end(coordinator: Coordinator, agents: AgentProcesses,
             raise AssertionError(
                 f"job not done after {timeout_s:.0f} s: committed {coordinator.committed}, "
                 f"plan {plan.generation if plan else None} ({plan.kind if plan else None}), "
-                f"available {coordinator.available}; agents' last lines: {tails}")
+                f"available {coordinator.available}; agents' last lines: {tails}"
+            )
         time.sleep(coordinator.config.tick_s)
 
 
@@ -143,9 +181,18 @@ def slow_small_job():  # noqa: ANN201 - a liveput.Job, resolved by agents as run
     """tiny-gpt-small whose samples take 15 ms each to load."""
     from liveput.models.jobs import TinyGPTJobConfig, tiny_gpt_job
 
-    job = tiny_gpt_job(TinyGPTJobConfig(num_blocks=2, d_model=64, seq_len=32, global_batch_size=8,
-                                        micro_batch_size=2, learning_rate=0.02, sgd=True,
-                                        corpus_bytes=200_000))
+    job = tiny_gpt_job(
+        TinyGPTJobConfig(
+            num_blocks=2,
+            d_model=64,
+            seq_len=32,
+            global_batch_size=8,
+            micro_batch_size=2,
+            learning_rate=0.02,
+            sgd=True,
+            corpus_bytes=200_000,
+        )
+    )
     job.dataset = _SlowWindows(job.dataset, 0.015)
     return job
 

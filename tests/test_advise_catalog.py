@@ -20,10 +20,24 @@ REFERENCE = Path(__file__).resolve().parents[1] / "data" / "profiles"
 def test_builtin_catalog_covers_required_types_and_names_a_source_for_every_figure() -> None:
     catalog = load_catalog("aws")
     names = {spec.name for spec in catalog.instances}
-    required = {"g3s.xlarge", "g4dn.xlarge", "g5.xlarge", "p3.2xlarge", "p2.8xlarge",
-                "g4dn.12xlarge", "g4dn.4xlarge", "g3.16xlarge", "g3.8xlarge", "g3.4xlarge",
-                "g5.12xlarge", "p4d.24xlarge", "p5.48xlarge", "c5.xlarge", "t3.xlarge",
-                "c6in.xlarge"}
+    required = {
+        "g3s.xlarge",
+        "g4dn.xlarge",
+        "g5.xlarge",
+        "p3.2xlarge",
+        "p2.8xlarge",
+        "g4dn.12xlarge",
+        "g4dn.4xlarge",
+        "g3.16xlarge",
+        "g3.8xlarge",
+        "g3.4xlarge",
+        "g5.12xlarge",
+        "p4d.24xlarge",
+        "p5.48xlarge",
+        "c5.xlarge",
+        "t3.xlarge",
+        "c6in.xlarge",
+    }
     assert required <= names
     gpus = {spec.gpu for spec in catalog.gpu_types}
     assert {"A10G", "A100", "H100", "T4", "V100"} <= gpus
@@ -34,16 +48,22 @@ def test_builtin_catalog_covers_required_types_and_names_a_source_for_every_figu
         for source in spec.sources.values():
             assert source in catalog.sources, (spec.name, source)
     # Every source says when: a year or a month.
-    assert all(any(str(year) in text for year in range(2020, 2027))
-               for text in catalog.sources.values())
+    assert all(
+        any(str(year) in text for year in range(2020, 2027)) for text in catalog.sources.values()
+    )
 
 
 def test_spotdnn_prices_match_the_published_table() -> None:
     catalog = load_catalog("aws")
-    published = {"p3.2xlarge": (1.25, 3.06), "p2.8xlarge": (2.16, 7.20),
-                 "g4dn.12xlarge": (1.22, 3.91), "g4dn.4xlarge": (0.36, 1.20),
-                 "g3.16xlarge": (1.37, 4.56), "g3.8xlarge": (0.69, 2.28),
-                 "g3.4xlarge": (0.34, 1.14)}
+    published = {
+        "p3.2xlarge": (1.25, 3.06),
+        "p2.8xlarge": (2.16, 7.20),
+        "g4dn.12xlarge": (1.22, 3.91),
+        "g4dn.4xlarge": (0.36, 1.20),
+        "g3.16xlarge": (1.37, 4.56),
+        "g3.8xlarge": (0.69, 2.28),
+        "g3.4xlarge": (0.34, 1.14),
+    }
     for name, (spot, on_demand) in published.items():
         spec = catalog.get(name)
         assert (spec.spot_usd_per_hour, spec.on_demand_usd_per_hour) == (spot, on_demand)
@@ -60,15 +80,24 @@ def test_deepvm_catalog_is_read_as_is() -> None:
     assert mine.max_count(g4dn, Market.ON_DEMAND) == 8
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("{", "invalid JSON"),
-    ('{"instances": 3}', "'instances' list"),
-    ('{"instances": [{"name": "x", "type": "G"}]}', "missing field 'vCPU'"),
-    ('{"instances": [{"name": "x", "vCPU": 4, "memory": 1, "network_bandwidth": 1, '
-     '"ondemand_price": "a", "spot_price": 1}]}', "must be a number"),
-    ('{"instances": [{"name": "x", "vCPU": 4, "memory": 1, "network_bandwidth": 1, '
-     '"ondemand_price": 1, "spot_price": 0}]}', "prices must be > 0"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "invalid JSON"),
+        ('{"instances": 3}', "'instances' list"),
+        ('{"instances": [{"name": "x", "type": "G"}]}', "missing field 'vCPU'"),
+        (
+            '{"instances": [{"name": "x", "vCPU": 4, "memory": 1, "network_bandwidth": 1, '
+            '"ondemand_price": "a", "spot_price": 1}]}',
+            "must be a number",
+        ),
+        (
+            '{"instances": [{"name": "x", "vCPU": 4, "memory": 1, "network_bandwidth": 1, '
+            '"ondemand_price": 1, "spot_price": 0}]}',
+            "prices must be > 0",
+        ),
+    ],
+)
 def test_bad_catalogs_get_one_line_errors(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "catalog.json"
     path.write_text(content)
@@ -90,17 +119,26 @@ def test_duplicate_and_unknown_types_are_reported(tmp_path: Path) -> None:
         load_catalog(tmp_path / "missing.json")
 
 
-def test_spot_prices_refresh_from_describe_spot_price_history(monkeypatch: pytest.MonkeyPatch
-                                                              ) -> None:
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+def test_spot_prices_refresh_from_describe_spot_price_history(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     catalog = load_catalog("aws")
     now = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
     with mock_aws():
         client = boto3.client("ec2", region_name="us-east-1")
-        reported = {r["InstanceType"] for r in client.describe_spot_price_history(
-            InstanceTypes=[s.name for s in catalog.instances])["SpotPriceHistory"]}
+        reported = {
+            r["InstanceType"]
+            for r in client.describe_spot_price_history(
+                InstanceTypes=[s.name for s in catalog.instances]
+            )["SpotPriceHistory"]
+        }
         refreshed = refresh_spot_prices(catalog, "us-east-1", now)
     assert reported, "the mocked region prices some of the catalog's types"
     for before, after in zip(catalog.instances, refreshed.instances):
@@ -114,8 +152,9 @@ def test_spot_prices_refresh_from_describe_spot_price_history(monkeypatch: pytes
     assert "2026-11-22T12:00:00Z" in refreshed.sources["refresh"]
 
 
-def test_refresh_without_credentials_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-                                             ) -> None:
+def test_refresh_without_credentials_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -138,14 +177,33 @@ def test_one_market_keeps_deepvms_ondemand_in_catalog_files_and_plans(tmp_path: 
     with pytest.raises(LiveputError, match="unknown market 'reserved'"):
         Market.parse("reserved")
     path = tmp_path / "quota.json"
-    path.write_text(json.dumps({"instances": [
-        {"name": "x1", "type": "X", "vCPU": 4, "memory": 16, "network_bandwidth": 10,
-         "ondemand_price": 1.0, "spot_price": 0.3}],
-        "available_vcpus": {"X": {"ondemand": 8, "spot": 32}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "instances": [
+                    {
+                        "name": "x1",
+                        "type": "X",
+                        "vCPU": 4,
+                        "memory": 16,
+                        "network_bandwidth": 10,
+                        "ondemand_price": 1.0,
+                        "spot_price": 0.3,
+                    }
+                ],
+                "available_vcpus": {"X": {"ondemand": 8, "spot": 32}},
+            }
+        )
+    )
     catalog = load_catalog(path)
     assert catalog.quota_vcpus("X", Market.ON_DEMAND) == 8
     assert catalog.quota_vcpus("X", Market.SPOT) == 32
-    plan = Plan("test", (InstanceCount("x1", 2, Market.SPOT),
-                         InstanceCount("x1", 1, Market.ON_DEMAND)), 1.3, "cost_usd", 1.3)
+    plan = Plan(
+        "test",
+        (InstanceCount("x1", 2, Market.SPOT), InstanceCount("x1", 1, Market.ON_DEMAND)),
+        1.3,
+        "cost_usd",
+        1.3,
+    )
     assert plan.describe() == "2 x x1 spot + 1 x x1 ondemand"
     assert [item["market"] for item in plan.to_dict()["instances"]] == ["spot", "ondemand"]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from liveput.advise import (
+    NETWORK_BOUNDS,
     PUBLISHED_FITS,
     REVOCATION_MODELS,
     Catalog,
@@ -19,7 +20,6 @@ from liveput.advise import (
     LogisticScaling,
     Market,
     MixedConfig,
-    NETWORK_BOUNDS,
     advise_deepvm,
     advise_mixed,
     enumerate_deepvm,
@@ -36,7 +36,9 @@ def test_published_plan_at_three_dollars() -> None:
     best = advice.plans[0]
     assert best.architecture == "tiering"
     assert [(i.type, i.count, i.market, i.role) for i in best.instances] == [
-        ("g4dn.xlarge", 17, Market.SPOT, "worker"), ("c5.xlarge", 1, Market.ON_DEMAND, "checkpoint")]
+        ("g4dn.xlarge", 17, Market.SPOT, "worker"),
+        ("c5.xlarge", 1, Market.ON_DEMAND, "checkpoint"),
+    ]
     # The published plan to the letter: a t3.xlarge (5 Gb/s, saturated at 16) is cheaper but
     # serves at most 15 GPU nodes under DeepVM's network saturation table.
     assert best.usd_per_hour == pytest.approx(17 * 0.1578 + 0.17)
@@ -66,15 +68,31 @@ def _random_catalog(rng: np.random.Generator, num_gpu: int, num_cpu: int) -> Cat
     specs = []
     for k in range(num_gpu):
         on_demand = float(rng.uniform(0.3, 2.0))
-        specs.append(InstanceSpec(f"gpu{k}", str(rng.choice(["G", "P"])), int(rng.choice([4, 8])),
-                                  float(rng.uniform(4, 64)), float(rng.uniform(5, 50)), on_demand,
-                                  on_demand * float(rng.uniform(0.2, 0.6)),
-                                  relative_flops=float(rng.uniform(50, 800)),
-                                  gpus=int(rng.choice([1, 1, 2]))))
+        specs.append(
+            InstanceSpec(
+                f"gpu{k}",
+                str(rng.choice(["G", "P"])),
+                int(rng.choice([4, 8])),
+                float(rng.uniform(4, 64)),
+                float(rng.uniform(5, 50)),
+                on_demand,
+                on_demand * float(rng.uniform(0.2, 0.6)),
+                relative_flops=float(rng.uniform(50, 800)),
+                gpus=int(rng.choice([1, 1, 2])),
+            )
+        )
     for k in range(num_cpu):
-        specs.append(InstanceSpec(f"cpu{k}", str(rng.choice(["C", "T"])), 4,
-                                  float(rng.uniform(4, 32)), float(rng.uniform(0.5, 25)),
-                                  float(rng.uniform(0.1, 0.4)), float(rng.uniform(0.05, 0.2))))
+        specs.append(
+            InstanceSpec(
+                f"cpu{k}",
+                str(rng.choice(["C", "T"])),
+                4,
+                float(rng.uniform(4, 32)),
+                float(rng.uniform(0.5, 25)),
+                float(rng.uniform(0.1, 0.4)),
+                float(rng.uniform(0.05, 0.2)),
+            )
+        )
     quota = {}
     for family in ("G", "P", "C", "T"):
         for market in Market:
@@ -88,19 +106,28 @@ def test_exact_method_equals_exhaustive_enumeration_on_random_catalogs() -> None
     checked = 0
     for case in range(60):
         catalog = _random_catalog(rng, int(rng.integers(1, 4)), int(rng.integers(1, 3)))
-        fits = {s.name: LogisticScaling(float(rng.uniform(0.05, 0.4)), float(rng.uniform(1, 20)),
-                                        float(rng.uniform(1, 15)))
-                for s in catalog.gpu_types if rng.random() < 0.5}
+        fits = {
+            s.name: LogisticScaling(
+                float(rng.uniform(0.05, 0.4)), float(rng.uniform(1, 20)), float(rng.uniform(1, 15))
+            )
+            for s in catalog.gpu_types
+            if rng.random() < 0.5
+        }
         revocation = REVOCATION_MODELS.get("gce-v100-us-central1") if case % 3 == 0 else None
-        config = DeepVMConfig(float(rng.uniform(0.3, 3.0)),
-                              checkpoint_gb=float(rng.choice([0.0, 0.5, 4.0, 12.0])),
-                              checkpoint_interval_s=float(rng.choice([10.0, 60.0])),
-                              fits=fits, revocation=revocation,
-                              network_bound=NETWORK_BOUNDS[case % 2])
-        cheapest = min(min(s.spot_usd_per_hour, s.on_demand_usd_per_hour)
-                       for s in catalog.instances)
-        reference = enumerate_deepvm(catalog, config, math.ceil(config.budget_usd_per_hour
-                                                                / cheapest) + 1)
+        config = DeepVMConfig(
+            float(rng.uniform(0.3, 3.0)),
+            checkpoint_gb=float(rng.choice([0.0, 0.5, 4.0, 12.0])),
+            checkpoint_interval_s=float(rng.choice([10.0, 60.0])),
+            fits=fits,
+            revocation=revocation,
+            network_bound=NETWORK_BOUNDS[case % 2],
+        )
+        cheapest = min(
+            min(s.spot_usd_per_hour, s.on_demand_usd_per_hour) for s in catalog.instances
+        )
+        reference = enumerate_deepvm(
+            catalog, config, math.ceil(config.budget_usd_per_hour / cheapest) + 1
+        )
         if reference is None:
             with pytest.raises(LiveputError, match="budget|any budget"):
                 advise_deepvm(catalog, config)
@@ -119,13 +146,21 @@ def test_network_saturation_bounds_gpu_nodes_per_checkpoint_node() -> None:
     deepvm = load_catalog("deepvm-aws")
     gpu = replace(deepvm.get("g4dn.xlarge"), network_gbps=10.0)
     catalog = Catalog("ten-gbps", (gpu, deepvm.get("c5.xlarge")), {})
-    stream = advise_deepvm(catalog, DeepVMConfig(4.0, network_bound="stream",
-                                                 architectures=("tiering",))).plans[0]
+    stream = advise_deepvm(
+        catalog, DeepVMConfig(4.0, network_bound="stream", architectures=("tiering",))
+    ).plans[0]
     assert stream.describe() == "24 x g4dn.xlarge spot + 1 x c5.xlarge ondemand"
     best = advise_deepvm(catalog, DeepVMConfig(4.0, architectures=("tiering",))).plans[0]
     assert best.describe() == "23 x g4dn.xlarge spot + 2 x c5.xlarge ondemand"
-    assert [saturation_point(b) for b in (0.1, 0.3, 5.0, 9.9, 10.0, 25.0, 100.0)] == \
-        [2, 2, 16, 16, 20, 28, 32]
+    assert [saturation_point(b) for b in (0.1, 0.3, 5.0, 9.9, 10.0, 25.0, 100.0)] == [
+        2,
+        2,
+        16,
+        16,
+        20,
+        28,
+        32,
+    ]
     with pytest.raises(LiveputError, match="unknown network bound 'fast'"):
         DeepVMConfig(4.0, network_bound="fast")
 
@@ -173,25 +208,35 @@ def _mixed_brute_force(catalog: Catalog, config: DeepVMConfig) -> tuple[float, f
             continue
         families: dict[tuple[str, Market], int] = {}
         for k, s in zip(n, gpus):
-            families[(s.family, Market.SPOT)] = families.get((s.family, Market.SPOT), 0) + k * s.vcpus
+            families[(s.family, Market.SPOT)] = (
+                families.get((s.family, Market.SPOT), 0) + k * s.vcpus
+            )
         if any(v > catalog.vcpu_quota.get(key, 1 << 30) for key, v in families.items()):
             continue
-        value = sum(k * s.relative_flops * float(scaling_for(s, config.fits).speedup(gpu_total))
-                    / gpu_total for k, s in zip(n, gpus))
+        value = sum(
+            k * s.relative_flops * float(scaling_for(s, config.fits).speedup(gpu_total)) / gpu_total
+            for k, s in zip(n, gpus)
+        )
         for m in itertools.product(*cpu_ranges):
             cost = spend + sum(k * s.on_demand_usd_per_hour for k, s in zip(m, cpus))
             od: dict[str, int] = {}
             for k, s in zip(m, cpus):
                 od[s.family] = od.get(s.family, 0) + k * s.vcpus
-            feasible = (sum(m) >= 1 and cost <= budget + 1e-9
-                        and all(v <= catalog.vcpu_quota.get((f, Market.ON_DEMAND), 1 << 30)
-                                for f, v in od.items())
-                        and sum(k * s.memory_gb for k, s in zip(m, cpus))
-                        >= config.checkpoint_memory_gb - 1e-9
-                        and sum(n) * config.stream_gbps
-                        <= sum(k * s.network_gbps for k, s in zip(m, cpus)) + 1e-9)
-            if feasible and (value > best[0] + 1e-9 or
-                             (abs(value - best[0]) <= 1e-9 and cost < best[1])):
+            feasible = (
+                sum(m) >= 1
+                and cost <= budget + 1e-9
+                and all(
+                    v <= catalog.vcpu_quota.get((f, Market.ON_DEMAND), 1 << 30)
+                    for f, v in od.items()
+                )
+                and sum(k * s.memory_gb for k, s in zip(m, cpus))
+                >= config.checkpoint_memory_gb - 1e-9
+                and sum(n) * config.stream_gbps
+                <= sum(k * s.network_gbps for k, s in zip(m, cpus)) + 1e-9
+            )
+            if feasible and (
+                value > best[0] + 1e-9 or (abs(value - best[0]) <= 1e-9 and cost < best[1])
+            ):
                 best = (value, cost)
     return best
 
@@ -201,9 +246,11 @@ def test_mixed_milp_equals_brute_force_on_small_catalogs() -> None:
     solved = 0
     for case in range(25):
         catalog = _random_catalog(rng, int(rng.integers(2, 4)), int(rng.integers(1, 3)))
-        config = DeepVMConfig(float(rng.uniform(0.4, 2.0)),
-                              checkpoint_gb=float(rng.choice([0.0, 1.0, 6.0])),
-                              checkpoint_interval_s=30.0)
+        config = DeepVMConfig(
+            float(rng.uniform(0.4, 2.0)),
+            checkpoint_gb=float(rng.choice([0.0, 1.0, 6.0])),
+            checkpoint_interval_s=30.0,
+        )
         value, cost = _mixed_brute_force(catalog, config)
         if value < 0:
             with pytest.raises(LiveputError):
@@ -241,8 +288,12 @@ def test_the_closest_plan_of_a_too_small_budget_is_the_cheapest_feasible_one() -
             continue
         price = float(message.rsplit("$", 1)[1].split("/h")[0])
         # The named price buys a plan; a cent less buys none.
-        assert advise_deepvm(catalog, DeepVMConfig(
-            price + 1e-4, checkpoint_gb=config.checkpoint_gb)).plans[0].usd_per_hour <= price + 1e-4
+        assert (
+            advise_deepvm(catalog, DeepVMConfig(price + 1e-4, checkpoint_gb=config.checkpoint_gb))
+            .plans[0]
+            .usd_per_hour
+            <= price + 1e-4
+        )
         with pytest.raises(LiveputError, match="below the cheapest plan"):
             advise_deepvm(catalog, DeepVMConfig(price - 0.01, checkpoint_gb=config.checkpoint_gb))
         checked += 1

@@ -25,10 +25,18 @@ def test_capped_traces_balance_and_respect_the_cap() -> None:
 
 def _run(samples: list[float], dollars: list[float]) -> PolicyRun:
     n = len(samples)
-    return PolicyRun(policy="x", samples=samples[-1], cost_usd=dollars[-1],
-                     usd_per_1k_samples=float("nan"), reconfigurations=0,
-                     downtime_s=0.0, interval_s=3600.0, available=np.ones(n, dtype=np.int64),
-                     cumulative_samples=np.array(samples), cumulative_cost_usd=np.array(dollars))
+    return PolicyRun(
+        policy="x",
+        samples=samples[-1],
+        cost_usd=dollars[-1],
+        usd_per_1k_samples=float("nan"),
+        reconfigurations=0,
+        downtime_s=0.0,
+        interval_s=3600.0,
+        available=np.ones(n, dtype=np.int64),
+        cumulative_samples=np.array(samples),
+        cumulative_cost_usd=np.array(dollars),
+    )
 
 
 def test_finish_interpolates_inside_and_extrapolates_past_the_replay() -> None:
@@ -54,8 +62,9 @@ def test_pool_is_the_cheapest_candidate_that_meets_the_deadline(short_trace, pro
     anchors, caps = (0, 2), (4, 8)
     runs = {}
     for a, k in pool_candidates(anchors, caps):
-        config = SimulationConfig(spot_price_usd_per_hour=1.25, on_demand_price_usd_per_hour=3.06,
-                                  num_on_demand=a)
+        config = SimulationConfig(
+            spot_price_usd_per_hour=1.25, on_demand_price_usd_per_hour=3.06, num_on_demand=a
+        )
         runs[(a, k)] = simulate_policy(cap_trace(short_trace, k), profile, "liveput", config)
     rates = {key: run.samples / run.hours for key, run in runs.items()}
     target = 0.5 * max(rates.values()) * 0.5  # reachable in 0.5 h by the faster pools only
@@ -65,9 +74,12 @@ def test_pool_is_the_cheapest_candidate_that_meets_the_deadline(short_trace, pro
     assert 1 < len(feasible) < len(expected)
     best_key = min(feasible, key=feasible.get)
     calls = []
-    advice = advise_pool(short_trace, profile,
-                         PoolConfig(target, deadline, anchors=anchors, spot_caps=caps),
-                         on_candidate=lambda: calls.append(1))
+    advice = advise_pool(
+        short_trace,
+        profile,
+        PoolConfig(target, deadline, anchors=anchors, spot_caps=caps),
+        on_candidate=lambda: calls.append(1),
+    )
     best = advice.plans[0]
     assert len(calls) == 4
     assert best.value == pytest.approx(feasible[best_key])

@@ -11,9 +11,13 @@ from liveput.advise import REVOCATION_MODELS, RevocationModel, RevocationOverhea
 from liveput.errors import LiveputError
 from liveput.traces import IntervalTrace, generate_trace
 
-PUBLISHED = {"gce-k80-us-central1": (0.10, 0.56), "gce-k80-us-east1": (0.47, 0.47),
-             "gce-p100-us-east1": (0.20, 0.70), "gce-v100-us-central1": (0.67, 0.67),
-             "gce-v100-europe-west4": (0.07, 0.43)}
+PUBLISHED = {
+    "gce-k80-us-central1": (0.10, 0.56),
+    "gce-k80-us-east1": (0.47, 0.47),
+    "gce-p100-us-east1": (0.20, 0.70),
+    "gce-v100-us-central1": (0.67, 0.67),
+    "gce-v100-europe-west4": (0.07, 0.43),
+}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

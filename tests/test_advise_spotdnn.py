@@ -25,8 +25,14 @@ from liveput.perf import load_profile
 
 A = WorkerType("a", 0.5, 32, 1, 10.0, 0.4)
 B = WorkerType("b", 1.0, 64, 2, 5.0, 0.7)
-PARAMS = SpotDNNParams(model_gb=0.1, ps_bandwidth_gbps=10.0, pcie_gbps=100.0, a1=0.2, b1=0.1,
-                       g=(50.0, -0.5, 400.0, 2.0, 0.3))
+PARAMS = SpotDNNParams(
+    model_gb=0.1,
+    ps_bandwidth_gbps=10.0,
+    pcie_gbps=100.0,
+    a1=0.2,
+    b1=0.1,
+    g=(50.0, -0.5, 400.0, 2.0, 0.3),
+)
 
 
 def _by_hand(counts: dict[WorkerType, int]) -> dict[str, float]:
@@ -37,8 +43,9 @@ def _by_hand(counts: dict[WorkerType, int]) -> dict[str, float]:
     times = []
     for w in workers:
         share = PARAMS.ps_bandwidth_gbps / n
-        bandwidth = p * share + (1 - p) * w.bandwidth_gbps if w.bandwidth_gbps > share \
-            else w.bandwidth_gbps
+        bandwidth = (
+            p * share + (1 - p) * w.bandwidth_gbps if w.bandwidth_gbps > share else w.bandwidth_gbps
+        )
         size = 8 * PARAMS.model_gb
         times.append(w.compute_s + 2 * size / bandwidth + 2 * w.gpus * size / PARAMS.pcie_gbps)
     t_exp = 1 / sum(1 / t for t in times)
@@ -59,7 +66,8 @@ def test_model_reproduces_the_equations(mix: tuple[int, int]) -> None:
     assert prediction.weighted_batch[0] == pytest.approx(expected["b_w"], rel=1e-12)
     assert prediction.convergence_r[0] == pytest.approx(expected["r"], rel=1e-9, abs=1e-12)
     assert loss_after(np.array([1000.0]), prediction, PARAMS)[0] == pytest.approx(
-        expected["loss_1000"], rel=1e-12)
+        expected["loss_1000"], rel=1e-12
+    )
     j = iterations_to_loss(expected["loss_1000"], prediction, PARAMS)[0]
     assert j == pytest.approx(1000.0, rel=1e-9)
 
@@ -117,22 +125,40 @@ def test_fits_recover_parameters() -> None:
     g = (100.0, 0.5, 300.0, 1.5, 0.2)
     loss = (g[1] * bw + g[2]) * np.sqrt((r + g[3]) * workers) / (j + g[0]) + g[4]
     fitted = fit_loss(j, loss * (1 + rng.normal(0, 0.01, loss.size)), bw, r, workers)
-    prediction = (fitted[1] * bw + fitted[2]) * np.sqrt((r + fitted[3]) * workers) \
-        / (j + fitted[0]) + fitted[4]
+    prediction = (fitted[1] * bw + fitted[2]) * np.sqrt((r + fitted[3]) * workers) / (
+        j + fitted[0]
+    ) + fitted[4]
     assert np.max(np.abs(prediction - loss) / loss) < 0.05
     assert fitted[4] == pytest.approx(0.2, abs=0.05)
 
 
 def _random_problem(rng: np.random.Generator, num_types: int) -> SLOProblem:
-    types = tuple(WorkerType(f"w{k}", float(rng.uniform(0.1, 1.5)), int(rng.choice([16, 32, 64])),
-                             int(rng.choice([1, 2, 4])), float(rng.uniform(2, 25)),
-                             float(rng.uniform(0.1, 2.0)), int(rng.choice([4, 8, 16])),
-                             str(rng.choice(["G", "P"]))) for k in range(num_types))
-    params = SpotDNNParams(model_gb=float(rng.uniform(0.05, 0.5)),
-                           ps_bandwidth_gbps=float(rng.uniform(5, 25)),
-                           a1=float(rng.uniform(0, 0.3)), b1=float(rng.uniform(0, 0.2)),
-                           g=(float(rng.uniform(10, 500)), float(rng.uniform(-1, 1)),
-                              float(rng.uniform(500, 3000)), float(rng.uniform(0.5, 10)), 0.1))
+    types = tuple(
+        WorkerType(
+            f"w{k}",
+            float(rng.uniform(0.1, 1.5)),
+            int(rng.choice([16, 32, 64])),
+            int(rng.choice([1, 2, 4])),
+            float(rng.uniform(2, 25)),
+            float(rng.uniform(0.1, 2.0)),
+            int(rng.choice([4, 8, 16])),
+            str(rng.choice(["G", "P"])),
+        )
+        for k in range(num_types)
+    )
+    params = SpotDNNParams(
+        model_gb=float(rng.uniform(0.05, 0.5)),
+        ps_bandwidth_gbps=float(rng.uniform(5, 25)),
+        a1=float(rng.uniform(0, 0.3)),
+        b1=float(rng.uniform(0, 0.2)),
+        g=(
+            float(rng.uniform(10, 500)),
+            float(rng.uniform(-1, 1)),
+            float(rng.uniform(500, 3000)),
+            float(rng.uniform(0.5, 10)),
+            0.1,
+        ),
+    )
     quota = {"G": int(rng.integers(8, 64))} if rng.random() < 0.5 else {}
     return SLOProblem(types, params, quota)
 
@@ -143,8 +169,13 @@ def test_window_search_equals_exact_search_on_small_cases() -> None:
     for case in range(40):
         problem = _random_problem(rng, int(rng.integers(1, 4)))
         deadline = float(rng.uniform(0.05, 3.0))
-        common = dict(target_loss=float(rng.uniform(0.3, 1.0)), deadline_hours=deadline,
-                      max_workers_per_type=3, max_workers=6, ps_usd_per_hour=0.2)
+        common = dict(
+            target_loss=float(rng.uniform(0.3, 1.0)),
+            deadline_hours=deadline,
+            max_workers_per_type=3,
+            max_workers=6,
+            ps_usd_per_hour=0.2,
+        )
         try:
             exact = advise_slo(problem, SLOConfig(**common, search="exact")).plans[0]
         except LiveputError as error:
@@ -165,8 +196,13 @@ def test_narrow_window_plans_meet_the_slo_and_cost_no_less_than_exact() -> None:
     gaps = []
     for _ in range(15):
         problem = _random_problem(rng, 5)
-        common = dict(target_loss=0.6, deadline_hours=2.0, max_workers_per_type=2,
-                      max_workers=6, ps_usd_per_hour=0.2)
+        common = dict(
+            target_loss=0.6,
+            deadline_hours=2.0,
+            max_workers_per_type=2,
+            max_workers=6,
+            ps_usd_per_hour=0.2,
+        )
         visited = search(problem, SLOConfig(**common, search="exact"))
         if not any(np.isfinite(s.cost) for s in visited):
             continue
@@ -201,8 +237,11 @@ def test_slo_on_the_catalog_meets_its_targets() -> None:
 def test_impossible_slos_name_the_closest_plan() -> None:
     catalog = load_catalog("aws")
     problem, ps = problem_from_catalog(catalog, load_profile("resnet152"), "c5n.xlarge")
-    with pytest.raises(LiveputError, match=r"no plan reaches loss 0.5 within 0.01 h; closest: "
-                                           r".* needs [0-9.]+ h"):
+    with pytest.raises(
+        LiveputError,
+        match=r"no plan reaches loss 0.5 within 0.01 h; closest: "
+        r".* needs [0-9.]+ h",
+    ):
         advise_slo(problem, SLOConfig(0.5, 0.01), ps.name)
     with pytest.raises(LiveputError, match="floor"):
         advise_slo(problem, SLOConfig(0.05, 1.0), ps.name)

@@ -20,8 +20,9 @@ def test_the_quick_cpu_run_measures_every_part(tmp_path: Path) -> None:
     document = json.loads(output.read_text())
     parts = document["parts"]
     assert list(parts) == list(bench_gpu.PARTS)
-    assert {name: part["status"] for name, part in parts.items()} == \
-        dict.fromkeys(bench_gpu.PARTS, "ok"), {n: p.get("error") for n, p in parts.items()}
+    assert {name: part["status"] for name, part in parts.items()} == dict.fromkeys(
+        bench_gpu.PARTS, "ok"
+    ), {n: p.get("error") for n, p in parts.items()}
     assert code == 0
 
     environment = parts["environment"]
@@ -40,11 +41,17 @@ def test_the_quick_cpu_run_measures_every_part(tmp_path: Path) -> None:
     assert overhead["precision"] == "bf16"
     assert overhead["engine_samples_per_s"] > 0 and overhead["plain_samples_per_s"] > 0
     assert overhead["ratio"] == pytest.approx(
-        overhead["engine_samples_per_s"] / overhead["plain_samples_per_s"], rel=0.02)
+        overhead["engine_samples_per_s"] / overhead["plain_samples_per_s"], rel=0.02
+    )
 
     scripted = parts["runtime"]["scripted"]
-    assert scripted["kinds"] == ["start", "intra-stage", "inter-stage", "pipeline",
-                                 "checkpoint-restore"]
+    assert scripted["kinds"] == [
+        "start",
+        "intra-stage",
+        "inter-stage",
+        "pipeline",
+        "checkpoint-restore",
+    ]
     assert scripted["exactly_once"] and scripted["restores"] == 1
     assert scripted["steps_rolled_back"] == 2  # the steps after the restored checkpoint
     assert scripted["same_as_fault_free"], scripted["parameters_outside_tolerance"]
@@ -58,13 +65,14 @@ def test_the_quick_cpu_run_measures_every_part(tmp_path: Path) -> None:
     assert nccl["backend"] == "gloo" and nccl["allreduce_correct"]
     assert nccl["call_after_abort"] == "CommAborted"
     assert nccl["next_generation_after_abort"] == "ok"
-    assert nccl["environment"] == {"TORCH_NCCL_BLOCKING_WAIT": "1",
-                                   "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    assert nccl["environment"] == {
+        "TORCH_NCCL_BLOCKING_WAIT": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    }
     assert nccl["not_run"]
 
 
-def test_a_part_past_its_limit_is_killed_and_the_others_keep_their_figures(
-        tmp_path: Path) -> None:
+def test_a_part_past_its_limit_is_killed_and_the_others_keep_their_figures(tmp_path: Path) -> None:
     """A part past its limit (here: still importing torch) is killed with its children."""
     part = bench_gpu.run_isolated("nccl", "cpu", True, 0.5, tmp_path)
     assert part["status"] == "timeout" and "limit of 0.5 s" in part["error"]

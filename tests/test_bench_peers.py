@@ -18,8 +18,9 @@ JOB = "tiny-gpt-small"
 
 @pytest.fixture
 def world_of_one(tmp_path: Path, process_tier: None):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
-                            world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+    )
     yield
     dist.destroy_process_group()
 
@@ -31,23 +32,31 @@ def test_ddp_peer_resumes_from_its_checkpoint_exactly(tmp_path: Path, world_of_o
     train(DDPConfig(str(interrupted), JOB, checkpoint_every=3, steps=8))
     assert latest_checkpoint(interrupted).name == "step-0000000006.pt"
     progress = tmp_path / "progress.jsonl"
-    resumed = train(DDPConfig(str(interrupted), JOB, checkpoint_every=3, steps=10,
-                              progress_file=str(progress)))
+    resumed = train(
+        DDPConfig(str(interrupted), JOB, checkpoint_every=3, steps=10, progress_file=str(progress))
+    )
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     lines = [json.loads(line) for line in progress.read_text().splitlines()]
     assert lines[0]["start"] == 6 and [r["step"] for r in lines[1:]] == [6, 7, 8, 9]
     # A run that restarted differs from one that did not resume (the check can fail).
     fresh = train(DDPConfig(str(tmp_path / "fresh"), JOB, checkpoint_every=3, steps=4))
-    assert not all(torch.equal(a, b) for a, b in
-                   zip(straight.state_dict().values(), fresh.state_dict().values(), strict=True))
+    assert not all(
+        torch.equal(a, b)
+        for a, b in zip(straight.state_dict().values(), fresh.state_dict().values(), strict=True)
+    )
 
 
 def test_json_document_has_the_documented_shape() -> None:
-    runs = {name: SystemRun(name, 160 * (i + 1), [(0.0, 0), (5.0, 160 * (i + 1))], [2.0],
-                            restarts=i, final_loss=3.0) for i, name in enumerate(SYSTEMS)}
-    document = to_json_document([("generated-4-seed20", runs, {"liveput": 700.0,
-                                                               "liveput-restart": 300.0})])
+    runs = {
+        name: SystemRun(
+            name, 160 * (i + 1), [(0.0, 0), (5.0, 160 * (i + 1))], [2.0], restarts=i, final_loss=3.0
+        )
+        for i, name in enumerate(SYSTEMS)
+    }
+    document = to_json_document(
+        [("generated-4-seed20", runs, {"liveput": 700.0, "liveput-restart": 300.0})]
+    )
     assert list(document) == ["traces"]
     (entry,) = document["traces"]
     assert entry["trace"] == "generated-4-seed20"
@@ -66,8 +75,8 @@ def test_measured_table_puts_each_instance_count_at_its_measured_rate() -> None:
     import numpy as np
 
     from bench.peers_sim import measured_table
-    from liveput.perf import estimate_configs
     from liveput.models.jobs import resolve_job
+    from liveput.perf import estimate_configs
     from liveput.runtime.planning import profile_job
 
     table = estimate_configs(profile_job(resolve_job(JOB), repeats=1), 4)
@@ -76,8 +85,10 @@ def test_measured_table_puts_each_instance_count_at_its_measured_rate() -> None:
     for count, rate in ((2, 90.0), (4, 95.0)):
         same = (used == count) & table.feasible
         assert scaled.samples_per_s[same].max() == pytest.approx(rate)
-        np.testing.assert_allclose(scaled.samples_per_s[same] / rate,
-                                   table.samples_per_s[same] / table.samples_per_s[same].max())
+        np.testing.assert_allclose(
+            scaled.samples_per_s[same] / rate,
+            table.samples_per_s[same] / table.samples_per_s[same].max(),
+        )
     untouched = ~np.isin(used, (2, 4)) | ~table.feasible
     np.testing.assert_array_equal(scaled.samples_per_s[untouched], table.samples_per_s[untouched])
     # Every count measured: the best of at most four instances is the best measured count.
@@ -97,8 +108,9 @@ def test_upper_bound_against_a_count_of_each_second() -> None:
 
     rates = {1: 60.0, 2: 100.0, 3: 80.0, 4: 79.0}
     # 2 instances from 0 s, +2 at 20 s, -3 at 40 s, 0 from 50 to 70 s, +1 at 70 s (trace s).
-    trace = Trace.from_counts("t", np.array([0.0, 20.0, 40.0, 50.0, 70.0]),
-                              np.array([2, 4, 1, 0, 1]), 100.0)
+    trace = Trace.from_counts(
+        "t", np.array([0.0, 20.0, 40.0, 50.0, 70.0]), np.array([2, 4, 1, 0, 1]), 100.0
+    )
     bound = upper_bound(trace, startup_s=2.0, samples_per_s_by_count=rates, time_scale=2.0)
     # Wall seconds at time scale 2: 2 ready from 2 s; 4 from 12 s; 1 from 20 s; 0 from 25 s;
     # 1 ready from 37 s (35 + 2 of start-up); the window ends at 50 s. The best of at most

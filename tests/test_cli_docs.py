@@ -28,23 +28,38 @@ def _make_run_commands() -> list[str]:
     text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
     recipe = text.split("\nrun:", 1)[1].split("\n\n", 1)[0]
     # The launched example job at its end is tested by tests/test_operate_job.py.
-    return [" ".join(line.split()).replace("$(BIN)/liveput", "liveput")
-            for line in recipe.splitlines() if "$(BIN)/liveput" in line
-            and "docs/examples/" not in line]
+    return [
+        " ".join(line.split()).replace("$(BIN)/liveput", "liveput")
+        for line in recipe.splitlines()
+        if "$(BIN)/liveput" in line and "docs/examples/" not in line
+    ]
 
 
 def _readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    return [line.split("#", 1)[0].strip() for block in blocks for line in block.splitlines()
-            if line.startswith("liveput ")]
+    return [
+        line.split("#", 1)[0].strip()
+        for block in blocks
+        for line in block.splitlines()
+        if line.startswith("liveput ")
+    ]
 
 
 def test_the_readme_lists_commands_of_every_group() -> None:
     commands = _readme_commands()
     groups = {command.split()[1] for command in commands}
-    assert groups >= {"trace", "predict", "perf", "profile", "plan", "simulate", "train",
-                      "models", "advise"}
+    assert groups >= {
+        "trace",
+        "predict",
+        "perf",
+        "profile",
+        "plan",
+        "simulate",
+        "train",
+        "models",
+        "advise",
+    }
     assert [c.split()[:3] for c in _make_run_commands()][-1] == ["liveput", "simulate", "--trace"]
 
 
@@ -53,8 +68,14 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()  # as `make run` does
     for command in [*_make_run_commands(), *_readme_commands()]:
         argv = shlex.split(command)
-        done = subprocess.run([str(LIVEPUT), *argv[1:]], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=300, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [str(LIVEPUT), *argv[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
         assert done.returncode == 0, f"{command}: exit {done.returncode}: {done.stderr[-2000:]}"
         assert "Traceback" not in done.stderr, command
         if "--json" in argv:
@@ -68,8 +89,9 @@ def _all_commands() -> list[tuple[str, object]]:
     while pending:
         path, command = pending.pop()
         found.append((path, command))
-        pending.extend((f"{path} {name}", sub)
-                       for name, sub in getattr(command, "commands", {}).items())
+        pending.extend(
+            (f"{path} {name}", sub) for name, sub in getattr(command, "commands", {}).items()
+        )
     return found
 
 

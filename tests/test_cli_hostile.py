@@ -11,11 +11,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.hostile import (NUMERIC_OPTIONS, TRACE_READERS, Case, malformed_traces, run_case,
-                           valid_trace)
+from bench.hostile import (
+    NUMERIC_OPTIONS,
+    TRACE_READERS,
+    Case,
+    malformed_traces,
+    run_case,
+    valid_trace,
+)
 
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 # Bad for every numeric option: each is finite and >= 0 within a documented range.
 bad_numbers = st.one_of(
@@ -23,14 +34,20 @@ bad_numbers = st.one_of(
     st.floats(max_value=-1e-6, allow_nan=False, allow_infinity=False).map(repr),
     st.text(alphabet="abcxyz!@#%", min_size=1, max_size=6),
 )
-options = st.sampled_from([(command, option) for command, (_, opts) in NUMERIC_OPTIONS.items()
-                           for option in opts])
+options = st.sampled_from(
+    [(command, option) for command, (_, opts) in NUMERIC_OPTIONS.items() for option in opts]
+)
 
 
 def _judge(case: Case) -> None:
     outcome = run_case(case, timeout_s=60)
-    assert outcome.verdict == "ok", (case.name, outcome.verdict, outcome.code,
-                                     outcome.stderr[-600:], outcome.left)
+    assert outcome.verdict == "ok", (
+        case.name,
+        outcome.verdict,
+        outcome.code,
+        outcome.stderr[-600:],
+        outcome.left,
+    )
 
 
 @pytest.mark.process
@@ -39,43 +56,68 @@ def _judge(case: Case) -> None:
 def test_bad_numbers_are_refused_in_one_line(option, value):
     command, name = option
     base = NUMERIC_OPTIONS[command][0]
-    _judge(Case(f"{command} {name}={value!r}", (*base, name, value),
-                files=(("trace.csv", valid_trace()),)))
+    _judge(
+        Case(
+            f"{command} {name}={value!r}",
+            (*base, name, value),
+            files=(("trace.csv", valid_trace()),),
+        )
+    )
 
 
 @pytest.mark.process
 @SETTINGS
-@given(reader=st.sampled_from(["trace stats", "predict backtest"]),
-       content=st.one_of(st.binary(max_size=300),
-                         st.sampled_from(list(malformed_traces().values())),
-                         st.lists(st.tuples(st.sampled_from(["0", "-5", "nan", "1e30", "9e15",
-                                                             "60000", "x"]),
-                                            st.sampled_from(["add", "remove", "grow"]),
-                                            st.sampled_from(["a", "b", ""])),
-                                  min_size=1, max_size=6).map(
-                             lambda rows: "".join(f"{t},{k},{n}\n" for t, k, n in rows)
-                             .encode())))
+@given(
+    reader=st.sampled_from(["trace stats", "predict backtest"]),
+    content=st.one_of(
+        st.binary(max_size=300),
+        st.sampled_from(list(malformed_traces().values())),
+        st.lists(
+            st.tuples(
+                st.sampled_from(["0", "-5", "nan", "1e30", "9e15", "60000", "x"]),
+                st.sampled_from(["add", "remove", "grow"]),
+                st.sampled_from(["a", "b", ""]),
+            ),
+            min_size=1,
+            max_size=6,
+        ).map(lambda rows: "".join(f"{t},{k},{n}\n" for t, k, n in rows).encode()),
+    ),
+)
 def test_malformed_traces_never_crash(reader, content):
     # A generated file may happen to be a valid trace: exit 0 is then right; anything but a
     # clean result or a one-line refusal is not.
-    _judge(Case(f"{reader} generated trace", TRACE_READERS[reader], bad=False,
-                files=(("bad", content),)))
+    _judge(
+        Case(
+            f"{reader} generated trace", TRACE_READERS[reader], bad=False, files=(("bad", content),)
+        )
+    )
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("argv", [
-    ("trace", "generate", "-o", "{dir}/no/such/folder/out.csv"),
-    ("trace", "generate", "-o", "{dir}", "--hours", "1"),
-    ("trace", "stats", "{dir}/trace.csv", "--interval", "1e-9"),
-    ("simulate", "--trace", "{dir}/trace.csv", "-o", "{dir}/s.json", "--report",
-     "{dir}/trace.csv"),
-    ("agent", "--coordinator", "127.0.0.1:1", "--token", "t", "--notices", "bogus"),
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("trace", "generate", "-o", "{dir}/no/such/folder/out.csv"),
+        ("trace", "generate", "-o", "{dir}", "--hours", "1"),
+        ("trace", "stats", "{dir}/trace.csv", "--interval", "1e-9"),
+        (
+            "simulate",
+            "--trace",
+            "{dir}/trace.csv",
+            "-o",
+            "{dir}/s.json",
+            "--report",
+            "{dir}/trace.csv",
+        ),
+        ("agent", "--coordinator", "127.0.0.1:1", "--token", "t", "--notices", "bogus"),
+    ],
+)
 def test_named_hostile_cases(argv):
     _judge(Case(" ".join(argv), argv, files=(("trace.csv", valid_trace()),)))
 
 
 # -- the pieces, in process -------------------------------------------------------------------
+
 
 def test_number_checkers_refuse_non_finite_and_out_of_range_and_keep_the_bounds():
     import typer
@@ -142,8 +184,10 @@ def test_plan_refuses_an_infeasible_current_and_says_when_its_decision_cannot_ru
 
     from liveput.cli.main import main
 
-    assert main(["plan", "--nodes", "8", "--current", "1x1", "--forecast", "8,8",
-                 "--horizon", "3"]) == 2
+    assert (
+        main(["plan", "--nodes", "8", "--current", "1x1", "--forecast", "8,8", "--horizon", "3"])
+        == 2
+    )
     assert "--current 1x1 cannot run gpt-1.5b: out of memory" in capsys.readouterr().err
     forecast = ",".join(["16"] * 11)
     assert main(["plan", "--nodes", "4", "--forecast", forecast, "--json"]) == 0
@@ -157,8 +201,8 @@ def test_models_lists_every_built_in_name_and_each_loads_where_the_list_says(cap
     import json
 
     from liveput.cli.main import main
-    from liveput.perf import load_profile
     from liveput.models.jobs import resolve_job
+    from liveput.perf import load_profile
 
     assert main(["models", "--json"]) == 0
     kinds = json.loads(capsys.readouterr().out)

@@ -18,21 +18,43 @@ from liveput.cli.main import main
 LIVEPUT = Path(sys.executable).with_name("liveput")
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--provider", "aws", "--region", "us-moon-1", "--instance-types", "c5.xlarge",
-      "--spot-max", "2"], "unknown AWS region 'us-moon-1'; known: "),
-    (["--provider", "emulated", "--instance-types", "c5.xlarge,q9.big", "--spot-max", "2"],
-     "unknown instance type 'q9.big' in catalog"),
-    (["--provider", "gcp", "--spot-max", "1"], "unknown provider 'gcp'; known: aws, emulated"),
-    (["--provider", "aws", "--spot-max", "1"], "--provider aws needs --instance-types"),
-    (["--spot-max", "1"], "--spot-max, --on-demand-max and --instance-types need --provider"),
-    (["--provider", "emulated"], "--provider emulated: give --spot-max and/or --on-demand-max"),
-    (["--provider", "emulated", "--spot-max", "6", "--on-demand-max", "3"],
-     "--spot-max 6 + --on-demand-max 3 exceed --capacity 8"),
-])
-def test_bad_provider_input_is_one_line(argv: list[str], message: str, tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            [
+                "--provider",
+                "aws",
+                "--region",
+                "us-moon-1",
+                "--instance-types",
+                "c5.xlarge",
+                "--spot-max",
+                "2",
+            ],
+            "unknown AWS region 'us-moon-1'; known: ",
+        ),
+        (
+            ["--provider", "emulated", "--instance-types", "c5.xlarge,q9.big", "--spot-max", "2"],
+            "unknown instance type 'q9.big' in catalog",
+        ),
+        (["--provider", "gcp", "--spot-max", "1"], "unknown provider 'gcp'; known: aws, emulated"),
+        (["--provider", "aws", "--spot-max", "1"], "--provider aws needs --instance-types"),
+        (["--spot-max", "1"], "--spot-max, --on-demand-max and --instance-types need --provider"),
+        (["--provider", "emulated"], "--provider emulated: give --spot-max and/or --on-demand-max"),
+        (
+            ["--provider", "emulated", "--spot-max", "6", "--on-demand-max", "3"],
+            "--spot-max 6 + --on-demand-max 3 exceed --capacity 8",
+        ),
+    ],
+)
+def test_bad_provider_input_is_one_line(
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["coordinator", "--token", "t", "--etcd-dir", str(tmp_path / "etcd"), *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -49,15 +71,43 @@ def test_the_emulated_provider_rents_the_agents_of_a_job(tmp_path: Path) -> None
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     done = subprocess.run(
-        [str(LIVEPUT), "coordinator", "--embedded", "--listen", f"127.0.0.1:{port}",
-         "--provider", "emulated", "--spot-max", "2", "--trace", str(trace),
-         "--model", "tiny-gpt-small", "--steps", "4", "--workers", "2", "--interval", "1",
-         "--checkpoint-dir", str(tmp_path / "ckpt"), "--etcd-dir", str(tmp_path / "etcd")],
-        cwd=tmp_path, env={**os.environ, "LIVEPUT_TOKEN": "cli-token",
-                           # the liveput under test, whatever the working directory
-                           "PYTHONPATH": str(Path(liveput.__file__).parents[1])},
+        [
+            str(LIVEPUT),
+            "coordinator",
+            "--embedded",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--provider",
+            "emulated",
+            "--spot-max",
+            "2",
+            "--trace",
+            str(trace),
+            "--model",
+            "tiny-gpt-small",
+            "--steps",
+            "4",
+            "--workers",
+            "2",
+            "--interval",
+            "1",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--etcd-dir",
+            str(tmp_path / "etcd"),
+        ],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "LIVEPUT_TOKEN": "cli-token",
+            # the liveput under test, whatever the working directory
+            "PYTHONPATH": str(Path(liveput.__file__).parents[1]),
+        },
         capture_output=True,
-        text=True, timeout=150, stdin=subprocess.DEVNULL)
+        text=True,
+        timeout=150,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "released 2 instance(s); spent $" in done.stderr and "job done" in done.stderr
     logs = sorted(p.name for p in (tmp_path / "liveput-provider" / "logs").iterdir())
@@ -66,7 +116,8 @@ def test_the_emulated_provider_rents_the_agents_of_a_job(tmp_path: Path) -> None
 
 @pytest.mark.process
 def test_a_deadline_job_from_the_cli_holds_spot_and_rents_no_on_demand_it_does_not_need(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """`liveput coordinator --deadline-hours`: a few steps, a whole hour, spot all along: the
     deadline policy keeps the two spot instances and starts no on-demand one."""
     trace = tmp_path / "two.json"
@@ -75,14 +126,46 @@ def test_a_deadline_job_from_the_cli_holds_spot_and_rents_no_on_demand_it_does_n
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     done = subprocess.run(
-        [str(LIVEPUT), "coordinator", "--embedded", "--listen", f"127.0.0.1:{port}",
-         "--provider", "emulated", "--spot-max", "2", "--on-demand-max", "2",
-         "--trace", str(trace), "--deadline-hours", "1", "--model", "tiny-gpt-small",
-         "--steps", "4", "--workers", "2", "--interval", "1",
-         "--checkpoint-dir", str(tmp_path / "ckpt"), "--etcd-dir", str(tmp_path / "etcd")],
-        cwd=tmp_path, env={**os.environ, "LIVEPUT_TOKEN": "cli-token",
-                           "PYTHONPATH": str(Path(liveput.__file__).parents[1])},
-        capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL)
+        [
+            str(LIVEPUT),
+            "coordinator",
+            "--embedded",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--provider",
+            "emulated",
+            "--spot-max",
+            "2",
+            "--on-demand-max",
+            "2",
+            "--trace",
+            str(trace),
+            "--deadline-hours",
+            "1",
+            "--model",
+            "tiny-gpt-small",
+            "--steps",
+            "4",
+            "--workers",
+            "2",
+            "--interval",
+            "1",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--etcd-dir",
+            str(tmp_path / "etcd"),
+        ],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "LIVEPUT_TOKEN": "cli-token",
+            "PYTHONPATH": str(Path(liveput.__file__).parents[1]),
+        },
+        capture_output=True,
+        text=True,
+        timeout=150,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "deadline met: done at" in done.stderr and "job done" in done.stderr, done.stderr
     assert "released 2 instance(s)" in done.stderr, done.stderr
@@ -90,12 +173,24 @@ def test_a_deadline_job_from_the_cli_holds_spot_and_rents_no_on_demand_it_does_n
     assert logs == ["e-0000.log", "e-0001.log"]  # spot only: no on-demand agent started
 
 
-def test_a_deadline_without_a_provider_is_one_line(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_deadline_without_a_provider_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
-    assert main(["coordinator", "--token", "t", "--etcd-dir", str(tmp_path / "etcd"),
-                 "--deadline-hours", "2"]) == 2
+    assert (
+        main(
+            [
+                "coordinator",
+                "--token",
+                "t",
+                "--etcd-dir",
+                str(tmp_path / "etcd"),
+                "--deadline-hours",
+                "2",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--deadline-hours needs --provider" in err, err
     assert not (tmp_path / "etcd").exists()

@@ -46,12 +46,26 @@ def moto(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return moto_server
 
 
-def provider_for(moto: str, clock: ManualClock, *, coordinator: str = "10.0.0.1:29400",
-                 use_fleet: bool = True, notices: str = "aws,sigterm") -> AwsProvider:
-    return AwsProvider(AwsConfig(
-        region="us-east-1", instance_types=("c5.xlarge", "m6i.xlarge"), job="test",
-        boot=AgentBoot(coordinator, TOKEN, notices=notices), endpoint_url=moto,
-        use_fleet=use_fleet, retry=FAST), clock)
+def provider_for(
+    moto: str,
+    clock: ManualClock,
+    *,
+    coordinator: str = "10.0.0.1:29400",
+    use_fleet: bool = True,
+    notices: str = "aws,sigterm",
+) -> AwsProvider:
+    return AwsProvider(
+        AwsConfig(
+            region="us-east-1",
+            instance_types=("c5.xlarge", "m6i.xlarge"),
+            job="test",
+            boot=AgentBoot(coordinator, TOKEN, notices=notices),
+            endpoint_url=moto,
+            use_fleet=use_fleet,
+            retry=FAST,
+        ),
+        clock,
+    )
 
 
 def described(provider: AwsProvider, ids: list[str]) -> dict[str, dict]:
@@ -74,20 +88,35 @@ def test_request_boot_join_train_release_and_bill(moto: str, tmp_path: Path) -> 
         ids = spot.instance_ids + on_demand.instance_ids
         in_moto = described(provider, ids)
         assert {i: in_moto[i].get("InstanceLifecycle") for i in ids} == {
-            **{i: "spot" for i in spot.instance_ids}, on_demand.instance_ids[0]: None}
+            **dict.fromkeys(spot.instance_ids, "spot"),
+            on_demand.instance_ids[0]: None,
+        }
         assert all({"Key": "liveput-job", "Value": "test"} in in_moto[i]["Tags"] for i in ids)
 
         runner.sync()  # moto runs them at once: one agent each, from the instance's user data
         assert set(runner.processes) == set(ids)
-        assert all(argv[1:4] == ["agent", "--store", hosted.url] for argv in runner.commands.values())
-        assert all(r.state is InstanceState.RUNNING and r.launch_s == 0.0
-                   for r in provider.instances())
+        assert all(
+            argv[1:4] == ["agent", "--store", hosted.url] for argv in runner.commands.values()
+        )
+        assert all(
+            r.state is InstanceState.RUNNING and r.launch_s == 0.0 for r in provider.instances()
+        )
 
         job = resolve_job(JOB)
-        coordinator = Coordinator(store, profile_job(job, repeats=1), CoordinatorConfig(
-            num_steps=12, num_micro_batches=job.num_micro_batches, capacity=3,
-            initial_workers=3, interval_s=1.0, tick_s=0.05, heartbeat_timeout_s=3.0,
-            start_grace_s=60.0))
+        coordinator = Coordinator(
+            store,
+            profile_job(job, repeats=1),
+            CoordinatorConfig(
+                num_steps=12,
+                num_micro_batches=job.num_micro_batches,
+                capacity=3,
+                initial_workers=3,
+                interval_s=1.0,
+                tick_s=0.05,
+                heartbeat_timeout_s=3.0,
+                start_grace_s=60.0,
+            ),
+        )
         deadline = time.monotonic() + 90
         joined: set[int] = set()
         released = spot.instance_ids[0]
@@ -116,18 +145,25 @@ def test_request_boot_join_train_release_and_bill(moto: str, tmp_path: Path) -> 
             assert process.wait(timeout=30) is not None
         states = {i: d["State"]["Name"] for i, d in described(provider, ids).items()}
         assert set(states.values()) <= {"shutting-down", "terminated"}, states
-        assert all(r.state is InstanceState.TERMINATED and not r.preempted
-                   for r in provider.instances())
+        assert all(
+            r.state is InstanceState.TERMINATED and not r.preempted for r in provider.instances()
+        )
         assert {r.instance_id: r.end_s for r in provider.instances()} == {
-            **{i: 3600.0 for i in rest}, released: 1800.0}
+            **dict.fromkeys(rest, 3600.0),
+            released: 1800.0,
+        }
 
         bill = provider.bill()
         hours = {released: 0.5}
-        spot_usd = sum(provider.prices(r.instance_type, [r.zone])[0].spot_usd_per_hour
-                       * hours.get(r.instance_id, 1.0) for r in spot.granted)
+        spot_usd = sum(
+            provider.prices(r.instance_type, [r.zone])[0].spot_usd_per_hour
+            * hours.get(r.instance_id, 1.0)
+            for r in spot.granted
+        )
         assert bill.usd_spot == pytest.approx(spot_usd, rel=1e-12)
         assert bill.usd_on_demand == pytest.approx(
-            load_catalog("aws").get("c5.xlarge").on_demand_usd_per_hour, rel=1e-12)
+            load_catalog("aws").get("c5.xlarge").on_demand_usd_per_hour, rel=1e-12
+        )
         assert bill.on_demand_hours == pytest.approx(1.0) and bill.spot_hours == pytest.approx(1.5)
     finally:
         runner.close()
@@ -144,8 +180,15 @@ def test_the_launch_template_boots_liveput_agent_with_the_coordinator_and_token(
     assert script == agent_user_data(AgentBoot("10.0.0.1:29400", TOKEN))
     assert "pip install --quiet liveput==" in script
     command = parse_agent_command(script)
-    assert command.argv[1:] == ["agent", "--coordinator", "10.0.0.1:29400", "--host",
-                                "${LIVEPUT_HOST}", "--notices", "aws,sigterm"]
+    assert command.argv[1:] == [
+        "agent",
+        "--coordinator",
+        "10.0.0.1:29400",
+        "--host",
+        "${LIVEPUT_HOST}",
+        "--notices",
+        "aws,sigterm",
+    ]
     assert command.env == {"LIVEPUT_TOKEN": TOKEN}
     assert "meta-data/instance-life-cycle" in script and "export LIVEPUT_MARKET" in script
     assert data["ImageId"].startswith("ami-")  # the SSM default image
@@ -161,8 +204,12 @@ def test_run_instances_path(moto: str, market: str) -> None:
     assert len(result.granted) == 2
     in_moto = described(provider, result.instance_ids)
     lifecycle = "spot" if market == "spot" else None
-    assert all(i.get("InstanceLifecycle") == lifecycle and i["InstanceType"] == "m6i.xlarge"
-               and i["Placement"]["AvailabilityZone"] == "us-east-1b" for i in in_moto.values())
+    assert all(
+        i.get("InstanceLifecycle") == lifecycle
+        and i["InstanceType"] == "m6i.xlarge"
+        and i["Placement"]["AvailabilityZone"] == "us-east-1b"
+        for i in in_moto.values()
+    )
 
 
 def test_an_instance_gone_without_a_release_counts_as_preempted(moto: str) -> None:
@@ -178,26 +225,47 @@ def test_an_instance_gone_without_a_release_counts_as_preempted(moto: str) -> No
 
 def test_an_unreachable_endpoint_is_retried_with_backoff_then_one_line(moto: str) -> None:
     clock = ManualClock(0.0)
-    provider = AwsProvider(AwsConfig(
-        region="us-east-1", instance_types=("c5.xlarge",), boot=AgentBoot("h:1", TOKEN),
-        endpoint_url="http://127.0.0.1:9", subnets={"us-east-1a": "subnet-1"},
-        image_id="ami-12345678",
-        retry=RetryPolicy(max_attempts=3, base_delay_s=2.0)), clock)
-    with pytest.raises(LiveputError, match=r"^aws: launch template failed after 3 attempt\(s\): "
-                                           r"EndpointConnectionError: "):
+    provider = AwsProvider(
+        AwsConfig(
+            region="us-east-1",
+            instance_types=("c5.xlarge",),
+            boot=AgentBoot("h:1", TOKEN),
+            endpoint_url="http://127.0.0.1:9",
+            subnets={"us-east-1a": "subnet-1"},
+            image_id="ami-12345678",
+            retry=RetryPolicy(max_attempts=3, base_delay_s=2.0),
+        ),
+        clock,
+    )
+    with pytest.raises(
+        LiveputError,
+        match=r"^aws: launch template failed after 3 attempt\(s\): "
+        r"EndpointConnectionError: ",
+    ):
         provider.request(1, "c5.xlarge", "spot")
     assert clock.now_s() == 2.0 + 4.0
     assert [e.kind for e in provider.events].count(ProviderEventKind.RETRY) == 2
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"region": "us-moon-1"}, "unknown AWS region 'us-moon-1'; known: "),
-    ({"instance_types": ("c5.xlarge", "z9.huge")}, "unknown instance type 'z9.huge' in catalog"),
-    ({"instance_types": ()}, "aws: give at least one instance type"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"region": "us-moon-1"}, "unknown AWS region 'us-moon-1'; known: "),
+        (
+            {"instance_types": ("c5.xlarge", "z9.huge")},
+            "unknown instance type 'z9.huge' in catalog",
+        ),
+        ({"instance_types": ()}, "aws: give at least one instance type"),
+    ],
+)
 def test_bad_configuration_is_one_line(moto: str, change: dict, message: str) -> None:
-    settings = {"region": "us-east-1", "instance_types": ("c5.xlarge",),
-                "boot": AgentBoot("h:1", TOKEN), "endpoint_url": moto, **change}
+    settings = {
+        "region": "us-east-1",
+        "instance_types": ("c5.xlarge",),
+        "boot": AgentBoot("h:1", TOKEN),
+        "endpoint_url": moto,
+        **change,
+    }
     with pytest.raises(LiveputError, match=message) as raised:
         AwsProvider(AwsConfig(**settings), ManualClock())
     assert "\n" not in str(raised.value)
@@ -212,7 +280,8 @@ def test_no_credentials_is_one_line(moto: str, monkeypatch: pytest.MonkeyPatch) 
 
 def test_zones_are_the_default_subnets_and_unknown_zones_are_refused(moto: str) -> None:
     provider = provider_for(moto, ManualClock())
-    assert "us-east-1a" in provider.zones and all(s.startswith("subnet-")
-                                                  for s in provider.subnets.values())
+    assert "us-east-1a" in provider.zones and all(
+        s.startswith("subnet-") for s in provider.subnets.values()
+    )
     with pytest.raises(LiveputError, match="aws: unknown zone.s. us-east-9z"):
         provider.request(1, "c5.xlarge", "spot", ["us-east-9z"])

@@ -12,9 +12,11 @@ from liveput.runtime.clock import ManualClock
 
 def test_throttling_and_capacity_errors_are_retried_with_exponential_backoff() -> None:
     clock = ManualClock(0.0)
-    provider = FakeProvider(clock, RetryPolicy(max_attempts=5, base_delay_s=1.0, multiplier=2.0,
-                                               max_delay_s=30.0),
-                            grants=[throttled(), 2, throttled(), 3])
+    provider = FakeProvider(
+        clock,
+        RetryPolicy(max_attempts=5, base_delay_s=1.0, multiplier=2.0, max_delay_s=30.0),
+        grants=[throttled(), 2, throttled(), 3],
+    )
     result = provider.request(5, "small", "spot")
     assert (len(result.granted), result.failed, provider.tries) == (5, 0, 4)
     assert clock.now_s() == 1.0 + 2.0 + 4.0  # waits after tries 1, 2, 3
@@ -26,8 +28,11 @@ def test_throttling_and_capacity_errors_are_retried_with_exponential_backoff() -
 
 def test_what_is_still_missing_after_the_last_try_is_one_failure_counted_exactly() -> None:
     clock = ManualClock(0.0)
-    provider = FakeProvider(clock, RetryPolicy(max_attempts=3, base_delay_s=2.0, max_delay_s=3.0),
-                            grants=[1, throttled(), 2])
+    provider = FakeProvider(
+        clock,
+        RetryPolicy(max_attempts=3, base_delay_s=2.0, max_delay_s=3.0),
+        grants=[1, throttled(), 2],
+    )
     result = provider.request(7, ["large", "small"], Market.ON_DEMAND)
     assert [r.instance_type for r in result.granted] == ["large"] * 3
     (failure,) = result.failures
@@ -35,15 +40,21 @@ def test_what_is_still_missing_after_the_last_try_is_one_failure_counted_exactly
     assert len(result.granted) + result.failed == 7
     assert clock.now_s() == 2.0 + 3.0  # the second wait is capped at max_delay_s
     assert provider.events[-1].kind is ProviderEventKind.FAIL
-    with pytest.raises(LiveputError, match=r"^3 of 7 on-demand instance\(s\) granted; 4 failed: "
-                                           r"InsufficientInstanceCapacity: .* \(after 3 attempt"):
+    with pytest.raises(
+        LiveputError,
+        match=r"^3 of 7 on-demand instance\(s\) granted; 4 failed: "
+        r"InsufficientInstanceCapacity: .* \(after 3 attempt",
+    ):
         result.check()
 
 
 def test_an_error_not_worth_retrying_fails_at_once() -> None:
     clock = ManualClock(0.0)
-    quota = ProviderError("VcpuLimitExceeded", "You have requested more vCPU capacity than "
-                          "your current vCPU limit of 32 allows.", retryable=False)
+    quota = ProviderError(
+        "VcpuLimitExceeded",
+        "You have requested more vCPU capacity than your current vCPU limit of 32 allows.",
+        retryable=False,
+    )
     provider = FakeProvider(clock, grants=[quota])
     result = provider.request(2, "small", "spot")
     assert (result.granted, result.failed, provider.tries, clock.now_s()) == ((), 2, 1, 0.0)
@@ -51,10 +62,16 @@ def test_an_error_not_worth_retrying_fails_at_once() -> None:
 
 def test_other_calls_retry_then_fail_in_one_line() -> None:
     clock = ManualClock(0.0)
-    provider = FakeProvider(clock, RetryPolicy(max_attempts=2, base_delay_s=0.5),
-                            calls=[throttled(), throttled(), throttled()])
-    with pytest.raises(LiveputError, match=r"^fake: list instances failed after 2 attempt\(s\): "
-                                           r"RequestLimitExceeded: Request limit exceeded\.$"):
+    provider = FakeProvider(
+        clock,
+        RetryPolicy(max_attempts=2, base_delay_s=0.5),
+        calls=[throttled(), throttled(), throttled()],
+    )
+    with pytest.raises(
+        LiveputError,
+        match=r"^fake: list instances failed after 2 attempt\(s\): "
+        r"RequestLimitExceeded: Request limit exceeded\.$",
+    ):
         provider.instances()
     assert clock.now_s() == 0.5
     quotes = provider.prices("small", ["fake-1b"])  # the third throttle, then an answer
@@ -68,7 +85,9 @@ def test_release_and_bill_through_the_contract() -> None:
     od = provider.request(1, "small", "on-demand")
     clock.advance(1800.0)
     assert provider.release([spot.instance_ids[0], od.instance_ids[0]]) == [
-        spot.instance_ids[0], od.instance_ids[0]]
+        spot.instance_ids[0],
+        od.instance_ids[0],
+    ]
     clock.advance(1800.0)
     bill = provider.bill()
     assert bill.usd_spot == pytest.approx(1.0 * 0.5 + 1.0 * 1.0)
@@ -81,8 +100,9 @@ def test_a_result_that_does_not_add_up_is_refused() -> None:
         RequestResult(2, Market.SPOT, ())
 
 
-@pytest.mark.parametrize("kwargs", [{"max_attempts": 0}, {"multiplier": 0.5},
-                                    {"base_delay_s": -1.0}, {"jitter": 1.0}])
+@pytest.mark.parametrize(
+    "kwargs", [{"max_attempts": 0}, {"multiplier": 0.5}, {"base_delay_s": -1.0}, {"jitter": 1.0}]
+)
 def test_bad_retry_policies_are_one_line_errors(kwargs: dict) -> None:
     with pytest.raises(LiveputError, match="^retry: "):
         RetryPolicy(**kwargs)
@@ -117,8 +137,15 @@ def test_user_data_round_trip_and_bad_tokens() -> None:
     assert script.startswith("#!/bin/bash\n") and "pip install --quiet liveput==9.9" in script
     command = parse_agent_command(script)
     assert command.resolved(["liveput"], "10.0.0.7") == [
-        "liveput", "agent", "--store", "etcd://10.0.0.1:2379", "--host", "10.0.0.7",
-        "--notices", "aws"]
+        "liveput",
+        "agent",
+        "--store",
+        "etcd://10.0.0.1:2379",
+        "--host",
+        "10.0.0.7",
+        "--notices",
+        "aws",
+    ]
     assert command.env == {"LIVEPUT_TOKEN": "abc123"}
     with pytest.raises(LiveputError, match="the job token must be non-empty, without spaces"):
         AgentBoot("h:1", "a'b")

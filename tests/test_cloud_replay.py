@@ -24,20 +24,40 @@ from liveput.runtime.store import MemoryStore, Store
 from liveput.traces import IntervalTrace, Trace
 
 SLEEPER = command_launcher(["sleep", "120"])
-LAUNCH, NOTICE, KILL, EXIT = (ProviderEventKind.LAUNCH, ProviderEventKind.NOTICE,
-                              ProviderEventKind.PREEMPT, ProviderEventKind.EXIT)
+LAUNCH, NOTICE, KILL, EXIT = (
+    ProviderEventKind.LAUNCH,
+    ProviderEventKind.NOTICE,
+    ProviderEventKind.PREEMPT,
+    ProviderEventKind.EXIT,
+)
 
 
-def replaying(trace: Trace | IntervalTrace, launcher: Launcher, clock: Clock, notice_dir: Path, *,
-                  time_scale: float = 30.0, notice_lead_s: float = AWS_NOTICE_LEAD_S, seed: int = 0,
-                  notice_signal: int | None = signal.SIGUSR1, store: Store | None = None,
-                  on_event=None) -> EmulatedProvider:  # type: ignore[no-untyped-def]
+def replaying(
+    trace: Trace | IntervalTrace,
+    launcher: Launcher,
+    clock: Clock,
+    notice_dir: Path,
+    *,
+    time_scale: float = 30.0,
+    notice_lead_s: float = AWS_NOTICE_LEAD_S,
+    seed: int = 0,
+    notice_signal: int | None = signal.SIGUSR1,
+    store: Store | None = None,
+    on_event=None,
+) -> EmulatedProvider:  # type: ignore[no-untyped-def]
     """The emulated provider replaying ``trace`` as the job's instances (``liveput train``'s)."""
     return EmulatedProvider(
-        trace, clock, EmulatedProviderConfig(time_scale=time_scale, notice_lead_s=notice_lead_s,
-                                             seed=seed, spot=SpotModel.REPLAY),
-        launcher=launcher, notice_dir=notice_dir, notice_signal=notice_signal, store=store,
-        on_event=on_event)
+        trace,
+        clock,
+        EmulatedProviderConfig(
+            time_scale=time_scale, notice_lead_s=notice_lead_s, seed=seed, spot=SpotModel.REPLAY
+        ),
+        launcher=launcher,
+        notice_dir=notice_dir,
+        notice_signal=notice_signal,
+        store=store,
+        on_event=on_event,
+    )
 
 
 def make_trace(initial: int, changes: list[tuple[float, int, int]], end_s: float) -> Trace:
@@ -70,17 +90,30 @@ def clouds(process_tier: None) -> Iterator[list[EmulatedProvider]]:
         cloud.close()
 
 
-def test_notice_lead_then_kill_then_launch_on_manual_clock(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
+def test_notice_lead_then_kill_then_launch_on_manual_clock(
+    tmp_path: Path, clouds: list[EmulatedProvider]
+) -> None:
     clock = ManualClock(1000.0)
     store = MemoryStore()
     trace = make_trace(2, [(300.0, 0, 1), (600.0, 1, 0)], end_s=900.0)
     cloud = replaying(
-        trace, SLEEPER, clock, tmp_path, time_scale=30, notice_lead_s=120, seed=3, notice_signal=None, store=store
+        trace,
+        SLEEPER,
+        clock,
+        tmp_path,
+        time_scale=30,
+        notice_lead_s=120,
+        seed=3,
+        notice_signal=None,
+        store=store,
     )
     clouds.append(cloud)
     cloud.start()
     launched = cloud.events
-    assert [(e.kind, e.initial, e.instance_id) for e in launched] == [(LAUNCH, True, "i-0000"), (LAUNCH, True, "i-0001")]
+    assert [(e.kind, e.initial, e.instance_id) for e in launched] == [
+        (LAUNCH, True, "i-0000"),
+        (LAUNCH, True, "i-0001"),
+    ]
     pids = cloud.pids()
     assert all(alive(pid) for pid in pids.values())
 
@@ -91,8 +124,12 @@ def test_notice_lead_then_kill_then_launch_on_manual_clock(tmp_path: Path, cloud
     assert notice.kind is NOTICE and notice.time_s == pytest.approx(180.0)
     assert notice.lead_s == pytest.approx(4.0)  # 120 trace s at x30
     victim = notice.instance_id
-    assert read_notice_file(tmp_path / f"{victim}.notice.json") == Notice("emulator", "terminate", 4.0, victim)
-    assert Notice.from_json(store.get(f"notices/{victim}").decode(), "store") == Notice("emulator", "terminate", 4.0, victim)
+    assert read_notice_file(tmp_path / f"{victim}.notice.json") == Notice(
+        "emulator", "terminate", 4.0, victim
+    )
+    assert Notice.from_json(store.get(f"notices/{victim}").decode(), "store") == Notice(
+        "emulator", "terminate", 4.0, victim
+    )
     assert alive(pids[victim]), "a notice must come before the kill, not with it"
 
     clock.set(1009.99)
@@ -123,7 +160,16 @@ def test_victims_are_seeded(tmp_path: Path, clouds: list[EmulatedProvider]) -> N
 
     def victims(seed: int) -> list[str]:
         clock = ManualClock()
-        cloud = replaying(trace, SLEEPER, clock, tmp_path, time_scale=100, notice_lead_s=0, seed=seed, notice_signal=None)
+        cloud = replaying(
+            trace,
+            SLEEPER,
+            clock,
+            tmp_path,
+            time_scale=100,
+            notice_lead_s=0,
+            seed=seed,
+            notice_signal=None,
+        )
         clouds.append(cloud)
         cloud.start()
         clock.advance(3.0)
@@ -137,7 +183,9 @@ def test_victims_are_seeded(tmp_path: Path, clouds: list[EmulatedProvider]) -> N
     assert victims(8) != first
 
 
-def test_interval_trace_spreads_changes_inside_intervals(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
+def test_interval_trace_spreads_changes_inside_intervals(
+    tmp_path: Path, clouds: list[EmulatedProvider]
+) -> None:
     trace = IntervalTrace(
         name="intervals",
         interval_s=60.0,
@@ -146,23 +194,36 @@ def test_interval_trace_spreads_changes_inside_intervals(tmp_path: Path, clouds:
         allocated=np.array([0, 2, 0]),
     )
     clock = ManualClock()
-    cloud = replaying(trace, SLEEPER, clock, tmp_path, time_scale=60, notice_lead_s=10, notice_signal=None)
+    cloud = replaying(
+        trace, SLEEPER, clock, tmp_path, time_scale=60, notice_lead_s=10, notice_signal=None
+    )
     clouds.append(cloud)
     cloud.start()
     assert cloud.next_action_s() == pytest.approx(10.0)  # removal at 20 s, noticed 10 s before
     clock.advance(3.0)  # the whole trace (180 trace s)
     events = cloud.step()
     timeline = [(e.kind, round(e.time_s, 6)) for e in events]
-    assert timeline == [(NOTICE, 10.0), (KILL, 20.0), (NOTICE, 30.0), (KILL, 40.0), (LAUNCH, 80.0), (LAUNCH, 100.0)]
+    assert timeline == [
+        (NOTICE, 10.0),
+        (KILL, 20.0),
+        (NOTICE, 30.0),
+        (KILL, 40.0),
+        (LAUNCH, 80.0),
+        (LAUNCH, 100.0),
+    ]
     assert len(cloud.pids()) == 3 and cloud.done
 
 
-def test_notice_waits_for_an_instance_when_none_is_there(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
+def test_notice_waits_for_an_instance_when_none_is_there(
+    tmp_path: Path, clouds: list[EmulatedProvider]
+) -> None:
     # Empty at first; one instance arrives at 100 s and the trace removes it at 150 s: the notice
     # (due at 30 s) goes to it when it arrives, with the lead that is left.
     trace = make_trace(0, [(100.0, 1, 0), (150.0, 0, 1)], end_s=200.0)
     clock = ManualClock()
-    cloud = replaying(trace, SLEEPER, clock, tmp_path, time_scale=10, notice_lead_s=120, notice_signal=None)
+    cloud = replaying(
+        trace, SLEEPER, clock, tmp_path, time_scale=10, notice_lead_s=120, notice_signal=None
+    )
     clouds.append(cloud)
     cloud.start()
     clock.set(10.0)
@@ -179,7 +240,9 @@ def test_processes_that_exit_by_themselves_are_recorded_and_not_preempted(
     launcher = command_launcher([sys.executable, "-c", "import sys; sys.exit(3)"])
     trace = make_trace(2, [(100.0, 0, 1), (150.0, 1, 0)], end_s=200.0)
     clock = ManualClock()
-    cloud = replaying(trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=0, notice_signal=None)
+    cloud = replaying(
+        trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=0, notice_signal=None
+    )
     clouds.append(cloud)
     cloud.start()
     deadline = time.monotonic() + 20
@@ -213,11 +276,15 @@ AGENT = textwrap.dedent(
 )
 
 
-def test_real_agents_get_the_signalled_notice_before_sigkill(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
+def test_real_agents_get_the_signalled_notice_before_sigkill(
+    tmp_path: Path, clouds: list[EmulatedProvider]
+) -> None:
     launcher = command_launcher([sys.executable, "-c", AGENT, str(tmp_path)], log_dir=tmp_path)
     trace = make_trace(2, [(60.0, 0, 1)], end_s=120.0)
     clock = ManualClock()
-    cloud = replaying(trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=GCP_NOTICE_LEAD_S, seed=1)
+    cloud = replaying(
+        trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=GCP_NOTICE_LEAD_S, seed=1
+    )
     clouds.append(cloud)
     cloud.start()
 
@@ -231,7 +298,9 @@ def test_real_agents_get_the_signalled_notice_before_sigkill(tmp_path: Path, clo
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             time.sleep(0.02)
 
-    wait_until(lambda: all(output(i).startswith("ready") for i in ("i-0000", "i-0001")), "agents to start")
+    wait_until(
+        lambda: all(output(i).startswith("ready") for i in ("i-0000", "i-0001")), "agents to start"
+    )
     pids = cloud.pids()
     clock.set(3.0)  # notice at trace 30 s
     (notice,) = cloud.step()
@@ -266,7 +335,9 @@ def test_background_replay_in_real_time(tmp_path: Path, clouds: list[EmulatedPro
     assert seen == [LAUNCH, NOTICE, KILL, LAUNCH, LAUNCH]
     notice, kill = cloud.events[1], cloud.events[2]
     assert notice.lead_s is not None and 0 < notice.lead_s <= 0.05 + 1e-9  # 30 s at x600
-    assert kill.clock_s - notice.clock_s >= notice.lead_s - 1e-6  # never killed before the lead is up
+    assert (
+        kill.clock_s - notice.clock_s >= notice.lead_s - 1e-6
+    )  # never killed before the lead is up
     pids = list(cloud.pids().values())
     assert len(pids) == 2
     cloud.close()
@@ -280,10 +351,17 @@ def test_launcher_fills_template_and_environment(tmp_path: Path) -> None:
         log_dir=tmp_path,
     )  # fmt: skip
     spec = LaunchSpec("i-0042", tmp_path / "n.json")
-    assert spec.env == {INSTANCE_ID_ENV: "i-0042", NOTICE_FILE_ENV: str(tmp_path / "n.json"),
-                        MARKET_ENV: "spot"}
+    assert spec.env == {
+        INSTANCE_ID_ENV: "i-0042",
+        NOTICE_FILE_ENV: str(tmp_path / "n.json"),
+        MARKET_ENV: "spot",
+    }
     assert launcher(spec).wait(timeout=30) == 0
-    assert (tmp_path / "i-0042.log").read_text().split() == [f"i-0042:{tmp_path / 'n.json'}", "i-0042", str(tmp_path / "n.json")]
+    assert (tmp_path / "i-0042.log").read_text().split() == [
+        f"i-0042:{tmp_path / 'n.json'}",
+        "i-0042",
+        str(tmp_path / "n.json"),
+    ]
     with pytest.raises(LiveputError, match="bad placeholder"):
         command_launcher(["agent", "{nope}"])(spec)
     with pytest.raises(LiveputError, match="empty"):
@@ -311,7 +389,9 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
 @pytest.mark.process
 def test_launch_failure_names_the_instance(tmp_path: Path) -> None:
     trace = make_trace(1, [], end_s=10.0)
-    cloud = replaying(trace, command_launcher([str(tmp_path / "no-such-agent")]), ManualClock(), tmp_path)
+    cloud = replaying(
+        trace, command_launcher([str(tmp_path / "no-such-agent")]), ManualClock(), tmp_path
+    )
     with pytest.raises(LiveputError, match="could not launch i-0000"):
         cloud.start()
 
@@ -338,7 +418,11 @@ def test_a_victim_that_dies_on_its_notice_still_counts_as_preempted(
     assert cloud.step() == [] and set(cloud.pids()) == {"i-0000"}
     clock.set(6.0)
     (kill,) = cloud.step()
-    assert (kill.kind, kill.time_s, kill.detail) == (KILL, 60.0, f"i-0000 (its agent had exited, code {-signal.SIGTERM})")
+    assert (kill.kind, kill.time_s, kill.detail) == (
+        KILL,
+        60.0,
+        f"i-0000 (its agent had exited, code {-signal.SIGTERM})",
+    )
     assert cloud.preemptions == 1 and not [e for e in cloud.events if e.kind is EXIT]
 
 
@@ -348,9 +432,17 @@ def test_a_replay_grants_spot_only_from_its_trace_and_rents_on_demand_after_the_
     bill at the catalog's price like any emulated instance."""
     clock = ManualClock()
     trace = make_trace(1, [(60.0, 1, 0)], end_s=120.0)
-    provider = EmulatedProvider(trace, clock, EmulatedProviderConfig(
-        instance_types=("c5.xlarge",), time_scale=1.0, notice_lead_s=0, spot=SpotModel.REPLAY,
-        on_demand_delay_s=(10.0, 10.0)))
+    provider = EmulatedProvider(
+        trace,
+        clock,
+        EmulatedProviderConfig(
+            instance_types=("c5.xlarge",),
+            time_scale=1.0,
+            notice_lead_s=0,
+            spot=SpotModel.REPLAY,
+            on_demand_delay_s=(10.0, 10.0),
+        ),
+    )
     provider.start()
     refused = provider.request(1, "c5.xlarge", "spot")
     assert refused.granted == () and refused.failures[0].code == "InsufficientInstanceCapacity"
@@ -358,7 +450,9 @@ def test_a_replay_grants_spot_only_from_its_trace_and_rents_on_demand_after_the_
     (od,) = provider.request(1, "c5.xlarge", "on-demand").granted
     clock.set(9.0)
     provider.step()
-    assert [r.state.value for r in provider.instances() if r.instance_id == od.instance_id] == ["pending"]
+    assert [r.state.value for r in provider.instances() if r.instance_id == od.instance_id] == [
+        "pending"
+    ]
     clock.set(10.0)
     provider.step()
     clock.set(60.0)

@@ -50,7 +50,10 @@ def test_trace_is_immutable() -> None:
     "kwargs, message",
     [
         (dict(initial_count=1, times_s=[10], added=[0], removed=[2], end_s=20), "negative"),
-        (dict(initial_count=1, times_s=[10, 5], added=[1, 1], removed=[0, 0], end_s=20), "increasing"),
+        (
+            dict(initial_count=1, times_s=[10, 5], added=[1, 1], removed=[0, 0], end_s=20),
+            "increasing",
+        ),
         (dict(initial_count=1, times_s=[10], added=[1], removed=[0], end_s=5), "before its last"),
     ],
 )

@@ -41,8 +41,9 @@ def flat_trace(count: int, intervals: int) -> IntervalTrace:
 def job_for(trace: IntervalTrace, factor: float, hours: float = 1.5) -> JobObjective:
     """Work the trace's peak on-demand cluster trains in ``hours``, due at ``factor`` times the
     all-on-demand time."""
-    context = make_deadline_context(trace, GPT, JobObjective(1e6, target_samples=1.0), FAST,
-                                    check=False)
+    context = make_deadline_context(
+        trace, GPT, JobObjective(1e6, target_samples=1.0), FAST, check=False
+    )
     lookup = ConfigurationLookup(context.policy)
     samples = lookup.throughput(lookup.best_for(context.on_demand_max)) * hours * 3600
     base = all_on_demand_hours(trace, GPT, JobObjective(1.0, target_samples=samples), FAST)
@@ -69,7 +70,8 @@ def test_the_deadline_program_matches_brute_force_on_small_random_cases() -> Non
         schedule = solve_deadline(gains, costs, work)
         expected = _brute_force(gains, costs, work)
         assert schedule.cost == pytest.approx(expected) or (
-            math.isinf(expected) and math.isinf(schedule.cost))
+            math.isinf(expected) and math.isinf(schedule.cost)
+        )
         if math.isfinite(expected):
             path = schedule.path()
             assert sum(gains[k, c] for k, c in enumerate(path)) >= work
@@ -116,8 +118,9 @@ def test_spot_only_on_a_flat_trace_matches_hand_computation() -> None:
     finish_s = restart_s(context.policy, best) + 200_000.0 / lookup.throughput(best)
     assert run.finished_hours == pytest.approx(finish_s / 3600)
     # Only the instances the configuration uses are held (the spares are released).
-    assert run.usd_spot == pytest.approx(best.num_instances * finish_s / 3600
-                                         * context.policy.spot_price_usd_per_hour)
+    assert run.usd_spot == pytest.approx(
+        best.num_instances * finish_s / 3600 * context.policy.spot_price_usd_per_hour
+    )
     assert run.usd_on_demand == 0.0 and run.deadline_met and run.samples == 200_000.0
 
 
@@ -130,7 +133,8 @@ def test_on_demand_billing_is_every_instance_second_from_grant_to_release() -> N
         seconds = sum(release - grant for grant, release in run.on_demand_ledger)
         assert run.on_demand_hours == pytest.approx(seconds / 3600)
         assert run.usd_on_demand == pytest.approx(
-            seconds / 3600 * context.policy.on_demand_price_usd_per_hour)
+            seconds / 3600 * context.policy.on_demand_price_usd_per_hour
+        )
         assert run.cost_usd == pytest.approx(run.usd_spot + run.usd_on_demand)
         assert np.all(np.diff(run.cumulative_cost_usd) >= -1e-9)
         assert all(release >= grant for grant, release in run.on_demand_ledger)
@@ -165,8 +169,9 @@ def test_liveput_meets_the_deadlines_of_seeded_traces_and_pays_less_than_on_dema
         trace = generate_trace(16, 6.0, seed=seed, regime=regime).resample(60.0)
         for factor in (1.2, 2.0):
             config = SimulationConfig(predictor="persistence", seed=seed)
-            result = simulate_deadline(trace, GPT, job_for(trace, factor),
-                                       ["liveput", "on-demand"], config)
+            result = simulate_deadline(
+                trace, GPT, job_for(trace, factor), ["liveput", "on-demand"], config
+            )
             liveput = result.runs["liveput"]
             assert liveput.deadline_met, (seed, factor, liveput.hours_late)
             assert liveput.cost_usd < result.runs["on-demand"].cost_usd
@@ -175,8 +180,9 @@ def test_liveput_meets_the_deadlines_of_seeded_traces_and_pays_less_than_on_dema
 def test_a_budget_per_hour_caps_the_on_demand_instances() -> None:
     trace = flat_trace(8, 300)
     # The deadline asks for about 14 on-demand instances; the budget allows 10.
-    job = JobObjective(deadline_hours=4.0, target_samples=400_000.0, on_demand_max=16,
-                       budget_usd_per_hour=31.0)
+    job = JobObjective(
+        deadline_hours=4.0, target_samples=400_000.0, on_demand_max=16, budget_usd_per_hour=31.0
+    )
     context = make_deadline_context(trace, GPT, job, FAST)
     run = simulate_deadline_policy(trace, GPT, "on-demand", context, FAST)
     # $31/h buys 10 on-demand instances at $3.06 (no spot held).
@@ -200,8 +206,9 @@ def test_the_deadline_is_refused_below_the_fastest_possible_finish() -> None:
     with pytest.raises(LiveputError, match="fastest possible finish"):
         make_deadline_context(trace, GPT, JobObjective(0.1, target_samples=1e7), FAST)
     with pytest.raises(LiveputError, match="below the cheapest instance"):
-        make_deadline_context(trace, GPT, JobObjective(5.0, target_samples=1e3,
-                                                       budget_usd_per_hour=0.1), FAST)
+        make_deadline_context(
+            trace, GPT, JobObjective(5.0, target_samples=1e3, budget_usd_per_hour=0.1), FAST
+        )
 
 
 # --- released spares in the interval simulator -----------------------------------------------
@@ -234,16 +241,39 @@ def short_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_cli_deadline_json_has_the_documented_fields(short_trace: Path, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_deadline_json_has_the_documented_fields(
+    short_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     report = tmp_path / "report"
-    assert main(["simulate", "--trace", str(short_trace), "--deadline-hours", "2",
-                 "--steps", "600", "--json", "--report", str(report)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(short_trace),
+                "--deadline-hours",
+                "2",
+                "--steps",
+                "600",
+                "--json",
+                "--report",
+                str(report),
+            ]
+        )
+        == 0
+    )
     document = json.loads(capsys.readouterr().out)
     assert list(document["policies"]) == list(DEADLINE_POLICY_NAMES)
     for entry in document["policies"].values():
-        assert {"deadline_met", "hours_late", "finished_hours", "usd", "usd_spot",
-                "usd_on_demand", "on_demand_hours"} <= set(entry)
+        assert {
+            "deadline_met",
+            "hours_late",
+            "finished_hours",
+            "usd",
+            "usd_spot",
+            "usd_on_demand",
+            "on_demand_hours",
+        } <= set(entry)
         assert entry["usd"] == pytest.approx(entry["usd_spot"] + entry["usd_on_demand"])
     assert document["target_samples"] == 600 * GPT.global_batch_size
     assert document["policies"]["on-demand"]["deadline_met"] is True
@@ -253,11 +283,27 @@ def test_cli_deadline_json_has_the_documented_fields(short_trace: Path, tmp_path
     assert (report / "deadline_cost.png").is_file() and (report / "mix.png").is_file()
 
 
-def test_cli_deadline_sweep_prints_the_paper_table(short_trace: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_deadline_sweep_prints_the_paper_table(
+    short_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "sweep.json"
-    assert main(["simulate", "--trace", str(short_trace), "--sweep", "--steps", "300",
-                 "--policies", "on-demand,spot-only", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(short_trace),
+                "--sweep",
+                "--steps",
+                "300",
+                "--policies",
+                "on-demand,spot-only",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 4 * 3 * 2  # deadlines x seeds x policies
     assert sorted({row["factor"] for row in rows}) == [1.1, 1.3, 1.5, 2.0]
@@ -265,20 +311,30 @@ def test_cli_deadline_sweep_prints_the_paper_table(short_trace: Path, tmp_path: 
     assert "all-on-demand time" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--deadline-hours", "0.01", "--steps", "1000"], "fastest possible finish"),
-    (["--deadline-hours", "5", "--steps", "100", "--budget-usd-per-hour", "0.5"],
-     "below the cheapest instance"),
-    (["--deadline-hours", "5", "--steps", "100", "--budget-usd", "0.5"],
-     "below one hour of the cheapest instance"),
-    (["--deadline-hours", "5", "--steps", "100", "--policies", "liveput,varuna"],
-     "unknown deadline policy 'varuna'"),
-    (["--deadline-hours", "5"], "needs its work"),
-    (["--steps", "100"], "needs --deadline-hours"),
-    (["--deadline-hours", "5", "--steps", "100", "--target-samples", "5"], "not both"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--deadline-hours", "0.01", "--steps", "1000"], "fastest possible finish"),
+        (
+            ["--deadline-hours", "5", "--steps", "100", "--budget-usd-per-hour", "0.5"],
+            "below the cheapest instance",
+        ),
+        (
+            ["--deadline-hours", "5", "--steps", "100", "--budget-usd", "0.5"],
+            "below one hour of the cheapest instance",
+        ),
+        (
+            ["--deadline-hours", "5", "--steps", "100", "--policies", "liveput,varuna"],
+            "unknown deadline policy 'varuna'",
+        ),
+        (["--deadline-hours", "5"], "needs its work"),
+        (["--steps", "100"], "needs --deadline-hours"),
+        (["--deadline-hours", "5", "--steps", "100", "--target-samples", "5"], "not both"),
+    ],
+)
 def test_cli_deadline_bad_input_is_one_line_and_exit_2(
-        args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["simulate", *args]) == 2
     error = capsys.readouterr().err.strip()
     assert message in error and "\n" not in error and "Traceback" not in error

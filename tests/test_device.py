@@ -13,8 +13,12 @@ import pytest
 import torch
 
 from liveput.errors import LiveputError
-from liveput.runtime.device import (check_device_request, idle_gpus_message, resolve_device,
-                                    unused_gpus)
+from liveput.runtime.device import (
+    check_device_request,
+    idle_gpus_message,
+    resolve_device,
+    unused_gpus,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,15 +44,22 @@ def test_auto_is_the_first_gpu_where_there_is_one_else_the_cpu(monkeypatch):
 
 def test_agents_sharing_a_machine_spread_over_its_gpus(monkeypatch):
     _gpus(monkeypatch, 2)
-    assert [resolve_device("cuda", "agent", instance) for instance in range(4)] == \
-        ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert [resolve_device("cuda", "agent", instance) for instance in range(4)] == [
+        "cuda:0",
+        "cuda:1",
+        "cuda:0",
+        "cuda:1",
+    ]
     assert resolve_device("cuda", "agent") == "cuda:0"  # an instance of its own: its first GPU
 
 
 def test_a_cuda_request_without_cuda_or_a_missing_gpu_is_one_line(monkeypatch):
     _no_cuda(monkeypatch)
-    with pytest.raises(LiveputError, match=r"^agent 7: --device cuda requested but this "
-                                           r"machine has no CUDA device"):
+    with pytest.raises(
+        LiveputError,
+        match=r"^agent 7: --device cuda requested but this "
+        r"machine has no CUDA device",
+    ):
         resolve_device("cuda", "agent 7")
     _gpus(monkeypatch, 1)
     with pytest.raises(LiveputError, match="--device cuda:2: this machine has 1 GPU"):
@@ -72,8 +83,9 @@ def test_idle_gpus_of_an_instance_type_are_named():
 def test_a_real_provider_refuses_idle_gpus_and_the_emulated_one_warns(monkeypatch, capsys):
     from liveput.cli.agent import _check_gpu_use
 
-    with pytest.raises(LiveputError, match="p4d.24xlarge has 8 A100 GPUs: liveput runs one "
-                                           "agent per instance"):
+    with pytest.raises(
+        LiveputError, match="p4d.24xlarge has 8 A100 GPUs: liveput runs one agent per instance"
+    ):
         _check_gpu_use("aws", ("p3.2xlarge", "p4d.24xlarge"), "auto")
     with pytest.raises(LiveputError, match="trains on the CPU"):
         _check_gpu_use("aws", ("p3.2xlarge",), "cpu")
@@ -81,16 +93,28 @@ def test_a_real_provider_refuses_idle_gpus_and_the_emulated_one_warns(monkeypatc
     assert capsys.readouterr().err == ""
     _no_cuda(monkeypatch)
     _check_gpu_use("emulated", ("p4d.24xlarge",), "auto")  # the agents run here, on the CPU
-    assert "warning: p4d.24xlarge has 8 A100 GPU(s) but the job trains on the CPU" in \
-        " ".join(capsys.readouterr().err.split())
+    assert "warning: p4d.24xlarge has 8 A100 GPU(s) but the job trains on the CPU" in " ".join(
+        capsys.readouterr().err.split()
+    )
 
 
 def _run(arguments: list[str], **env: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
-                   "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT),
-                                                  os.environ.get("PYTHONPATH", "")]), **env}
-    return subprocess.run([sys.executable, *arguments], env=environment, capture_output=True,
-                          text=True, timeout=240, check=False)
+    environment = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        ),
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, *arguments],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
 
 
 def _one_line(completed: subprocess.CompletedProcess, expected: str) -> None:
@@ -102,8 +126,21 @@ def _one_line(completed: subprocess.CompletedProcess, expected: str) -> None:
 
 @pytest.mark.process
 def test_train_asked_for_cuda_without_cuda_is_one_line_and_starts_nothing(tmp_path):
-    completed = _run(["-m", "liveput.cli.main", "train", "--device", "cuda", "--workers", "1",
-                      "--steps", "1", "--log-dir", str(tmp_path / "logs")])
+    completed = _run(
+        [
+            "-m",
+            "liveput.cli.main",
+            "train",
+            "--device",
+            "cuda",
+            "--workers",
+            "1",
+            "--steps",
+            "1",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ]
+    )
     _one_line(completed, "train: --device cuda requested but this machine has no CUDA device")
     assert not (tmp_path / "logs").exists()
     completed = _run(["-m", "liveput.cli.main", "train", "--device", "gpu"])
@@ -122,16 +159,33 @@ def test_an_agent_asked_for_cuda_without_cuda_exits_with_one_line(tmp_path):
     store = SignedStore(hosted, "device-token")
     try:
         publish_spec(store, JobSpec("tiny-gpt-small", str(tmp_path / "ckpt"), device="cuda"))
-        completed = _run(["-m", "liveput.runtime", "--store", hosted.url, "--instance", "3"],
-                         LIVEPUT_TOKEN="device-token")
-        _one_line(completed, "error: agent 3: --device cuda requested but this machine has "
-                             "no CUDA device")
+        completed = _run(
+            ["-m", "liveput.runtime", "--store", hosted.url, "--instance", "3"],
+            LIVEPUT_TOKEN="device-token",
+        )
+        _one_line(
+            completed, "error: agent 3: --device cuda requested but this machine has no CUDA device"
+        )
         publish_spec(store, JobSpec("tiny-gpt-small", str(tmp_path / "ckpt"), device="cpu"))
-        completed = _run(["-m", "liveput.cli.main", "agent", "--store", hosted.url,
-                          "--instance", "4", "--device", "cuda:1", "--notices", "sigterm"],
-                         LIVEPUT_TOKEN="device-token")
-        _one_line(completed, "agent 4: --device cuda:1 requested but this machine has no "
-                             "CUDA device")
+        completed = _run(
+            [
+                "-m",
+                "liveput.cli.main",
+                "agent",
+                "--store",
+                hosted.url,
+                "--instance",
+                "4",
+                "--device",
+                "cuda:1",
+                "--notices",
+                "sigterm",
+            ],
+            LIVEPUT_TOKEN="device-token",
+        )
+        _one_line(
+            completed, "agent 4: --device cuda:1 requested but this machine has no CUDA device"
+        )
         assert store.get_prefix("members/") == {}
     finally:
         store.close()

@@ -28,8 +28,9 @@ from liveput.traces import IntervalTrace, generate_trace, read_trace
 def _interval_trace(counts: list[int], name: str = "t", interval_s: float = 60.0) -> IntervalTrace:
     counts_array = np.asarray(counts, dtype=np.int64)
     deltas = np.diff(counts_array, append=counts_array[-1])
-    return IntervalTrace(name, interval_s, counts_array, np.maximum(-deltas, 0),
-                         np.maximum(deltas, 0))
+    return IntervalTrace(
+        name, interval_s, counts_array, np.maximum(-deltas, 0), np.maximum(deltas, 0)
+    )
 
 
 @st.composite
@@ -45,10 +46,14 @@ def histories(draw: st.DrawFn) -> IntervalTrace:
 
 
 @settings(max_examples=25, deadline=None)
-@given(history=histories(), horizon=st.integers(1, 6), method=st.sampled_from(
-    ["persistence", "markov", "ets", "auto"]))
-def test_every_forecast_is_a_distribution_over_counts(history: IntervalTrace, horizon: int,
-                                                      method: str) -> None:
+@given(
+    history=histories(),
+    horizon=st.integers(1, 6),
+    method=st.sampled_from(["persistence", "markov", "ets", "auto"]),
+)
+def test_every_forecast_is_a_distribution_over_counts(
+    history: IntervalTrace, horizon: int, method: str
+) -> None:
     capacity = history.max_count
     forecast = make_predictor(method).forecast(history, horizon, capacity)
     assert forecast.horizon == horizon
@@ -70,7 +75,9 @@ def test_no_look_ahead(method: str) -> None:
     history = trace.head(now + 1)
     altered_count = history.count.copy()
     altered = IntervalTrace(
-        "t", 60.0, altered_count,
+        "t",
+        60.0,
+        altered_count,
         np.concatenate((history.preempted[:-1], [history.count[-1]])),  # everything lost in t
         np.concatenate((history.allocated[:-1], [0])),
     )
@@ -96,8 +103,10 @@ def test_crps_equals_its_energy_form() -> None:
         pmf = rng.dirichlet(np.ones(9))
         truth = int(rng.integers(0, 9))
         support = np.arange(9)
-        energy = pmf @ np.abs(support - truth) - 0.5 * pmf @ np.abs(
-            support[:, None] - support[None, :]) @ pmf
+        energy = (
+            pmf @ np.abs(support - truth)
+            - 0.5 * pmf @ np.abs(support[:, None] - support[None, :]) @ pmf
+        )
         assert crps(pmf[None, :], np.array([truth]))[0] == pytest.approx(energy)
 
 
@@ -148,8 +157,9 @@ def test_markov_refill_probability_survives_a_quiet_wait() -> None:
     assert learned > 0.4 * refill_rate
     # The same comparison without the bins' pseudo-events, which lift both.
     unshrunk = 1 - MarkovPredictor(bin_pseudo_events=0).transition_matrix(trace, 16)[0, 0]
-    fixed_prior = 1 - MarkovPredictor(prior_events=0, bin_pseudo_events=0).transition_matrix(
-        trace, 16)[0, 0]
+    fixed_prior = (
+        1 - MarkovPredictor(prior_events=0, bin_pseudo_events=0).transition_matrix(trace, 16)[0, 0]
+    )
     assert fixed_prior < 0.6 * unshrunk
 
 
@@ -254,11 +264,15 @@ def test_auto_member_weights_minimize_crps_like_brute_force() -> None:
     for now in range(start, len(trace) - 1):
         history = trace.head(now + 1)
         auto.forecast(history, horizon, 24)
-        made.append((persistence.forecast(history, horizon, 24).pmf[0],
-                     [m.forecast(history, horizon, 24).pmf[0] for m in members],
-                     int(trace.count[now + 1])))
+        made.append(
+            (
+                persistence.forecast(history, horizon, 24).pmf[0],
+                [m.forecast(history, horizon, 24).pmf[0] for m in members],
+                int(trace.count[now + 1]),
+            )
+        )
     # Step 1 of the forecasts scored so far (the last one is not scored yet).
-    scored = made[:-1][-auto.window:]
+    scored = made[:-1][-auto.window :]
     base = np.array([p for p, _, _ in scored])
     gaps = np.array([[m - p for m in ms] for p, ms, _ in scored])
     truth = np.array([y for _, _, y in scored])
@@ -266,8 +280,12 @@ def test_auto_member_weights_minimize_crps_like_brute_force() -> None:
     def total(weights: np.ndarray) -> float:
         return float(crps(base + np.einsum("j,njc->nc", weights, gaps), truth).sum())
 
-    grid = [np.array([a, b]) for a in np.linspace(0, 1, 51) for b in np.linspace(0, 1, 51)
-            if a + b <= 1 + 1e-12]
+    grid = [
+        np.array([a, b])
+        for a in np.linspace(0, 1, 51)
+        for b in np.linspace(0, 1, 51)
+        if a + b <= 1 + 1e-12
+    ]
     brute = min(grid, key=total)
     fitted = auto.mixture_weights()[0]
     assert total(fitted) <= total(brute) + 1e-9
@@ -298,9 +316,14 @@ def test_auto_distribution_stop_loss_bounds_a_market_that_shrank(real_traces: Pa
     guarded = walk_forward(trace, "auto", 12, 60)
     baseline = walk_forward(trace, "persistence", 12, 60)
     unguarded = AutoPredictor(crps_slack=1e9)
-    loose = [crps(unguarded.forecast(trace.head(t + 1), 12, 32).pmf[:steps],
-                  trace.count[t + 1 : t + 1 + steps])
-             for t in baseline.origins if (steps := min(12, len(trace) - 1 - t))]
+    loose = [
+        crps(
+            unguarded.forecast(trace.head(t + 1), 12, 32).pmf[:steps],
+            trace.count[t + 1 : t + 1 + steps],
+        )
+        for t in baseline.origins
+        if (steps := min(12, len(trace) - 1 - t))
+    ]
     total = float(np.nansum(baseline.crps))
     assert float(np.nansum(guarded.crps)) < 1.05 * total
     assert float(np.concatenate(loose).sum()) > 1.06 * total
@@ -314,7 +337,8 @@ def test_auto_beats_persistence_on_the_p3_trace(real_traces: Path) -> None:
 
 
 def test_a_model_that_fails_to_fit_falls_back_to_persistence(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     def broken(*_: object) -> None:
         raise np.linalg.LinAlgError("singular matrix")
 
@@ -339,11 +363,26 @@ def test_bad_requests_are_clear_errors(method: str) -> None:
 
 def test_backtest_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "t.csv"
-    assert main(["trace", "generate", "--nodes", "12", "--hours", "2", "--seed", "3",
-                 "-o", str(path)]) == 0
+    assert (
+        main(["trace", "generate", "--nodes", "12", "--hours", "2", "--seed", "3", "-o", str(path)])
+        == 0
+    )
     capsys.readouterr()
-    assert main(["predict", "backtest", str(path), "--horizon", "4", "--methods", "markov,auto",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "backtest",
+                str(path),
+                "--horizon",
+                "4",
+                "--methods",
+                "markov,auto",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["interval_s"] == 60 and result["horizon"] == 4
     assert result["default_method"] == "auto"
@@ -371,7 +410,8 @@ def test_predict_cli_errors_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtu
 @pytest.mark.parametrize("nodes, seed", [(6, 0), (32, 1), (64, 2), (20, 3)])
 @pytest.mark.parametrize("predictor", [MarkovPredictor, StationaryMarkovPredictor])
 def test_markov_forecast_is_the_dense_transition_matrix_applied_step_by_step(
-        nodes: int, seed: int, predictor: type[MarkovPredictor]) -> None:
+    nodes: int, seed: int, predictor: type[MarkovPredictor]
+) -> None:
     """A forecast propagates ``pmf L G`` by convolutions (it never forms M = L G): the same
     distributions and expected preemptions as ``pmf M`` with the dense matrix."""
     trace = generate_trace(nodes, 6.0, seed=seed).resample(60.0)
@@ -391,6 +431,7 @@ def test_markov_forecast_is_the_dense_transition_matrix_applied_step_by_step(
         state[int(history.count[-1])] = 1.0
         for step in range(6):
             assert forecast.expected_preempted[step] == pytest.approx(
-                state @ (sizes - losses @ sizes), rel=1e-9, abs=1e-12)
+                state @ (sizes - losses @ sizes), rel=1e-9, abs=1e-12
+            )
             state = state @ matrix
             assert np.allclose(forecast.pmf[step], state / state.sum(), rtol=1e-9, atol=1e-14)

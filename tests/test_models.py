@@ -30,15 +30,32 @@ from liveput.models.text import TextDataset, Tokenizer
 
 def small_config(family: str, **extra):
     if family == "gpt2":
-        return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256,
-                                       n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
-                                       attn_pdrop=0.0, bos_token_id=None, eos_token_id=None,
-                                       **extra)
-    return transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                                    num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2, max_position_embeddings=32,
-                                    bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                                    **extra)
+        return transformers.GPT2Config(
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            vocab_size=256,
+            n_positions=32,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=None,
+            eos_token_id=None,
+            **extra,
+        )
+    return transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        **extra,
+    )
 
 
 def run_layers(layers: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +69,8 @@ def run_layers(layers: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
 def test_the_layers_compute_what_the_whole_transformers_model_computes(family, attention):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
-        small_config(family, tie_word_embeddings=False), attn_implementation=attention)
+        small_config(family, tie_word_embeddings=False), attn_implementation=attention
+    )
     layers = hf_causal_lm_layers(copy.deepcopy(model))
     assert len(layers) == 4  # embedding, 2 blocks, head
     tokens = torch.randint(0, 256, (3, 19))
@@ -69,15 +87,22 @@ def test_the_layers_compute_what_the_whole_transformers_model_computes(family, a
 def test_from_hf_causal_lm_is_seeded_untied_and_refuses_what_it_cannot_cut():
     first, again, other = (from_hf_causal_lm(small_config("gpt2"), seed=s) for s in (1, 1, 2))
     state = [layer.state_dict() for layer in first]
-    assert all(torch.equal(state[i][k], again[i].state_dict()[k])
-               for i in range(len(state)) for k in state[i])
-    assert not torch.equal(first[1].state_dict()["block.attn.c_attn.weight"],
-                           other[1].state_dict()["block.attn.c_attn.weight"])
+    assert all(
+        torch.equal(state[i][k], again[i].state_dict()[k])
+        for i in range(len(state))
+        for k in state[i]
+    )
+    assert not torch.equal(
+        first[1].state_dict()["block.attn.c_attn.weight"],
+        other[1].state_dict()["block.attn.c_attn.weight"],
+    )
     # GPT-2 ties its head to its embedding by default; the adapter unties them.
     assert first[-1].projection.weight.data_ptr() != first[0].token.weight.data_ptr()
     # 2 blocks of 49,984, token and position embeddings, final norm, and a head of its own.
-    assert sum(p.numel() for layer in first for p in layer.parameters()) == \
-        2 * 49_984 + 256 * 64 + 32 * 64 + 128 + 256 * 64
+    assert (
+        sum(p.numel() for layer in first for p in layer.parameters())
+        == 2 * 49_984 + 256 * 64 + 32 * 64 + 128 + 256 * 64
+    )
     tied = transformers.AutoModelForCausalLM.from_config(small_config("gpt2"))
     with pytest.raises(LiveputError, match="tied"):
         hf_causal_lm_layers(tied)
@@ -126,7 +151,7 @@ def test_synthetic_images_are_seeded_and_their_classes_differ():
         x, y = images[i]
         by_class.setdefault(int(y), []).append(x)
     means = [torch.stack(xs).mean(0) for xs in by_class.values()]
-    assert min((a - b).abs().mean() for i, a in enumerate(means) for b in means[i + 1:]) > 0.3
+    assert min((a - b).abs().mean() for i, a in enumerate(means) for b in means[i + 1 :]) > 0.3
 
 
 def test_a_text_file_is_read_as_bytes(tmp_path):
@@ -138,8 +163,8 @@ def test_a_text_file_is_read_as_bytes(tmp_path):
     assert data.vocab_size == 256 and len(data) == len(stream) - 9
     inputs, targets = data[3]
     start = (3 * 2_654_435_761) % len(data)  # sample i's window, as ByteWindows places it
-    assert inputs.tolist() == stream[start:start + 8].tolist()
-    assert targets.tolist() == stream[start + 1:start + 9].tolist()
+    assert inputs.tolist() == stream[start : start + 8].tolist()
+    assert targets.tolist() == stream[start + 1 : start + 9].tolist()
     with pytest.raises(LiveputError, match="fewer than one sample of 1001"):
         TextDataset(path, seq_len=1000)
     with pytest.raises(LiveputError, match="no such file"):
@@ -155,7 +180,8 @@ def test_a_column_of_an_arrow_or_parquet_table_is_read(tmp_path, form):
         pq.write_table(table, path)
     else:
         writer = (pa.ipc.new_file if form == "arrow-file" else pa.ipc.new_stream)(
-            str(path), table.schema)
+            str(path), table.schema
+        )
         writer.write_table(table)
         writer.close()
     data = TextDataset(path, seq_len=4)
@@ -171,8 +197,9 @@ def test_a_tokenizer_json_given_as_a_path_tokenizes(tmp_path):
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     text = "the cat sat on the mat and the dog sat on the log " * 30
-    tokenizer.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
-        vocab_size=60, special_tokens=["[UNK]"]))
+    tokenizer.train_from_iterator(
+        [text], tokenizers.trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]"])
+    )
     tokenizer_path = tmp_path / "tokenizer.json"
     tokenizer.save(str(tokenizer_path))
     corpus = tmp_path / "corpus.txt"
@@ -192,24 +219,30 @@ def test_a_tokenizer_json_given_as_a_path_tokenizes(tmp_path):
 def test_a_missing_optional_package_names_the_extra_to_install():
     with pytest.raises(LiveputError) as caught:
         require("liveput_no_such_package.sub", "the llama-tiny job")
-    assert str(caught.value) == ("the llama-tiny job needs the Python package "
-                                 "'liveput_no_such_package': pip install 'liveput[models]'")
+    assert str(caught.value) == (
+        "the llama-tiny job needs the Python package "
+        "'liveput_no_such_package': pip install 'liveput[models]'"
+    )
 
 
 def test_builtin_jobs_have_their_sizes_and_the_text_jobs_take_data(tmp_path):
     sizes = {"llama-tiny": (6, 3_033_344), "resnet50": (18, 25_557_032)}
     for name, (num_layers, num_params) in sizes.items():
         job = resolve_job(name)
-        assert (job.num_layers, sum(p.numel() for layer in job.layers
-                                    for p in layer.parameters())) == (num_layers, num_params)
+        assert (
+            job.num_layers,
+            sum(p.numel() for layer in job.layers for p in layer.parameters()),
+        ) == (num_layers, num_params)
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(bytes(range(256)) * 4)
     job = resolve_job("llama-tiny", str(corpus))
     assert isinstance(job.dataset, TextDataset) and job.dataset.path == str(corpus)
     inputs, _ = job.micro_batch(0, 0)
     assert inputs.shape == (4, 128)
-    with pytest.raises(LiveputError, match="job 'resnet50' takes no --data; the built-in jobs "
-                                           "that do: gpt2-small, llama-tiny"):
+    with pytest.raises(
+        LiveputError,
+        match="job 'resnet50' takes no --data; the built-in jobs that do: gpt2-small, llama-tiny",
+    ):
         resolve_job("resnet50", str(corpus))
 
 
@@ -234,7 +267,8 @@ def test_train_refuses_data_for_a_job_without_it_in_one_line(tmp_path, capsys):
     corpus.write_text("text " * 100)
     assert main(["train", "--model", "resnet50", "--data", str(corpus)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("error: job 'resnet50' takes no --data; the built-in jobs that do: "
-                   "gpt2-small, llama-tiny")
+    assert err == (
+        "error: job 'resnet50' takes no --data; the built-in jobs that do: gpt2-small, llama-tiny"
+    )
     assert main(["train", "--model", "llama-tiny", "--data", str(tmp_path / "none.txt")]) == 2
     assert "no such file" in capsys.readouterr().err

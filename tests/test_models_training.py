@@ -18,8 +18,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from liveput.models.job import Job
-from liveput.models.jobs import (CausalLMJobConfig, ResNetJobConfig, causal_lm_job, gpt2_config,
-                                 llama_config, resnet50_job)
+from liveput.models.jobs import (
+    CausalLMJobConfig,
+    ResNetJobConfig,
+    causal_lm_job,
+    gpt2_config,
+    llama_config,
+    resnet50_job,
+)
 from liveput.models.sequential import from_sequential
 from liveput.perf.configuration import Configuration
 from liveput.runtime.engine import Ending, EngineConfig
@@ -28,24 +34,38 @@ from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.testbed.reference import parameter_mismatches, reference_parameters
 
-TEXT = CausalLMJobConfig(seq_len=16, global_batch_size=8, micro_batch_size=2,
-                         learning_rate=0.05, sgd=True, corpus_bytes=50_000)
+TEXT = CausalLMJobConfig(
+    seq_len=16,
+    global_batch_size=8,
+    micro_batch_size=2,
+    learning_rate=0.05,
+    sgd=True,
+    corpus_bytes=50_000,
+)
 
 
 def llama_job() -> Job:
-    return causal_lm_job("llama-test", llama_config(layers=2, width=32, heads=4, kv_heads=2,
-                                                    intermediate=64), TEXT)
+    return causal_lm_job(
+        "llama-test", llama_config(layers=2, width=32, heads=4, kv_heads=2, intermediate=64), TEXT
+    )
 
 
 def gpt2_job() -> Job:
-    return causal_lm_job("gpt2-test", gpt2_config(layers=2, width=32, heads=4, positions=16),
-                         TEXT)
+    return causal_lm_job("gpt2-test", gpt2_config(layers=2, width=32, heads=4, positions=16), TEXT)
 
 
 def resnet_job() -> Job:
-    return resnet50_job(ResNetJobConfig(width=4, image_size=32, num_classes=10, num_samples=256,
-                                        global_batch_size=8, micro_batch_size=4,
-                                        learning_rate=0.01))
+    return resnet50_job(
+        ResNetJobConfig(
+            width=4,
+            image_size=32,
+            num_classes=10,
+            num_samples=256,
+            global_batch_size=8,
+            micro_batch_size=4,
+            learning_rate=0.01,
+        )
+    )
 
 
 class Blobs(torch.utils.data.Dataset):
@@ -62,11 +82,18 @@ class Blobs(torch.utils.data.Dataset):
 
 def sequential_job() -> Job:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(),
-                          nn.Linear(32, 4))
-    return Job(from_sequential(model), Blobs(), F.cross_entropy,
-               lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), global_batch_size=8,
-               micro_batch_size=2, name="mlp")
+    model = nn.Sequential(
+        nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4)
+    )
+    return Job(
+        from_sequential(model),
+        Blobs(),
+        F.cross_entropy,
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        global_batch_size=8,
+        micro_batch_size=2,
+        name="mlp",
+    )
 
 
 def parameters_only(job: Job, states: list[dict[str, torch.Tensor]]) -> list[dict]:
@@ -81,12 +108,18 @@ def run_through_preemptions(job: Job, tmp_path, steps: int = 8) -> ThreadCluster
     """(2, 2) on four instances; one preempted (intra-stage migration onto (1, 2), no rollback);
     all but the first stage's instance preempted: the last stage's layers are lost, so (1, 1)
     restores the checkpoint after step 3 and steps 4-5 are redone."""
-    cluster = ThreadCluster(job, profile_job(job, repeats=1), str(tmp_path / "ckpt"), steps,
-                            EngineConfig(checkpoint_every=4, comm_timeout_s=30))
+    cluster = ThreadCluster(
+        job,
+        profile_job(job, repeats=1),
+        str(tmp_path / "ckpt"),
+        steps,
+        EngineConfig(checkpoint_every=4, comm_timeout_s=30),
+    )
     for target, preempted, allocated, until in (
-            (Configuration(2, 2), set(), [0, 1, 2, 3], 3),
-            (Configuration(1, 2), {3}, [], 6),
-            (Configuration(1, 1), "all but stage 0", [], steps)):
+        (Configuration(2, 2), set(), [0, 1, 2, 3], 3),
+        (Configuration(1, 2), {3}, [], 6),
+        (Configuration(1, 1), "all but stage 0", [], steps),
+    ):
         if preempted == "all but stage 0":
             preempted = set(cluster.plan.world) - {cluster.plan.instance_at(0, 0)}
         results = cluster.migrate(target, preempted, allocated, until)
@@ -97,8 +130,11 @@ def run_through_preemptions(job: Job, tmp_path, steps: int = 8) -> ThreadCluster
     return cluster
 
 
-@pytest.mark.parametrize("make_job", [llama_job, gpt2_job, resnet_job, sequential_job],
-                         ids=["llama", "gpt2", "resnet50", "sequential"])
+@pytest.mark.parametrize(
+    "make_job",
+    [llama_job, gpt2_job, resnet_job, sequential_job],
+    ids=["llama", "gpt2", "resnet50", "sequential"],
+)
 def test_a_model_family_trains_through_preemptions_as_one_uninterrupted_run(make_job, tmp_path):
     steps = 8
     job = make_job()
@@ -106,16 +142,18 @@ def test_a_model_family_trains_through_preemptions_as_one_uninterrupted_run(make
     report = verify_ledger(cluster.store, job.global_batch_size, steps)
     assert report.exactly_once, report.problems
     assert report.steps_rolled_back == 2 and report.restores == 1
-    got = [cluster.checkpointer.load_layer_file(f"final/layer-{i}.pt")["module"]
-           for i in range(job.num_layers)]
+    got = [
+        cluster.checkpointer.load_layer_file(f"final/layer-{i}.pt")["module"]
+        for i in range(job.num_layers)
+    ]
     want = reference_parameters(make_job(), steps)
     assert not parameter_mismatches(parameters_only(job, got), parameters_only(job, want))
     initial = [layer.state_dict() for layer in make_job().layers]
-    assert parameter_mismatches(parameters_only(job, got), parameters_only(job, initial)), \
+    assert parameter_mismatches(parameters_only(job, got), parameters_only(job, initial)), (
         "training moved no parameter"
+    )
     losses = [r["loss"] for r in report.records]
     assert all(loss == loss and loss < float("inf") for loss in losses)
-
 
 
 def test_liveput_train_gives_the_users_file_to_the_agent_processes(tmp_path):
@@ -129,12 +167,34 @@ def test_liveput_train_gives_the_users_file_to_the_agent_processes(tmp_path):
     from liveput.models.jobs import resolve_job
 
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs\n"
-                              for i in range(400)))
+    corpus.write_text(
+        "".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs\n" for i in range(400))
+    )
     out = tmp_path / "run.json"
-    assert main(["train", "--model", "llama-tiny", "--data", str(corpus), "--workers", "2",
-                 "--steps", "4", "--time-scale", "10", "--seed", "1",
-                 "--checkpoint-every", "2", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "llama-tiny",
+                "--data",
+                str(corpus),
+                "--workers",
+                "2",
+                "--steps",
+                "4",
+                "--time-scale",
+                "10",
+                "--seed",
+                "1",
+                "--checkpoint-every",
+                "2",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     summary = json.loads(out.read_text())
     assert summary["exactly_once"] is True and summary["steps_completed"] == 4
     job = resolve_job("llama-tiny", str(corpus))

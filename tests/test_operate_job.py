@@ -32,8 +32,14 @@ def _env() -> dict[str, str]:
 
 
 def _cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*LIVEPUT, *argv], capture_output=True, text=True, timeout=timeout,
-                          env=_env(), stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*LIVEPUT, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -45,10 +51,13 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 # --- the job file ------------------------------------------------------------------------------
 
+
 def test_a_job_file_becomes_the_typed_configs():
-    job = parse_job_file("model: tiny-gpt\ntarget_samples: 100\nprovider:\n  workers: 3\n"
-                         "  time_scale: 8\nobjective:\n  kind: deadline\n  deadline_hours: 1\n",
-                         "j.yaml")
+    job = parse_job_file(
+        "model: tiny-gpt\ntarget_samples: 100\nprovider:\n  workers: 3\n"
+        "  time_scale: 8\nobjective:\n  kind: deadline\n  deadline_hours: 1\n",
+        "j.yaml",
+    )
     assert job.provider.workers == 3 and job.provider.time_scale == 8.0
     assert job.objective.deadline_hours == 1.0 and job.num_steps(16) == 7  # 100 / 16, rounded up
     assert job.job_name == "j" and job.state_path.name == "j"
@@ -64,14 +73,20 @@ def test_the_worked_example_is_a_valid_job_file_and_make_run_ends_with_it():
     assert recipe.strip().splitlines()[-1].split()[-2:] == ["stop", "docs/examples/local.yaml"]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("steps: 10\nprovider:\n  workerz: 3\n", "j.yaml:3: provider.workerz: unknown key"),
-    ("steps: many\n", "j.yaml:1: steps: expected int or null, got 'many'"),
-    ("steps: 10\ncheckpoint:\n  every: [1]\n", "j.yaml:3: checkpoint.every: expected int, got a list"),
-    ("steps: 10\nsteps: 11\n", "j.yaml:2: steps: given twice"),
-    ("model: x\nprovider: {workers: 2\n", "j.yaml:3: malformed YAML"),
-    ("objective:\n  kind: cheap\n", "j.yaml:2: objective: kind 'cheap' is not one of"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("steps: 10\nprovider:\n  workerz: 3\n", "j.yaml:3: provider.workerz: unknown key"),
+        ("steps: many\n", "j.yaml:1: steps: expected int or null, got 'many'"),
+        (
+            "steps: 10\ncheckpoint:\n  every: [1]\n",
+            "j.yaml:3: checkpoint.every: expected int, got a list",
+        ),
+        ("steps: 10\nsteps: 11\n", "j.yaml:2: steps: given twice"),
+        ("model: x\nprovider: {workers: 2\n", "j.yaml:3: malformed YAML"),
+        ("objective:\n  kind: cheap\n", "j.yaml:2: objective: kind 'cheap' is not one of"),
+    ],
+)
 def test_bad_job_files_are_one_line_naming_the_key_and_line(tmp_path, capsys, text, expected):
     path = tmp_path / "j.yaml"
     path.write_text(text)
@@ -89,14 +104,17 @@ def test_a_dashboard_port_in_use_or_an_unwritable_checkpoint_url_starts_nothing(
         path = tmp_path / "j.yaml"
         path.write_text(f"steps: 5\nstate_dir: {tmp_path / 'state'}\ndashboard:\n  port: {port}\n")
         assert f"dashboard: cannot listen on 127.0.0.1:{port}" in _refused(
-            ["launch", str(path)], capsys)
+            ["launch", str(path)], capsys
+        )
     assert not (tmp_path / "state").exists()  # refused before the checkpoints' folder is made
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    path.write_text(f"steps: 5\nstate_dir: {tmp_path / 'state'}\ncheckpoint:\n"
-                    f"  url: {blocker}/checkpoints\n")
+    path.write_text(
+        f"steps: 5\nstate_dir: {tmp_path / 'state'}\ncheckpoint:\n  url: {blocker}/checkpoints\n"
+    )
     assert f"checkpoint URL {blocker}/checkpoints cannot be written" in _refused(
-        ["launch", str(path)], capsys)
+        ["launch", str(path)], capsys
+    )
     assert not (tmp_path / "state").exists()
 
 
@@ -110,6 +128,7 @@ def test_status_of_an_unreachable_store_is_one_line(capsys):
 
 
 # --- a job's life --------------------------------------------------------------------------------
+
 
 def _browser():
     from selenium import webdriver
@@ -160,12 +179,12 @@ def test_a_launched_job_is_watched_killed_resumed_and_exports_its_model(tmp_path
 name: e2e
 model: tiny-gpt
 steps: {steps}
-state_dir: {tmp_path / 'state'}
+state_dir: {tmp_path / "state"}
 checkpoint: {{every: 3, keep: 2}}
 provider: {{workers: 3, trace_seed: 20, time_scale: 30}}
 notices: {{lead_s: 30}}
 dashboard: {{port: 0}}
-metrics: {{tensorboard: {tmp_path / 'tb'}}}
+metrics: {{tensorboard: {tmp_path / "tb"}}}
 """)
     done = _cli("launch", str(job_file), "--detach", "--json")
     assert done.returncode == 0, done.stderr
@@ -184,8 +203,7 @@ metrics: {{tensorboard: {tmp_path / 'tb'}}}
             _wait(lambda: _step(browser) > first, 60, "a later step shown")
             assert browser.execute_script("return window.notReloaded === true;")
             assert browser.find_element("id", "state").text == "running"
-            assert browser.find_element("id", "plot-samples").find_elements(
-                "tag name", "polyline")
+            assert browser.find_element("id", "plot-samples").find_elements("tag name", "polyline")
         finally:
             browser.quit()
         status = _status(job_file)
@@ -201,15 +219,25 @@ metrics: {{tensorboard: {tmp_path / 'tb'}}}
         assert 'liveput_step{job="e2e"}' in metrics and "liveput_instances{" in metrics
         # Coordinator and agents all gone (the launcher's process group), the store left.
         with open_store(place["store"], token=token) as store:
-            _wait(lambda: (store.get("ckpt/latest") is not None and
-                           json.loads(store.get("status/now"))["step"] >= 4), 120,
-                  "a checkpoint and 4 steps")
+            _wait(
+                lambda: (
+                    store.get("ckpt/latest") is not None
+                    and json.loads(store.get("status/now"))["step"] >= 4
+                ),
+                120,
+                "a checkpoint and 4 steps",
+            )
         killed_unix_s = time.time()
         os.killpg(launcher, signal.SIGKILL)
         _wait(lambda: not _live_members(launcher), 10, "the launcher's group gone")
-        resumed = subprocess.Popen([*LIVEPUT, "resume", str(job_file), "--json"], env=_env(),
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   stdin=subprocess.DEVNULL)
+        resumed = subprocess.Popen(
+            [*LIVEPUT, "resume", str(job_file), "--json"],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         try:
             _wait(lambda: _status(job_file)["state"] != "running", 240, "the job ends")
             status = _status(job_file)
@@ -217,11 +245,14 @@ metrics: {{tensorboard: {tmp_path / 'tb'}}}
             assert status["step"] == steps
             # Nothing was left to hold the layers: the resumed job restores the newest
             # checkpoint (steps redone; none skipped: the ledger's proof below).
-            resumed_plans = [(e["generation"], e["migration"], e["start_step"])
-                             for e in status["events"]
-                             if e["kind"] == "plan" and e["unix_s"] > killed_unix_s]
+            resumed_plans = [
+                (e["generation"], e["migration"], e["start_step"])
+                for e in status["events"]
+                if e["kind"] == "plan" and e["unix_s"] > killed_unix_s
+            ]
             assert any(migration == "checkpoint-restore" for _, migration, _ in resumed_plans), (
-                resumed_plans)
+                resumed_plans
+            )
             assert _cli("stop", str(job_file)).returncode == 0
             out, err = resumed.communicate(timeout=60)
         finally:
@@ -235,8 +266,9 @@ metrics: {{tensorboard: {tmp_path / 'tb'}}}
     # The ledger, kept in the same store, proves exactly-once across the break.
     from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
-    etcd = LocalEtcd(EtcdConfig(tmp_path / "state" / "etcd",
-                                client_port=int(place["store"].rsplit(":", 1)[1])))
+    etcd = LocalEtcd(
+        EtcdConfig(tmp_path / "state" / "etcd", client_port=int(place["store"].rsplit(":", 1)[1]))
+    )
     etcd.start()
     try:
         with open_store(place["store"], token=token) as store:
@@ -274,7 +306,7 @@ def _stop_etcd(state_dir: Path) -> None:
         except (ProcessLookupError, ValueError):
             pass
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{pid_file.read_text().strip()}").exists() and \
-                time.monotonic() < deadline:
+        while (
+            Path(f"/proc/{pid_file.read_text().strip()}").exists() and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
-

@@ -22,13 +22,18 @@ from liveput.perf.profiler import profile_model, tiny_gpt_target
 def _fit(model: str) -> tuple[float, int, int]:
     measured = measured_table()[model]
     table = estimate_configs(load_profile(model), 32)
-    lookup = {(int(d), int(p)): s for d, p, s in
-              zip(table.data_parallel, table.pipeline_stages, table.samples_per_s)}
-    predicted = np.array([lookup[(int(d), int(p))] for d, p in
-                          zip(measured.data_parallel, measured.pipeline_stages)])
+    lookup = {
+        (int(d), int(p)): s
+        for d, p, s in zip(table.data_parallel, table.pipeline_stages, table.samples_per_s)
+    }
+    predicted = np.array(
+        [lookup[(int(d), int(p))] for d, p in zip(measured.data_parallel, measured.pipeline_stages)]
+    )
     mape = float(np.mean(np.abs(predicted - measured.samples_per_s) / measured.samples_per_s))
-    truth = {(int(d), int(p)): s for d, p, s in
-             zip(measured.data_parallel, measured.pipeline_stages, measured.samples_per_s)}
+    truth = {
+        (int(d), int(p)): s
+        for d, p, s in zip(measured.data_parallel, measured.pipeline_stages, measured.samples_per_s)
+    }
     counts = sorted({d * p for d, p in truth})
     misses = 0
     for count in counts:
@@ -42,12 +47,19 @@ def _fit(model: str) -> tuple[float, int, int]:
 # best. Where a model misses them the bound is the figure achieved: BERT-large's two misses are
 # single measured dips ((6, 3) and (8, 2) run at half their neighbours); ResNet-152's table is
 # beyond any partition (test below: no cut and no constants of the formula get under 18%).
-@pytest.mark.parametrize("model, max_mape, max_misses", [
-    ("gpt-1.5b", 0.15, 0), ("gpt-6.7b", 0.15, 0), ("bert-large", 0.15, 2),
-    ("resnet152", 0.39, 3), ("vgg19", 0.15, 0),
-])
-def test_estimator_reproduces_the_measured_table(model: str, max_mape: float,
-                                                 max_misses: int) -> None:
+@pytest.mark.parametrize(
+    "model, max_mape, max_misses",
+    [
+        ("gpt-1.5b", 0.15, 0),
+        ("gpt-6.7b", 0.15, 0),
+        ("bert-large", 0.15, 2),
+        ("resnet152", 0.39, 3),
+        ("vgg19", 0.15, 0),
+    ],
+)
+def test_estimator_reproduces_the_measured_table(
+    model: str, max_mape: float, max_misses: int
+) -> None:
     mape, misses, _ = _fit(model)
     assert mape <= max_mape
     assert misses <= max_misses
@@ -65,13 +77,16 @@ def test_calibration_minimizes_throughput_mape() -> None:
     features = np.abs(rng.normal(1.0, 0.5, size=(40, 5))) * [1, 0.1, 10, 0.5, 1]
     truth = np.array([1.3, 0.8, 0.02, 0.6, 0.3])
     exact_s = features @ truth
-    assert calibrate.throughput_mape(features, exact_s, calibrate.fit_constants(
-        features, exact_s)) < 1e-3
+    assert (
+        calibrate.throughput_mape(features, exact_s, calibrate.fit_constants(features, exact_s))
+        < 1e-3
+    )
     noisy_s = exact_s * np.exp(rng.standard_t(2, size=40) * 0.3)
     fitted = calibrate.fit_constants(features, noisy_s)
     for start in (calibrate._least_squares, calibrate._least_absolute):
-        assert calibrate.throughput_mape(features, noisy_s, fitted) <= \
-            calibrate.throughput_mape(features, noisy_s, start(features, noisy_s))
+        assert calibrate.throughput_mape(features, noisy_s, fitted) <= calibrate.throughput_mape(
+            features, noisy_s, start(features, noisy_s)
+        )
     assert 0.5 <= fitted[0] <= 4 and (fitted >= 0).all()
     for model in measured_table():
         shipped, today = asdict(calibration_for(model)), asdict(calibrate.fit_calibration(model))
@@ -90,8 +105,10 @@ def test_vgg19_uniform_cut_reproduces_the_measured_dip_in_depth() -> None:
     measured = measured_table()["vgg19"]
     table = estimate_configs(load_profile("vgg19"), 32)
     grid = table.throughput_grid(32)
-    truth = {(int(d), int(p)): s for d, p, s in
-             zip(measured.data_parallel, measured.pipeline_stages, measured.samples_per_s)}
+    truth = {
+        (int(d), int(p)): s
+        for d, p, s in zip(measured.data_parallel, measured.pipeline_stages, measured.samples_per_s)
+    }
     for data_parallel in (2, 3, 4):
         for slow in (5, 6, 7):
             if (data_parallel, slow) not in truth:
@@ -128,18 +145,23 @@ def test_gpt15_out_of_memory_reason_below_six_stages() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(times=st.lists(st.floats(0.1, 10.0), min_size=2, max_size=14), depth=st.integers(1, 6),
-       method=st.sampled_from(["compute", "parameters"]))
-def test_partition_is_optimal_against_brute_force(times: list[float], depth: int,
-                                                  method: str) -> None:
+@given(
+    times=st.lists(st.floats(0.1, 10.0), min_size=2, max_size=14),
+    depth=st.integers(1, 6),
+    method=st.sampled_from(["compute", "parameters"]),
+)
+def test_partition_is_optimal_against_brute_force(
+    times: list[float], depth: int, method: str
+) -> None:
     from itertools import combinations
 
     from liveput.perf.types import LayerProfile, ModelProfile
 
     depth = min(depth, len(times))
     # Under "parameters" the weights are parameter counts; under "compute", layer times.
-    layers = tuple(LayerProfile(f"l{i}", t, 0.0, 0.0, int(t * 1000), 1, 1)
-                   for i, t in enumerate(times))
+    layers = tuple(
+        LayerProfile(f"l{i}", t, 0.0, 0.0, int(t * 1000), 1, 1) for i, t in enumerate(times)
+    )
     weights = [t if method == "compute" else int(t * 1000) for t in times]
     profile = ModelProfile("x", load_profile("gpt-1.5b").instance_type, layers, 8, 1)
     bounds = partition_layers(profile, depth, method)
@@ -160,7 +182,8 @@ def test_partition_is_optimal_against_brute_force(times: list[float], depth: int
 
 @given(num_layers=st.integers(1, 60), depth=st.integers(1, 60))
 def test_uniform_partition_gives_every_stage_the_floor_and_the_last_the_rest(
-        num_layers: int, depth: int) -> None:
+    num_layers: int, depth: int
+) -> None:
     from liveput.perf.types import LayerProfile, ModelProfile
 
     depth = min(depth, num_layers)
@@ -227,8 +250,9 @@ def test_cost_model_matches_the_published_figures() -> None:
     assert costs.restart_s(8) == pytest.approx(40.882)
     assert 33.5 < costs.restart_s(3) < 36.2
     state_bytes = load_profile("gpt-1.5b").num_params * 12
-    assert costs.checkpoint_save_s(state_bytes) + costs.checkpoint_load_s(state_bytes) == \
-        pytest.approx(14.0, rel=0.15)
+    assert costs.checkpoint_save_s(state_bytes) + costs.checkpoint_load_s(
+        state_bytes
+    ) == pytest.approx(14.0, rel=0.15)
     assert MigrationCostModel(network_gbps=20).transfer_s(2**30) == pytest.approx(0.599, rel=0.01)
 
 
@@ -256,8 +280,9 @@ def test_profiler_predicts_a_plain_training_loop() -> None:
     predicted, measured = 0.0, 0.0
     for _ in range(5):
         profile = profile_model(target, micro_batch_size=8, repeats=2)
-        assert profile.num_params == sum(p.numel() for layer in target.layers
-                                         for p in layer.parameters())
+        assert profile.num_params == sum(
+            p.numel() for layer in target.layers for p in layer.parameters()
+        )
         predicted = max(predicted, float(estimate_configs(profile, 1).samples_per_s[0]))
         # A plain single-process loop (4 micro-batches of 8, then Adam); its fastest pass.
         inputs, targets = target.make_batch(profile.global_batch_size)
@@ -265,7 +290,7 @@ def test_profiler_predicts_a_plain_training_loop() -> None:
         for _ in range(4):
             start = time.perf_counter()
             for chunk in range(0, len(inputs), 8):
-                loss = target.loss_fn(model(inputs[chunk:chunk + 8]), targets[chunk:chunk + 8])
+                loss = target.loss_fn(model(inputs[chunk : chunk + 8]), targets[chunk : chunk + 8])
                 loss.backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -299,24 +324,43 @@ def test_profiler_counts_the_bytes_autograd_saves_for_the_backward() -> None:
     # A linear layer keeps its input (its weight is a parameter, not an activation) ...
     assert saved_for_backward_bytes(nn.Linear(1000, 1000), x) == 8 * 1000 * 4
     # ... a ReLU after it keeps its output too; a tensor saved twice counts once.
-    assert saved_for_backward_bytes(nn.Sequential(nn.Linear(1000, 1000), nn.ReLU()), x) \
+    assert (
+        saved_for_backward_bytes(nn.Sequential(nn.Linear(1000, 1000), nn.ReLU()), x)
         == 2 * 8 * 1000 * 4
-    assert saved_for_backward_bytes(nn.Sequential(nn.Linear(1000, 1000), nn.Tanh(), nn.Tanh()),
-                                    x) == 3 * 8 * 1000 * 4
+    )
+    assert (
+        saved_for_backward_bytes(nn.Sequential(nn.Linear(1000, 1000), nn.Tanh(), nn.Tanh()), x)
+        == 3 * 8 * 1000 * 4
+    )
     assert saved_for_backward_bytes(nn.ReLU(), torch.randn(8, 1000)) == 0  # no graph, no saving
 
 
 def test_cli_profile_round_trip(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "tiny.json"
-    assert main(["profile", "--model", "tiny-gpt", "--micro-batch", "4", "--repeats", "1",
-                 "-o", str(path)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "tiny-gpt",
+                "--micro-batch",
+                "4",
+                "--repeats",
+                "1",
+                "-o",
+                str(path),
+            ]
+        )
+        == 0
+    )
     loaded = load_profile(str(path))
     assert loaded.micro_batch_size == 4 and loaded.num_layers == 6
     assert estimate_configs(loaded, 4).feasible.any()
 
 
 def test_perf_table_merges_counts_and_stays_short_at_2000_nodes(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from liveput.cli.perf import MAX_ROWS, _rows
 
     best = {str(n): (None if n < 6 else [n // 6, 6]) for n in range(1, 31)}

@@ -24,12 +24,25 @@ def random_profile(rng: np.random.Generator, layers: int, checkpointing: str) ->
     outputs = rng.integers(1e5, 1e7, layers)
     inputs = np.concatenate(([0], outputs[:-1]))
     saved = inputs + rng.integers(1e5, 1e8, layers)
-    return ModelProfile("random", INSTANCE, tuple(
-        LayerProfile(f"block.{i}", float(f), float(2 * f), 1e-4, int(p), int(a), int(m))
-        for i, (f, p, a, m) in enumerate(zip(
-            rng.uniform(1e-3, 1e-2, layers), rng.integers(1e5, 1e7, layers), outputs, saved,
-            strict=True))),
-        global_batch_size=32, micro_batch_size=2, activation_checkpointing=checkpointing)
+    return ModelProfile(
+        "random",
+        INSTANCE,
+        tuple(
+            LayerProfile(f"block.{i}", float(f), float(2 * f), 1e-4, int(p), int(a), int(m))
+            for i, (f, p, a, m) in enumerate(
+                zip(
+                    rng.uniform(1e-3, 1e-2, layers),
+                    rng.integers(1e5, 1e7, layers),
+                    outputs,
+                    saved,
+                    strict=True,
+                )
+            )
+        ),
+        global_batch_size=32,
+        micro_batch_size=2,
+        activation_checkpointing=checkpointing,
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -40,29 +53,38 @@ def test_stage_memory_and_time_against_a_direct_count(seed, layers, nodes):
     (Its memory is not always lower: with one micro-batch in flight it holds every layer's input
     besides the layer it recomputes.)"""
     rng = np.random.default_rng(seed)
-    tables = {mode: estimate_configs(random_profile(np.random.default_rng(seed), layers, mode),
-                                     nodes, Calibration())
-              for mode in ("none", "layer", "stage")}
+    tables = {
+        mode: estimate_configs(
+            random_profile(np.random.default_rng(seed), layers, mode), nodes, Calibration()
+        )
+        for mode in ("none", "layer", "stage")
+    }
     profile = random_profile(rng, layers, "none")
     from liveput.perf.partition import partition_layers
 
-    for k, (d, p) in enumerate(zip(tables["none"].data_parallel,
-                                   tables["none"].pipeline_stages, strict=True)):
+    for k, (d, p) in enumerate(
+        zip(tables["none"].data_parallel, tables["none"].pipeline_stages, strict=True)
+    ):
         m = 32 / (d * 2)
         for mode, table in tables.items():
-            bounds = partition_layers(dataclasses.replace(profile, activation_checkpointing=mode),
-                                      int(p))
+            bounds = partition_layers(
+                dataclasses.replace(profile, activation_checkpointing=mode), int(p)
+            )
             worst = 0.0
             for s in range(int(p)):
-                stage = profile.layers[bounds[s]:bounds[s + 1]]
-                inputs = [0 if i == 0 else profile.layers[i - 1].activation_bytes
-                          for i in range(bounds[s], bounds[s + 1])]
+                stage = profile.layers[bounds[s] : bounds[s + 1]]
+                inputs = [
+                    0 if i == 0 else profile.layers[i - 1].activation_bytes
+                    for i in range(bounds[s], bounds[s + 1])
+                ]
                 n = min(p - s, np.ceil(m))
                 state = sum(layer.num_params for layer in stage) * 16
                 saved = [layer.activation_memory_bytes for layer in stage]
-                memory = {"none": state + n * sum(saved),
-                          "layer": state + max(saved) + n * sum(inputs),
-                          "stage": state + sum(saved) + n * inputs[0]}[mode]
+                memory = {
+                    "none": state + n * sum(saved),
+                    "layer": state + max(saved) + n * sum(inputs),
+                    "stage": state + sum(saved) + n * inputs[0],
+                }[mode]
                 worst = max(worst, memory)
             assert table.memory_gb[k] == pytest.approx(worst / 1e9, rel=1e-9)
         assert tables["layer"].samples_per_s[k] <= tables["none"].samples_per_s[k] * (1 + 1e-12)
@@ -73,35 +95,48 @@ def test_checkpointing_on_a_job_profile_memory_down_time_up():
     takes tiny-gpt-small's memory down by most of its activations and its step gets the forward
     once more."""
     from liveput.models.jobs import resolve_job
-    from liveput.runtime.planning import profile_job
     from liveput.models.training import TrainingConfig
+    from liveput.runtime.planning import profile_job
 
     job = resolve_job("tiny-gpt-small")
-    checkpointed = profile_job(dataclasses.replace(
-        job, training=TrainingConfig(activation_checkpointing=True)), repeats=1)
+    checkpointed = profile_job(
+        dataclasses.replace(job, training=TrainingConfig(activation_checkpointing=True)), repeats=1
+    )
     assert checkpointed.activation_checkpointing == "layer"
     plain = dataclasses.replace(checkpointed, activation_checkpointing="none")
     for nodes, (d, p) in ((1, (1, 1)), (4, (1, 4))):
         rows = [estimate_configs(q, nodes, Calibration()) for q in (plain, checkpointed)]
-        k = next(i for i, c in enumerate(zip(rows[0].data_parallel, rows[0].pipeline_stages))
-                 if c == (d, p))
+        k = next(
+            i
+            for i, c in enumerate(zip(rows[0].data_parallel, rows[0].pipeline_stages))
+            if c == (d, p)
+        )
         assert rows[1].memory_gb[k] < rows[0].memory_gb[k]
-    fast, slow = (float(estimate_configs(q, 1, Calibration()).samples_per_s[0])
-                  for q in (plain, checkpointed))
+    fast, slow = (
+        float(estimate_configs(q, 1, Calibration()).samples_per_s[0]) for q in (plain, checkpointed)
+    )
     forward = sum(layer.forward_s for layer in plain.layers)
     backward = sum(layer.backward_s for layer in plain.layers)
     optimizer = sum(layer.optimizer_s for layer in plain.layers)
     slots = plain.global_batch_size / plain.micro_batch_size
     assert fast / slow == pytest.approx(
         (slots * (2 * forward + backward) + optimizer) / (slots * (forward + backward) + optimizer),
-        rel=1e-6)
+        rel=1e-6,
+    )
     with pytest.raises(LiveputError, match="activation_checkpointing must be one of"):
         dataclasses.replace(plain, activation_checkpointing="yes")
 
 
 def synthetic(profile: ModelProfile, truth: Calibration, configs) -> list[Measurement]:
-    theta = np.array([truth.compute_scale, truth.transfer_scale, truth.slot_overhead_s,
-                      truth.allreduce_scale, truth.iteration_overhead_s])
+    theta = np.array(
+        [
+            truth.compute_scale,
+            truth.transfer_scale,
+            truth.slot_overhead_s,
+            truth.allreduce_scale,
+            truth.iteration_overhead_s,
+        ]
+    )
     probes = [Measurement(d, p, 1.0) for d, p in configs]
     seconds = measured_features(profile, probes) @ theta
     return [Measurement(d, p, float(t), 10) for (d, p), t in zip(configs, seconds, strict=True)]
@@ -111,8 +146,13 @@ def test_online_fit_recovers_known_constants_from_synthetic_measurements():
     """VGG-19's cuts send different activations at each depth, so all five constants are
     identifiable; GPT's boundary activation is the same at every cut (gamma's column is c's
     times a constant), so gamma stays at its prior there and the prediction is still exact."""
-    truth = Calibration(compute_scale=1.7, transfer_scale=2.5, slot_overhead_s=0.03,
-                        allreduce_scale=1.4, iteration_overhead_s=0.8)
+    truth = Calibration(
+        compute_scale=1.7,
+        transfer_scale=2.5,
+        slot_overhead_s=0.03,
+        allreduce_scale=1.4,
+        iteration_overhead_s=0.8,
+    )
     configs = [(d, p) for d in (1, 2, 3, 4) for p in (2, 3, 5, 8) if d * p <= 32]
     vgg = builtin_profile("vgg19")
     fitted = fit_online(vgg, synthetic(vgg, truth, configs))
@@ -156,19 +196,24 @@ def test_online_fit_with_few_configurations_fits_fewer_constants():
 def test_the_runtime_measures_what_it_runs_and_the_coordinator_refits(tmp_path):
     """Engines publish the step times of each configuration they run; the coordinator's next
     interval re-fits the estimator to them and plans with the new table."""
+    from liveput.models.jobs import resolve_job
     from liveput.perf.configuration import Configuration
     from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
     from liveput.runtime.engine import EngineConfig
     from liveput.runtime.inprocess import ThreadCluster
-    from liveput.models.jobs import resolve_job
     from liveput.runtime.planning import profile_job
     from liveput.runtime.step_times import read_measurements
     from liveput.runtime.store import MemoryStore
 
     job = resolve_job("tiny-gpt-small")
     profile = profile_job(job, repeats=1)
-    cluster = ThreadCluster(job, profile, str(tmp_path / "ckpt"), 24,
-                            EngineConfig(checkpoint_every=0, comm_timeout_s=20))
+    cluster = ThreadCluster(
+        job,
+        profile,
+        str(tmp_path / "ckpt"),
+        24,
+        EngineConfig(checkpoint_every=0, comm_timeout_s=20),
+    )
     cluster.migrate(Configuration(1, 2), set(), [0, 1], run_until=8)
     cluster.migrate(Configuration(2, 1), set(), [], run_until=16)
     cluster.migrate(Configuration(1, 1), {1}, [], run_until=24)
@@ -178,14 +223,18 @@ def test_the_runtime_measures_what_it_runs_and_the_coordinator_refits(tmp_path):
     store = MemoryStore()
     for key, value in cluster.store.get_prefix("perf/").items():
         store.set(key, value)
-    coordinator = Coordinator(store, profile, CoordinatorConfig(
-        num_steps=10, num_micro_batches=job.num_micro_batches, capacity=4))
+    coordinator = Coordinator(
+        store,
+        profile,
+        CoordinatorConfig(num_steps=10, num_micro_batches=job.num_micro_batches, capacity=4),
+    )
     before = coordinator.table.samples_per_s.copy()
     coordinator.observe()  # the first observation is an interval's
     assert coordinator.measurements == tuple(measured)
     assert coordinator.calibration == fit_online(profile, measured)
     assert coordinator.calibration != Calibration()
     assert not np.allclose(coordinator.table.samples_per_s, before)
-    assert prediction_mape(profile, measured, coordinator.calibration) < \
-        prediction_mape(profile, measured, Calibration())
+    assert prediction_mape(profile, measured, coordinator.calibration) < prediction_mape(
+        profile, measured, Calibration()
+    )
     assert coordinator.policy.context.table is coordinator.table

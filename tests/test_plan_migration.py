@@ -16,8 +16,9 @@ PROFILE = load_profile("bert-large")  # 24 layers: small cases stay enumerable
 COSTS = MigrationCostModel()
 
 
-def brute_force_bytes(assignment: Assignment, survivors: list[int], target: Configuration,
-                      stages_before: int) -> int:
+def brute_force_bytes(
+    assignment: Assignment, survivors: list[int], target: Configuration, stages_before: int
+) -> int:
     layer_bytes = PROFILE.layer_state_bytes()
     old = partition_layers(PROFILE, stages_before)
     new = partition_layers(PROFILE, target.pipeline_stages)
@@ -29,8 +30,12 @@ def brute_force_bytes(assignment: Assignment, survivors: list[int], target: Conf
     slots = [s for _ in range(target.data_parallel) for s in range(target.pipeline_stages)]
     best = None
     for chosen in itertools.permutations(survivors, len(slots)):
-        total = sum(int(layer_bytes[layer]) for instance, stage in zip(chosen, slots)
-                    for layer in range(new[stage], new[stage + 1]) if layer not in held(instance))
+        total = sum(
+            int(layer_bytes[layer])
+            for instance, stage in zip(chosen, slots)
+            for layer in range(new[stage], new[stage + 1])
+            if layer not in held(instance)
+        )
         best = total if best is None else min(best, total)
     return best
 
@@ -76,8 +81,7 @@ def test_kinds_and_estimated_times() -> None:
     # across an old boundary travel (GPT's per-block cut does not nest 8 stages in 16).
     assert deeper.kind == "pipeline" and deeper.bytes_restored == 0
     assert 0 < deeper.bytes_moved <= 0.05 * profile.layer_state_bytes().sum()
-    lost_stage = plan_migration(profile, COSTS, assignment, {0, 8, 16, 24}, [],
-                                Configuration(3, 8))
+    lost_stage = plan_migration(profile, COSTS, assignment, {0, 8, 16, 24}, [], Configuration(3, 8))
     assert lost_stage.kind == "checkpoint-restore" and lost_stage.bytes_restored == 3 * stage_bytes
     assert lost_stage.estimated_s > regroup.estimated_s
 
@@ -95,8 +99,14 @@ def test_planning_from_reported_holdings_moves_the_fewest_bytes(seed: int) -> No
     rng = np.random.default_rng(100 + seed)
     layer_bytes = PROFILE.layer_state_bytes()
     instances = list(range(int(rng.integers(1, 5))))
-    held = {i: sorted(set(rng.choice(PROFILE.num_layers, size=int(rng.integers(0, 12)),
-                                     replace=True).tolist())) for i in instances}
+    held = {
+        i: sorted(
+            set(
+                rng.choice(PROFILE.num_layers, size=int(rng.integers(0, 12)), replace=True).tolist()
+            )
+        )
+        for i in instances
+    }
     new_p = int(rng.integers(1, 4))
     new_d = max(1, len(instances) // new_p)
     if new_d * new_p > len(instances):
@@ -105,10 +115,15 @@ def test_planning_from_reported_holdings_moves_the_fewest_bytes(seed: int) -> No
     plan = plan_from_holdings(PROFILE, COSTS, held, target)
     new = partition_layers(PROFILE, target.pipeline_stages)
     slots = [s for _ in range(target.data_parallel) for s in range(target.pipeline_stages)]
-    best = min(sum(int(layer_bytes[layer]) for instance, stage in zip(chosen, slots, strict=True)
-                   for layer in range(new[stage], new[stage + 1])
-                   if layer not in held[instance])
-               for chosen in itertools.permutations(instances, len(slots)))
+    best = min(
+        sum(
+            int(layer_bytes[layer])
+            for instance, stage in zip(chosen, slots, strict=True)
+            for layer in range(new[stage], new[stage + 1])
+            if layer not in held[instance]
+        )
+        for chosen in itertools.permutations(instances, len(slots))
+    )
     assert plan.bytes_moved + plan.bytes_restored == best
     anyone = {layer for layers in held.values() for layer in layers}
     for transfer in plan.transfers:
@@ -125,10 +140,17 @@ def test_on_demand_instances_spread_over_the_stages_then_the_fewest_bytes_move(s
     rng = np.random.default_rng(500 + seed)
     layer_bytes = PROFILE.layer_state_bytes()
     instances = list(range(int(rng.integers(2, 7))))
-    held = {i: sorted(set(rng.choice(PROFILE.num_layers, size=int(rng.integers(0, 14)),
-                                     replace=True).tolist())) for i in instances}
-    on_demand = set(rng.choice(instances, size=int(rng.integers(1, len(instances) + 1)),
-                               replace=False).tolist())
+    held = {
+        i: sorted(
+            set(
+                rng.choice(PROFILE.num_layers, size=int(rng.integers(0, 14)), replace=True).tolist()
+            )
+        )
+        for i in instances
+    }
+    on_demand = set(
+        rng.choice(instances, size=int(rng.integers(1, len(instances) + 1)), replace=False).tolist()
+    )
     new_p = int(rng.integers(1, 4))
     new_d = max(1, min(2, len(instances) // new_p))
     if new_d * new_p > len(instances):
@@ -140,19 +162,31 @@ def test_on_demand_instances_spread_over_the_stages_then_the_fewest_bytes_move(s
     working = min(len(on_demand), target.num_instances)
 
     def spread(chosen: tuple[int, ...]) -> bool:
-        per_stage = [sum(i in on_demand for i, s in zip(chosen, stages) if s == stage)
-                     for stage in range(new_p)]
+        per_stage = [
+            sum(i in on_demand for i, s in zip(chosen, stages) if s == stage)
+            for stage in range(new_p)
+        ]
         return sum(per_stage) == working and max(per_stage) - min(per_stage) <= 1
 
     def moved(chosen: tuple[int, ...]) -> int:
-        return sum(int(layer_bytes[layer]) for instance, stage in zip(chosen, stages)
-                   for layer in range(new[stage], new[stage + 1]) if layer not in held[instance])
+        return sum(
+            int(layer_bytes[layer])
+            for instance, stage in zip(chosen, stages)
+            for layer in range(new[stage], new[stage + 1])
+            if layer not in held[instance]
+        )
 
     best = min(moved(c) for c in itertools.permutations(instances, len(stages)) if spread(c))
     assert plan.bytes_moved + plan.bytes_restored == best
-    placed = tuple(next(i for i, s in plan.assignment.slots.items()
-                        if s is not None and (s.pipeline, s.stage) == (d, st))
-                   for d in range(new_d) for st in range(new_p))
+    placed = tuple(
+        next(
+            i
+            for i, s in plan.assignment.slots.items()
+            if s is not None and (s.pipeline, s.stage) == (d, st)
+        )
+        for d in range(new_d)
+        for st in range(new_p)
+    )
     assert spread(placed)
     assert plan.assignment.on_demand == frozenset(on_demand)
 

@@ -44,14 +44,16 @@ def enumerated_after_losses(thr: np.ndarray, d: int, p: int, spares: int, lost: 
     return float(np.mean(values))
 
 
-def brute_force(optimizer: LiveputOptimizer, current: Configuration | None, available: int,
-                forecast: Forecast) -> tuple[float, int]:
+def brute_force(
+    optimizer: LiveputOptimizer, current: Configuration | None, available: int, forecast: Forecast
+) -> tuple[float, int]:
     """Best total over every sequence of candidates, rewards computed from first principles."""
     config = optimizer.config
     count = len(optimizer.sizes)
     capacity = max(available, forecast.capacity)
-    migration = migration_seconds(PROFILE, COSTS, optimizer.data_parallel, optimizer.stages,
-                                  available)
+    migration = migration_seconds(
+        PROFILE, COSTS, optimizer.data_parallel, optimizer.stages, available
+    )
     grid = np.zeros((optimizer.capacity + 1, optimizer.capacity + 1))
     grid[optimizer.data_parallel, optimizer.stages] = optimizer.throughput
     rewards = np.zeros((config.horizon, count))
@@ -81,8 +83,9 @@ def brute_force(optimizer: LiveputOptimizer, current: Configuration | None, avai
                         expected += weight * (thr[d] + after) / 2
                 total += pmf[n] * expected
             rewards[h, c] = config.interval_s * total
-    start = 0 if current is None else optimizer._index[(current.data_parallel,
-                                                        current.pipeline_stages)]
+    start = (
+        0 if current is None else optimizer._index[(current.data_parallel, current.pipeline_stages)]
+    )
     keep = np.clip(config.interval_s - migration, 0, None) / config.interval_s
     best, best_first = -1.0, -1
     for sequence in itertools.product(range(count), repeat=config.horizon):
@@ -99,32 +102,49 @@ def test_dynamic_program_equals_exhaustive_search(seed: int) -> None:
     max_nodes = int(rng.integers(3, 7))
     table = random_table(rng, max_nodes)
     horizon = int(rng.integers(2, 4))
-    optimizer = LiveputOptimizer(PROFILE, table, COSTS,
-                                 OptimizerConfig(horizon=horizon, interval_s=30.0))
+    optimizer = LiveputOptimizer(
+        PROFILE, table, COSTS, OptimizerConfig(horizon=horizon, interval_s=30.0)
+    )
     forecast = random_forecast(rng, horizon - 1, max_nodes)
     available = int(rng.integers(1, max_nodes + 1))
-    fitting = [Configuration(int(d), int(p)) for d, p, f in
-               zip(table.data_parallel, table.pipeline_stages, table.feasible)
-               if f and d * p <= available]
+    fitting = [
+        Configuration(int(d), int(p))
+        for d, p, f in zip(table.data_parallel, table.pipeline_stages, table.feasible)
+        if f and d * p <= available
+    ]
     current = fitting[int(rng.integers(len(fitting)))] if fitting else None
     decision = optimizer.decide(current, available, forecast)
     best, first = brute_force(optimizer, current, available, forecast)
     assert decision.alternatives[0].expected_samples == pytest.approx(best, rel=1e-9)
     assert decision.expected_samples == pytest.approx(best, rel=1e-9)
-    chosen = 0 if decision.configuration is None else optimizer._index[
-        (decision.configuration.data_parallel, decision.configuration.pipeline_stages)]
+    chosen = (
+        0
+        if decision.configuration is None
+        else optimizer._index[
+            (decision.configuration.data_parallel, decision.configuration.pipeline_stages)
+        ]
+    )
     assert chosen == first
 
 
-@pytest.mark.parametrize("d, p, spares, lost, on_demand", [
-    (4, 3, 2, 3, 0), (3, 4, 1, 5, 2), (2, 2, 0, 1, 0), (4, 8, 6, 7, 3), (5, 2, 3, 4, 0),
-])
-def test_exact_liveput_equals_monte_carlo(d: int, p: int, spares: int, lost: int,
-                                          on_demand: int) -> None:
+@pytest.mark.parametrize(
+    "d, p, spares, lost, on_demand",
+    [
+        (4, 3, 2, 3, 0),
+        (3, 4, 1, 5, 2),
+        (2, 2, 0, 1, 0),
+        (4, 8, 6, 7, 3),
+        (5, 2, 3, 4, 0),
+    ],
+)
+def test_exact_liveput_equals_monte_carlo(
+    d: int, p: int, spares: int, lost: int, on_demand: int
+) -> None:
     thr = np.concatenate(([0.0], np.cumsum(np.linspace(10, 6, d))))
     exact = expected_throughput_after_losses(thr, d, p, spares, on_demand)[spares, lost]
-    mean, error = monte_carlo_throughput_after_losses(thr, d, p, spares, lost, on_demand,
-                                                      samples=6000, seed=d * p)
+    mean, error = monte_carlo_throughput_after_losses(
+        thr, d, p, spares, lost, on_demand, samples=6000, seed=d * p
+    )
     assert abs(exact - mean) <= 4 * error + 1e-9
     if on_demand == 0 and d * p + spares <= 12:
         assert exact == pytest.approx(enumerated_after_losses(thr, d, p, spares, lost))
@@ -172,31 +192,86 @@ def test_bad_input() -> None:
 
 def test_cli_plan_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     forecast = "30,29,28,28"
-    assert main(["plan", "--nodes", "32", "--current", "4x8", "--forecast", forecast,
-                 "--horizon", "5", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--nodes",
+                "32",
+                "--current",
+                "4x8",
+                "--forecast",
+                forecast,
+                "--horizon",
+                "5",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert set(result) >= {"decision", "migration", "expected_samples", "alternatives", "solve_ms"}
     assert result["alternatives"][0]["expected_samples"] == pytest.approx(
-        result["expected_samples"])
-    assert main(["plan", "--nodes", "20", "--current", "4x8", "--forecast", forecast,
-                 "--horizon", "5"]) == 2
+        result["expected_samples"]
+    )
+    assert (
+        main(
+            ["plan", "--nodes", "20", "--current", "4x8", "--forecast", forecast, "--horizon", "5"]
+        )
+        == 2
+    )
     assert "uses 32 instances but only 20" in capsys.readouterr().err
-    assert main(["plan", "--model", "gpt-9", "--nodes", "8", "--forecast", "8,8,8,8",
-                 "--horizon", "5"]) == 2
+    assert (
+        main(
+            ["plan", "--model", "gpt-9", "--nodes", "8", "--forecast", "8,8,8,8", "--horizon", "5"]
+        )
+        == 2
+    )
     assert "unknown model" in capsys.readouterr().err
     assert main(["plan", "--nodes", "8", "--forecast", "8,8", "--horizon", "5"]) == 2
     assert "needs 4" in capsys.readouterr().err
 
 
 def test_cli_plan_takes_a_longer_forecast_and_says_what_it_ignores(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     forecast = "30,29,28,28"
-    assert main(["plan", "--nodes", "32", "--current", "4x8", "--forecast", forecast,
-                 "--horizon", "5", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--nodes",
+                "32",
+                "--current",
+                "4x8",
+                "--forecast",
+                forecast,
+                "--horizon",
+                "5",
+                "--json",
+            ]
+        )
+        == 0
+    )
     exact = json.loads(capsys.readouterr().out)
     # H values (one per interval of the horizon) or more, as --help says: the first H - 1 count.
-    assert main(["plan", "--nodes", "32", "--current", "4x8", "--forecast", forecast + ",5,5",
-                 "--horizon", "5", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--nodes",
+                "32",
+                "--current",
+                "4x8",
+                "--forecast",
+                forecast + ",5,5",
+                "--horizon",
+                "5",
+                "--json",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     longer = json.loads(captured.out)
     assert longer["decision"] == exact["decision"]

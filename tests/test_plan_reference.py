@@ -42,8 +42,9 @@ def test_decisions_equal_the_dense_implementation(case) -> None:
         for key in ("configuration", "migration"):
             assert decided[key] == expected[key]
         assert decided["migration_s"] == pytest.approx(expected["migration_s"], rel=1e-12)
-        assert decided["expected_samples"] == pytest.approx(expected["expected_samples"],
-                                                            rel=1e-9, abs=1e-9)
+        assert decided["expected_samples"] == pytest.approx(
+            expected["expected_samples"], rel=1e-9, abs=1e-9
+        )
     # The values of the alternatives, best first, match (so a configuration can only swap
     # places with one of the same value).
     scale = max(1.0, *(abs(value) for _, value, _ in expected["alternatives"]))

@@ -20,22 +20,30 @@ PROFILE = load_profile("gpt-1.5b")
 COSTS = MigrationCostModel.from_profile(PROFILE)
 
 
-def mixture_over_losses(thr: np.ndarray, d: int, p: int, spares: int, on_demand: int,
-                        rate: float) -> float:
+def mixture_over_losses(
+    thr: np.ndarray, d: int, p: int, spares: int, on_demand: int, rate: float
+) -> float:
     """The per-count term as the dense optimizer computed it: sum_k Bin(k; n, q) (thr + E[thr
     after k uniformly placed losses]) / 2 over the n spot instances of (D, P) plus spares."""
     after = expected_throughput_after_losses(thr, d, p, spares, on_demand)[spares]
     spot = len(after) - 1
     lost = np.arange(spot + 1)
-    weights = comb(spot, lost) * rate ** lost * (1.0 - rate) ** (spot - lost)
+    weights = comb(spot, lost) * rate**lost * (1.0 - rate) ** (spot - lost)
     return float(weights[0] * thr[d] + np.sum(weights[1:] * (thr[d] + after[1:]) / 2))
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(d=st.integers(1, 6), p=st.integers(1, 5), spares=st.integers(0, 6),
-       on_demand=st.integers(0, 9), rate=st.floats(0.0, 1.0), seed=st.integers(0, 2**16))
+@given(
+    d=st.integers(1, 6),
+    p=st.integers(1, 5),
+    spares=st.integers(0, 6),
+    on_demand=st.integers(0, 9),
+    rate=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**16),
+)
 def test_per_candidate_equals_the_mixture_over_losses_for_every_spare_count(
-        d: int, p: int, spares: int, on_demand: int, rate: float, seed: int) -> None:
+    d: int, p: int, spares: int, on_demand: int, rate: float, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     grid = np.zeros((d + 1, p + 1))
     # Any throughputs, not only increasing ones (an infeasible width has throughput 0).
@@ -45,8 +53,9 @@ def test_per_candidate_equals_the_mixture_over_losses_for_every_spare_count(
     value = interval.per_candidate(rate, on_demand)
     assert value[0] == 0.0
     thr = grid[:, p]
-    assert value[1] == pytest.approx(mixture_over_losses(thr, d, p, spares, on_demand, rate),
-                                     rel=1e-9, abs=1e-12)
+    assert value[1] == pytest.approx(
+        mixture_over_losses(thr, d, p, spares, on_demand, rate), rel=1e-9, abs=1e-12
+    )
 
 
 def test_per_candidate_at_the_extremes() -> None:
@@ -62,10 +71,14 @@ def test_per_candidate_at_the_extremes() -> None:
 def _tables() -> list:
     rng = np.random.default_rng(3)
     return [random_table(rng, int(rng.integers(3, 13))) for _ in range(4)] + [
-        estimate_configs(PROFILE, 40), estimate_configs(load_profile("bert-large"), 24)]
+        estimate_configs(PROFILE, 40),
+        estimate_configs(load_profile("bert-large"), 24),
+    ]
 
 
-@pytest.mark.parametrize("table", _tables(), ids=lambda table: f"{table.model}-{len(table.data_parallel)}")
+@pytest.mark.parametrize(
+    "table", _tables(), ids=lambda table: f"{table.model}-{len(table.data_parallel)}"
+)
 def test_migration_rows_and_dynamic_program_step_equal_the_dense_matrix(table) -> None:
     optimizer = LiveputOptimizer(PROFILE, table, COSTS)
     d, p = optimizer.data_parallel, optimizer.stages

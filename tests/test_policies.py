@@ -25,8 +25,9 @@ from liveput.traces import IntervalTrace
 
 GPT = load_profile("gpt-1.5b")
 TABLE = estimate_configs(GPT, 32)
-CONTEXT = PolicyContext(GPT, TABLE, MigrationCostModel.from_profile(GPT), capacity=32,
-                        predictor="persistence")
+CONTEXT = PolicyContext(
+    GPT, TABLE, MigrationCostModel.from_profile(GPT), capacity=32, predictor="persistence"
+)
 
 
 def history(counts: list[int], preempted: list[int] | None = None) -> IntervalTrace:
@@ -36,12 +37,21 @@ def history(counts: list[int], preempted: list[int] | None = None) -> IntervalTr
     return IntervalTrace("h", 60.0, counts_array, lost, allocated)
 
 
-def observe(count: int, current: Configuration | None, time_s: float = 0.0,
-            **extra: object) -> Observation:
+def observe(
+    count: int, current: Configuration | None, time_s: float = 0.0, **extra: object
+) -> Observation:
     counts = extra.pop("counts", [count])
-    return Observation(time_s=time_s, interval_index=len(counts) - 1, interval_s=60.0,
-                       history=history(counts), num_available=count, current=current,
-                       capacity=32, remaining_s=float(extra.pop("remaining_s", 60.0)), **extra)
+    return Observation(
+        time_s=time_s,
+        interval_index=len(counts) - 1,
+        interval_s=60.0,
+        history=history(counts),
+        num_available=count,
+        current=current,
+        capacity=32,
+        remaining_s=float(extra.pop("remaining_s", 60.0)),
+        **extra,
+    )
 
 
 def test_every_default_policy_is_registered() -> None:
@@ -84,12 +94,14 @@ def test_reactive_restarts_on_every_change_and_pays_save_restart_load() -> None:
     target = first.configuration
     assert first.downtime_s == pytest.approx(restart_s(CONTEXT, target))  # launch: no save
     assert reactive.decide(observe(16, target, 60.0)).downtime_s == 0.0
-    hit = reactive.decide(observe(15, target, 90.0, event="preemption", lost_spares=1,
-                                  remaining_s=30.0))
+    hit = reactive.decide(
+        observe(15, target, 90.0, event="preemption", lost_spares=1, remaining_s=30.0)
+    )
     lookup = ConfigurationLookup(CONTEXT)
     assert hit.configuration == lookup.best_for(15)
-    assert hit.downtime_s == pytest.approx(restart_s(CONTEXT, hit.configuration)
-                                           + checkpoint_save_s(CONTEXT, target))
+    assert hit.downtime_s == pytest.approx(
+        restart_s(CONTEXT, hit.configuration) + checkpoint_save_s(CONTEXT, target)
+    )
     grown = reactive.decide(observe(20, hit.configuration, 120.0))
     assert grown.migration == "restart" and grown.configuration == lookup.best_for(20)
 
@@ -99,8 +111,9 @@ def test_checkpoint_keeps_its_configuration_and_rolls_back_on_a_hit() -> None:
     fixed = policy.decide(observe(16, None)).configuration
     assert fixed == ConfigurationLookup(CONTEXT).best_for(16)
     assert policy.decide(observe(30, fixed, 60.0)).configuration == fixed  # never resized
-    decision = policy.decide(observe(29, fixed, 150.0, event="preemption",
-                                     lost_slots=((0, 0),), remaining_s=30.0))
+    decision = policy.decide(
+        observe(29, fixed, 150.0, event="preemption", lost_slots=((0, 0),), remaining_s=30.0)
+    )
     launch = restart_s(CONTEXT, fixed)
     # Trained since the start: 150 s minus the launch, nothing checkpointed yet (Young's period
     # with the prior rate is longer than that).
@@ -127,14 +140,20 @@ def test_bamboo_absorbs_scattered_losses_and_restarts_on_adjacent_ones() -> None
     bamboo = make_policy("bamboo", CONTEXT)
     running = bamboo.decide(observe(24, None)).configuration
     assert running is not None and running.data_parallel >= 2
-    scattered = bamboo.decide(observe(22, running, 30.0, event="preemption",
-                                      lost_slots=((0, 0), (1, 2)), remaining_s=30.0))
+    scattered = bamboo.decide(
+        observe(
+            22, running, 30.0, event="preemption", lost_slots=((0, 0), (1, 2)), remaining_s=30.0
+        )
+    )
     assert scattered.migration in ("failover", "intra-stage")
     assert scattered.downtime_s < 5.0
     adjacent = make_policy("bamboo", CONTEXT)
     running = adjacent.decide(observe(24, None)).configuration
-    crash = adjacent.decide(observe(22, running, 30.0, event="preemption",
-                                    lost_slots=((0, 0), (0, 1)), remaining_s=30.0))
+    crash = adjacent.decide(
+        observe(
+            22, running, 30.0, event="preemption", lost_slots=((0, 0), (0, 1)), remaining_s=30.0
+        )
+    )
     assert crash.migration == "restart"
     assert crash.downtime_s == pytest.approx(restart_s(CONTEXT, crash.configuration))
 
@@ -143,8 +162,11 @@ def test_recovery_is_the_best_configuration_for_the_rest_of_the_interval() -> No
     """``LiveputOptimizer.recover`` against enumerating every candidate by hand."""
     optimizer = LiveputOptimizer(GPT, TABLE, CONTEXT.costs, OptimizerConfig())
     rng = np.random.default_rng(0)
-    feasible = [(int(d), int(p)) for d, p, ok in
-                zip(TABLE.data_parallel, TABLE.pipeline_stages, TABLE.feasible) if ok]
+    feasible = [
+        (int(d), int(p))
+        for d, p, ok in zip(TABLE.data_parallel, TABLE.pipeline_stages, TABLE.feasible)
+        if ok
+    ]
     for _ in range(12):
         start = Configuration(*feasible[int(rng.integers(len(feasible)))])
         available = int(rng.integers(start.num_instances, 33))
@@ -154,8 +176,12 @@ def test_recovery_is_the_best_configuration_for_the_rest_of_the_interval() -> No
         p = np.array([0] + [c[1] for c in feasible])
         seconds = migration_seconds(GPT, CONTEXT.costs, d, p, available)
         begin = feasible.index((start.data_parallel, start.pipeline_stages)) + 1
-        values = [TABLE.throughput_grid(32)[dd, pp] * max(remaining - seconds[begin, k], 0.0)
-                  if dd * pp <= available and k else 0.0 for k, (dd, pp) in enumerate(zip(d, p))]
+        values = [
+            TABLE.throughput_grid(32)[dd, pp] * max(remaining - seconds[begin, k], 0.0)
+            if dd * pp <= available and k
+            else 0.0
+            for k, (dd, pp) in enumerate(zip(d, p))
+        ]
         assert plan.expected_samples == pytest.approx(max(values))
         assert plan.configuration.num_instances <= available
 
@@ -173,20 +199,29 @@ def test_optimizer_charges_a_restore_as_the_policies_do() -> None:
 def test_liveput_regroups_survivors_and_salvages_a_lost_stage_within_the_notice() -> None:
     policy = make_policy("liveput", CONTEXT)
     running = Configuration(2, 8)
-    regroup = policy.decide(observe(16, running, 30.0, event="preemption",
-                                    lost_slots=((1, 3),), remaining_s=30.0, counts=[17]))
+    regroup = policy.decide(
+        observe(
+            16,
+            running,
+            30.0,
+            event="preemption",
+            lost_slots=((1, 3),),
+            remaining_s=30.0,
+            counts=[17],
+        )
+    )
     assert regroup.configuration is not None
     assert regroup.downtime_s < 10.0  # no restart: survivors regroup or re-partition
-    wiped = dict(event="preemption", lost_slots=((0, 3), (1, 3)), remaining_s=40.0,
-                 counts=[16])
+    wiped = dict(event="preemption", lost_slots=((0, 3), (1, 3)), remaining_s=40.0, counts=[16])
     # Stage 3 lost both replicas; during the 120-s notice its state leaves the dying instances:
     # a transfer and a rebuild, no checkpoint.
     salvaged = policy.decide(observe(14, running, 20.0, **wiped))
     stage_bytes = float(GPT.layer_state_bytes().sum()) / 8
     assert salvaged.configuration is not None
     assert salvaged.migration in ("inter-stage", "pipeline")
-    assert salvaged.downtime_s <= (CONTEXT.costs.rebuild_s(14)
-                                   + CONTEXT.costs.transfer_s(stage_bytes) + 1e-9)
+    assert salvaged.downtime_s <= (
+        CONTEXT.costs.rebuild_s(14) + CONTEXT.costs.transfer_s(stage_bytes) + 1e-9
+    )
     # Without a notice the state comes back from the checkpoint (or the rest of the interval is
     # not worth a restore).
     deaf = make_policy("liveput", replace(CONTEXT, preemption_notice_s=0.0))
@@ -200,8 +235,9 @@ def test_the_oracle_forecasts_the_true_future() -> None:
     oracle = make_policy("liveput-oracle", CONTEXT)
     counts = [20, 20, 18, 18, 25]
     trace = IntervalTrace("f", 60.0, counts, [0, 2, 0, 0, 0], [0, 0, 0, 7, 0])
-    observation = Observation(0.0, 0, 60.0, trace.head(1), 20, None, future=trace.window(1),
-                              capacity=32)
+    observation = Observation(
+        0.0, 0, 60.0, trace.head(1), 20, None, future=trace.window(1), capacity=32
+    )
     forecast = oracle.forecast(observation)
     assert isinstance(forecast, Forecast)
     assert forecast.point[:4].tolist() == [20, 18, 18, 25]
@@ -213,9 +249,13 @@ def test_a_change_during_a_reactive_restart_queues_a_full_morph() -> None:
     reactive = make_policy("reactive", CONTEXT)
     launch = reactive.decide(observe(20, None))
     running = launch.configuration
-    hit = reactive.decide(observe(18, running, 10.0, event="preemption", lost_slots=((0, 0),),
-                                  remaining_s=50.0))
+    hit = reactive.decide(
+        observe(18, running, 10.0, event="preemption", lost_slots=((0, 0),), remaining_s=50.0)
+    )
     # The launch had launch.downtime_s - 10 s to go; then save, restart and load in turn.
-    assert hit.downtime_s == pytest.approx(launch.downtime_s - 10.0
-                                           + checkpoint_save_s(CONTEXT, running)
-                                           + restart_s(CONTEXT, hit.configuration))
+    assert hit.downtime_s == pytest.approx(
+        launch.downtime_s
+        - 10.0
+        + checkpoint_save_s(CONTEXT, running)
+        + restart_s(CONTEXT, hit.configuration)
+    )

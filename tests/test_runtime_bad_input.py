@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import bad_jobs
 import pytest
 import torch
 
@@ -22,28 +23,33 @@ from liveput.runtime.planning import profile_job
 from liveput.runtime.store import MemoryStore
 from liveput.testbed.reference import parameter_mismatches, reference_parameters
 
-import bad_jobs
-
 STEPS = 8
 
 
 def _cluster(tmp_path: Path, job_name: str) -> ThreadCluster:
     job = resolve_job(f"bad_jobs:{job_name}")
-    return ThreadCluster(job, profile_job(job, repeats=1), str(tmp_path / "ckpt"), STEPS,
-                         EngineConfig(checkpoint_every=0, comm_timeout_s=20))
-
-
+    return ThreadCluster(
+        job,
+        profile_job(job, repeats=1),
+        str(tmp_path / "ckpt"),
+        STEPS,
+        EngineConfig(checkpoint_every=0, comm_timeout_s=20),
+    )
 
 
 @pytest.mark.process
-@pytest.mark.parametrize(("job_name", "where"), [
-    ("forward_bomb_job", "layer 0 raised in forward at step 5: ValueError: cannot handle"),
-    ("backward_bomb_job", "layer 0 raised in backward at step 5: FloatingPointError: gradient"),
-    ("nan_loss_job", "the loss is nan at step 5; the step was not committed"),
-])
+@pytest.mark.parametrize(
+    ("job_name", "where"),
+    [
+        ("forward_bomb_job", "layer 0 raised in forward at step 5: ValueError: cannot handle"),
+        ("backward_bomb_job", "layer 0 raised in backward at step 5: FloatingPointError: gradient"),
+        ("nan_loss_job", "the loss is nan at step 5; the step was not committed"),
+    ],
+)
 @pytest.mark.parametrize("target", [Configuration(1, 2), Configuration(2, 1)])
-def test_a_step_that_goes_wrong_stops_every_instance_with_one_line(tmp_path, job_name, where,
-                                                                   target):
+def test_a_step_that_goes_wrong_stops_every_instance_with_one_line(
+    tmp_path, job_name, where, target
+):
     cluster = _cluster(tmp_path, job_name)
     with pytest.raises(protocol.JobFailure) as raised:
         cluster.migrate(target, set(), [0, 1], STEPS)
@@ -56,39 +62,53 @@ def test_a_step_that_goes_wrong_stops_every_instance_with_one_line(tmp_path, job
     # The steps before were applied, the bad one by nobody.
     assert {e.last_applied for e in cluster.engines.values()} == {bad_jobs.BAD_STEP - 1}
     plan = protocol.current_plan(cluster.store)
-    assert protocol.step_outcome(cluster.store, plan.generation, bad_jobs.BAD_STEP) \
+    assert (
+        protocol.step_outcome(cluster.store, plan.generation, bad_jobs.BAD_STEP)
         != protocol.COMMITTED
+    )
 
 
 def test_a_model_that_fits_no_configuration_names_the_memory_it_needs():
     job = resolve_job("bad_jobs:forward_bomb_job")
     profile = profile_job(job, repeats=1)
-    small = dataclasses.replace(profile, instance_type=dataclasses.replace(
-        profile.instance_type, gpu_memory_gb=1e-7))
+    small = dataclasses.replace(
+        profile, instance_type=dataclasses.replace(profile.instance_type, gpu_memory_gb=1e-7)
+    )
     config = CoordinatorConfig(num_steps=10, num_micro_batches=job.num_micro_batches, capacity=3)
-    with pytest.raises(LiveputError, match=r"forward-bomb fits no configuration of up to 3 "
-                       r"instances of \S+ \(1e-07 GB each\): it needs at least [\d.e-]+ GB per "
-                       r"instance \(D=\d, P=\d\)"):
+    with pytest.raises(
+        LiveputError,
+        match=r"forward-bomb fits no configuration of up to 3 "
+        r"instances of \S+ \(1e-07 GB each\): it needs at least [\d.e-]+ GB per "
+        r"instance \(D=\d, P=\d\)",
+    ):
         Coordinator(MemoryStore(), small, config)
     Coordinator(MemoryStore(), profile, config)  # the real instance fits it
 
 
 def test_a_dataset_shorter_than_a_batch_is_refused_in_one_line(capsys):
-    with pytest.raises(LiveputError, match=r"^Job short-dataset: the dataset has 5 samples, "
-                       r"fewer than one batch \(8\)$"):
+    with pytest.raises(
+        LiveputError,
+        match=r"^Job short-dataset: the dataset has 5 samples, "
+        r"fewer than one batch \(8\)$",
+    ):
         bad_jobs.short_dataset_job()
     from liveput.cli.main import main
 
     assert main(["train", "--model", "bad_jobs:short_dataset_job", "--steps", "2"]) == 2
-    assert capsys.readouterr().err.strip() == \
-        "error: Job short-dataset: the dataset has 5 samples, fewer than one batch (8)"
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: Job short-dataset: the dataset has 5 samples, fewer than one batch (8)"
+    )
 
 
 def test_the_coordinator_stops_with_the_jobs_one_line():
     job = resolve_job("bad_jobs:forward_bomb_job")
     store = MemoryStore()
-    coordinator = Coordinator(store, profile_job(job, repeats=1), CoordinatorConfig(
-        num_steps=10, num_micro_batches=job.num_micro_batches, capacity=2))
+    coordinator = Coordinator(
+        store,
+        profile_job(job, repeats=1),
+        CoordinatorConfig(num_steps=10, num_micro_batches=job.num_micro_batches, capacity=2),
+    )
     assert coordinator.tick()
     protocol.fail_job(store, protocol.JobFailure("layer 0 raised in forward at step 5: boom"))
     protocol.fail_job(store, protocol.JobFailure("a later failure is not the news"))
@@ -102,11 +122,16 @@ def test_a_nonfinite_loss_configured_to_skip_skips_that_update_on_every_stage(tm
     cluster = _cluster(tmp_path, "nan_once_skipped_job")
     cluster.migrate(target, set(), [0, 1], STEPS)
     plan = protocol.current_plan(cluster.store)
-    assert protocol.step_outcome(cluster.store, plan.generation, bad_jobs.BAD_STEP) \
+    assert (
+        protocol.step_outcome(cluster.store, plan.generation, bad_jobs.BAD_STEP)
         == protocol.COMMITTED
+    )
     assert {e.last_applied for e in cluster.engines.values()} == {STEPS - 1}
-    got = {index: layer.module.state_dict() for engine in cluster.engines.values()
-           for index, layer in engine.layers.items()}
+    got = {
+        index: layer.module.state_dict()
+        for engine in cluster.engines.values()
+        for index, layer in engine.layers.items()
+    }
     job = resolve_job("bad_jobs:nan_once_skipped_job")
     want = reference_parameters(job, STEPS)  # the single process skips step 5 too
     assert parameter_mismatches([got[i] for i in range(job.num_layers)], want) == []

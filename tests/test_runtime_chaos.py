@@ -16,16 +16,24 @@ def test_a_campaign_deals_every_kind_and_etcd_kinds_to_etcd_runs():
     runs = draw_campaign(200, seed=5)
     dealt = [kind for run in runs for kind in run.faults]
     assert len(dealt) == 200
-    assert {kind: dealt.count(kind) >= 5 for kind in FAULT_KINDS} == dict.fromkeys(FAULT_KINDS, True)
-    assert all(run.store == "etcd" for run in runs
-               if {"coordinator-restart", "etcd-restart", "store-outage"} & set(run.faults))
+    assert {kind: dealt.count(kind) >= 5 for kind in FAULT_KINDS} == dict.fromkeys(
+        FAULT_KINDS, True
+    )
+    assert all(
+        run.store == "etcd"
+        for run in runs
+        if {"coordinator-restart", "etcd-restart", "store-outage"} & set(run.faults)
+    )
     assert draw_campaign(200, seed=5) == runs and draw_campaign(200, seed=6) != runs
 
 
 @pytest.mark.process
 def test_a_seeded_campaign_loses_and_doubles_no_step(tmp_path):
-    result = run_campaign(CampaignConfig(faults=16, seed=11, faults_per_run=8, kinds=KINDS,
-                                         kept_logs=str(tmp_path / "failed")))
+    result = run_campaign(
+        CampaignConfig(
+            faults=16, seed=11, faults_per_run=8, kinds=KINDS, kept_logs=str(tmp_path / "failed")
+        )
+    )
     summary = result.summary()
     assert summary["faults"] >= 16
     assert summary["failed_runs"] == []

@@ -13,8 +13,15 @@ from liveput.policies.deadline import DeadlineContext, make_deadline_policy
 from liveput.policies.objective import JobObjective
 from liveput.runtime.coordinator import DeadlineObjective, ThroughputObjective
 from liveput.runtime.coordinator.objective import MarketReading, Planning
-from liveput.runtime.coordinator.policy import (Answer, PolicyInputs, asks_policy, available,
-                                                fit, history_trace, step)
+from liveput.runtime.coordinator.policy import (
+    Answer,
+    PolicyInputs,
+    asks_policy,
+    available,
+    fit,
+    history_trace,
+    step,
+)
 from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView, Member
 from liveput.runtime.job import resolve_job
 from liveput.runtime.planning import profile_job
@@ -31,19 +38,34 @@ def _member(heartbeat_age_s: float = 0.1, **fields: object) -> Member:
 
 def _running(members: dict[int, Member], interval_due: bool = False) -> CoordinatorView:
     """Plan 3 trains 2x1 on instances 0 and 1 from step 10; step 20 committed."""
-    plan = RuntimePlan(3, 0, 10, STEPS, 2, 1, [0, PROFILE.num_layers], {0: (0, 0), 1: (1, 0)},
-                       {0: "h", 1: "h"})
-    return CoordinatorView(now_s=30.0, members=members, plan=plan, started=plan, committed=20,
-                           all_arrived=True, interval_due=interval_due)
+    plan = RuntimePlan(
+        3, 0, 10, STEPS, 2, 1, [0, PROFILE.num_layers], {0: (0, 0), 1: (1, 0)}, {0: "h", 1: "h"}
+    )
+    return CoordinatorView(
+        now_s=30.0,
+        members=members,
+        plan=plan,
+        started=plan,
+        committed=20,
+        all_arrived=True,
+        interval_due=interval_due,
+    )
 
 
 def _deadline_objective(policy: str) -> tuple[DeadlineObjective, CoordinatorConfig]:
     table = estimate_configs(PROFILE, 8)
     context = DeadlineContext(
-        PolicyContext(profile=PROFILE, table=table, costs=MigrationCostModel(),
-                      interval_s=60.0, objective="cost"),
+        PolicyContext(
+            profile=PROFILE,
+            table=table,
+            costs=MigrationCostModel(),
+            interval_s=60.0,
+            objective="cost",
+        ),
         JobObjective(deadline_hours=1.0, steps=STEPS, on_demand_max=4),
-        target_samples=STEPS * PROFILE.global_batch_size, on_demand_max=4)
+        target_samples=STEPS * PROFILE.global_batch_size,
+        on_demand_max=4,
+    )
     return DeadlineObjective(context), dataclasses.replace(CONFIG, policy=policy)
 
 
@@ -52,16 +74,26 @@ def test_at_the_start_the_policy_is_asked_and_its_configuration_fitted():
     instances; the throughput objective rents nothing and asks for no restart."""
     objective = ThroughputObjective()
     planning = objective.start(PROFILE, CONFIG)
-    view = CoordinatorView(now_s=1.0, members={0: _member(), 1: _member()}, plan=None,
-                           started=None, committed=-1, interval_due=True)
+    view = CoordinatorView(
+        now_s=1.0,
+        members={0: _member(), 1: _member()},
+        plan=None,
+        started=None,
+        committed=-1,
+        interval_due=True,
+    )
     assert asks_policy(view, CONFIG, objective)
     answer = step(PolicyInputs(view), CONFIG, PROFILE, planning, objective)
     assert answer.action.kind is ActionKind.REPLAN and answer.action.reason == "start"
     assert answer.action.workers == (0, 1)
     target = answer.action.target
     assert target is not None and target.num_instances <= 2
-    assert (answer.asked, answer.provisioning, answer.restart, answer.policy_error) == \
-        (True, None, False, None)
+    assert (answer.asked, answer.provisioning, answer.restart, answer.policy_error) == (
+        True,
+        None,
+        False,
+        None,
+    )
     assert not answer.action.restore
 
 
@@ -70,8 +102,7 @@ def test_nothing_to_ask_between_intervals():
     objective = ThroughputObjective()
     view = _running({0: _member(), 1: _member()})
     assert not asks_policy(view, CONFIG, objective)
-    answer = step(PolicyInputs(view), CONFIG, PROFILE, objective.start(PROFILE, CONFIG),
-                  objective)
+    answer = step(PolicyInputs(view), CONFIG, PROFILE, objective.start(PROFILE, CONFIG), objective)
     assert answer == Answer(answer.action)
     assert answer.action.kind is ActionKind.NONE
 
@@ -84,8 +115,13 @@ def test_a_restart_the_policy_asks_for_restores_from_the_checkpoint():
     objective = ThroughputObjective()
     for policy, restart in (("reactive", True), ("liveput", False)):
         config = dataclasses.replace(CONFIG, policy=policy)
-        answer = step(PolicyInputs(view, history=(2, 2)), config, PROFILE,
-                      objective.start(PROFILE, config), objective)
+        answer = step(
+            PolicyInputs(view, history=(2, 2)),
+            config,
+            PROFILE,
+            objective.start(PROFILE, config),
+            objective,
+        )
         assert answer.action.kind is ActionKind.REPLAN and answer.action.reason == "loss"
         assert answer.action.workers == (0, 2) and answer.action.lost_slots == ((1, 0),)
         assert answer.restart is restart
@@ -103,8 +139,14 @@ def test_a_failing_policy_keeps_the_fastest_fit():
     objective = ThroughputObjective()
     started = objective.start(PROFILE, CONFIG)
     planning = Planning(started.calibration, started.table, _Failing())
-    view = CoordinatorView(now_s=1.0, members={0: _member(), 1: _member()}, plan=None,
-                           started=None, committed=-1, interval_due=True)
+    view = CoordinatorView(
+        now_s=1.0,
+        members={0: _member(), 1: _member()},
+        plan=None,
+        started=None,
+        committed=-1,
+        interval_due=True,
+    )
     answer = step(PolicyInputs(view), CONFIG, PROFILE, planning, objective)
     assert answer.policy_error == "no forecast" and answer.asked
     assert answer.action.target == fit(None, 2, started.table, PROFILE, CONFIG)
@@ -117,18 +159,21 @@ def test_the_deadline_objective_provisions_every_interval_even_with_no_instance(
     asks nothing then; neither asks between intervals."""
     objective, config = _deadline_objective("on-demand")
     planning = objective.start(PROFILE, config)
-    view = CoordinatorView(now_s=6.0, members={}, plan=None, started=None, committed=-1,
-                           interval_due=True)
+    view = CoordinatorView(
+        now_s=6.0, members={}, plan=None, started=None, committed=-1, interval_due=True
+    )
     assert asks_policy(view, config, objective)
     assert not asks_policy(view, config, ThroughputObjective())
     assert not asks_policy(dataclasses.replace(view, interval_due=False), config, objective)
-    answer = step(PolicyInputs(view, market=MarketReading(0, 0.0)), config, PROFILE, planning,
-                  objective)
+    answer = step(
+        PolicyInputs(view, market=MarketReading(0, 0.0)), config, PROFILE, planning, objective
+    )
     assert answer.action.kind is ActionKind.WAIT and answer.asked
     time_s = view.now_s * config.policy_interval_s / config.interval_s
     expected = make_deadline_policy("on-demand", objective.context).fewest_on_demand(
         objective.context.target_samples,
-        objective.context.objective.deadline_s - time_s - objective.context.lead_s)
+        objective.context.objective.deadline_s - time_s - objective.context.lead_s,
+    )
     assert expected is not None and expected > 0
     assert answer.provisioning == Provisioning(spot=0, on_demand=expected)
 
@@ -139,20 +184,33 @@ def test_the_deadline_objective_tells_the_policy_the_work_and_the_market():
     objective, config = _deadline_objective("on-demand")
     members = {0: _member(), 1: _member(on_demand=True), 2: _member(on_demand=True, noticed=True)}
     view = _running(members)
-    observation = Observation(time_s=900.0, interval_index=3, interval_s=60.0,
-                              history=history_trace((3, 3, 3, 3), 3, 60.0), num_available=3,
-                              current=Configuration(2, 1), capacity=6)
+    observation = Observation(
+        time_s=900.0,
+        interval_index=3,
+        interval_s=60.0,
+        history=history_trace((3, 3, 3, 3), 3, 60.0),
+        num_available=3,
+        current=Configuration(2, 1),
+        capacity=6,
+    )
     seen = objective.observation(observation, view, MarketReading(2, 1.5), PROFILE, config)
     done = 21.0 * PROFILE.global_batch_size
     assert (seen.num_available, seen.num_on_demand) == (2, 1)
-    assert (seen.samples_done, seen.samples_remaining) == \
-        (done, STEPS * PROFILE.global_batch_size - done)
+    assert (seen.samples_done, seen.samples_remaining) == (
+        done,
+        STEPS * PROFILE.global_batch_size - done,
+    )
     assert seen.seconds_to_deadline == 3600.0 - 900.0
     assert (seen.on_demand_pending, seen.usd_spent) == (2, 1.5)
 
 
 def test_available_leaves_out_the_gone_and_the_going():
-    members = {0: _member(), 1: _member(heartbeat_age_s=60.0), 2: _member(left=True),
-               3: _member(noticed=True), 4: _member(noticed=True, notice_lead_s=120.0)}
+    members = {
+        0: _member(),
+        1: _member(heartbeat_age_s=60.0),
+        2: _member(left=True),
+        3: _member(noticed=True),
+        4: _member(noticed=True, notice_lead_s=120.0),
+    }
     view = _running(members)
     assert available(view, CONFIG) == [0, 4]

@@ -21,10 +21,21 @@ def test_without_spot_the_deadline_policy_rents_on_demand_and_meets_the_deadline
     for at its first interval (before any plan: there is no instance to plan for)."""
     trace = Trace.from_counts("dry", np.array([0.0, 20.0]), np.array([1, 0]), end_s=600.0)
     job = DeadlineJob(deadline_hours=0.08, on_demand_max=2, instance_type="p3.2xlarge")
-    result = run_local_training(LocalTrainingConfig(
-        model="tiny-gpt-small", workers=2, steps=STEPS, time_scale=10.0, notice_lead_s=30.0,
-        checkpoint_every=10, checkpoint_dir=str(tmp_path / "ckpt"),
-        log_dir=str(tmp_path / "logs"), deadline=job, timeout_s=120.0), trace)
+    result = run_local_training(
+        LocalTrainingConfig(
+            model="tiny-gpt-small",
+            workers=2,
+            steps=STEPS,
+            time_scale=10.0,
+            notice_lead_s=30.0,
+            checkpoint_every=10,
+            checkpoint_dir=str(tmp_path / "ckpt"),
+            log_dir=str(tmp_path / "logs"),
+            deadline=job,
+            timeout_s=120.0,
+        ),
+        trace,
+    )
     summary = result.summary()
     assert summary["exactly_once"] and summary["steps_completed"] == STEPS
     assert summary["deadline_met"] and 0 < summary["finished_hours"] <= 0.08
@@ -33,18 +44,34 @@ def test_without_spot_the_deadline_policy_rents_on_demand_and_meets_the_deadline
     price = load_catalog("aws").get("p3.2xlarge")
     # Billed exactly what ran, from launch to release (the job's end), at the on-demand price.
     assert summary["usd_on_demand"] == pytest.approx(
-        summary["on_demand_hours"] * price.on_demand_usd_per_hour, abs=1e-3)
+        summary["on_demand_hours"] * price.on_demand_usd_per_hour, abs=1e-3
+    )
     assert summary["usd"] == pytest.approx(summary["usd_on_demand"], abs=1e-3)
     assert summary["on_demand_hours"] <= 2 * summary["finished_hours"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--deadline-hours", "0.001"], "shorter than the fastest possible finish"),
-    (["--deadline-hours", "2", "--deadline-policy", "fastest"], "unknown deadline policy"),
-    (["--deadline-hours", "2", "--instance-type", "p9.huge"], "p9.huge"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--deadline-hours", "0.001"], "shorter than the fastest possible finish"),
+        (["--deadline-hours", "2", "--deadline-policy", "fastest"], "unknown deadline policy"),
+        (["--deadline-hours", "2", "--instance-type", "p9.huge"], "p9.huge"),
+    ],
+)
 def test_bad_deadline_jobs_are_one_line_errors(tmp_path, capsys, args, message):
-    code = main(["train", "--model", "tiny-gpt-small", "--workers", "2", "--steps", "10",
-                 "--log-dir", str(tmp_path / "logs"), *args])
+    code = main(
+        [
+            "train",
+            "--model",
+            "tiny-gpt-small",
+            "--workers",
+            "2",
+            "--steps",
+            "10",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            *args,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err

@@ -55,15 +55,18 @@ class ModelAgents:
 
     def join(self, instance: int, market: str = "spot") -> None:
         self.instances[instance] = _Instance()
-        self.store.set(keys.member(instance),
-                       json.dumps({"host": "127.0.0.1", "market": market}).encode())
+        self.store.set(
+            keys.member(instance), json.dumps({"host": "127.0.0.1", "market": market}).encode()
+        )
         self.store.add(keys.heartbeat(instance), 1)
 
     def kill(self, instance: int) -> None:
         self.instances[instance].alive = False
 
     def notice(self, instance: int, lead_s: float | None = None) -> None:
-        notice = b"{}" if lead_s is None else Notice("emulator", "terminate", lead_s).to_json().encode()
+        notice = (
+            b"{}" if lead_s is None else Notice("emulator", "terminate", lead_s).to_json().encode()
+        )
         self.store.set(keys.notice(instance), notice)
 
     def alive(self) -> list[int]:
@@ -71,8 +74,11 @@ class ModelAgents:
 
     def _report(self, plan: RuntimePlan, instance: int, ending: str) -> None:
         state = self.instances[instance]
-        protocol.report_holding(self.store, instance, Holding(
-            plan.generation, state.epoch, state.step, tuple(sorted(state.layers)), ending))
+        protocol.report_holding(
+            self.store,
+            instance,
+            Holding(plan.generation, state.epoch, state.step, tuple(sorted(state.layers)), ending),
+        )
 
     def _fail(self, plan: RuntimePlan, why: str) -> None:
         for instance in plan.world:
@@ -92,10 +98,10 @@ class ModelAgents:
         for transfer in plan.transfers:
             source = self.instances[transfer.source]
             if (source.epoch, source.step) != point or transfer.layer not in source.layers:
-                return self._fail(plan, f"instance {transfer.source} holds no layer "
-                                  f"{transfer.layer}")
-        received = {i: {t.layer for t in plan.transfers if t.destination == i}
-                    for i in plan.world}
+                return self._fail(
+                    plan, f"instance {transfer.source} holds no layer {transfer.layer}"
+                )
+        received = {i: {t.layer for t in plan.transfers if t.destination == i} for i in plan.world}
         for instance, slot in plan.slots.items():
             state = self.instances[instance]
             if slot is None:
@@ -138,8 +144,9 @@ class ModelAgents:
         self.store.set(keys.ledger_record(plan.epoch, step), b"{}")
         if (step + 1) % CHECKPOINT_EVERY == 0:
             self.checkpoints.add(step)
-            self.store.set(keys.latest_checkpoint(),
-                           json.dumps({"epoch": plan.epoch, "step": step}).encode())
+            self.store.set(
+                keys.latest_checkpoint(), json.dumps({"epoch": plan.epoch, "step": step}).encode()
+            )
 
     def tick(self) -> None:
         for instance in self.alive():
@@ -172,17 +179,26 @@ class EveryInstance(Policy):
         return Decision(Configuration(count // 2, 2) if count >= 2 else Configuration(1, 1))
 
 
-def make_coordinator(store: MemoryStore, clock: ManualClock, steps: int, capacity: int = 6,
-                     initial: int = 4) -> Coordinator:
+def make_coordinator(
+    store: MemoryStore, clock: ManualClock, steps: int, capacity: int = 6, initial: int = 4
+) -> Coordinator:
     profile = PROFILE
-    config = CoordinatorConfig(num_steps=steps, num_micro_batches=8, interval_s=2.0,
-                               tick_s=TICK_S, heartbeat_timeout_s=6.0, initial_workers=initial,
-                               capacity=capacity, policy="test-every-instance")
+    config = CoordinatorConfig(
+        num_steps=steps,
+        num_micro_batches=8,
+        interval_s=2.0,
+        tick_s=TICK_S,
+        heartbeat_timeout_s=6.0,
+        initial_workers=initial,
+        capacity=capacity,
+        policy="test-every-instance",
+    )
     return Coordinator(store, profile, config, clock)
 
 
-def start(steps: int, instances: int, initial: int = 4
-          ) -> tuple[MemoryStore, ManualClock, Coordinator, ModelAgents]:
+def start(
+    steps: int, instances: int, initial: int = 4
+) -> tuple[MemoryStore, ManualClock, Coordinator, ModelAgents]:
     """A coordinator and ``instances`` model agents that have joined."""
     store, clock = MemoryStore(), ManualClock()
     coordinator = make_coordinator(store, clock, steps=steps, initial=initial)
@@ -272,24 +288,67 @@ def test_a_plan_that_never_ran_is_not_what_the_next_plan_starts_from():
 
 
 def test_two_failed_plans_in_a_row_restore_from_the_checkpoint():
-    plan = RuntimePlan(5, 0, 30, 100, 2, 1, [0, 4], {0: (0, 0), 1: (1, 0)},
-                       {0: "h", 1: "h"}, [], "intra-stage", None)
-    started = RuntimePlan(3, 0, 10, 100, 2, 1, [0, 4], {0: (0, 0), 1: (1, 0)},
-                          {0: "h", 1: "h"}, [], "intra-stage", None)
+    plan = RuntimePlan(
+        5,
+        0,
+        30,
+        100,
+        2,
+        1,
+        [0, 4],
+        {0: (0, 0), 1: (1, 0)},
+        {0: "h", 1: "h"},
+        [],
+        "intra-stage",
+        None,
+    )
+    started = RuntimePlan(
+        3,
+        0,
+        10,
+        100,
+        2,
+        1,
+        [0, 4],
+        {0: (0, 0), 1: (1, 0)},
+        {0: "h", 1: "h"},
+        [],
+        "intra-stage",
+        None,
+    )
     holding = dict(layers=(0, 1, 2, 3), held_epoch=0, held_step=29, reported=5)
     members = {0: Member("h", 0.1, **holding), 1: Member("h", 0.1, **holding)}
     failures = {0: FailureReport("connection reset"), 1: FailureReport("connection reset")}
     config = CoordinatorConfig(num_steps=100, num_micro_batches=4)
+
     def choose(count: int, event: str, lost: tuple) -> Configuration:
         return Configuration(min(count, 2), 1)
 
-    view = CoordinatorView(10.0, members, plan, started, 29, all_arrived=True,
-                           failures=failures, failed_in_row=1, latest_checkpoint=24)
+    view = CoordinatorView(
+        10.0,
+        members,
+        plan,
+        started,
+        29,
+        all_arrived=True,
+        failures=failures,
+        failed_in_row=1,
+        latest_checkpoint=24,
+    )
     action = decide(view, config, choose)
     assert action.kind is ActionKind.REPLAN and not action.restore
     assert action.holdings == {0: (0, 1, 2, 3), 1: (0, 1, 2, 3)}
-    view = CoordinatorView(10.0, members, plan, started, 29, all_arrived=True,
-                           failures=failures, failed_in_row=2, latest_checkpoint=24)
+    view = CoordinatorView(
+        10.0,
+        members,
+        plan,
+        started,
+        29,
+        all_arrived=True,
+        failures=failures,
+        failed_in_row=2,
+        latest_checkpoint=24,
+    )
     action = decide(view, config, choose)
     assert action.kind is ActionKind.REPLAN and action.restore
     assert "restoring from step 24" in action.status
@@ -297,10 +356,12 @@ def test_two_failed_plans_in_a_row_restore_from_the_checkpoint():
 
 def test_holdings_of_another_step_or_epoch_are_not_current():
     plan = RuntimePlan(2, 1, 30, 100, 1, 1, [0, 4], {0: (0, 0)}, {0: "h"}, [], "none", None)
-    members = {0: Member("h", 9.0), 1: Member("h", 0.1, layers=(0, 1, 2, 3), held_epoch=0,
-                                                held_step=40),
-               2: Member("h", 0.1, layers=(0, 1), held_epoch=1, held_step=40),
-               3: Member("h", 0.1, layers=(2, 3), held_epoch=1, held_step=41)}
+    members = {
+        0: Member("h", 9.0),
+        1: Member("h", 0.1, layers=(0, 1, 2, 3), held_epoch=0, held_step=40),
+        2: Member("h", 0.1, layers=(0, 1), held_epoch=1, held_step=40),
+        3: Member("h", 0.1, layers=(2, 3), held_epoch=1, held_step=41),
+    }
     config = CoordinatorConfig(num_steps=100, num_micro_batches=4)
     view = CoordinatorView(10.0, members, plan, plan, 41, all_arrived=True)
     action = decide(view, config, lambda n, e, lost: Configuration(1, 1))
@@ -373,14 +434,19 @@ def test_a_noticed_instance_trains_until_the_margin_before_its_end_then_only_sen
 
 def test_a_notice_without_a_lead_or_with_one_inside_the_margin_is_acted_on_at_once():
     config = CoordinatorConfig(num_steps=100, num_micro_batches=4, notice_margin_s=20.0)
-    plan = RuntimePlan(2, 0, 30, 100, 2, 1, [0, 4], {0: (0, 0), 1: (1, 0)},
-                       {0: "h", 1: "h"}, [], "none", None)
+    plan = RuntimePlan(
+        2, 0, 30, 100, 2, 1, [0, 4], {0: (0, 0), 1: (1, 0)}, {0: "h", 1: "h"}, [], "none", None
+    )
     holding = dict(layers=(0, 1, 2, 3), held_epoch=0, held_step=40)
+
     def action_for(**notice: float | None):
-        members = {0: Member("h", 0.1, **holding),
-                   1: Member("h", 0.1, noticed=True, **holding, **notice)}
+        members = {
+            0: Member("h", 0.1, **holding),
+            1: Member("h", 0.1, noticed=True, **holding, **notice),
+        }
         view = CoordinatorView(10.0, members, plan, plan, 40, all_arrived=True)
         return decide(view, config, lambda n, e, lost: Configuration(min(n, 2), 1))
+
     for lead_s in (None, 0.0, 15.0, 20.0):
         action = action_for(notice_age_s=0.6, notice_lead_s=lead_s)
         assert action.kind is ActionKind.REPLAN, lead_s
@@ -394,13 +460,16 @@ def test_a_notice_without_a_lead_or_with_one_inside_the_margin_is_acted_on_at_on
 
 
 def test_waiting_says_when_the_instances_up_have_a_notice():
-    config = CoordinatorConfig(num_steps=100, num_micro_batches=4, initial_workers=2,
-                               start_grace_s=20.0)
+    config = CoordinatorConfig(
+        num_steps=100, num_micro_batches=4, initial_workers=2, start_grace_s=20.0
+    )
     view = CoordinatorView(5.0, {0: Member("h", 0.1, noticed=True)}, None, None, -1)
     action = decide(view, config, lambda n, e, lost: Configuration(1, 1))
     assert action.kind is ActionKind.WAIT
-    assert action.status == ("waiting for instances: 0 of 2 up; 1 with a preemption notice, "
-                             "used from 20 s if no other comes")
+    assert action.status == (
+        "waiting for instances: 0 of 2 up; 1 with a preemption notice, "
+        "used from 20 s if no other comes"
+    )
     view = CoordinatorView(21.0, {0: Member("h", 0.1, noticed=True)}, None, None, -1)
     action = decide(view, config, lambda n, e, lost: Configuration(1, 1))
     assert action.kind is ActionKind.REPLAN and action.noticed_workers == (0,)
@@ -410,22 +479,31 @@ def test_waiting_says_when_the_instances_up_have_a_notice():
 def test_the_first_plan_counts_noticed_instances_among_the_initial_ones_but_leaves_them_out():
     """With one of two initial instances noticed, the job starts on the other at once instead of
     waiting the whole start grace (20 s) for a second instance without a notice."""
-    config = CoordinatorConfig(num_steps=100, num_micro_batches=4, initial_workers=2,
-                               start_grace_s=20.0)
+    config = CoordinatorConfig(
+        num_steps=100, num_micro_batches=4, initial_workers=2, start_grace_s=20.0
+    )
     members = {0: Member("h", 0.1), 1: Member("h", 0.1, noticed=True)}
-    action = decide(CoordinatorView(2.0, members, None, None, -1), config,
-                    lambda n, e, lost: Configuration(n, 1))
+    action = decide(
+        CoordinatorView(2.0, members, None, None, -1),
+        config,
+        lambda n, e, lost: Configuration(n, 1),
+    )
     assert action.kind is ActionKind.REPLAN
     assert action.workers == (0,) and action.noticed_workers == ()
-    alone = decide(CoordinatorView(2.0, {0: Member("h", 0.1)}, None, None, -1), config,
-                   lambda n, e, lost: Configuration(n, 1))
+    alone = decide(
+        CoordinatorView(2.0, {0: Member("h", 0.1)}, None, None, -1),
+        config,
+        lambda n, e, lost: Configuration(n, 1),
+    )
     assert alone.kind is ActionKind.WAIT and alone.status == "waiting for instances: 1 of 2 up"
 
 
-EVENT = st.one_of(st.tuples(st.just("kill"), st.integers(0, 99)),
-                  st.tuples(st.just("notice"), st.integers(0, 99)),
-                  st.tuples(st.just("join"), st.just(0)),
-                  st.tuples(st.just("wait"), st.integers(1, 40)))
+EVENT = st.one_of(
+    st.tuples(st.just("kill"), st.integers(0, 99)),
+    st.tuples(st.just("notice"), st.integers(0, 99)),
+    st.tuples(st.just("join"), st.just(0)),
+    st.tuples(st.just("wait"), st.integers(1, 40)),
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -468,9 +546,16 @@ def test_a_policy_restart_is_carried_out_as_a_checkpoint_restore():
     kinds = {}
     for policy in ("reactive", "test-every-instance"):
         store, clock = MemoryStore(), ManualClock()
-        config = CoordinatorConfig(num_steps=400, num_micro_batches=8, interval_s=2.0,
-                                   tick_s=TICK_S, heartbeat_timeout_s=6.0, initial_workers=4,
-                                   capacity=6, policy=policy)
+        config = CoordinatorConfig(
+            num_steps=400,
+            num_micro_batches=8,
+            interval_s=2.0,
+            tick_s=TICK_S,
+            heartbeat_timeout_s=6.0,
+            initial_workers=4,
+            capacity=6,
+            policy=policy,
+        )
         coordinator = Coordinator(store, PROFILE, config, clock)
         agents = ModelAgents(store, coordinator.profile.num_layers)
         for instance in range(4):
@@ -514,9 +599,17 @@ def test_the_first_plan_is_not_forecast_from_the_empty_intervals_before_instance
     coordinator had recorded an interval with 0 instances before the agents registered, and the
     liveput policy, forecasting from that history ([0]), started on one instance of two."""
     store, clock = MemoryStore(), ManualClock()
-    config = CoordinatorConfig(num_steps=100, num_micro_batches=8, interval_s=1.0,
-                               policy_interval_s=1.0, tick_s=TICK_S, heartbeat_timeout_s=6.0,
-                               initial_workers=2, capacity=2, policy="liveput")
+    config = CoordinatorConfig(
+        num_steps=100,
+        num_micro_batches=8,
+        interval_s=1.0,
+        policy_interval_s=1.0,
+        tick_s=TICK_S,
+        heartbeat_timeout_s=6.0,
+        initial_workers=2,
+        capacity=2,
+        policy="liveput",
+    )
     coordinator = Coordinator(store, PROFILE, config, clock)
     agents = ModelAgents(store, coordinator.profile.num_layers)
     run(coordinator, agents, clock, 2)  # an interval passes with nobody there yet
@@ -526,7 +619,9 @@ def test_the_first_plan_is_not_forecast_from_the_empty_intervals_before_instance
     run(coordinator, agents, clock, 2)
     assert coordinator.plan is not None and coordinator.plan.num_working == 2
     run(coordinator, agents, clock, 8)
-    assert json.loads(store.get(keys.coordinator_history()))[0] == 2  # counted from the first plan on
+    assert (
+        json.loads(store.get(keys.coordinator_history()))[0] == 2
+    )  # counted from the first plan on
 
 
 def test_an_instance_silent_past_the_end_its_notice_announced_is_gone_without_a_timeout():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 from runtime_cluster import reference_parameters
 
 from liveput.models.jobs import resolve_job
@@ -22,17 +22,28 @@ from liveput.testbed.reference import reference_layers
 JOB = "tiny-gpt-small"
 
 
-def make_cluster(tmp_path, end_step: int, checkpoint_every: int,
-                 training: TrainingConfig | None = None) -> ThreadCluster:
+def make_cluster(
+    tmp_path, end_step: int, checkpoint_every: int, training: TrainingConfig | None = None
+) -> ThreadCluster:
     job = resolve_job(JOB)
     if training is not None:
         job = dataclasses.replace(job, training=training)
-    return ThreadCluster(job, profile_job(job, repeats=1), str(tmp_path / "ckpt"), end_step,
-                         EngineConfig(checkpoint_every=checkpoint_every, comm_timeout_s=20))
+    return ThreadCluster(
+        job,
+        profile_job(job, repeats=1),
+        str(tmp_path / "ckpt"),
+        end_step,
+        EngineConfig(checkpoint_every=checkpoint_every, comm_timeout_s=20),
+    )
 
 
-def migrate(cluster: ThreadCluster, target: Configuration, preempted: set[int],
-            allocated: list[int], run_until: int) -> None:
+def migrate(
+    cluster: ThreadCluster,
+    target: Configuration,
+    preempted: set[int],
+    allocated: list[int],
+    run_until: int,
+) -> None:
     results = cluster.migrate(target, preempted, allocated, run_until)
     plan = cluster.plan
     assert set(results) == set(plan.world)
@@ -43,8 +54,10 @@ def migrate(cluster: ThreadCluster, target: Configuration, preempted: set[int],
 
 
 def final_parameters(cluster: ThreadCluster) -> list[dict[str, torch.Tensor]]:
-    return [cluster.checkpointer.load_layer_file(f"final/layer-{i}.pt")["module"]
-            for i in range(cluster.job.num_layers)]
+    return [
+        cluster.checkpointer.load_layer_file(f"final/layer-{i}.pt")["module"]
+        for i in range(cluster.job.num_layers)
+    ]
 
 
 HALF_TOLERANCE = {"rtol": 1e-3, "atol": 1e-4}
@@ -65,13 +78,17 @@ TRAINING = {
     "fp32": None,
     # 0.3 clips every step of this job (its gradient norm is 1-4): a stage that clipped by its
     # own norm instead of the global one would move its weights by 0.1 or more.
-    "bf16-clip-schedule-ckpt": TrainingConfig(precision="bf16", clip_grad_norm=0.3,
-                                              lr_schedule=SCHEDULE,
-                                              activation_checkpointing=True),
+    "bf16-clip-schedule-ckpt": TrainingConfig(
+        precision="bf16", clip_grad_norm=0.3, lr_schedule=SCHEDULE, activation_checkpointing=True
+    ),
     # 2^20 overflows fp16 for the first steps, and the scale grows again every 3 clean steps:
     # the scaler skips, halves and doubles all through the run, across every migration.
-    "fp16-scaler-clip": TrainingConfig(precision="fp16", initial_loss_scale=2.0 ** 20,
-                                       loss_scale_growth_interval=3, clip_grad_norm=2.0),
+    "fp16-scaler-clip": TrainingConfig(
+        precision="fp16",
+        initial_loss_scale=2.0**20,
+        loss_scale_growth_interval=3,
+        clip_grad_norm=2.0,
+    ),
 }
 
 
@@ -82,25 +99,32 @@ def test_every_migration_kind_gives_the_uninterrupted_result(tmp_path, training)
     clipping by global norm, a schedule and activation checkpointing; fp16 whose loss scaler's
     state moves with the layers through transfers and the checkpoint restore."""
     steps = 12
-    cluster = make_cluster(tmp_path, end_step=steps, checkpoint_every=3,
-                           training=TRAINING[training])
+    cluster = make_cluster(
+        tmp_path, end_step=steps, checkpoint_every=3, training=TRAINING[training]
+    )
     migrate(cluster, Configuration(2, 2), set(), [0, 1, 2, 3], run_until=2)
-    migrate(cluster, Configuration(1, 2), {3}, [], run_until=4)          # intra-stage
-    migrate(cluster, Configuration(2, 2), set(), [4, 5], run_until=6)    # inter-stage
-    migrate(cluster, Configuration(1, 4), set(), [], run_until=8)        # pipeline
+    migrate(cluster, Configuration(1, 2), {3}, [], run_until=4)  # intra-stage
+    migrate(cluster, Configuration(2, 2), set(), [4, 5], run_until=6)  # inter-stage
+    migrate(cluster, Configuration(1, 4), set(), [], run_until=8)  # pipeline
     stage3 = cluster.plan.instance_at(0, 3)
     migrate(cluster, Configuration(1, 2), {stage3}, [], run_until=steps)  # checkpoint-restore
-    assert cluster.kinds == ["start", "intra-stage", "inter-stage", "pipeline",
-                             "checkpoint-restore"]
+    assert cluster.kinds == [
+        "start",
+        "intra-stage",
+        "inter-stage",
+        "pipeline",
+        "checkpoint-restore",
+    ]
     assert cluster.plan.restore_step == 5  # checkpoints after steps 2 and 5; 6 and 7 are redone
     reference = reference_layers(cluster.job, steps)
     tolerance = {} if cluster.job.training.precision == "fp32" else HALF_TOLERANCE
-    assert_same(final_parameters(cluster), [layer.module.state_dict() for layer in reference],
-                **tolerance)
+    assert_same(
+        final_parameters(cluster), [layer.module.state_dict() for layer in reference], **tolerance
+    )
     final = cluster.checkpointer.load_layer_file("final/layer-0.pt")
     assert final["training"] == reference[0].training
     if training == "fp16-scaler-clip":
-        assert final["training"]["loss_scale"] < 2.0 ** 20  # it moved
+        assert final["training"]["loss_scale"] < 2.0**20  # it moved
     if cluster.job.training.lr_schedule is not None:
         group = final["optimizer"]["param_groups"][0]
         assert group["lr"] == pytest.approx(group["initial_lr"] * SCHEDULE.factor(steps - 1))
@@ -139,17 +163,20 @@ def test_1f1b_completes_with_blocking_receives_and_bounds_activations(num_micro,
             if cursor[s] == len(orders[s]):
                 continue
             kind, k = orders[s][cursor[s]]
-            ready = ((kind == FORWARD and (s == 0 or (FORWARD, k) in done[s - 1]))
-                     or (kind == BACKWARD and (FORWARD, k) in done[s]
-                         and (s == stages - 1 or (BACKWARD, k) in done[s + 1])))
+            ready = (kind == FORWARD and (s == 0 or (FORWARD, k) in done[s - 1])) or (
+                kind == BACKWARD
+                and (FORWARD, k) in done[s]
+                and (s == stages - 1 or (BACKWARD, k) in done[s + 1])
+            )
             if ready:
                 done[s].add((kind, k))
                 cursor[s] += 1
                 progressed = True
         assert progressed, "deadlock"
     for s, order in enumerate(orders):
-        assert sorted(order) == sorted([(FORWARD, k) for k in range(num_micro)]
-                                       + [(BACKWARD, k) for k in range(num_micro)])
+        assert sorted(order) == sorted(
+            [(FORWARD, k) for k in range(num_micro)] + [(BACKWARD, k) for k in range(num_micro)]
+        )
         live = peak = 0
         for kind, _ in order:
             live += 1 if kind == FORWARD else -1
@@ -166,8 +193,9 @@ def test_a_corrupt_checkpoint_is_refused_and_the_one_before_restores_the_same_re
     layer_file = tmp_path / "ckpt" / "step-5" / "layer-1.pt"
     layer_file.write_bytes(layer_file.read_bytes()[:-100])  # truncated (a full disk, a crash)
     stage1 = cluster.plan.instance_at(0, 1)
-    failed = cluster.migrate(Configuration(1, 2), {stage1, cluster.plan.instance_at(1, 1)}, [],
-                             run_until=steps)
+    failed = cluster.migrate(
+        Configuration(1, 2), {stage1, cluster.plan.instance_at(1, 1)}, [], run_until=steps
+    )
     assert cluster.plan.restore_step == 5
     assert {r.ending for r in failed.values()} == {Ending.FAILED}
     migrate(cluster, Configuration(1, 2), set(), [], run_until=steps)
@@ -207,11 +235,11 @@ def test_a_layer_file_is_refused_unless_its_signature_matches(tmp_path):
     writer.close()
 
 
-@given(num_layers=st.integers(1, 12), data_parallel=st.integers(1, 5),
-       stages=st.integers(1, 4))
+@given(num_layers=st.integers(1, 12), data_parallel=st.integers(1, 5), stages=st.integers(1, 4))
 @settings(max_examples=60, deadline=None)
-def test_a_checkpoint_writes_every_layer_once_spread_over_the_replicas(num_layers,
-                                                                       data_parallel, stages):
+def test_a_checkpoint_writes_every_layer_once_spread_over_the_replicas(
+    num_layers, data_parallel, stages
+):
     from liveput.runtime.engine import checkpoint_share
     from liveput.runtime.layer_state import LayerState
     from liveput.runtime.schedule import StagePosition
@@ -220,14 +248,21 @@ def test_a_checkpoint_writes_every_layer_once_spread_over_the_replicas(num_layer
     bounds = [round(num_layers * p / stages) for p in range(stages + 1)]
     written: list[int] = []
     for stage in range(stages):
-        held = [LayerState(i, torch.nn.Identity(), None) for i in range(bounds[stage],
-                                                                         bounds[stage + 1])]
-        shares = [len(checkpoint_share(held, StagePosition(d, stage, data_parallel, stages,
-                                                           None, None)))
-                  for d in range(data_parallel)]
-        written += [layer.index for d in range(data_parallel)
-                    for layer in checkpoint_share(held, StagePosition(d, stage, data_parallel,
-                                                                      stages, None, None))]
+        held = [
+            LayerState(i, torch.nn.Identity(), None)
+            for i in range(bounds[stage], bounds[stage + 1])
+        ]
+        shares = [
+            len(checkpoint_share(held, StagePosition(d, stage, data_parallel, stages, None, None)))
+            for d in range(data_parallel)
+        ]
+        written += [
+            layer.index
+            for d in range(data_parallel)
+            for layer in checkpoint_share(
+                held, StagePosition(d, stage, data_parallel, stages, None, None)
+            )
+        ]
         # No replica writes more than its even share, rounded up: pipeline 0 is not the
         # one that every other waits for.
         assert max(shares) <= -(-len(held) // data_parallel)

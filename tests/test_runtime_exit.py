@@ -40,8 +40,9 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(how: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, how], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_a_call_returning_during_finalization_aborts_a_plain_exit():

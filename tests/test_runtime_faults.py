@@ -6,13 +6,19 @@ from __future__ import annotations
 import json
 
 import pytest
+from runtime_cluster import (
+    JOB,
+    TOKEN,
+    AgentProcesses,
+    assert_same_parameters,
+    final_parameters,
+    reference_parameters,
+    run_to_end,
+    run_until,
+)
 
-from runtime_cluster import (JOB, TOKEN, AgentProcesses, assert_same_parameters,
-                             final_parameters, reference_parameters, run_to_end,
-                             run_until)
-
-from liveput.runtime import keys, protocol
 from liveput.models.jobs import resolve_job
+from liveput.runtime import keys, protocol
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.ledger import verify_ledger
@@ -40,8 +46,15 @@ def cluster(tmp_path, process_tier):
 
 def coordinator_config(**overrides) -> CoordinatorConfig:
     job = resolve_job(JOB)
-    values = dict(num_steps=STEPS, num_micro_batches=job.num_micro_batches, interval_s=1.0,
-                  tick_s=0.05, heartbeat_timeout_s=2.0, initial_workers=4, capacity=6)
+    values = dict(
+        num_steps=STEPS,
+        num_micro_batches=job.num_micro_batches,
+        interval_s=1.0,
+        tick_s=0.05,
+        heartbeat_timeout_s=2.0,
+        initial_workers=4,
+        capacity=6,
+    )
     values.update(overrides)
     return CoordinatorConfig(**values)
 
@@ -51,7 +64,8 @@ def slot_holders(plan: protocol.RuntimePlan, stage: int) -> list[int]:
 
 
 def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact(
-        cluster, profile, tmp_path):
+    cluster, profile, tmp_path
+):
     store, agents = cluster
     coordinator = Coordinator(store, profile, coordinator_config(policy="test-fixed-2x2"))
     for instance in range(4):
@@ -63,19 +77,34 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     agents.start(4)  # a new instance, that joins while the job migrates away from the victim
     agents.kill(victim)
     generation = coordinator.plan.generation
-    run_until(coordinator.tick, lambda: coordinator.plan.generation > generation, 90,
-              "a plan without the killed agent")
+    run_until(
+        coordinator.tick,
+        lambda: coordinator.plan.generation > generation,
+        90,
+        "a plan without the killed agent",
+    )
     assert victim not in coordinator.plan.slots
     # The next interval takes the joiner in (2x2 again).
-    run_until(coordinator.tick, lambda: coordinator.plan.num_working == 4
-              and 4 in coordinator.plan.slots and coordinator.committed
-              >= coordinator.plan.start_step + 3, 120, "the late joiner at work")
+    run_until(
+        coordinator.tick,
+        lambda: (
+            coordinator.plan.num_working == 4
+            and 4 in coordinator.plan.slots
+            and coordinator.committed >= coordinator.plan.start_step + 3
+        ),
+        120,
+        "the late joiner at work",
+    )
     # Both replicas of a stage die together: its state is gone, the checkpoint restores it.
     doomed = slot_holders(coordinator.plan, 1)
     assert len(doomed) == 2
     agents.kill(*doomed)
-    run_until(coordinator.tick, lambda: coordinator.plan.kind == "checkpoint-restore", 90,
-              "a checkpoint restore")
+    run_until(
+        coordinator.tick,
+        lambda: coordinator.plan.kind == "checkpoint-restore",
+        90,
+        "a checkpoint restore",
+    )
     run_to_end(coordinator, agents)
     codes = agents.wait_all()
     survivors = sorted(set(range(5)) - {victim, *doomed})
@@ -85,8 +114,12 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     # Counted: the restore itself. On a starved machine a slow survivor can look
     # silent and fail a plan or two; two failed plans in a row force a restore (rule 4), which
     # the events mark: the lost stage itself needs exactly one restore.
-    plans = [{**json.loads(v), "generation": int(k.split("/")[1])} for k, v in sorted(
-        store.get_prefix(keys.EVENT.prefix).items(), key=lambda kv: int(kv[0].split("/")[1]))]
+    plans = [
+        {**json.loads(v), "generation": int(k.split("/")[1])}
+        for k, v in sorted(
+            store.get_prefix(keys.EVENT.prefix).items(), key=lambda kv: int(kv[0].split("/")[1])
+        )
+    ]
     # Likewise a starved survivor silent past suspect_after_s is left out at a replan, and a
     # layer only it held then comes from the checkpoint: such a restore names a live suspect.
     # (Seen once in five suite runs; every run still trains exactly once to the same parameters.)
@@ -107,11 +140,15 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     # alone, the single kill before it was once planned as a restore too (a survivor's holdings
     # not current when the plan was made: time lost, nothing else; exactly once and the final
     # parameters hold below): at most that one more.
-    assert any(set(event["suspects"]) & set(doomed) for event in plans
-               if event["kind"] == "checkpoint-restore"), plans
+    assert any(
+        set(event["suspects"]) & set(doomed)
+        for event in plans
+        if event["kind"] == "checkpoint-restore"
+    ), plans
     assert 1 <= len(needed) <= 2, plans
-    assert int(store.get(keys.migrations("checkpoint-restore"))) == \
-        len(unforced) + len(forced), plans
+    assert int(store.get(keys.migrations("checkpoint-restore"))) == len(unforced) + len(forced), (
+        plans
+    )
     # A restore record (a new epoch) for each restore that undid committed steps: none when
     # its checkpoint was of the last committed step.
     assert report.restores <= len(unforced) + len(forced)
@@ -129,8 +166,9 @@ def test_an_agent_without_the_job_token_is_refused(cluster, profile):
 
 def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profile, tmp_path):
     store, agents = cluster
-    coordinator = Coordinator(store, profile, coordinator_config(policy="test-fixed-1x2",
-                                                                 initial_workers=3))
+    coordinator = Coordinator(
+        store, profile, coordinator_config(policy="test-fixed-1x2", initial_workers=3)
+    )
     for instance in range(3):
         agents.start(instance)
     run_until(coordinator.tick, lambda: coordinator.committed >= 4, 120, "training at 1x2")
@@ -140,8 +178,9 @@ def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profil
     # A plan newer than the one running at the notice (on a starved machine the job may
     # already be past plan 0: a member that looked silent at the start).
     generation = coordinator.plan.generation
-    run_until(coordinator.tick, lambda: coordinator.plan.generation > generation, 90,
-              "the next plan")
+    run_until(
+        coordinator.tick, lambda: coordinator.plan.generation > generation, 90, "the next plan"
+    )
     plan = coordinator.plan
     assert plan.kind == "inter-stage" and plan.restore_step is None
     assert plan.slots[noticed] is None and plan.slots[spare] == (0, 1)
@@ -153,4 +192,3 @@ def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profil
     report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
     assert report.exactly_once and report.restores == 0
     assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
-

@@ -71,7 +71,9 @@ def test_every_key_belongs_to_the_family_its_table_row_names():
     assert keys.family_of("__liveput_index__/1") is None
     assert keys.family_of("failed/3") is keys.FAILED and keys.family_of("fail/3/1") is keys.FAILURE
     assert keys.HEARTBEAT.instance_of("hb/12") == 12
-    assert keys.HEARTBEAT.instance_of("hb/x") is None and keys.HEARTBEAT.instance_of("state/1") is None
+    assert (
+        keys.HEARTBEAT.instance_of("hb/x") is None and keys.HEARTBEAT.instance_of("state/1") is None
+    )
 
 
 class _RecordingStore(MemoryStore):
@@ -112,12 +114,37 @@ def _populate(store: MemoryStore) -> None:
     store.set("ckpt/latest", json.dumps({"epoch": 0, "step": 3}).encode())
     store.set("ckpt/complete", b"[1, 3]")
     for s in range(6):
-        protocol.record_step(store, 0, protocol.LedgerRecord(
-            step=s, generation=0, first_sample=s * BATCH, num_samples=BATCH, loss=1.0,
-            data_parallel=1, pipeline_stages=1, committed_unix_s=float(s)))
-    for key in ("stats/preemptions", "stats/migrations/pipeline", "coord/history", "coord/started",
-                "job/spec", "job/done", "job/error", "job/profile", "job/stop", "job/file",
-                "ids/next", "notices/i-0001", "status/now", "status/series", "status/events"):
+        protocol.record_step(
+            store,
+            0,
+            protocol.LedgerRecord(
+                step=s,
+                generation=0,
+                first_sample=s * BATCH,
+                num_samples=BATCH,
+                loss=1.0,
+                data_parallel=1,
+                pipeline_stages=1,
+                committed_unix_s=float(s),
+            ),
+        )
+    for key in (
+        "stats/preemptions",
+        "stats/migrations/pipeline",
+        "coord/history",
+        "coord/started",
+        "job/spec",
+        "job/done",
+        "job/error",
+        "job/profile",
+        "job/stop",
+        "job/file",
+        "ids/next",
+        "notices/i-0001",
+        "status/now",
+        "status/series",
+        "status/events",
+    ):
         store.set(key, b"1")
 
 
@@ -126,13 +153,38 @@ def _populate(store: MemoryStore) -> None:
 # checkpoint (0, 3), instance 1 forgotten): the forgotten instance first, its registration
 # first of all, then the dead keys in sorted order, then the folded ledger records.
 _DELETED_BEFORE = [
-    "members/1", "hb/1", "holds/1", "lost/1", "notice/1", "state/1",
-    "arrived/0", "arrived/0/0", "arrived/0/all", "arrived/1", "arrived/1/0", "arrived/1/all",
+    "members/1",
+    "hb/1",
+    "holds/1",
+    "lost/1",
+    "notice/1",
+    "state/1",
+    "arrived/0",
+    "arrived/0/0",
+    "arrived/0/all",
+    "arrived/1",
+    "arrived/1/0",
+    "arrived/1/all",
     "ckpt/0/1",
-    *(f"commit/{g}/{s}" for g in (0, 1) for s in range(6)), "commit/3/0", "commit/3/1", "commit/3/2",
-    *(f"done/{g}/{s}" for g in (0, 1) for s in range(6)), "done/3/0", "done/3/1", "done/3/2",
-    "fail/0/1", "fail/1/1", "failed/0", "failed/1", "plan/0", "started/0", "started/1",
-    "ledger/0/0", "ledger/0/1", "ledger/0/2", "ledger/0/3",
+    *(f"commit/{g}/{s}" for g in (0, 1) for s in range(6)),
+    "commit/3/0",
+    "commit/3/1",
+    "commit/3/2",
+    *(f"done/{g}/{s}" for g in (0, 1) for s in range(6)),
+    "done/3/0",
+    "done/3/1",
+    "done/3/2",
+    "fail/0/1",
+    "fail/1/1",
+    "failed/0",
+    "failed/1",
+    "plan/0",
+    "started/0",
+    "started/1",
+    "ledger/0/0",
+    "ledger/0/1",
+    "ledger/0/2",
+    "ledger/0/3",
 ]
 
 
@@ -141,8 +193,9 @@ def test_pruning_a_populated_store_removes_the_same_keys_as_before():
     _populate(store)
     before = set(store.get_prefix(""))
     pruner = Pruner(store, PruneConfig(deletes_per_tick=1000), BATCH)
-    view = PruneView(generation=3, committed=4, retire_before=2, checkpoint=(0, 3),
-                     forgotten=frozenset({1}))
+    view = PruneView(
+        generation=3, committed=4, retire_before=2, checkpoint=(0, 3), forgotten=frozenset({1})
+    )
     pruner.plan_pass(view, pruner.keys(), epoch=0, now_s=0.0)
     assert store.deleted == _DELETED_BEFORE[:6]  # a forgotten instance goes at once
     pruner.delete_some()

@@ -30,9 +30,11 @@ def test_a_repeated_message_is_logged_once_then_counted_when_another_comes(caplo
         warn("store failed: refused\n  frame #0 c10d::TCPStore\n  frame #1 ...")
         clock.advance(0.5)
     warn("store failed: reset")
-    assert messages(caplog) == ["store failed: refused",
-                                "store failed: refused (repeated 4 times)",
-                                "store failed: reset"]
+    assert messages(caplog) == [
+        "store failed: refused",
+        "store failed: refused (repeated 4 times)",
+        "store failed: reset",
+    ]
 
 
 def test_a_message_repeated_for_long_is_counted_every_report_interval(caplog):
@@ -42,9 +44,11 @@ def test_a_message_repeated_for_long_is_counted_every_report_interval(caplog):
     for _ in range(140):  # 70 s, a failure every 0.5 s
         warn("heartbeat failed")
         clock.advance(0.5)
-    assert messages(caplog) == ["heartbeat failed",
-                                "heartbeat failed (repeated 60 times)",
-                                "heartbeat failed (repeated 60 times)"]
+    assert messages(caplog) == [
+        "heartbeat failed",
+        "heartbeat failed (repeated 60 times)",
+        "heartbeat failed (repeated 60 times)",
+    ]
 
 
 def test_flush_counts_the_repeats_and_the_next_failure_is_logged_anew(caplog):
@@ -85,8 +89,7 @@ def test_an_agent_process_exits_once_its_store_stays_unreachable(caplog, monkeyp
 
     monkeypatch.setattr(agent_module, "end_process", fake_exit)
     store = FailingStore()
-    config = AgentConfig(instance=4, heartbeat_s=0.01, store_outage_s=0.3,
-                         exit_on_store_loss=True)
+    config = AgentConfig(instance=4, heartbeat_s=0.01, store_outage_s=0.3, exit_on_store_loss=True)
     agent = Agent(config, store, SimpleNamespace(checkpointer=None))  # type: ignore[arg-type]
     agent.join()
     store.down = True
@@ -97,8 +100,9 @@ def test_an_agent_process_exits_once_its_store_stays_unreachable(caplog, monkeyp
     assert exits == [3]
     lines = messages(caplog, agent_module.LOG.name)
     failures = [m for m in lines if "heartbeat failed" in m]
-    assert failures[0] == ("agent 4: heartbeat failed: store tcp://127.0.0.1:1 failed: "
-                           "Connection reset by peer")
+    assert failures[0] == (
+        "agent 4: heartbeat failed: store tcp://127.0.0.1:1 failed: Connection reset by peer"
+    )
     assert len(failures) == 2 and failures[1].startswith(failures[0] + " (repeated ")
     assert [m for m in lines if "unreachable" in m] == [lines[-1]]
     assert lines[-1].startswith("agent 4: the store has been unreachable for ")

@@ -20,18 +20,61 @@ def test_agents_on_separate_hosts_train_the_same_model(tmp_path):
     with NetnsHosts(3) as hosts:
         store = f"{hosts.address(0)}:{PORT}"
         logs = [open(tmp_path / f"host-{i}.log", "wb") for i in range(3)]  # noqa: SIM115
-        processes = [hosts.popen(0, [
-            sys.executable, "-m", "liveput.cli.main", "-v", "coordinator", "--listen", store,
-            "--etcd-dir", str(tmp_path / "etcd"), "--model", "tiny-gpt-small", "--steps", str(STEPS), "--workers", "2",
-            "--capacity", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
-            "--checkpoint-every", "5", "--interval", "1", "--start-grace", "120"], env=env,
-            stdout=logs[0],
-            stderr=subprocess.STDOUT)]
+        processes = [
+            hosts.popen(
+                0,
+                [
+                    sys.executable,
+                    "-m",
+                    "liveput.cli.main",
+                    "-v",
+                    "coordinator",
+                    "--listen",
+                    store,
+                    "--etcd-dir",
+                    str(tmp_path / "etcd"),
+                    "--model",
+                    "tiny-gpt-small",
+                    "--steps",
+                    str(STEPS),
+                    "--workers",
+                    "2",
+                    "--capacity",
+                    "2",
+                    "--checkpoint-dir",
+                    str(tmp_path / "ckpt"),
+                    "--checkpoint-every",
+                    "5",
+                    "--interval",
+                    "1",
+                    "--start-grace",
+                    "120",
+                ],
+                env=env,
+                stdout=logs[0],
+                stderr=subprocess.STDOUT,
+            )
+        ]
         for index in (1, 2):
-            processes.append(hosts.popen(index, [
-                sys.executable, "-m", "liveput.runtime", "--store", f"etcd://{store}",
-                "--host", hosts.address(index), "--instance", str(index)], env=env,
-                stdout=logs[index], stderr=subprocess.STDOUT))
+            processes.append(
+                hosts.popen(
+                    index,
+                    [
+                        sys.executable,
+                        "-m",
+                        "liveput.runtime",
+                        "--store",
+                        f"etcd://{store}",
+                        "--host",
+                        hosts.address(index),
+                        "--instance",
+                        str(index),
+                    ],
+                    env=env,
+                    stdout=logs[index],
+                    stderr=subprocess.STDOUT,
+                )
+            )
         try:
             codes = [process.wait(timeout=150) for process in processes]
         finally:
@@ -45,5 +88,6 @@ def test_agents_on_separate_hosts_train_the_same_model(tmp_path):
         assert codes == [0, 0, 0], texts
     assert "job done" in texts[0]
     assert re.search(r"plan \d+ \(\w+\): \S+ (2x1|1x2) from", texts[0]), texts[0]  # both hosts
-    assert_same_parameters(final_parameters(tmp_path / "ckpt", 4),
-                           reference_parameters(STEPS, "tiny-gpt-small"))
+    assert_same_parameters(
+        final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS, "tiny-gpt-small")
+    )

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from liveput.runtime.notices import (
 from liveput.runtime.store import MemoryStore
 
 NOW_ISO = "2027-01-15T08:00:00Z"
-NOW_UNIX_S = datetime(2027, 1, 15, 8, 0, tzinfo=timezone.utc).timestamp()  # the watcher's wall clock
+NOW_UNIX_S = datetime(2027, 1, 15, 8, 0, tzinfo=UTC).timestamp()  # the watcher's wall clock
 
 
 @dataclass
@@ -80,7 +80,10 @@ class MetadataHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         self.state.requests.append(("GET", self.path))
         if self.path == "/latest/meta-data/spot/instance-action":
-            if self.state.imdsv2 and self.headers.get("X-aws-ec2-metadata-token") != self.state.aws_token:
+            if (
+                self.state.imdsv2
+                and self.headers.get("X-aws-ec2-metadata-token") != self.state.aws_token
+            ):
                 return self._reply(401)
             if self.state.aws_action is None:
                 return self._reply(404, "Not Found")
@@ -98,7 +101,9 @@ def metadata(process_tier: None) -> Iterator[tuple[str, MetadataState]]:
     state = MetadataState()
     handler = type("Handler", (MetadataHandler,), {"state": state})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", state
     server.shutdown()
@@ -116,13 +121,20 @@ def test_aws_notice_with_imdsv2_token(metadata: tuple[str, MetadataState]) -> No
     state.aws_action = None
     assert watcher.poll() == notice  # a notice is never withdrawn
     # One session token, reused; three instance-action reads.
-    assert state.requests == [("PUT", "/latest/api/token")] + [("GET", "/latest/meta-data/spot/instance-action")] * 3
+    assert (
+        state.requests
+        == [("PUT", "/latest/api/token")] + [("GET", "/latest/meta-data/spot/instance-action")] * 3
+    )
 
 
-def test_aws_token_is_refreshed_when_rejected_or_expired(metadata: tuple[str, MetadataState]) -> None:
+def test_aws_token_is_refreshed_when_rejected_or_expired(
+    metadata: tuple[str, MetadataState],
+) -> None:
     endpoint, state = metadata
     clock = ManualClock()
-    watcher = AwsNoticeWatcher(endpoint, clock=clock, token_ttl_s=600, now_unix_s=lambda: NOW_UNIX_S)
+    watcher = AwsNoticeWatcher(
+        endpoint, clock=clock, token_ttl_s=600, now_unix_s=lambda: NOW_UNIX_S
+    )
     assert watcher.poll() is None
     state.aws_token = "token-2"  # the service revoked the old one: 401, then a new token
     assert watcher.poll() is None
@@ -143,13 +155,17 @@ def test_aws_falls_back_to_imdsv1(metadata: tuple[str, MetadataState]) -> None:
     assert notice is not None and (notice.action, notice.lead_s) == ("hibernate", 30.0)
 
 
-def test_aws_malformed_and_unreachable_are_one_line_errors(metadata: tuple[str, MetadataState]) -> None:
+def test_aws_malformed_and_unreachable_are_one_line_errors(
+    metadata: tuple[str, MetadataState],
+) -> None:
     endpoint, state = metadata
     state.aws_action = "{not json"
     with pytest.raises(LiveputError, match="malformed instance-action"):
         AwsNoticeWatcher(endpoint).poll()
     port = free_port()
-    with pytest.raises(LiveputError, match=f"metadata service http://127.0.0.1:{port}/latest/api/token unreachable"):
+    with pytest.raises(
+        LiveputError, match=f"metadata service http://127.0.0.1:{port}/latest/api/token unreachable"
+    ):
         AwsNoticeWatcher(f"http://127.0.0.1:{port}", timeout_s=0.5).poll()
 
 
@@ -223,7 +239,9 @@ def test_emulator_notice_from_the_store() -> None:
     store.set("notices/i-0003", Notice("emulator", "terminate", 1.5, "i-0003").to_json().encode())
     assert watcher.poll() == Notice("emulator", "terminate", 1.5, "i-0003")
     store.set("notices/bad", b"{]")
-    with pytest.raises(LiveputError, match="malformed preemption notice in store key 'notices/bad'"):
+    with pytest.raises(
+        LiveputError, match="malformed preemption notice in store key 'notices/bad'"
+    ):
         EmulatorNoticeWatcher(None, signum=None, store=store, store_key="notices/bad").poll()
     with pytest.raises(LiveputError, match="needs a notice file"):
         EmulatorNoticeWatcher(None, signum=None)
@@ -242,7 +260,9 @@ def test_monitor_wakes_on_signal_and_survives_a_failing_source(
         got.append(notice)
         done.set()
 
-    monitor = NoticeMonitor([unreachable, EmulatorNoticeWatcher(path)], on_notice, interval_s=30.0).start()
+    monitor = NoticeMonitor(
+        [unreachable, EmulatorNoticeWatcher(path)], on_notice, interval_s=30.0
+    ).start()
     try:
         time.sleep(0.3)
         write_notice_file(path, Notice("emulator", "terminate", 2.0, "me"))
@@ -254,7 +274,9 @@ def test_monitor_wakes_on_signal_and_survives_a_failing_source(
         monitor.close()
     assert got == [Notice("emulator", "terminate", 2.0, "me")]
     assert monitor.notice == got[0]
-    assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1  # logged once, not per poll
+    assert (
+        sum("unreachable" in r.getMessage() for r in caplog.records) == 1
+    )  # logged once, not per poll
     with pytest.raises(LiveputError, match="at least one"):
         NoticeMonitor([], on_notice)
 
@@ -301,12 +323,17 @@ def test_a_notice_signal_during_the_agents_startup_does_not_end_it() -> None:
     default action ended the agent before it joined, and `liveput train` waited for minutes."""
     process = subprocess.Popen(
         [sys.executable, "-m", "liveput.runtime", "--store", f"tcp://127.0.0.1:{free_port()}"],
-        env={**os.environ, "LIVEPUT_TOKEN": "t"}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+        env={**os.environ, "LIVEPUT_TOKEN": "t"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 20
-        while not _ignores_sigusr1(process.pid) and process.poll() is None and \
-                time.monotonic() < deadline:
+        while (
+            not _ignores_sigusr1(process.pid)
+            and process.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.005)
         # Before the fix the disposition stays the default (end the process) until the watcher
         # is built, seconds later, after torch loads and the store answers.

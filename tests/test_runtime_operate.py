@@ -11,7 +11,6 @@ import time
 
 import pytest
 import torch
-
 from runtime_cluster import JOB, TOKEN, AgentProcesses
 
 from liveput.models.jobs import resolve_job
@@ -90,9 +89,19 @@ def test_a_spare_sees_the_job_end_before_the_store_ends_with_its_coordinator(tmp
         while any(store.get(f"state/{i}") != b"waiting" for i in range(3)):
             assert time.monotonic() < deadline, [agents.log(i) for i in range(3)]
             time.sleep(0.1)
-        coordinator = Coordinator(store, profile_job(job, repeats=1), CoordinatorConfig(
-            num_steps=6, num_micro_batches=job.num_micro_batches, capacity=2,
-            initial_workers=2, interval_s=1.0, tick_s=0.05, heartbeat_timeout_s=2.0))
+        coordinator = Coordinator(
+            store,
+            profile_job(job, repeats=1),
+            CoordinatorConfig(
+                num_steps=6,
+                num_micro_batches=job.num_micro_batches,
+                capacity=2,
+                initial_workers=2,
+                interval_s=1.0,
+                tick_s=0.05,
+                heartbeat_timeout_s=2.0,
+            ),
+        )
         coordinator.run()
         assert len([s for s in coordinator.plan.slots.values() if s is not None]) == 2
         store.close()  # as `liveput coordinator` does when the job is done
@@ -110,11 +119,31 @@ def test_liveput_train_terminated_stops_its_agents(tmp_path):
     err_path = tmp_path / "train.err"
     with open(err_path, "wb") as err_file:
         train = subprocess.Popen(
-            [sys.executable, "-m", "liveput.cli.main", "-v", "train", "--model",
-             "tiny-gpt-small", "--workers", "2", "--steps", "5000", "--time-scale", "10",
-             "--log-dir", str(logs), "--checkpoint-dir", str(tmp_path / "ckpt"),
-             "--checkpoint-every", "5"],
-            stdout=subprocess.DEVNULL, stderr=err_file, stdin=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "liveput.cli.main",
+                "-v",
+                "train",
+                "--model",
+                "tiny-gpt-small",
+                "--workers",
+                "2",
+                "--steps",
+                "5000",
+                "--time-scale",
+                "10",
+                "--log-dir",
+                str(logs),
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--checkpoint-every",
+                "5",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         deadline = time.monotonic() + 120
         while not list((tmp_path / "ckpt").glob("step-*")):  # training is under way

@@ -44,9 +44,20 @@ def test_the_fence_decides_a_vote_whose_writer_died_before_marking_it():
 
 
 def test_plan_survives_the_store_as_json():
-    plan = protocol.RuntimePlan(3, 1, 10, 50, 2, 2, [0, 2, 4], {0: (0, 0), 1: (0, 1), 5: None},
-                                {0: "10.0.0.1", 1: "10.0.0.2", 5: "10.0.0.6"},
-                                [protocol.Transfer(2, 5, 1)], "inter-stage", None)
+    plan = protocol.RuntimePlan(
+        3,
+        1,
+        10,
+        50,
+        2,
+        2,
+        [0, 2, 4],
+        {0: (0, 0), 1: (0, 1), 5: None},
+        {0: "10.0.0.1", 1: "10.0.0.2", 5: "10.0.0.6"},
+        [protocol.Transfer(2, 5, 1)],
+        "inter-stage",
+        None,
+    )
     again = protocol.RuntimePlan.from_json(plan.to_json())
     assert again == plan
     assert again.world == [0, 1, 5] and again.rank_of(5) == 2 and again.num_working == 2
@@ -54,16 +65,34 @@ def test_plan_survives_the_store_as_json():
 
 def test_the_last_instance_to_arrive_opens_the_plan_and_a_newer_plan_frees_the_waiters():
     store = MemoryStore()
-    plan = protocol.RuntimePlan(4, 0, 10, 50, 1, 3, [0, 1, 2, 4], {0: (0, 0), 3: (0, 1), 7: (0, 2)},
-                                {i: "127.0.0.1" for i in (0, 3, 7)}, [], "intra-stage", None)
+    plan = protocol.RuntimePlan(
+        4,
+        0,
+        10,
+        50,
+        1,
+        3,
+        [0, 1, 2, 4],
+        {0: (0, 0), 3: (0, 1), 7: (0, 2)},
+        dict.fromkeys((0, 3, 7), "127.0.0.1"),
+        [],
+        "intra-stage",
+        None,
+    )
     assert [protocol.arrive(store, plan) for _ in range(2)] == [False, False]
     assert store.get(keys.all_arrived(4)) is None
     assert protocol.arrive(store, plan) is True
     assert store.get(keys.all_arrived(4)) == b"1"
     # Instance 7 died after the plan was made: the two others wait for it, until plan 5 is out.
     waiting = dataclasses.replace(plan, generation=5)
-    engine = Engine(resolve_job("tiny-gpt-small"), 0, store, rendezvous=None, checkpointer=None,
-                    config=EngineConfig(comm_timeout_s=60.0))
+    engine = Engine(
+        resolve_job("tiny-gpt-small"),
+        0,
+        store,
+        rendezvous=None,
+        checkpointer=None,
+        config=EngineConfig(comm_timeout_s=60.0),
+    )
     protocol.arrive(store, waiting)  # instance 3
     store.set(keys.current_plan(), b"6")
     started = time.monotonic()
@@ -82,8 +111,9 @@ def small_profile():
 
 def test_a_noticed_instance_sends_its_layers_instead_of_a_checkpoint_restore(small_profile):
     running = Assignment({0: Slot(0, 0), 1: Slot(0, 1)}, 2)
-    migration = plan_migration(small_profile, MigrationCostModel(), running, {1}, [2],
-                               Configuration(1, 2))
+    migration = plan_migration(
+        small_profile, MigrationCostModel(), running, {1}, [2], Configuration(1, 2)
+    )
     assert migration.kind == "checkpoint-restore"  # the planner counts noticed instances as gone
     context = PlanContext(4, 0, 30, 100, {}, latest_checkpoint=20, stages_before=2)
     proactive = to_runtime_plan(small_profile, migration, context, {2: [1], 3: [1]})
@@ -95,8 +125,13 @@ def test_a_noticed_instance_sends_its_layers_instead_of_a_checkpoint_restore(sma
 
 
 def _record(store, epoch: int, step: int, batch: int = 8, first: int | None = None) -> None:
-    protocol.record_step(store, epoch, protocol.LedgerRecord(
-        step, 0, step * batch if first is None else first, batch, 1.0, 1, 1, 0.0))
+    protocol.record_step(
+        store,
+        epoch,
+        protocol.LedgerRecord(
+            step, 0, step * batch if first is None else first, batch, 1.0, 1, 1, 0.0
+        ),
+    )
 
 
 def test_the_ledger_proves_exactly_once_across_a_restore_and_catches_mistakes():
@@ -119,11 +154,22 @@ def test_the_ledger_proves_exactly_once_across_a_restore_and_catches_mistakes():
 def test_job_is_validated_with_one_line_errors():
     job = resolve_job("tiny-gpt-small")
     with pytest.raises(liveput.LiveputError, match="multiple of micro_batch_size"):
-        liveput.Job(layers=job.layers, dataset=job.dataset, loss_fn=job.loss_fn,
-                    optimizer=job.optimizer, global_batch_size=10, micro_batch_size=4)
+        liveput.Job(
+            layers=job.layers,
+            dataset=job.dataset,
+            loss_fn=job.loss_fn,
+            optimizer=job.optimizer,
+            global_batch_size=10,
+            micro_batch_size=4,
+        )
     with pytest.raises(liveput.LiveputError, match="non-empty sequence"):
-        liveput.Job(layers=[], dataset=job.dataset, loss_fn=job.loss_fn,
-                    optimizer=job.optimizer, global_batch_size=8)
+        liveput.Job(
+            layers=[],
+            dataset=job.dataset,
+            loss_fn=job.loss_fn,
+            optimizer=job.optimizer,
+            global_batch_size=8,
+        )
     with pytest.raises(liveput.LiveputError, match="unknown job"):
         resolve_job("no-such-model")
     # Every micro-batch of a step goes to exactly one pipeline, whatever D.
@@ -142,9 +188,17 @@ def test_a_noticed_agent_leaves_only_when_a_plan_made_after_it_joined_leaves_it_
     from liveput.runtime.notices import Notice
 
     def plan(generation: int, instances: list[int]) -> protocol.RuntimePlan:
-        return protocol.RuntimePlan(generation, 0, 10 * generation, 100, len(instances), 1,
-                                    [0, 4], {i: (n, 0) for n, i in enumerate(instances)},
-                                    {i: "h" for i in instances})
+        return protocol.RuntimePlan(
+            generation,
+            0,
+            10 * generation,
+            100,
+            len(instances),
+            1,
+            [0, 4],
+            {i: (n, 0) for n, i in enumerate(instances)},
+            dict.fromkeys(instances, "h"),
+        )
 
     class PlanAfter(ManualClock):
         """Publishes ``later`` at the agent's third poll."""
@@ -164,8 +218,12 @@ def test_a_noticed_agent_leaves_only_when_a_plan_made_after_it_joined_leaves_it_
         store = MemoryStore()
         protocol.publish_plan(store, plan(3, [0, 1]))
         clock = PlanAfter(store, later)
-        agent = Agent(AgentConfig(instance=7), store, engine=None,  # type: ignore[arg-type]
-                      clock=clock)
+        agent = Agent(
+            AgentConfig(instance=7),
+            store,
+            engine=None,  # type: ignore[arg-type]
+            clock=clock,
+        )
         agent._on_notice(Notice("emulator", "terminate", 10.0))
         agent.join()
         try:
@@ -210,8 +268,12 @@ def test_agent_waits_through_a_store_outage_then_gives_up_with_an_error():
     assert agent._next_plan(-1) is None
     # Gone for good (the embedded store's coordinator ended): one error after 60 s, not a hang.
     clock = ManualClock()
-    agent = Agent(config, Outage(down_at=1, up_at=None), engine=None,  # type: ignore[arg-type]
-                  clock=clock)
+    agent = Agent(
+        config,
+        Outage(down_at=1, up_at=None),
+        engine=None,  # type: ignore[arg-type]
+        clock=clock,
+    )
     with pytest.raises(liveput.LiveputError, match="unreachable for 61 s; is the coordinator gone"):
         agent._next_plan(-1)
     assert clock.now_s() == pytest.approx(61.0)
@@ -251,8 +313,14 @@ def test_the_coordinator_stays_until_a_waiting_spare_has_seen_the_job_end(small_
 
     store = MemoryStore()
     clock = SpareClock(store)
-    config = CoordinatorConfig(num_steps=4, num_micro_batches=4, capacity=4, tick_s=0.2,
-                               heartbeat_timeout_s=3.0, finish_wait_s=10.0)
+    config = CoordinatorConfig(
+        num_steps=4,
+        num_micro_batches=4,
+        capacity=4,
+        tick_s=0.2,
+        heartbeat_timeout_s=3.0,
+        finish_wait_s=10.0,
+    )
     coordinator = Coordinator(store, small_profile, config, clock=clock)
     for instance, state in ((1, b"done"), (3, b"waiting"), (5, b"training")):
         store.add(keys.heartbeat(instance), 1)
@@ -290,13 +358,15 @@ def test_a_restarted_coordinator_waits_out_a_store_outage_and_reuses_the_jobs_pr
         def get(self, key: str) -> bytes | None:
             self.calls += 1
             if self.calls <= self.down_calls:
-                raise liveput.LiveputError("store etcd://10.0.0.1:2379 unreachable: "
-                                           "ConnectionFailedError")
+                raise liveput.LiveputError(
+                    "store etcd://10.0.0.1:2379 unreachable: ConnectionFailedError"
+                )
             return super().get(key)
 
     store = Restarting(down_calls=3)
-    profile = launch.through_outage(lambda: launch.job_profile(store, "tiny-gpt-small"), 5.0,
-                                    retry_s=0.01)
+    profile = launch.through_outage(
+        lambda: launch.job_profile(store, "tiny-gpt-small"), 5.0, retry_s=0.01
+    )
     assert store.calls == 4 and store.get(keys.job_profile()) is not None
     # A restarted coordinator takes the kept profile (a new measurement would differ in its
     # timings): the same plans, and no profiling again.
@@ -313,9 +383,17 @@ def test_a_noticed_agent_left_out_before_its_margin_stays_and_leaves_at_it():
     from liveput.runtime.notices import Notice
 
     def plan(generation: int, instances: list[int]) -> protocol.RuntimePlan:
-        return protocol.RuntimePlan(generation, 0, 10 * generation, 100, len(instances), 1,
-                                    [0, 4], {i: (n, 0) for n, i in enumerate(instances)},
-                                    {i: "h" for i in instances})
+        return protocol.RuntimePlan(
+            generation,
+            0,
+            10 * generation,
+            100,
+            len(instances),
+            1,
+            [0, 4],
+            {i: (n, 0) for n, i in enumerate(instances)},
+            dict.fromkeys(instances, "h"),
+        )
 
     class Plans(ManualClock):
         """Publishes ``plans[n]`` at the agent's n-th poll (0.1 s each)."""
@@ -331,14 +409,16 @@ def test_a_noticed_agent_left_out_before_its_margin_stays_and_leaves_at_it():
                 protocol.publish_plan(self.store, self.plans[self.polls])
 
     for plans, expected, polls in (
-            # Left out at 0.3 s, planned again at 2 s, 58 s before its end: it is there.
-            ({3: plan(4, [0]), 20: plan(5, [0, 7])}, 5, 20),
-            # Left out, and nothing for it until 20 s before its end (40 s): it leaves then.
-            ({3: plan(4, [0])}, None, 400)):
+        # Left out at 0.3 s, planned again at 2 s, 58 s before its end: it is there.
+        ({3: plan(4, [0]), 20: plan(5, [0, 7])}, 5, 20),
+        # Left out, and nothing for it until 20 s before its end (40 s): it leaves then.
+        ({3: plan(4, [0])}, None, 400),
+    ):
         store = MemoryStore()
         clock = Plans(store, plans)
-        agent = Agent(AgentConfig(instance=7, notice_margin_s=20.0), store,
-                      engine=None, clock=clock)  # type: ignore[arg-type]
+        agent = Agent(
+            AgentConfig(instance=7, notice_margin_s=20.0), store, engine=None, clock=clock
+        )  # type: ignore[arg-type]
         agent.join()
         agent._on_notice(Notice("emulator", "terminate", 60.0))
         try:

@@ -8,11 +8,11 @@ import random
 import pytest
 
 from liveput.errors import LiveputError
+from liveput.models.jobs import resolve_job
 from liveput.runtime import keys, protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.ledger import fold, fold_epoch, read_ledger, verify_ledger
-from liveput.models.jobs import resolve_job
 from liveput.runtime.planning import profile_job
 from liveput.runtime.prune import PruneConfig, PruneView, dead_keys, forgotten
 from liveput.runtime.store import MemoryStore, SignedStore, TCPStoreBackend, open_store
@@ -21,9 +21,20 @@ BATCH = 4
 
 
 def _record(store, epoch: int, step: int) -> None:  # noqa: ANN001
-    protocol.record_step(store, epoch, protocol.LedgerRecord(
-        step=step, generation=epoch, first_sample=step * BATCH, num_samples=BATCH, loss=1.0 / (step + 1),
-        data_parallel=1, pipeline_stages=1, committed_unix_s=float(step)))
+    protocol.record_step(
+        store,
+        epoch,
+        protocol.LedgerRecord(
+            step=step,
+            generation=epoch,
+            first_sample=step * BATCH,
+            num_samples=BATCH,
+            loss=1.0 / (step + 1),
+            data_parallel=1,
+            pipeline_stages=1,
+            committed_unix_s=float(step),
+        ),
+    )
 
 
 def _fold_into(store, epoch: int, checkpoint: int) -> bool:  # noqa: ANN001
@@ -71,9 +82,12 @@ def test_folding_the_ledger_proves_what_the_whole_ledger_proves(seed):
     want = verify_ledger(whole, BATCH, num_steps)
     got = verify_ledger(folded, BATCH, num_steps)
     assert want.exactly_once and got.exactly_once, (want.problems, got.problems)
-    assert (got.steps_applied, got.steps_rolled_back, got.restores) == \
-        (want.steps_applied, want.steps_rolled_back, want.restores)
-    assert got.records == want.records[got.summarized_steps:]
+    assert (got.steps_applied, got.steps_rolled_back, got.restores) == (
+        want.steps_applied,
+        want.steps_rolled_back,
+        want.restores,
+    )
+    assert got.records == want.records[got.summarized_steps :]
     # And it is shorter: records of the folded steps are gone.
     assert len(folded.get_prefix("ledger/")) <= len(whole.get_prefix("ledger/"))
 
@@ -131,23 +145,82 @@ def test_nothing_is_folded_when_the_records_do_not_prove_exactly_once():
 
 def test_dead_keys_of_a_job():
     keys = {
-        "commit/3/10", "done/3/10", "commit/3/11", "done/3/11", "commit/3/12", "done/3/12",
-        "commit/5/40", "done/5/40", "commit/5/41", "done/5/41", "commit/5/42", "commit/5/43",
-        "arrived/3", "arrived/3/7", "arrived/3/all", "started/3", "fail/3/7", "failed/3",
-        "arrived/4", "started/5", "plan/2", "plan/3", "plan/4", "plan/5", "plan/current",
-        "ckpt/0/9", "ckpt/1/19", "ckpt/1/29", "ckpt/1/39", "ckpt/latest", "ckpt/complete",
-        "members/7", "hb/7", "state/7", "holds/7", "notice/7", "lost/7", "members/8", "hb/8",
-        "job/spec", "events/3", "coord/history", "stats/preemptions",
+        "commit/3/10",
+        "done/3/10",
+        "commit/3/11",
+        "done/3/11",
+        "commit/3/12",
+        "done/3/12",
+        "commit/5/40",
+        "done/5/40",
+        "commit/5/41",
+        "done/5/41",
+        "commit/5/42",
+        "commit/5/43",
+        "arrived/3",
+        "arrived/3/7",
+        "arrived/3/all",
+        "started/3",
+        "fail/3/7",
+        "failed/3",
+        "arrived/4",
+        "started/5",
+        "plan/2",
+        "plan/3",
+        "plan/4",
+        "plan/5",
+        "plan/current",
+        "ckpt/0/9",
+        "ckpt/1/19",
+        "ckpt/1/29",
+        "ckpt/1/39",
+        "ckpt/latest",
+        "ckpt/complete",
+        "members/7",
+        "hb/7",
+        "state/7",
+        "holds/7",
+        "notice/7",
+        "lost/7",
+        "members/8",
+        "hb/8",
+        "job/spec",
+        "events/3",
+        "coord/history",
+        "stats/preemptions",
     }
-    view = PruneView(generation=5, committed=43, retire_before=4, checkpoint=(1, 29),
-                     forgotten=frozenset({7}))
-    assert dead_keys(keys, view) == sorted([
-        "commit/3/10", "done/3/10", "commit/3/11", "done/3/11", "commit/3/12", "done/3/12",
-        "commit/5/40", "done/5/40", "commit/5/41", "done/5/41",  # < committed - 1 = 42
-        "arrived/3", "arrived/3/7", "arrived/3/all", "started/3", "fail/3/7", "failed/3",
-        "plan/2",  # plan 3 stays while generation 4's holdings may name its successor
-        "ckpt/0/9", "ckpt/1/19",
-        "members/7", "hb/7", "state/7", "holds/7", "notice/7", "lost/7"])
+    view = PruneView(
+        generation=5, committed=43, retire_before=4, checkpoint=(1, 29), forgotten=frozenset({7})
+    )
+    assert dead_keys(keys, view) == sorted(
+        [
+            "commit/3/10",
+            "done/3/10",
+            "commit/3/11",
+            "done/3/11",
+            "commit/3/12",
+            "done/3/12",
+            "commit/5/40",
+            "done/5/40",
+            "commit/5/41",
+            "done/5/41",  # < committed - 1 = 42
+            "arrived/3",
+            "arrived/3/7",
+            "arrived/3/all",
+            "started/3",
+            "fail/3/7",
+            "failed/3",
+            "plan/2",  # plan 3 stays while generation 4's holdings may name its successor
+            "ckpt/0/9",
+            "ckpt/1/19",
+            "members/7",
+            "hb/7",
+            "state/7",
+            "holds/7",
+            "notice/7",
+            "lost/7",
+        ]
+    )
     assert forgotten({7: 400.0, 8: 400.0, 9: 10.0}, {8}, 300.0) == frozenset({7})
 
 
@@ -196,9 +269,14 @@ def test_a_pruning_coordinator_keeps_the_store_small_and_a_restarted_one_recover
     store = SignedStore(MemoryStore(), "token")
     clock = ManualClock()
     config = CoordinatorConfig(
-        num_steps=steps, num_micro_batches=job.num_micro_batches, capacity=3,
-        initial_workers=3, interval_s=60.0, heartbeat_timeout_s=3.0,
-        prune=PruneConfig(interval_s=5.0, generation_grace_s=5.0, forget_after_s=10.0))
+        num_steps=steps,
+        num_micro_batches=job.num_micro_batches,
+        capacity=3,
+        initial_workers=3,
+        interval_s=60.0,
+        heartbeat_timeout_s=3.0,
+        prune=PruneConfig(interval_s=5.0, generation_grace_s=5.0, forget_after_s=10.0),
+    )
     coordinator = Coordinator(store, profile, config, clock=clock)
     agents = ObedientAgents(store, job.num_layers, job.global_batch_size)
     for _ in range(3):
@@ -227,8 +305,12 @@ def test_a_pruning_coordinator_keeps_the_store_small_and_a_restarted_one_recover
     assert report.exactly_once, report.problems
     assert report.summarized_steps >= 500
     assert peak < 300  # unpruned: about 3 keys per step, 1,800 here
-    assert not [k for k in store.get_prefix("") if k.split("/")[-1] == "0"
-                and k.split("/")[0] in ("members", "hb", "state", "holds", "lost")]
+    assert not [
+        k
+        for k in store.get_prefix("")
+        if k.split("/")[-1] == "0"
+        and k.split("/")[0] in ("members", "hb", "state", "holds", "lost")
+    ]
 
 
 def test_etcd_markers_do_not_pile_up_and_history_is_compacted(etcd_url):
@@ -244,7 +326,9 @@ def test_etcd_markers_do_not_pile_up_and_history_is_compacted(etcd_url):
         store.compact_history()
         assert int(store.status()["dbSizeInUse"]) > 0  # int64s come as strings
         old = {"key": "aGIvMQ==", "revision": before - 10}  # hb/1, ten writes ago
-        with pytest.raises(LiveputError, match="failed"):  # etcd: "required revision has been compacted"
+        with pytest.raises(
+            LiveputError, match="failed"
+        ):  # etcd: "required revision has been compacted"
             store._post("kv/range", old)
         assert store.get("hb/1") == b"150"
     finally:

@@ -11,14 +11,24 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from torch.distributed import PrefixStore
 from runtime_fixtures import EtcdServer, NetnsHosts, free_port
+from torch.distributed import PrefixStore
 
 from liveput.errors import LiveputError
-from liveput.runtime.store import EtcdStore, MemoryStore, SignedStore, Store, TCPStoreBackend, open_store
+from liveput.runtime.store import (
+    EtcdStore,
+    MemoryStore,
+    SignedStore,
+    Store,
+    TCPStoreBackend,
+    open_store,
+)
 
-BACKENDS = ["memory", pytest.param("tcp", marks=pytest.mark.process),
-            pytest.param("etcd", marks=pytest.mark.process)]
+BACKENDS = [
+    "memory",
+    pytest.param("tcp", marks=pytest.mark.process),
+    pytest.param("etcd", marks=pytest.mark.process),
+]
 """The TCP and etcd backends are servers: their cases are in the process tier."""
 
 
@@ -87,7 +97,9 @@ def test_delete_and_prefix_listing(store: Store) -> None:
     assert store.get_prefix("members/") == {"members/a": b"members/a", "members/c": b"members/c"}
     assert set(store.get_prefix("")) == {"members/a", "members/c", "membersx", "plan"}
     assert store.get_prefix("nothing/") == {}
-    assert store.compare_and_set("members/b", None, b"again") is True  # deleted keys can be re-created
+    assert (
+        store.compare_and_set("members/b", None, b"again") is True
+    )  # deleted keys can be re-created
 
 
 def test_add_is_a_counter(store: Store) -> None:
@@ -194,7 +206,9 @@ def test_random_operations_match_the_reference_model(store: Store) -> None:
             model.pop(key, None)
         elif op == 3:
             prefix = rng.choice(["", "a", "a/", "b", "z"])
-            assert store.get_prefix(prefix) == {k: v for k, v in model.items() if k.startswith(prefix)}, where
+            assert store.get_prefix(prefix) == {
+                k: v for k, v in model.items() if k.startswith(prefix)
+            }, where
         elif op == 4:
             current = model.get(key, b"0")
             if current.lstrip(b"-").isdigit():
@@ -282,7 +296,9 @@ def test_tcp_clients_share_the_hosted_state(tcp_host: TCPStoreBackend) -> None:
 # -- etcd restart --------------------------------------------------------------------------------------
 
 
-def test_etcd_restart_keeps_data_and_clients_reconnect(etcd_server: EtcdServer, etcd_url: str) -> None:
+def test_etcd_restart_keeps_data_and_clients_reconnect(
+    etcd_server: EtcdServer, etcd_url: str
+) -> None:
     store = open_store(etcd_url, timeout_s=15)
     store.set("committed_step", b"41")
     assert store.add("epoch", 1) == 1
@@ -308,7 +324,8 @@ def test_etcd_restart_keeps_data_and_clients_reconnect(etcd_server: EtcdServer, 
 
 
 def test_etcd_counters_and_cas_are_exactly_once_across_restarts(
-        etcd_server: EtcdServer, etcd_url: str) -> None:
+    etcd_server: EtcdServer, etcd_url: str
+) -> None:
     """A request etcd applied but whose reply the restart cut off is retried: the retry must not
     apply it twice (a commit vote counted twice would leave a step that never commits)."""
     store = open_store(etcd_url, timeout_s=30)
@@ -349,7 +366,9 @@ def test_etcd_counters_and_cas_are_exactly_once_across_restarts(
     assert sorted(won) == sorted(store.get_prefix("once/"))
 
 
-def test_etcd_outage_longer_than_timeout_is_a_one_line_error(etcd_server: EtcdServer, etcd_url: str) -> None:
+def test_etcd_outage_longer_than_timeout_is_a_one_line_error(
+    etcd_server: EtcdServer, etcd_url: str
+) -> None:
     store = open_store(etcd_url, timeout_s=0.5)
     etcd_server.stop()
     with pytest.raises(LiveputError, match=f"{etcd_url} unreachable") as info:
@@ -437,7 +456,9 @@ _NETNS_CLIENT = textwrap.dedent(
 
 def test_tcp_store_reached_across_network_namespaces(netns_hosts: NetnsHosts) -> None:
     url = f"tcp://{netns_hosts.address(0)}:29400"
-    host = netns_hosts.popen(0, [sys.executable, "-c", _NETNS_HOST, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    host = netns_hosts.popen(
+        0, [sys.executable, "-c", _NETNS_HOST, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         client = netns_hosts.run(1, [sys.executable, "-c", _NETNS_CLIENT, url], timeout_s=60)
         assert client.returncode == 0, client.stderr[-2000:]
@@ -461,8 +482,9 @@ def test_a_client_waits_for_a_server_that_starts_late_and_gives_up_at_its_timeou
     # c10d alone retries once after a delay as long as the timeout: over 4 s for a 2-s timeout.
     assert time.monotonic() - started < 3.5
     hosted: list[TCPStoreBackend] = []
-    later = threading.Timer(0.5, lambda: hosted.append(
-        TCPStoreBackend("127.0.0.1", port, host=True)))
+    later = threading.Timer(
+        0.5, lambda: hosted.append(TCPStoreBackend("127.0.0.1", port, host=True))
+    )
     later.start()
     client = TCPStoreBackend("127.0.0.1", port, timeout_s=10.0)  # refused at first
     later.join()
@@ -511,8 +533,9 @@ class _DiesRightAfterItsWrite(TCPStoreBackend):
 
 
 @pytest.mark.parametrize("write", ["compare_and_set", "add"])
-def test_a_writer_killed_right_after_its_write_leaves_the_key_listed(tcp_host: Store,
-                                                                     write: str) -> None:
+def test_a_writer_killed_right_after_its_write_leaves_the_key_listed(
+    tcp_host: Store, write: str
+) -> None:
     """The lost ledger record of a CI run: the agent whose compare-and-set created
     ``ledger/2/124`` was SIGKILLed before it indexed the key; the other writers lost the CAS and
     indexed nothing, so the step, applied everywhere, was missing from every listing. Keys are

@@ -13,19 +13,56 @@ from liveput.models.training import LRSchedule
 
 def test_train_replays_a_trace_and_writes_its_summary_and_step_log(tmp_path, capsys):
     out = tmp_path / "run.json"
-    code = main(["train", "--model", "tiny-gpt-small", "--workers", "4", "--steps", "60",
-                 "--time-scale", "10", "--seed", "20", "--notice-lead", "30",
-                 "--checkpoint-every", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                 "--clip-grad-norm", "1.0", "--lr-schedule", "cosine:warmup=5,min=0.1",
-                 "--activation-checkpointing", "-o", str(out), "--json"])
+    code = main(
+        [
+            "train",
+            "--model",
+            "tiny-gpt-small",
+            "--workers",
+            "4",
+            "--steps",
+            "60",
+            "--time-scale",
+            "10",
+            "--seed",
+            "20",
+            "--notice-lead",
+            "30",
+            "--checkpoint-every",
+            "5",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--clip-grad-norm",
+            "1.0",
+            "--lr-schedule",
+            "cosine:warmup=5,min=0.1",
+            "--activation-checkpointing",
+            "-o",
+            str(out),
+            "--json",
+        ]
+    )
     assert code == 0
     summary = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out) == summary  # --json: the same object on stdout
-    assert set(summary) >= {"steps_completed", "samples", "initial_loss", "final_loss",
-                            "preemptions", "allocations", "migrations", "steps_rolled_back",
-                            "exactly_once", "wall_s"}
-    assert set(summary["migrations"]) == {"intra-stage", "inter-stage", "pipeline",
-                                          "checkpoint-restore"}
+    assert set(summary) >= {
+        "steps_completed",
+        "samples",
+        "initial_loss",
+        "final_loss",
+        "preemptions",
+        "allocations",
+        "migrations",
+        "steps_rolled_back",
+        "exactly_once",
+        "wall_s",
+    }
+    assert set(summary["migrations"]) == {
+        "intra-stage",
+        "inter-stage",
+        "pipeline",
+        "checkpoint-restore",
+    }
     assert summary["exactly_once"] is True
     assert summary["steps_completed"] == 60 and summary["samples"] == 60 * 8
     assert summary["final_loss"] < summary["initial_loss"]

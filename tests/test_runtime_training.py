@@ -32,8 +32,13 @@ def job_with(**training) -> object:
 
 
 @settings(max_examples=200, deadline=None)
-@given(kind=st.sampled_from(["constant", "linear", "cosine"]), warmup=st.integers(0, 20),
-       total=st.integers(1, 200), min_ratio=st.floats(0, 1), step=st.integers(0, 300))
+@given(
+    kind=st.sampled_from(["constant", "linear", "cosine"]),
+    warmup=st.integers(0, 20),
+    total=st.integers(1, 200),
+    min_ratio=st.floats(0, 1),
+    step=st.integers(0, 300),
+)
 def test_schedule_factor_against_its_definition(kind, warmup, total, min_ratio, step):
     schedule = LRSchedule(kind, warmup, total, min_ratio)
     if step < warmup:
@@ -49,21 +54,27 @@ def test_schedule_factor_against_its_definition(kind, warmup, total, min_ratio, 
 
 
 def test_schedule_parse_and_one_line_errors():
-    assert LRSchedule.parse("cosine:warmup=20,min=0.1", total_steps=300) == \
-        LRSchedule("cosine", 20, 300, 0.1)
+    assert LRSchedule.parse("cosine:warmup=20,min=0.1", total_steps=300) == LRSchedule(
+        "cosine", 20, 300, 0.1
+    )
     assert LRSchedule.parse("linear:steps=50") == LRSchedule("linear", 0, 50, 0.0)
     assert LRSchedule.parse("constant") == LRSchedule()
-    for text, message in (("step", "unknown kind 'step'"), ("cosine", "needs total_steps"),
-                          ("cosine:warm=3", "got 'warm=3'"), ("linear:warmup=x,steps=9",
-                                                               "integers"),
-                          ("linear:min=2,steps=9", "min ratio")):
+    for text, message in (
+        ("step", "unknown kind 'step'"),
+        ("cosine", "needs total_steps"),
+        ("cosine:warm=3", "got 'warm=3'"),
+        ("linear:warmup=x,steps=9", "integers"),
+        ("linear:min=2,steps=9", "min ratio"),
+    ):
         with pytest.raises(LiveputError, match=message) as caught:
             LRSchedule.parse(text)
         assert "\n" not in str(caught.value)
-    for bad, message in (({"precision": "fp8"}, "unknown precision 'fp8'"),
-                         ({"clip_grad_norm": 0.0}, "clip_grad_norm"),
-                         ({"clip_grad_norm": float("nan")}, "clip_grad_norm"),
-                         ({"initial_loss_scale": 0.5}, "initial_loss_scale")):
+    for bad, message in (
+        ({"precision": "fp8"}, "unknown precision 'fp8'"),
+        ({"clip_grad_norm": 0.0}, "clip_grad_norm"),
+        ({"clip_grad_norm": float("nan")}, "clip_grad_norm"),
+        ({"initial_loss_scale": 0.5}, "initial_loss_scale"),
+    ):
         with pytest.raises(LiveputError, match=message):
             TrainingConfig(**bad)
     with pytest.raises(LiveputError, match="Job.training"):
@@ -79,8 +90,9 @@ def test_global_norm_clip_equals_clip_grad_norm_on_the_unsplit_model(max_norm):
     layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
     compute_gradients(job, layers, WHOLE, None, step=0)
     model = nn.Sequential(*[copy.deepcopy(layer.module) for layer in layers])
-    for mine, theirs in zip([p for layer in layers for p in layer.module.parameters()],
-                            model.parameters(), strict=True):
+    for mine, theirs in zip(
+        [p for layer in layers for p in layer.module.parameters()], model.parameters(), strict=True
+    ):
         theirs.grad = mine.grad.clone()
     want_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
     # Two stages, each with its part of the layers, sum their squared norms over a real gloo
@@ -90,11 +102,13 @@ def test_global_norm_clip_equals_clip_grad_norm_on_the_unsplit_model(max_norm):
     decisions = {}
 
     def stage(rank: int) -> None:
-        groups = Groups.build(store, 0, rank, 2, None, torch.device("cpu"), 20.0,
-                              pipeline_ranks=[0, 1])
+        groups = Groups.build(
+            store, 0, rank, 2, None, torch.device("cpu"), 20.0, pipeline_ranks=[0, 1]
+        )
         try:
-            decisions[rank] = OptimizerStep(job.training).decide(parts[rank], job.num_layers,
-                                                                 groups)
+            decisions[rank] = OptimizerStep(job.training).decide(
+                parts[rank], job.num_layers, groups
+            )
         finally:
             groups.close()
 
@@ -106,16 +120,18 @@ def test_global_norm_clip_equals_clip_grad_norm_on_the_unsplit_model(max_norm):
     decision = decisions[0]
     assert decisions[1] == decision  # every stage decides the same, to the bit
     assert decision.grad_norm == pytest.approx(want_norm, rel=1e-5)
-    assert decision.clip_coefficient == pytest.approx(min(1.0, max_norm / (want_norm + 1e-6)),
-                                                      rel=1e-5)
+    assert decision.clip_coefficient == pytest.approx(
+        min(1.0, max_norm / (want_norm + 1e-6)), rel=1e-5
+    )
     assert (decision.clip_coefficient < 1.0) == (max_norm < want_norm)
     update = OptimizerStep(job.training)
     update.apply(layers, 0, decision)  # applied to every layer, as each stage does to its own
     reference = [p.detach().clone() for p in model.parameters()]
     optimizer = job.optimizer(list(model.parameters()))
     optimizer.step()
-    for mine, theirs in zip([p for layer in layers for p in layer.module.parameters()],
-                            model.parameters(), strict=True):
+    for mine, theirs in zip(
+        [p for layer in layers for p in layer.module.parameters()], model.parameters(), strict=True
+    ):
         assert torch.allclose(mine, theirs, rtol=1e-5, atol=1e-7)
     assert any(not torch.equal(a, b) for a, b in zip(reference, model.parameters()))
 
@@ -127,8 +143,10 @@ def test_activation_checkpointing_gives_the_same_gradients(precision):
         job = job_with(precision=precision, activation_checkpointing=checkpointing)
         layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
         loss = compute_gradients(job, layers, WHOLE, None, step=3)
-        grads[checkpointing] = (loss, [p.grad.clone() for layer in layers
-                                       for p in layer.module.parameters()])
+        grads[checkpointing] = (
+            loss,
+            [p.grad.clone() for layer in layers for p in layer.module.parameters()],
+        )
     assert grads[True][0] == pytest.approx(grads[False][0], rel=1e-6)
     for plain, recomputed in zip(grads[False][1], grads[True][1], strict=True):
         assert torch.allclose(plain, recomputed, rtol=1e-5, atol=1e-8)
@@ -157,7 +175,7 @@ def test_activation_checkpointing_keeps_less_for_the_backward():
 
 
 def test_fp16_scaler_skips_an_overflow_everywhere_and_its_state_travels():
-    job = job_with(precision="fp16", initial_loss_scale=2.0 ** 24, loss_scale_growth_interval=2)
+    job = job_with(precision="fp16", initial_loss_scale=2.0**24, loss_scale_growth_interval=2)
     layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
     update = OptimizerStep(job.training)
     before = [p.detach().clone() for layer in layers for p in layer.module.parameters()]
@@ -167,7 +185,7 @@ def test_fp16_scaler_skips_an_overflow_everywhere_and_its_state_travels():
     update.apply(layers, 0, decision)
     after = [p for layer in layers for p in layer.module.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(before, after))  # nothing applied
-    assert update.loss_scale == 2.0 ** 23
+    assert update.loss_scale == 2.0**23
     for step in range(1, 4):
         compute_gradients(job, layers, WHOLE, None, step, update.loss_scale)
         update.apply(layers, step, update.decide(layers, job.num_layers))
@@ -177,17 +195,20 @@ def test_fp16_scaler_skips_an_overflow_everywhere_and_its_state_travels():
     received = fresh_layer(job, 1, torch.device("cpu"))
     received.load_state_dict(state)
     other = OptimizerStep(job.training)
-    assert other.loss_scale == 2.0 ** 24
+    assert other.loss_scale == 2.0**24
     other.adopt([received])
     assert other.state_dict() == update.state_dict()
     other.adopt([fresh_layer(job, 2, torch.device("cpu"))])  # fresh layers: the initial scale
-    assert other.loss_scale == 2.0 ** 24
+    assert other.loss_scale == 2.0**24
 
 
 def test_training_config_round_trips_through_json():
-    config = TrainingConfig(precision="bf16", clip_grad_norm=1.5,
-                            lr_schedule=LRSchedule("cosine", 5, 100, 0.1),
-                            activation_checkpointing=True)
+    config = TrainingConfig(
+        precision="bf16",
+        clip_grad_norm=1.5,
+        lr_schedule=LRSchedule("cosine", 5, 100, 0.1),
+        activation_checkpointing=True,
+    )
     import json
 
     assert TrainingConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config

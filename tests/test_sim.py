@@ -27,7 +27,7 @@ def flat_trace(count: int, intervals: int, price: float | None = None) -> Interv
 
 def one_loss_trace(count: int, intervals: int, at: int, lost: int) -> IntervalTrace:
     counts = np.full(intervals, count)
-    counts[at + 1:] = count - lost
+    counts[at + 1 :] = count - lost
     preempted = np.zeros(intervals, dtype=int)
     preempted[at] = lost
     return IntervalTrace("loss", 60.0, counts, preempted, np.zeros(intervals, dtype=int))
@@ -73,7 +73,8 @@ def test_cost_is_every_instance_hour_held_at_its_price() -> None:
     # instances at the on-demand price, and releases the spot ones.
     configuration, _ = best(10)
     assert result.runs["on-demand"].cost_usd == pytest.approx(
-        configuration.num_instances * 3.0 * 1.0)
+        configuration.num_instances * 3.0 * 1.0
+    )
     starved = simulate(flat_trace(5, 10), GPT, ["on-demand"], config).runs["on-demand"]
     assert starved.samples == 0.0 and starved.cost_usd == 0.0  # nothing fits 5: nothing rented
     run = result.runs["ideal"]
@@ -90,7 +91,8 @@ def test_a_preemption_takes_effect_at_its_drawn_time() -> None:
     _, throughput = best(16)
     assert run.samples == pytest.approx(throughput * 60.0 * (4 + fraction))
     assert run.cumulative_samples[4] - run.cumulative_samples[3] == pytest.approx(
-        throughput * 60.0 * fraction)
+        throughput * 60.0 * fraction
+    )
     # Instances lost mid-interval are billed until they go.
     price = GPT.instance_type.spot_price_usd_per_hour
     assert run.cost_usd == pytest.approx(16 * price * 60.0 * (4 + fraction) / 3600)
@@ -126,11 +128,14 @@ def test_too_few_instances_simulates_with_zero_progress() -> None:
     assert result.to_json()["policies"]["reactive"]["fraction_of_ideal"] is None
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: IntervalTrace("empty", 60.0, [], [], []), "empty"),
-    (lambda: flat_trace(0, 5), "never has an instance"),
-    (lambda: IntervalTrace("coarse", 300.0, [4, 4], [0, 0], [0, 0]), "resample"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: IntervalTrace("empty", 60.0, [], [], []), "empty"),
+        (lambda: flat_trace(0, 5), "never has an instance"),
+        (lambda: IntervalTrace("coarse", 300.0, [4, 4], [0, 0], [0, 0]), "resample"),
+    ],
+)
 def test_bad_traces_get_one_line_errors(make, message: str) -> None:
     with pytest.raises(LiveputError, match=message):
         simulate(make(), GPT, ["ideal"])
@@ -148,8 +153,9 @@ def test_unknown_policy_and_bad_config() -> None:
 def test_on_demand_instances_held_all_along_add_progress_and_cost() -> None:
     trace = generate_trace(16, 1.0, seed=2, regime="volatile").resample(60)
     plain = simulate_policy(trace, GPT, "liveput", FAST)
-    anchored = simulate_policy(trace, GPT, "liveput",
-                               SimulationConfig(predictor="persistence", num_on_demand=4))
+    anchored = simulate_policy(
+        trace, GPT, "liveput", SimulationConfig(predictor="persistence", num_on_demand=4)
+    )
     assert anchored.samples > plain.samples
     extra = 4 * GPT.instance_type.on_demand_price_usd_per_hour * trace.hours
     assert anchored.cost_usd == pytest.approx(plain.cost_usd + extra)
@@ -181,14 +187,16 @@ def test_checkpoint_rollback_costs_the_work_since_the_last_checkpoint() -> None:
     assert checkpoint.downtime_s > 2 * restart_s(context, configuration)
     assert checkpoint.samples < reactive.samples
     assert checkpoint_save_s(context, configuration) == pytest.approx(
-        MigrationCostModel().checkpoint_save_s(float(GPT.layer_state_bytes().sum())))
+        MigrationCostModel().checkpoint_save_s(float(GPT.layer_state_bytes().sum()))
+    )
 
 
 def test_the_cost_objective_buys_samples_cheaper() -> None:
     trace = generate_trace(32, 1.5, seed=7).resample(60)
     fast = simulate_policy(trace, GPT, "liveput", FAST)
-    cheap = simulate_policy(trace, GPT, "liveput",
-                            SimulationConfig(predictor="persistence", objective="cost"))
+    cheap = simulate_policy(
+        trace, GPT, "liveput", SimulationConfig(predictor="persistence", objective="cost")
+    )
     assert cheap.usd_per_1k_samples < fast.usd_per_1k_samples
     assert cheap.cost_usd < fast.cost_usd
     assert fast.samples > cheap.samples
@@ -198,7 +206,6 @@ def test_an_actual_table_changes_what_the_job_trains_not_what_the_policy_decides
     """bench peers' sim-to-real: the policy plans with its estimate, the job trains at the
     rates measured (there, four emulated instances share two cores). Halving every rate halves
     the samples, with the same decisions."""
-    import dataclasses
 
     from liveput.sim.engine import make_context
 
@@ -218,7 +225,6 @@ def test_online_calibration_refits_on_what_the_job_trained_and_replans_with_it()
     train at (the actual table), the fit is asked only when that set changed, and the policy
     plans with what it returns from then on: the same decisions as a policy that planned with
     that table from the start, once the first re-fit is made."""
-    import dataclasses
 
     from liveput.sim.engine import OnlineCalibration, make_context
 
@@ -227,8 +233,9 @@ def test_online_calibration_refits_on_what_the_job_trained_and_replans_with_it()
     # The truth: more instances, less: a configuration of n instances trains at 1/n of its
     # estimate (as if every instance shared one machine).
     used = context.table.data_parallel * context.table.pipeline_stages
-    truth = dataclasses.replace(context.table,
-                                samples_per_s=context.table.samples_per_s / np.maximum(used, 1))
+    truth = dataclasses.replace(
+        context.table, samples_per_s=context.table.samples_per_s / np.maximum(used, 1)
+    )
     calls: list[tuple] = []
 
     def fit(measurements):
@@ -236,23 +243,33 @@ def test_online_calibration_refits_on_what_the_job_trained_and_replans_with_it()
         return truth
 
     every_s = 5 * FAST.interval_s
-    learned = simulate_policy(trace, GPT, "liveput", FAST, context, actual=truth,
-                              learn=OnlineCalibration(every_s=every_s, fit=fit))
+    learned = simulate_policy(
+        trace,
+        GPT,
+        "liveput",
+        FAST,
+        context,
+        actual=truth,
+        learn=OnlineCalibration(every_s=every_s, fit=fit),
+    )
     assert len(calls) >= 1 and len({frozenset(c) for c in calls}) == len(calls)
     grid = truth.throughput_grid(context.max_instances)
     for measurements in calls:
         for m in measurements:
-            assert m.iteration_s == pytest.approx(GPT.global_batch_size
-                                                  / grid[m.data_parallel, m.pipeline_stages])
+            assert m.iteration_s == pytest.approx(
+                GPT.global_batch_size / grid[m.data_parallel, m.pipeline_stages]
+            )
     # After the first re-fit (at the first multiple of every_s once a configuration trained),
     # the choices are those of a policy that knew the truth.
     first = next(t for t in range(len(trace)) if learned.data_parallel[t] != 0)
     start = (first // 5 + 1) * 5
-    knew = simulate_policy(trace, GPT, "liveput", FAST,
-                           dataclasses.replace(context, table=truth), actual=truth)
+    knew = simulate_policy(
+        trace, GPT, "liveput", FAST, dataclasses.replace(context, table=truth), actual=truth
+    )
     unaware = simulate_policy(trace, GPT, "liveput", FAST, context, actual=truth)
     sizes = learned.data_parallel * learned.pipeline_stages
     assert (sizes[start:] <= (unaware.data_parallel * unaware.pipeline_stages)[start:]).all()
     assert learned.samples > unaware.samples
-    np.testing.assert_array_equal(sizes[start + 5:],
-                                  (knew.data_parallel * knew.pipeline_stages)[start + 5:])
+    np.testing.assert_array_equal(
+        sizes[start + 5 :], (knew.data_parallel * knew.pipeline_stages)[start + 5 :]
+    )

@@ -18,8 +18,9 @@ from liveput.traces import Trace, read_trace, trace_stats, write_trace
 @st.composite
 def traces(draw: st.DrawFn) -> Trace:
     initial = draw(st.integers(0, 12))
-    steps = draw(st.lists(st.tuples(st.integers(1, 600), st.integers(0, 4), st.integers(0, 4)),
-                          max_size=40))
+    steps = draw(
+        st.lists(st.tuples(st.integers(1, 600), st.integers(0, 4), st.integers(0, 4)), max_size=40)
+    )
     count, time_s = initial, 0
     times, added, removed = [], [], []
     for gap, add, remove in steps:
@@ -84,8 +85,9 @@ def test_all_four_formats_give_the_same_trace(tmp_path: Path) -> None:
         "time,instance_count\n"
         + "".join(f"2024-05-01T10:{i:02d}:00,{c}\n" for i, c in enumerate(counts))
     )
-    (tmp_path / "d.txt").write_text("".join(
-        f"2024-05-01, 10:{i:02d}:00, {c}\n" for i, c in enumerate(counts)))
+    (tmp_path / "d.txt").write_text(
+        "".join(f"2024-05-01, 10:{i:02d}:00, {c}\n" for i, c in enumerate(counts))
+    )
     write_trace(read_trace(tmp_path / "a.json"), tmp_path / "e.csv")
     expected = [3, 3, 5, 2, 2, 4]
     for name in ("a.json", "b.csv", "c.csv", "d.txt"):
@@ -119,9 +121,14 @@ def _independent_stats(path: Path) -> dict[str, float]:
         data, gap = document["data"], document["metadata"]["gap_seconds"]
         drops = sum(max(0, a - b) for a, b in zip(data, data[1:]))
         rises = sum(max(0, b - a) for a, b in zip(data, data[1:]))
-        return {"hours": len(data) * gap / 3600, "mean_nodes": sum(data) / len(data),
-                "min_nodes": min(data), "max_nodes": max(data), "preemptions": drops,
-                "allocations": rises}
+        return {
+            "hours": len(data) * gap / 3600,
+            "mean_nodes": sum(data) / len(data),
+            "min_nodes": min(data),
+            "max_nodes": max(data),
+            "preemptions": drops,
+            "allocations": rises,
+        }
     rows = [line.split(",") for line in path.read_text().split()]
     start, end = int(rows[0][0]), int(rows[-1][0])
     count, area, last, seen = 0, 0.0, start, []
@@ -131,10 +138,14 @@ def _independent_stats(path: Path) -> dict[str, float]:
         last = int(stamp)
         count += 1 if kind == "add" else -1
         seen.append(count)
-    return {"hours": (end - start) / 3.6e6, "mean_nodes": area / (end - start),
-            "min_nodes": min(seen[initial - 1:]), "max_nodes": max(seen),
-            "preemptions": sum(r[1] == "remove" for r in rows),
-            "allocations": sum(r[1] == "add" for r in rows) - initial}
+    return {
+        "hours": (end - start) / 3.6e6,
+        "mean_nodes": area / (end - start),
+        "min_nodes": min(seen[initial - 1 :]),
+        "max_nodes": max(seen),
+        "preemptions": sum(r[1] == "remove" for r in rows),
+        "allocations": sum(r[1] == "add" for r in rows) - initial,
+    }
 
 
 @pytest.mark.parametrize("name", ["aws-p3-32node.events.csv", "aws-v100-16node-us-west-2a.json"])
@@ -145,7 +156,8 @@ def test_stats_of_real_traces_match_an_independent_computation(
     for key, value in _independent_stats(real_traces / name).items():
         assert figures[key] == pytest.approx(value, rel=1e-9), key
     assert figures["preemptions_per_hour"] == pytest.approx(
-        figures["preemptions"] / figures["hours"])
+        figures["preemptions"] / figures["hours"]
+    )
 
 
 BAD_INPUTS = {

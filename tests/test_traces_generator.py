@@ -13,16 +13,26 @@ from liveput.errors import LiveputError
 from liveput.traces import generate_trace, read_trace, trace_stats
 
 # Calibration targets: statistics of the real traces at 60-s intervals (docs/traces.md).
-P3 = {"mean_fraction": 0.751, "preemptions_per_instance_hour": 0.611,
-      "fraction_of_intervals_with_preemption": 0.116, "mean_preemption_burst": 2.11}
-V100 = {"mean_fraction": 0.431, "preemptions_per_instance_hour": 0.541,
-        "fraction_of_time_empty": 0.554}
+P3 = {
+    "mean_fraction": 0.751,
+    "preemptions_per_instance_hour": 0.611,
+    "fraction_of_intervals_with_preemption": 0.116,
+    "mean_preemption_burst": 2.11,
+}
+V100 = {
+    "mean_fraction": 0.431,
+    "preemptions_per_instance_hour": 0.541,
+    "fraction_of_time_empty": 0.554,
+}
 
 
 def _mean_stats(regime: str, nodes: int, hours: float, seeds: range) -> dict[str, float]:
     runs = [trace_stats(generate_trace(nodes, hours, seed, regime)) for seed in seeds]
-    merged = {key: float(np.mean([run[key] for run in runs])) for key in runs[0]
-              if isinstance(runs[0][key], (int, float))}
+    merged = {
+        key: float(np.mean([run[key] for run in runs]))
+        for key in runs[0]
+        if isinstance(runs[0][key], (int, float))
+    }
     merged["mean_fraction"] = merged["mean_nodes"] / nodes
     return merged
 
@@ -45,7 +55,8 @@ def test_preemption_rate_per_instance_holds_from_32_to_2000_nodes(nodes: int) ->
     # preemptions per instance-hour against 0.63 at 32 nodes); zones keep the calibrated rate.
     generated = _mean_stats("p3-like", nodes, 12, range(6))
     assert generated["preemptions_per_instance_hour"] == pytest.approx(
-        P3["preemptions_per_instance_hour"], rel=0.2)
+        P3["preemptions_per_instance_hour"], rel=0.2
+    )
     assert generated["mean_fraction"] == pytest.approx(P3["mean_fraction"], rel=0.1)
     if nodes > 32:  # losses of many zones in one interval are one larger event
         assert generated["mean_preemption_burst"] > 2 * P3["mean_preemption_burst"]
@@ -54,7 +65,8 @@ def test_preemption_rate_per_instance_holds_from_32_to_2000_nodes(nodes: int) ->
 def test_v100_like_rate_per_instance_holds_at_2000_nodes() -> None:
     generated = _mean_stats("v100-like", 2000, 100, range(2))
     assert generated["preemptions_per_instance_hour"] == pytest.approx(
-        V100["preemptions_per_instance_hour"], rel=0.35)
+        V100["preemptions_per_instance_hour"], rel=0.35
+    )
     assert generated["mean_fraction"] == pytest.approx(V100["mean_fraction"], rel=0.35)
 
 
@@ -67,7 +79,8 @@ def test_calibration_targets_are_the_real_traces_statistics(real_traces: Path) -
     p3 = trace_stats(read_trace(real_traces / "aws-p3-32node.events.csv"))
     assert p3["mean_nodes"] / 32 == pytest.approx(P3["mean_fraction"], abs=1e-3)
     assert p3["preemptions_per_instance_hour"] == pytest.approx(
-        P3["preemptions_per_instance_hour"], abs=1e-3)
+        P3["preemptions_per_instance_hour"], abs=1e-3
+    )
     v100 = trace_stats(read_trace(real_traces / "aws-v100-16node-us-west-2a.json"))
     assert v100["fraction_of_time_empty"] == pytest.approx(V100["fraction_of_time_empty"], abs=1e-3)
 
@@ -91,8 +104,23 @@ def test_unknown_regime_and_bad_sizes() -> None:
 
 def test_cli_generate_stats_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace_file = tmp_path / "g.json"
-    assert main(["trace", "generate", "--nodes", "8", "--hours", "2", "--seed", "1",
-                 "-o", str(trace_file)]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "generate",
+                "--nodes",
+                "8",
+                "--hours",
+                "2",
+                "--seed",
+                "1",
+                "-o",
+                str(trace_file),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["trace", "stats", str(trace_file), "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)

@@ -16,7 +16,7 @@ def _brute_force_ready(trace: Trace, startup_s: float, time_s: float) -> int:
     for when, added, removed in zip(trace.times_s, trace.added, trace.removed):
         if when > time_s:
             break
-        alive = alive[int(removed):]  # a change's removals and additions: removals first
+        alive = alive[int(removed) :]  # a change's removals and additions: removals first
         alive += [float(when)] * int(added)
     return sum(1 for arrived in alive if arrived + startup_s <= time_s)
 
@@ -33,8 +33,9 @@ def _random_trace(rng: np.random.Generator) -> Trace:
         added.append(new)
         removed.append(gone)
         counts.append(counts[-1] + new - gone)
-    return Trace("random", counts[0], times.astype(float), np.array(added), np.array(removed),
-                 end_s=250.0)
+    return Trace(
+        "random", counts[0], times.astype(float), np.array(added), np.array(removed), end_s=250.0
+    )
 
 
 def test_ready_instances_equal_brute_force():
@@ -45,8 +46,11 @@ def test_ready_instances_equal_brute_force():
         startup_s = float(rng.choice([0.0, 0.5, 7.0, 30.0, 120.0]))
         ready = trace.ready_after(startup_s)
         for time_s in np.linspace(0.0, 250.0, 501):
-            assert int(ready.count_at(time_s)) == _brute_force_ready(trace, startup_s, time_s), \
-                (seed, startup_s, time_s)
+            assert int(ready.count_at(time_s)) == _brute_force_ready(trace, startup_s, time_s), (
+                seed,
+                startup_s,
+                time_s,
+            )
         assert ready.end_s == trace.end_s, seed
         assert (ready.step_function()[1] <= trace.count_at(ready.step_function()[0])).all(), seed
 
@@ -68,13 +72,19 @@ def test_every_arrival_is_ready_its_start_up_after_at_any_float_times():
     for seed in range(100):
         rng = np.random.default_rng(seed)
         base = _random_trace(rng)
-        trace = Trace("floats", base.initial_count, base.times_s + rng.random(len(base.times_s)),
-                      base.added, base.removed, end_s=250.0)
+        trace = Trace(
+            "floats",
+            base.initial_count,
+            base.times_s + rng.random(len(base.times_s)),
+            base.added,
+            base.removed,
+            end_s=250.0,
+        )
         startup_s = float(rng.uniform(0.1, 30.0))
         ready = trace.ready_after(startup_s)
         arrivals = trace.times_s[trace.added > 0]
-        for time_s in np.concatenate([arrivals + startup_s + 1e-6,
-                                      np.linspace(0.0, 250.0, 251)]):
+        for time_s in np.concatenate([arrivals + startup_s + 1e-6, np.linspace(0.0, 250.0, 251)]):
             if time_s <= trace.end_s:
                 assert int(ready.count_at(time_s)) == _brute_force_ready(
-                    trace, startup_s, time_s), (seed, startup_s, time_s)
+                    trace, startup_s, time_s
+                ), (seed, startup_s, time_s)

@@ -35,8 +35,13 @@ def check_memory(what: str, needed_bytes: float, advice: str) -> None:
     """Refuse ``what`` if it needs more than the budget; ``advice`` says what needs less."""
     budget = memory_budget_bytes()
     if needed_bytes > budget:
-        size = (f"{needed_bytes / 2**30:,.1f} GiB" if needed_bytes >= 0.1 * 2**30
-                else f"{needed_bytes / 2**20:,.0f} MiB")
-        raise LiveputError(f"{what} needs about {size}, more than the "
-                           f"{budget / 2**30:g} GiB budget: {advice} (or raise "
-                           "LIVEPUT_MEMORY_GB)")
+        size = (
+            f"{needed_bytes / 2**30:,.1f} GiB"
+            if needed_bytes >= 0.1 * 2**30
+            else f"{needed_bytes / 2**20:,.0f} MiB"
+        )
+        raise LiveputError(
+            f"{what} needs about {size}, more than the "
+            f"{budget / 2**30:g} GiB budget: {advice} (or raise "
+            "LIVEPUT_MEMORY_GB)"
+        )

@@ -86,8 +86,16 @@ class InstanceSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise LiveputError("catalog: an instance has an empty name")
-        for attr in ("vcpus", "memory_gb", "network_gbps", "on_demand_usd_per_hour",
-                     "spot_usd_per_hour", "relative_flops", "gpus", "gpu_memory_gb"):
+        for attr in (
+            "vcpus",
+            "memory_gb",
+            "network_gbps",
+            "on_demand_usd_per_hour",
+            "spot_usd_per_hour",
+            "relative_flops",
+            "gpus",
+            "gpu_memory_gb",
+        ):
             value = getattr(self, attr)
             if not value >= 0:
                 raise LiveputError(f"catalog: {self.name}: {attr} must be >= 0, got {value}")
@@ -162,8 +170,11 @@ class Catalog:
         updated = []
         for spec in self.instances:
             if spec.name in prices:
-                spec = replace(spec, spot_usd_per_hour=prices[spec.name],
-                               sources={**spec.sources, "spot_price": "refresh"})
+                spec = replace(
+                    spec,
+                    spot_usd_per_hour=prices[spec.name],
+                    sources={**spec.sources, "spot_price": "refresh"},
+                )
             updated.append(spec)
         return replace(self, instances=tuple(updated), sources={**self.sources, "refresh": source})
 
@@ -188,44 +199,55 @@ def catalog_from_dict(data: Any, name: str) -> Catalog:
             raise LiveputError(f"{where}: expected an object with a 'name'")
         where = f"catalog {name}: {entry['name']}"
         flops = _number(entry, "flops", where, 0.0)
-        specs.append(InstanceSpec(
-            name=entry["name"],
-            family=str(entry.get("type", entry["name"][:1].upper())),
-            vcpus=int(_number(entry, "vCPU", where)),
-            memory_gb=_number(entry, "memory", where),
-            network_gbps=_number(entry, "network_bandwidth", where),
-            on_demand_usd_per_hour=_number(entry, "ondemand_price", where),
-            spot_usd_per_hour=_number(entry, "spot_price", where),
-            relative_flops=flops,
-            gpus=int(_number(entry, "gpus", where, 1.0 if flops > 0 else 0.0)),
-            gpu=str(entry.get("gpu", "")),
-            gpu_memory_gb=_number(entry, "gpu_memory_gb", where, 0.0),
-            sources=dict(entry.get("sources", {})),
-        ))
+        specs.append(
+            InstanceSpec(
+                name=entry["name"],
+                family=str(entry.get("type", entry["name"][:1].upper())),
+                vcpus=int(_number(entry, "vCPU", where)),
+                memory_gb=_number(entry, "memory", where),
+                network_gbps=_number(entry, "network_bandwidth", where),
+                on_demand_usd_per_hour=_number(entry, "ondemand_price", where),
+                spot_usd_per_hour=_number(entry, "spot_price", where),
+                relative_flops=flops,
+                gpus=int(_number(entry, "gpus", where, 1.0 if flops > 0 else 0.0)),
+                gpu=str(entry.get("gpu", "")),
+                gpu_memory_gb=_number(entry, "gpu_memory_gb", where, 0.0),
+                sources=dict(entry.get("sources", {})),
+            )
+        )
     quota: dict[tuple[str, Market], int] = {}
     for family, markets in (data.get("available_vcpus") or {}).items():
         if not isinstance(markets, dict):
             raise LiveputError(f"catalog {name}: available_vcpus[{family!r}] must be an object")
         for market in Market:
             if market.catalog_name in markets:
-                quota[(family, market)] = int(_number(markets, market.catalog_name,
-                                                      f"catalog {name}: available_vcpus[{family}]"))
+                quota[(family, market)] = int(
+                    _number(
+                        markets, market.catalog_name, f"catalog {name}: available_vcpus[{family}]"
+                    )
+                )
     return Catalog(str(data.get("name", name)), tuple(specs), quota, dict(data.get("sources", {})))
 
 
 def load_catalog(name_or_path: str | Path = "aws") -> Catalog:
     """A built-in catalog by name (``aws``, ``deepvm-aws``) or a JSON file of either format."""
     if str(name_or_path) in BUILTIN_CATALOGS:
-        text = resources.files("liveput.data").joinpath(
-            "catalog", BUILTIN_CATALOGS[str(name_or_path)]).read_text()
+        text = (
+            resources.files("liveput.data")
+            .joinpath("catalog", BUILTIN_CATALOGS[str(name_or_path)])
+            .read_text()
+        )
         return catalog_from_dict(json.loads(text), str(name_or_path))
     path = Path(name_or_path)
     if not path.exists():
-        raise LiveputError(f"catalog {str(path)!r}: no such file; built-in catalogs: "
-                           f"{', '.join(BUILTIN_CATALOGS)}")
+        raise LiveputError(
+            f"catalog {str(path)!r}: no such file; built-in catalogs: {', '.join(BUILTIN_CATALOGS)}"
+        )
     text = read_text_file(path, "catalog")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise LiveputError(f"catalog {path}: invalid JSON at line {error.lineno}: {error.msg}") from None
+        raise LiveputError(
+            f"catalog {path}: invalid JSON at line {error.lineno}: {error.msg}"
+        ) from None
     return catalog_from_dict(data, path.name)

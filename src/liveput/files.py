@@ -9,7 +9,6 @@ from pathlib import Path
 
 from liveput.errors import LiveputError
 
-
 MAX_INPUT_BYTES = 256 * 2**20
 """Largest input file read (traces, catalogs, profiles, speedups), bytes: a larger one is
 refused before it is read (the largest measured trace in ../shared is a few MB)."""
@@ -25,8 +24,10 @@ def read_text_file(path: str | Path, role: str = "input") -> str:
         raise LiveputError(f"{role} {path}: not a file")
     size = path.stat().st_size
     if size > MAX_INPUT_BYTES:
-        raise LiveputError(f"{role} {path}: {size / 2**20:.0f} MiB is more than the "
-                           f"{MAX_INPUT_BYTES / 2**20:.0f} MiB an input may have")
+        raise LiveputError(
+            f"{role} {path}: {size / 2**20:.0f} MiB is more than the "
+            f"{MAX_INPUT_BYTES / 2**20:.0f} MiB an input may have"
+        )
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
@@ -54,8 +55,9 @@ def check_output_file(path: str | Path, suffix: str | None = None) -> Path:
     if path.is_dir():
         raise LiveputError(f"{path}: is a folder; name a file to write")
     if suffix is not None and path.suffix.lower() != suffix:
-        raise LiveputError(f"{path}: the file is written as {suffix[1:].upper()}; name it "
-                           f"*{suffix}")
+        raise LiveputError(
+            f"{path}: the file is written as {suffix[1:].upper()}; name it *{suffix}"
+        )
     _writable_folder(path, path.parent if str(path.parent) else Path("."))
     if path.exists() and not os.access(path, os.W_OK):
         raise LiveputError(f"{path}: file is not writable")

@@ -56,8 +56,10 @@ def call_spec(spec: str, expected: type[T], kind: str, builtins: Iterable[str]) 
     ``builtins`` names what the user could have given instead, for the error message.
     """
     if ":" not in spec:
-        raise LiveputError(f"unknown {kind} {spec!r}: give a built-in "
-                           f"({', '.join(sorted(builtins))}) or module:function")
+        raise LiveputError(
+            f"unknown {kind} {spec!r}: give a built-in "
+            f"({', '.join(sorted(builtins))}) or module:function"
+        )
     module_name, function_name = spec.split(":", 1)
     try:
         made = getattr(importlib.import_module(module_name), function_name)()

@@ -52,17 +52,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from liveput.catalog import Catalog, InstanceSpec, Market
 from liveput.advise.plans import Advice, InstanceCount, Plan
 from liveput.advise.revocation import RevocationModel, RevocationOverhead
 from liveput.advise.scaling import LogisticScaling, scaling_for
+from liveput.catalog import Catalog, InstanceSpec, Market
 from liveput.errors import LiveputError
 
 ARCHITECTURES = ("single-anchor", "tiering")
 NETWORK_BOUNDS = ("saturation", "stream")
 _EPS = 1e-9
-SATURATION_POINTS = ((0.3, 2), (1.7, 12), (5.0, 16), (10.0, 20), (12.5, 24), (15.0, 24),
-                     (25.0, 28), (30.0, 32))
+SATURATION_POINTS = (
+    (0.3, 2),
+    (1.7, 12),
+    (5.0, 16),
+    (10.0, 20),
+    (12.5, 24),
+    (15.0, 24),
+    (25.0, 28),
+    (30.0, 32),
+)
 """DeepVM's network saturation point NSP by link bandwidth (Gb/s -> GPU nodes per checkpoint
 node, strict): the (5) of its published search."""
 
@@ -118,8 +126,9 @@ class DeepVMConfig:
         if self.max_plans < 1:
             raise LiveputError("max_plans must be >= 1")
         if self.network_bound not in NETWORK_BOUNDS:
-            raise LiveputError(f"unknown network bound {self.network_bound!r}; known: "
-                               f"{', '.join(NETWORK_BOUNDS)}")
+            raise LiveputError(
+                f"unknown network bound {self.network_bound!r}; known: {', '.join(NETWORK_BOUNDS)}"
+            )
 
     @property
     def objective_name(self) -> str:
@@ -139,8 +148,14 @@ def _quota_count(catalog: Catalog, spec: InstanceSpec, market: Market) -> int:
     return catalog.max_count(spec, market)
 
 
-def _plan(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, nodes: int,
-          cpu: InstanceSpec | None, cpu_nodes: int) -> Plan:
+def _plan(
+    catalog: Catalog,
+    config: DeepVMConfig,
+    gpu: InstanceSpec,
+    nodes: int,
+    cpu: InstanceSpec | None,
+    cpu_nodes: int,
+) -> Plan:
     speedup = float(scaling_for(gpu, config.fits).speedup(nodes * max(gpu.gpus, 1)))
     if cpu is None:
         items = [InstanceCount(gpu.name, 1, Market.ON_DEMAND, "anchor")]
@@ -149,15 +164,22 @@ def _plan(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, nodes: int,
         cost = gpu.on_demand_usd_per_hour + (nodes - 1) * gpu.spot_usd_per_hour
         architecture = "single-anchor"
     else:
-        items = [InstanceCount(gpu.name, nodes, Market.SPOT),
-                 InstanceCount(cpu.name, cpu_nodes, Market.ON_DEMAND, "checkpoint")]
+        items = [
+            InstanceCount(gpu.name, nodes, Market.SPOT),
+            InstanceCount(cpu.name, cpu_nodes, Market.ON_DEMAND, "checkpoint"),
+        ]
         cost = nodes * gpu.spot_usd_per_hour + cpu_nodes * cpu.on_demand_usd_per_hour
         architecture = "tiering"
     spot_nodes = nodes - 1 if cpu is None else nodes
     value = float(_objective(config, gpu, np.array(nodes), np.array(spot_nodes)))
     effective = gpu.relative_flops / max(gpu.gpus, 1) * speedup
-    metrics = {"gpu_nodes": nodes, "speedup": speedup, "flopp": gpu.flopp,
-               "effective_flops": effective, "effective_flops_per_usd": effective / cost}
+    metrics = {
+        "gpu_nodes": nodes,
+        "speedup": speedup,
+        "flopp": gpu.flopp,
+        "effective_flops": effective,
+        "effective_flops_per_usd": effective / cost,
+    }
     if config.revocation is not None:
         fraction = float(config.revocation.productive_fraction(spot_nodes, config.overhead))
         metrics["productive_fraction"] = fraction
@@ -165,47 +187,57 @@ def _plan(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, nodes: int,
 
 
 def _rank_key(plan: Plan) -> tuple[float, float, float, str]:
-    return (-round(plan.value, 9), round(plan.usd_per_hour, 9), -plan.metrics["flopp"],
-            plan.describe())
+    return (
+        -round(plan.value, 9),
+        round(plan.usd_per_hour, 9),
+        -plan.metrics["flopp"],
+        plan.describe(),
+    )
 
 
-def _anchor_max_nodes(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec,
-                      budget: float) -> int:
+def _anchor_max_nodes(
+    catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, budget: float
+) -> int:
     """Largest n of a feasible Single Anchor cluster of ``gpu`` (0 if none)."""
-    if gpu.on_demand_usd_per_hour > budget + _EPS:                          # (1) with n = 1
+    if gpu.on_demand_usd_per_hour > budget + _EPS:  # (1) with n = 1
         return 0
-    if _quota_count(catalog, gpu, Market.ON_DEMAND) < 1:                     # (2)
+    if _quota_count(catalog, gpu, Market.ON_DEMAND) < 1:  # (2)
         return 0
-    if gpu.memory_gb + _EPS < config.checkpoint_memory_gb:                   # (4)
+    if gpu.memory_gb + _EPS < config.checkpoint_memory_gb:  # (4)
         return 0
     spot = math.floor((budget - gpu.on_demand_usd_per_hour) / gpu.spot_usd_per_hour + _EPS)  # (1)
-    return min(spot, _quota_count(catalog, gpu, Market.SPOT)) + 1            # (3)
+    return min(spot, _quota_count(catalog, gpu, Market.SPOT)) + 1  # (3)
 
 
-def _tier_sizes(catalog: Catalog, config: DeepVMConfig, cpu: InstanceSpec, budget: float
-                ) -> np.ndarray:
+def _tier_sizes(
+    catalog: Catalog, config: DeepVMConfig, cpu: InstanceSpec, budget: float
+) -> np.ndarray:
     """Feasible checkpoint-tier sizes m of ``cpu`` by (1) with n = 0, (3), (4) and (6)."""
-    max_cpu = min(math.floor(budget / cpu.on_demand_usd_per_hour + _EPS),
-                  _quota_count(catalog, cpu, Market.ON_DEMAND))               # (1), (3)
+    max_cpu = min(
+        math.floor(budget / cpu.on_demand_usd_per_hour + _EPS),
+        _quota_count(catalog, cpu, Market.ON_DEMAND),
+    )  # (1), (3)
     if config.checkpoint_memory_gb > 0:
         need = config.checkpoint_memory_gb / cpu.memory_gb if cpu.memory_gb > 0 else math.inf
         min_cpu = max(1, math.ceil(need - _EPS)) if math.isfinite(need) else max_cpu + 1  # (4)
     else:
-        min_cpu = 1                                                          # (6)
+        min_cpu = 1  # (6)
     return np.arange(min_cpu, max_cpu + 1)
 
 
-def _tier_max_nodes(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, cpu: InstanceSpec,
-                    budget: float) -> tuple[np.ndarray, np.ndarray]:
+def _tier_max_nodes(
+    catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, cpu: InstanceSpec, budget: float
+) -> tuple[np.ndarray, np.ndarray]:
     """For each feasible tier size m, the largest n of ``gpu`` it allows (arrays m, n)."""
     m = _tier_sizes(catalog, config, cpu, budget)
     by_budget = np.floor((budget - m * cpu.on_demand_usd_per_hour) / gpu.spot_usd_per_hour + _EPS)
-    n = np.minimum(by_budget, _quota_count(catalog, gpu, Market.SPOT))        # (1), (2)
+    n = np.minimum(by_budget, _quota_count(catalog, gpu, Market.SPOT))  # (1), (2)
     return m, np.minimum(n, _network_max_nodes(config, gpu, cpu, m)).astype(np.int64)  # (5)
 
 
-def _network_max_nodes(config: DeepVMConfig, gpu: InstanceSpec, cpu: InstanceSpec,
-                       m: np.ndarray) -> np.ndarray:
+def _network_max_nodes(
+    config: DeepVMConfig, gpu: InstanceSpec, cpu: InstanceSpec, m: np.ndarray
+) -> np.ndarray:
     """The most GPU nodes ``m`` checkpoint nodes serve by (5)."""
     if config.network_bound == "saturation":
         return m * saturation_point(min(gpu.network_gbps, cpu.network_gbps)) - 1
@@ -222,8 +254,9 @@ def _best_nodes(config: DeepVMConfig, gpu: InstanceSpec, max_nodes: int, spot_of
     return int(nodes[int(np.argmax(np.round(values, 9)))])
 
 
-def _objective(config: DeepVMConfig, gpu: InstanceSpec, nodes: np.ndarray, spot_nodes: np.ndarray
-               ) -> np.ndarray:
+def _objective(
+    config: DeepVMConfig, gpu: InstanceSpec, nodes: np.ndarray, spot_nodes: np.ndarray
+) -> np.ndarray:
     scaling = scaling_for(gpu, config.fits)
     effective = gpu.relative_flops / max(gpu.gpus, 1) * scaling.speedup(nodes * max(gpu.gpus, 1))
     if config.revocation is None:
@@ -231,18 +264,21 @@ def _objective(config: DeepVMConfig, gpu: InstanceSpec, nodes: np.ndarray, spot_
     return effective * config.revocation.productive_fraction(spot_nodes, config.overhead)
 
 
-def _single_anchor(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec,
-                   budget: float) -> Plan | None:
+def _single_anchor(
+    catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, budget: float
+) -> Plan | None:
     max_nodes = _anchor_max_nodes(catalog, config, gpu, budget)
     if max_nodes < 1:
         return None
     return _plan(catalog, config, gpu, _best_nodes(config, gpu, max_nodes, 1), None, 0)
 
 
-def _tiering(catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, budget: float
-             ) -> Plan | None:
-    tiers = {cpu.name: _tier_max_nodes(catalog, config, gpu, cpu, budget)
-             for cpu in catalog.cpu_types}
+def _tiering(
+    catalog: Catalog, config: DeepVMConfig, gpu: InstanceSpec, budget: float
+) -> Plan | None:
+    tiers = {
+        cpu.name: _tier_max_nodes(catalog, config, gpu, cpu, budget) for cpu in catalog.cpu_types
+    }
     max_nodes = max((int(n.max(initial=0)) for _m, n in tiers.values()), default=0)
     if max_nodes < 1:
         return None
@@ -278,23 +314,29 @@ def _cheapest_plan(catalog: Catalog, config: DeepVMConfig) -> Plan | None:
     node, and for Tiering the fewest CPU nodes meeting (3)-(6)."""
     options = []
     for gpu in catalog.gpu_types:
-        if "single-anchor" in config.architectures and _anchor_max_nodes(
-                catalog, config, gpu, gpu.on_demand_usd_per_hour) >= 1:
+        if (
+            "single-anchor" in config.architectures
+            and _anchor_max_nodes(catalog, config, gpu, gpu.on_demand_usd_per_hour) >= 1
+        ):
             options.append(_plan(catalog, config, gpu, 1, None, 0))
         if "tiering" not in config.architectures or _quota_count(catalog, gpu, Market.SPOT) < 1:
             continue
         for cpu in catalog.cpu_types:
-            need = 1.0                                                       # (6)
+            need = 1.0  # (6)
             if config.checkpoint_memory_gb > 0:
-                need = max(need, config.checkpoint_memory_gb / cpu.memory_gb
-                           if cpu.memory_gb > 0 else math.inf)              # (4)
+                need = max(
+                    need,
+                    config.checkpoint_memory_gb / cpu.memory_gb if cpu.memory_gb > 0 else math.inf,
+                )  # (4)
             if config.network_bound == "stream" and config.stream_gbps > 0:
-                need = max(need, config.stream_gbps / cpu.network_gbps
-                           if cpu.network_gbps > 0 else math.inf)           # (5)
+                need = max(
+                    need,
+                    config.stream_gbps / cpu.network_gbps if cpu.network_gbps > 0 else math.inf,
+                )  # (5)
             # (5) by saturation: one node is below every NSP (at least 2) for any m >= 1.
             if math.isfinite(need):
                 count = math.ceil(need - _EPS)
-                if count <= _quota_count(catalog, cpu, Market.ON_DEMAND):   # (3)
+                if count <= _quota_count(catalog, cpu, Market.ON_DEMAND):  # (3)
                     options.append(_plan(catalog, config, gpu, 1, cpu, count))
     return min(options, key=lambda p: (p.usd_per_hour, p.describe()), default=None)
 
@@ -303,28 +345,39 @@ def advise_deepvm(catalog: Catalog, config: DeepVMConfig) -> Advice:
     """DeepVM's best plans under the price willingness, best first."""
     if not catalog.gpu_types:
         raise LiveputError(f"catalog {catalog.name} has no GPU type (an entry with 'flops' > 0)")
-    if "tiering" in config.architectures and "single-anchor" not in config.architectures \
-            and not catalog.cpu_types:
+    if (
+        "tiering" in config.architectures
+        and "single-anchor" not in config.architectures
+        and not catalog.cpu_types
+    ):
         raise LiveputError(f"catalog {catalog.name} has no CPU type for a checkpoint tier")
     plans = sorted(_candidates(catalog, config, config.budget_usd_per_hour), key=_rank_key)
     if not plans:
         closest = _cheapest_plan(catalog, config)
         if closest is None:
-            raise LiveputError("no plan satisfies the quotas and checkpoint constraints of "
-                               f"catalog {catalog.name} at any budget")
+            raise LiveputError(
+                "no plan satisfies the quotas and checkpoint constraints of "
+                f"catalog {catalog.name} at any budget"
+            )
         raise LiveputError(
             f"budget ${config.budget_usd_per_hour:g}/h is below the cheapest plan; closest: "
-            f"{closest.describe()} ({closest.architecture}) at ${closest.usd_per_hour:.4f}/h")
+            f"{closest.describe()} ({closest.architecture}) at ${closest.usd_per_hour:.4f}/h"
+        )
     best = plans[0]
-    reason = (f"highest {best.objective.replace('_', ' ')} ({best.value:.0f}; "
-              f"{best.metrics['speedup']:.2f}x "
-              f"speedup of {best.metrics['gpu_nodes']:.0f} nodes) within "
-              f"${config.budget_usd_per_hour:g}/h")
+    reason = (
+        f"highest {best.objective.replace('_', ' ')} ({best.value:.0f}; "
+        f"{best.metrics['speedup']:.2f}x "
+        f"speedup of {best.metrics['gpu_nodes']:.0f} nodes) within "
+        f"${config.budget_usd_per_hour:g}/h"
+    )
     if len(plans) > 1:
         reason += f", {best.value / plans[1].value:.2f}x the runner-up ({plans[1].describe()})"
-    inputs = {"budget_usd_per_hour": config.budget_usd_per_hour, "catalog": catalog.name,
-              "checkpoint_gb": config.checkpoint_gb}
-    return Advice(tuple(plans[:config.max_plans]), reason, inputs)
+    inputs = {
+        "budget_usd_per_hour": config.budget_usd_per_hour,
+        "catalog": catalog.name,
+        "checkpoint_gb": config.checkpoint_gb,
+    }
+    return Advice(tuple(plans[: config.max_plans]), reason, inputs)
 
 
 def enumerate_deepvm(catalog: Catalog, config: DeepVMConfig, max_nodes: int) -> Plan | None:
@@ -335,10 +388,11 @@ def enumerate_deepvm(catalog: Catalog, config: DeepVMConfig, max_nodes: int) -> 
     for gpu in catalog.gpu_types:
         for n in range(1, max_nodes + 1):
             if "single-anchor" in config.architectures and (
-                    gpu.on_demand_usd_per_hour + (n - 1) * gpu.spot_usd_per_hour <= budget + _EPS
-                    and _quota_count(catalog, gpu, Market.ON_DEMAND) >= 1
-                    and n - 1 <= _quota_count(catalog, gpu, Market.SPOT)
-                    and gpu.memory_gb + _EPS >= config.checkpoint_memory_gb):
+                gpu.on_demand_usd_per_hour + (n - 1) * gpu.spot_usd_per_hour <= budget + _EPS
+                and _quota_count(catalog, gpu, Market.ON_DEMAND) >= 1
+                and n - 1 <= _quota_count(catalog, gpu, Market.SPOT)
+                and gpu.memory_gb + _EPS >= config.checkpoint_memory_gb
+            ):
                 plan = _plan(catalog, config, gpu, n, None, 0)
                 best = plan if best is None or _rank_key(plan) < _rank_key(best) else best
             if "tiering" not in config.architectures:
@@ -350,10 +404,12 @@ def enumerate_deepvm(catalog: Catalog, config: DeepVMConfig, max_nodes: int) -> 
                         and n <= _quota_count(catalog, gpu, Market.SPOT)
                         and m <= _quota_count(catalog, cpu, Market.ON_DEMAND)
                         and m * cpu.memory_gb + _EPS >= config.checkpoint_memory_gb
-                        and (n < m * saturation_point(min(gpu.network_gbps,
-                                                          cpu.network_gbps))
-                             if config.network_bound == "saturation" else
-                             n * config.stream_gbps <= m * cpu.network_gbps + _EPS))
+                        and (
+                            n < m * saturation_point(min(gpu.network_gbps, cpu.network_gbps))
+                            if config.network_bound == "saturation"
+                            else n * config.stream_gbps <= m * cpu.network_gbps + _EPS
+                        )
+                    )
                     if feasible:
                         plan = _plan(catalog, config, gpu, n, cpu, m)
                         best = plan if best is None or _rank_key(plan) < _rank_key(best) else best

@@ -44,10 +44,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from liveput.catalog import Catalog, InstanceSpec, Market
 from liveput.advise.deepvm import DeepVMConfig, advise_deepvm
 from liveput.advise.plans import Advice, InstanceCount, Plan
 from liveput.advise.scaling import scaling_for
+from liveput.catalog import Catalog, InstanceSpec, Market
 from liveput.errors import LiveputError
 
 
@@ -95,14 +95,23 @@ def _undominated(gpus: tuple[InstanceSpec, ...], deep: DeepVMConfig) -> tuple[In
         fit = scaling_for(spec, deep.fits)
         dominated = False
         for other_index, other in enumerate(gpus):
-            if other_index == index or other.family != spec.family or other.gpus != spec.gpus \
-                    or scaling_for(other, deep.fits) != fit:
+            if (
+                other_index == index
+                or other.family != spec.family
+                or other.gpus != spec.gpus
+                or scaling_for(other, deep.fits) != fit
+            ):
                 continue
-            no_worse = (other.vcpus <= spec.vcpus
-                        and other.spot_usd_per_hour <= spec.spot_usd_per_hour
-                        and other.relative_flops >= spec.relative_flops)
-            strictly = (other.vcpus, other.spot_usd_per_hour, -other.relative_flops) != \
-                (spec.vcpus, spec.spot_usd_per_hour, -spec.relative_flops)
+            no_worse = (
+                other.vcpus <= spec.vcpus
+                and other.spot_usd_per_hour <= spec.spot_usd_per_hour
+                and other.relative_flops >= spec.relative_flops
+            )
+            strictly = (other.vcpus, other.spot_usd_per_hour, -other.relative_flops) != (
+                spec.vcpus,
+                spec.spot_usd_per_hour,
+                -spec.relative_flops,
+            )
             if no_worse and (strictly or other_index < index):
                 dominated = True
                 break
@@ -111,8 +120,14 @@ def _undominated(gpus: tuple[InstanceSpec, ...], deep: DeepVMConfig) -> tuple[In
     return tuple(kept)
 
 
-def _size_bounds(per_gpu_value: np.ndarray, per_gpu_price: np.ndarray, families: list[str],
-                 family_gpus: dict[str, float], sizes: np.ndarray, budget: float) -> np.ndarray:
+def _size_bounds(
+    per_gpu_value: np.ndarray,
+    per_gpu_price: np.ndarray,
+    families: list[str],
+    family_gpus: dict[str, float],
+    sizes: np.ndarray,
+    budget: float,
+) -> np.ndarray:
     """UB_N >= the LP  max sum_t a_tN x_t  s.t.  sum_t x_t = N,  sum_t p_t x_t <= budget,
     sum_{t in F} x_t <= C_F,  x >= 0  (x_t GPUs of type t, C_F the GPUs family F's quota allows).
 
@@ -122,20 +137,22 @@ def _size_bounds(per_gpu_value: np.ndarray, per_gpu_price: np.ndarray, families:
     a grid of lambda is kept. -inf where the quotas cannot hold N GPUs."""
     lambdas = np.concatenate([[0.0], np.logspace(-2, 5, 57)])
     names = sorted(set(families))
-    member = np.array([[f == name for f in families] for name in names])          # F x T
+    member = np.array([[f == name for f in families] for name in names])  # F x T
     caps = np.array([family_gpus.get(name, np.inf) for name in names])
     # reduced[l, t, N] = a_tN - lambda_l p_t; family value = best member's.
     reduced = per_gpu_value[None, :, :] - lambdas[:, None, None] * per_gpu_price[None, :, None]
-    family_value = np.stack([np.where(mask[None, :, None], reduced, -np.inf).max(axis=1)
-                             for mask in member])                                   # F x L x N
+    family_value = np.stack(
+        [np.where(mask[None, :, None], reduced, -np.inf).max(axis=1) for mask in member]
+    )  # F x L x N
     order = np.argsort(-family_value, axis=0)
     ranked_value = np.take_along_axis(family_value, order, axis=0)
     ranked_caps = caps[order]
-    before = np.concatenate([np.zeros((1, *ranked_caps.shape[1:])),
-                             np.cumsum(ranked_caps, axis=0)[:-1]])
+    before = np.concatenate(
+        [np.zeros((1, *ranked_caps.shape[1:])), np.cumsum(ranked_caps, axis=0)[:-1]]
+    )
     fill = np.clip(sizes[None, None, :] - before, 0.0, ranked_caps)
     with np.errstate(invalid="ignore"):
-        total = np.where(fill > 0, fill * ranked_value, 0.0).sum(axis=0)           # L x N
+        total = np.where(fill > 0, fill * ranked_value, 0.0).sum(axis=0)  # L x N
     total = np.where(caps.sum() >= sizes[None, :], total, -np.inf)
     return (lambdas[:, None] * budget + total).min(axis=0)
 
@@ -143,8 +160,13 @@ def _size_bounds(per_gpu_value: np.ndarray, per_gpu_price: np.ndarray, families:
 class _SizeProblem:
     """MILP(N) for any N: the rows that do not depend on N, built once."""
 
-    def __init__(self, catalog: Catalog, deep: DeepVMConfig, gpus: tuple[InstanceSpec, ...],
-                 cpus: tuple[InstanceSpec, ...]) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        deep: DeepVMConfig,
+        gpus: tuple[InstanceSpec, ...],
+        cpus: tuple[InstanceSpec, ...],
+    ) -> None:
         num_i, num_j = len(gpus), len(cpus)
         self.num_i, self.width = num_i, num_i + num_j
         self.spot = np.array([s.spot_usd_per_hour for s in gpus])
@@ -159,56 +181,79 @@ class _SizeProblem:
             return vector
 
         self.row = row
-        rows.append((row(self.spot, self.on_demand), -np.inf, deep.budget_usd_per_hour))   # (1)
+        rows.append((row(self.spot, self.on_demand), -np.inf, deep.budget_usd_per_hour))  # (1)
         for family in sorted({s.family for s in gpus}):
             quota = catalog.quota_vcpus(family, Market.SPOT)
             if quota is not None:
                 mask = np.array([s.vcpus if s.family == family else 0 for s in gpus], float)
-                rows.append((row(n=mask), -np.inf, quota))                                  # (2)
+                rows.append((row(n=mask), -np.inf, quota))  # (2)
         for family in sorted({s.family for s in cpus}):
             quota = catalog.quota_vcpus(family, Market.ON_DEMAND)
             if quota is not None:
                 mask = np.array([s.vcpus if s.family == family else 0 for s in cpus], float)
-                rows.append((row(m=mask), -np.inf, quota))                                  # (3)
-        rows.append((row(m=np.array([s.memory_gb for s in cpus])),
-                     deep.checkpoint_memory_gb, np.inf))                                    # (4)
-        rows.append((row(n=deep.stream_gbps, m=-np.array([s.network_gbps for s in cpus])),
-                     -np.inf, 0.0))                                                         # (5)
-        rows.append((row(m=1.0), 1.0, np.inf))                                              # (6)
+                rows.append((row(m=mask), -np.inf, quota))  # (3)
+        rows.append(
+            (row(m=np.array([s.memory_gb for s in cpus])), deep.checkpoint_memory_gb, np.inf)
+        )  # (4)
+        rows.append(
+            (row(n=deep.stream_gbps, m=-np.array([s.network_gbps for s in cpus])), -np.inf, 0.0)
+        )  # (5)
+        rows.append((row(m=1.0), 1.0, np.inf))  # (6)
         self.matrix = np.array([r[0] for r in rows])
         self.lower = np.array([r[1] for r in rows])
         self.upper = np.array([r[2] for r in rows])
         self.upper_vars = np.array(
             [catalog.max_count(s, Market.SPOT) for s in gpus]
-            + [min(catalog.max_count(s, Market.ON_DEMAND),
-                   math.floor(deep.budget_usd_per_hour / s.on_demand_usd_per_hour + 1e-9))
-               for s in cpus], dtype=float)                                                 # (8)
+            + [
+                min(
+                    catalog.max_count(s, Market.ON_DEMAND),
+                    math.floor(deep.budget_usd_per_hour / s.on_demand_usd_per_hour + 1e-9),
+                )
+                for s in cpus
+            ],
+            dtype=float,
+        )  # (8)
 
-    def _constraints(self, size: int, value: np.ndarray, floor: float
-                     ) -> tuple[list[LinearConstraint], Bounds]:
-        constraints = [LinearConstraint(self.matrix, self.lower, self.upper),
-                       LinearConstraint(self.row(n=self.gpu_count)[None, :], size, size),  # (7)
-                       LinearConstraint(value[None, :], floor, np.inf)]                     # (9)
+    def _constraints(
+        self, size: int, value: np.ndarray, floor: float
+    ) -> tuple[list[LinearConstraint], Bounds]:
+        constraints = [
+            LinearConstraint(self.matrix, self.lower, self.upper),
+            LinearConstraint(self.row(n=self.gpu_count)[None, :], size, size),  # (7)
+            LinearConstraint(value[None, :], floor, np.inf),
+        ]  # (9)
         upper = self.upper_vars.copy()
-        upper[:self.num_i] = np.minimum(upper[:self.num_i], size // self.gpu_count)
+        upper[: self.num_i] = np.minimum(upper[: self.num_i], size // self.gpu_count)
         return constraints, Bounds(np.zeros(self.width), upper)
 
-    def best_value(self, size: int, value_per_instance: np.ndarray, floor: float,
-                   options: dict[str, float]) -> float | None:
+    def best_value(
+        self, size: int, value_per_instance: np.ndarray, floor: float, options: dict[str, float]
+    ) -> float | None:
         """E of MILP(N = size) when some plan has E >= floor, else None."""
         value = self.row(n=value_per_instance)
         constraints, bounds = self._constraints(size, value, floor)
-        result = milp(-value, integrality=np.ones(self.width), bounds=bounds,
-                      constraints=constraints, options=options)
+        result = milp(
+            -value,
+            integrality=np.ones(self.width),
+            bounds=bounds,
+            constraints=constraints,
+            options=options,
+        )
         return None if result.x is None else -float(result.fun)
 
-    def cheapest(self, size: int, value_per_instance: np.ndarray, best: float,
-                 options: dict[str, float]) -> np.ndarray:
+    def cheapest(
+        self, size: int, value_per_instance: np.ndarray, best: float, options: dict[str, float]
+    ) -> np.ndarray:
         """Counts of the cheapest plan of MILP(N = size) with E = best (to rounding)."""
         value = self.row(n=value_per_instance)
         constraints, bounds = self._constraints(size, value, best - 1e-7 * max(best, 1.0))
-        result = milp(self.row(self.spot, self.on_demand), integrality=np.ones(self.width),
-                      bounds=bounds, constraints=constraints, options=options)
+        result = milp(
+            self.row(self.spot, self.on_demand),
+            integrality=np.ones(self.width),
+            bounds=bounds,
+            constraints=constraints,
+            options=options,
+        )
         if result.x is None:
             raise LiveputError("HiGHS lost a solution it had found; raise time_limit_s")
         return np.round(result.x).astype(np.int64)
@@ -218,17 +263,26 @@ def advise_mixed(catalog: Catalog, config: MixedConfig) -> Advice:
     """The best Tiering cluster of any mix of GPU types (exact; module docstring)."""
     deep = config.deepvm
     if deep.revocation is not None:
-        raise LiveputError("the mixed-type MILP maximizes effective FLOPS; it does not model "
-                           "revocations (drop --revocation or --mixed)")
+        raise LiveputError(
+            "the mixed-type MILP maximizes effective FLOPS; it does not model "
+            "revocations (drop --revocation or --mixed)"
+        )
     gpus, cpus = catalog.gpu_types, catalog.cpu_types
     if not gpus or not cpus:
         raise LiveputError(f"catalog {catalog.name}: a mixed tiering plan needs GPU and CPU types")
-    infeasible = LiveputError(f"no mixed tiering plan fits ${deep.budget_usd_per_hour:g}/h with "
-                              "the quotas and checkpoint constraints")
+    infeasible = LiveputError(
+        f"no mixed tiering plan fits ${deep.budget_usd_per_hour:g}/h with "
+        "the quotas and checkpoint constraints"
+    )
     try:
         # The cut's single-type plan under this MILP's own (5), the stream bound: a feasible point.
-        single = advise_deepvm(catalog, replace(deep, architectures=("tiering",),
-                                                network_bound="stream")).plans[0].value
+        single = (
+            advise_deepvm(
+                catalog, replace(deep, architectures=("tiering",), network_bound="stream")
+            )
+            .plans[0]
+            .value
+        )
     except LiveputError:
         raise infeasible from None
     gpus = _undominated(gpus, deep)
@@ -236,29 +290,41 @@ def advise_mixed(catalog: Catalog, config: MixedConfig) -> Advice:
     flops = np.array([s.relative_flops for s in gpus])
     gpu_count = np.array([max(s.gpus, 1) for s in gpus], dtype=float)
     efficiency = np.array([scaling_for(s, deep.fits).speedup(sizes) / sizes for s in gpus])
-    tier_floor = min((s.on_demand_usd_per_hour * max(1, math.ceil(
-        deep.checkpoint_memory_gb / s.memory_gb - 1e-9)) for s in cpus if s.memory_gb > 0),
-        default=0.0)
+    tier_floor = min(
+        (
+            s.on_demand_usd_per_hour
+            * max(1, math.ceil(deep.checkpoint_memory_gb / s.memory_gb - 1e-9))
+            for s in cpus
+            if s.memory_gb > 0
+        ),
+        default=0.0,
+    )
     family_gpus = {}
     for family in {s.family for s in gpus}:
         quota = catalog.quota_vcpus(family, Market.SPOT)
         if quota is not None:
-            family_gpus[family] = quota / min(s.vcpus / max(s.gpus, 1)
-                                              for s in gpus if s.family == family)
-    bounds = _size_bounds(efficiency * (flops / gpu_count)[:, None],
-                          np.array([s.spot_usd_per_hour for s in gpus]) / gpu_count,
-                          [s.family for s in gpus], family_gpus, sizes,
-                          deep.budget_usd_per_hour - tier_floor)
+            family_gpus[family] = quota / min(
+                s.vcpus / max(s.gpus, 1) for s in gpus if s.family == family
+            )
+    bounds = _size_bounds(
+        efficiency * (flops / gpu_count)[:, None],
+        np.array([s.spot_usd_per_hour for s in gpus]) / gpu_count,
+        [s.family for s in gpus],
+        family_gpus,
+        sizes,
+        deep.budget_usd_per_hour - tier_floor,
+    )
     problem = _SizeProblem(catalog, deep, gpus, cpus)
     options = {"time_limit": config.time_limit_s, "mip_rel_gap": 1e-9}
-    found: list[tuple[float, int]] = []          # (E, k) of every size that beat the incumbent
+    found: list[tuple[float, int]] = []  # (E, k) of every size that beat the incumbent
     incumbent = single * (1 - 1e-9)
     solved = 0
     for k in np.argsort(-bounds, kind="stable"):
         if not np.isfinite(bounds[k]) or bounds[k] < incumbent * (1 - 1e-9):
             break
-        value = problem.best_value(int(sizes[k]), efficiency[:, k] * flops,
-                                   incumbent * (1 - 1e-9), options)
+        value = problem.best_value(
+            int(sizes[k]), efficiency[:, k] * flops, incumbent * (1 - 1e-9), options
+        )
         solved += 1
         if value is not None:
             found.append((value, int(k)))
@@ -271,19 +337,34 @@ def advise_mixed(catalog: Catalog, config: MixedConfig) -> Advice:
     for value, k in found:
         if value >= top * (1 - 1e-9):
             counts = problem.cheapest(int(sizes[k]), efficiency[:, k] * flops, value, options)
-            usd = float(problem.spot @ counts[:len(gpus)]
-                        + problem.on_demand @ counts[len(gpus):])
+            usd = float(
+                problem.spot @ counts[: len(gpus)] + problem.on_demand @ counts[len(gpus) :]
+            )
             plans.append((usd, -value, int(sizes[k]), counts))
     usd, negative, total_gpus, counts = min(plans, key=lambda plan: plan[:3])
     value = -negative
-    items = [InstanceCount(s.name, int(c), Market.SPOT)
-             for s, c in zip(gpus, counts[:len(gpus)]) if c > 0]
-    items += [InstanceCount(s.name, int(c), Market.ON_DEMAND, "checkpoint")
-              for s, c in zip(cpus, counts[len(gpus):]) if c > 0]
-    plan = Plan("mixed", tuple(items), usd, "effective_flops", value,
-                {"gpus": total_gpus, "effective_flops_per_usd": value / usd,
-                 "sizes_solved": solved})
-    reason = (f"MILP optimum (HiGHS) of effective FLOPS over mixes of {len(gpus)} undominated GPU "
-              f"types within ${deep.budget_usd_per_hour:g}/h ({solved} cluster sizes solved)")
-    return Advice((plan,), reason, {"budget_usd_per_hour": deep.budget_usd_per_hour,
-                                    "catalog": catalog.name})
+    items = [
+        InstanceCount(s.name, int(c), Market.SPOT)
+        for s, c in zip(gpus, counts[: len(gpus)])
+        if c > 0
+    ]
+    items += [
+        InstanceCount(s.name, int(c), Market.ON_DEMAND, "checkpoint")
+        for s, c in zip(cpus, counts[len(gpus) :])
+        if c > 0
+    ]
+    plan = Plan(
+        "mixed",
+        tuple(items),
+        usd,
+        "effective_flops",
+        value,
+        {"gpus": total_gpus, "effective_flops_per_usd": value / usd, "sizes_solved": solved},
+    )
+    reason = (
+        f"MILP optimum (HiGHS) of effective FLOPS over mixes of {len(gpus)} undominated GPU "
+        f"types within ${deep.budget_usd_per_hour:g}/h ({solved} cluster sizes solved)"
+    )
+    return Advice(
+        (plan,), reason, {"budget_usd_per_hour": deep.budget_usd_per_hour, "catalog": catalog.name}
+    )

@@ -51,14 +51,22 @@ class Plan:
 
     def describe(self) -> str:
         """``17 x g4dn.xlarge spot + 1 x t3.xlarge ondemand``."""
-        return " + ".join(f"{item.count} x {item.type} {item.market.catalog_name}"
-                          for item in self.instances)
+        return " + ".join(
+            f"{item.count} x {item.type} {item.market.catalog_name}" for item in self.instances
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "architecture": self.architecture,
-            "instances": [{"type": item.type, "count": item.count, "market": item.market.catalog_name,
-                           "role": item.role} for item in self.instances],
+            "instances": [
+                {
+                    "type": item.type,
+                    "count": item.count,
+                    "market": item.market.catalog_name,
+                    "role": item.role,
+                }
+                for item in self.instances
+            ],
             "usd_per_hour": round(self.usd_per_hour, 6),
             "objective": self.objective,
             "value": self.value,
@@ -78,5 +86,8 @@ class Advice:
     """The request, echoed for scripts."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"inputs": self.inputs, "reason": self.reason,
-                "plans": [plan.to_dict() for plan in self.plans]}
+        return {
+            "inputs": self.inputs,
+            "reason": self.reason,
+            "plans": [plan.to_dict() for plan in self.plans],
+        }

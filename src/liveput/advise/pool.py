@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from liveput.catalog import Market
 from liveput.advise.plans import Advice, InstanceCount, Plan
+from liveput.catalog import Market
 from liveput.errors import LiveputError
 from liveput.perf import ModelProfile
 from liveput.sim import PolicyRun, SimulationConfig, simulate_policy
@@ -76,8 +76,14 @@ def cap_trace(trace: IntervalTrace, cap: int) -> IntervalTrace:
     following = np.append(count[1:], min(trace.end_count, cap))
     preempted = np.minimum(trace.preempted, count)
     allocated = following - count + preempted
-    return IntervalTrace(f"{trace.name}-cap{cap}", trace.interval_s, count, preempted, allocated,
-                         trace.price_usd_per_hour)
+    return IntervalTrace(
+        f"{trace.name}-cap{cap}",
+        trace.interval_s,
+        count,
+        preempted,
+        allocated,
+        trace.price_usd_per_hour,
+    )
 
 
 def finish(run: PolicyRun, target_samples: float) -> tuple[float, float]:
@@ -91,8 +97,7 @@ def finish(run: PolicyRun, target_samples: float) -> tuple[float, float]:
         before = samples[index - 1] if index else 0.0
         cost_before = dollars[index - 1] if index else 0.0
         part = (target_samples - before) / max(samples[index] - before, 1e-12)
-        return ((index + part) * interval_h,
-                cost_before + part * (dollars[index] - cost_before))
+        return ((index + part) * interval_h, cost_before + part * (dollars[index] - cost_before))
     if run.samples <= 0:
         return float("inf"), float("inf")
     scale = target_samples / run.samples
@@ -102,9 +107,13 @@ def finish(run: PolicyRun, target_samples: float) -> tuple[float, float]:
 Simulator = Callable[[IntervalTrace, ModelProfile, str, SimulationConfig], PolicyRun]
 
 
-def advise_pool(trace: IntervalTrace, profile: ModelProfile, config: PoolConfig,
-                on_candidate: Callable[[], None] | None = None,
-                simulator: Simulator = simulate_policy) -> Advice:
+def advise_pool(
+    trace: IntervalTrace,
+    profile: ModelProfile,
+    config: PoolConfig,
+    on_candidate: Callable[[], None] | None = None,
+    simulator: Simulator = simulate_policy,
+) -> Advice:
     """Cheapest simulated pool that trains the job by the deadline."""
     caps = config.spot_caps if config.spot_caps is not None else (trace.max_count,)
     candidates = pool_candidates(config.anchors, caps)
@@ -113,10 +122,12 @@ def advise_pool(trace: IntervalTrace, profile: ModelProfile, config: PoolConfig,
     name = profile.instance_type.name
     scored = []
     for anchors, cap in candidates:
-        sim_config = SimulationConfig(interval_s=trace.interval_s,
-                                      spot_price_usd_per_hour=config.spot_usd_per_hour,
-                                      on_demand_price_usd_per_hour=config.on_demand_usd_per_hour,
-                                      num_on_demand=anchors)
+        sim_config = SimulationConfig(
+            interval_s=trace.interval_s,
+            spot_price_usd_per_hour=config.spot_usd_per_hour,
+            on_demand_price_usd_per_hour=config.on_demand_usd_per_hour,
+            num_on_demand=anchors,
+        )
         run = simulator(cap_trace(trace, cap), profile, config.policy, sim_config)
         hours, dollars = (float(x) for x in finish(run, config.target_samples))
         usd_per_hour = dollars / hours if np.isfinite(hours) and hours > 0 else 0.0
@@ -125,34 +136,54 @@ def advise_pool(trace: IntervalTrace, profile: ModelProfile, config: PoolConfig,
             items.append(InstanceCount(name, cap, Market.SPOT))
         if anchors:
             items.append(InstanceCount(name, anchors, Market.ON_DEMAND, "anchor"))
-        scored.append(Plan("pool", tuple(items), usd_per_hour, "cost_usd", dollars, {
-            "hours_to_target": hours, "deadline_hours": config.deadline_hours,
-            "samples_per_hour": float(run.samples / run.hours) if run.hours else 0.0,
-            "reconfigurations": int(run.reconfigurations), "downtime_s": float(run.downtime_s)}))
+        scored.append(
+            Plan(
+                "pool",
+                tuple(items),
+                usd_per_hour,
+                "cost_usd",
+                dollars,
+                {
+                    "hours_to_target": hours,
+                    "deadline_hours": config.deadline_hours,
+                    "samples_per_hour": float(run.samples / run.hours) if run.hours else 0.0,
+                    "reconfigurations": int(run.reconfigurations),
+                    "downtime_s": float(run.downtime_s),
+                },
+            )
+        )
         log.info("pool %s: %.2f h, $%.2f", scored[-1].describe(), hours, dollars)
         if on_candidate is not None:
             on_candidate()
-    feasible = sorted((p for p in scored if p.metrics["hours_to_target"]
-                       <= config.deadline_hours + 1e-12),                          # (1)
-                      key=lambda p: (p.value, p.metrics["hours_to_target"], p.describe()))
+    feasible = sorted(
+        (p for p in scored if p.metrics["hours_to_target"] <= config.deadline_hours + 1e-12),  # (1)
+        key=lambda p: (p.value, p.metrics["hours_to_target"], p.describe()),
+    )
     if not feasible:
         fastest = min(scored, key=lambda p: (p.metrics["hours_to_target"], p.value))
         raise LiveputError(
             f"no pool trains {config.target_samples:g} samples within {config.deadline_hours:g} h;"
             f" closest: {fastest.describe()} needs {fastest.metrics['hours_to_target']:.2f} h "
-            f"for ${fastest.value:.2f}")
+            f"for ${fastest.value:.2f}"
+        )
     best = feasible[0]
-    reason = (f"cheapest of {len(candidates)} simulated pools ({config.policy} policy on trace "
-              f"{trace.name}) to finish by {config.deadline_hours:g} h: "
-              f"{best.metrics['hours_to_target']:.2f} h for ${best.value:.2f}")
+    reason = (
+        f"cheapest of {len(candidates)} simulated pools ({config.policy} policy on trace "
+        f"{trace.name}) to finish by {config.deadline_hours:g} h: "
+        f"{best.metrics['hours_to_target']:.2f} h for ${best.value:.2f}"
+    )
     if len(feasible) > 1:
         reason += f", ${feasible[1].value - best.value:.2f} below the runner-up"
-    inputs = {"model": profile.model, "trace": trace.name, "target_samples": config.target_samples,
-              "deadline_hours": config.deadline_hours, "candidates": len(candidates)}
-    return Advice(tuple(feasible[:config.max_plans]), reason, inputs)
+    inputs = {
+        "model": profile.model,
+        "trace": trace.name,
+        "target_samples": config.target_samples,
+        "deadline_hours": config.deadline_hours,
+        "candidates": len(candidates),
+    }
+    return Advice(tuple(feasible[: config.max_plans]), reason, inputs)
 
 
 def pool_candidates(anchors: Sequence[int], caps: Sequence[int]) -> list[tuple[int, int]]:
     """The (anchors, spot cap) pairs a request simulates."""
-    return [(a, k) for a in sorted(set(anchors)) for k in sorted(set(caps))
-            if a + k >= 1]                                                         # (2)
+    return [(a, k) for a in sorted(set(anchors)) for k in sorted(set(caps)) if a + k >= 1]  # (2)

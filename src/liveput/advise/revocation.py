@@ -59,8 +59,10 @@ class RevocationModel:
 
     def __post_init__(self) -> None:
         if not (0 <= self.revoked_1h <= self.revoked_24h < 1):
-            raise LiveputError(f"revocation model needs 0 <= p1 <= p24 < 1; got "
-                               f"{self.revoked_1h}, {self.revoked_24h}")
+            raise LiveputError(
+                f"revocation model needs 0 <= p1 <= p24 < 1; got "
+                f"{self.revoked_1h}, {self.revoked_24h}"
+            )
         if not self.max_life_hours > 1:
             raise LiveputError("max_life_hours must be > 1")
 
@@ -93,14 +95,20 @@ class RevocationModel:
         """Renewal rate of revocations of one instance slot."""
         return 1.0 / self.expected_lifetime_hours
 
-    def productive_fraction(self, workers: np.ndarray | float, overhead: RevocationOverhead,
-                            synchronous: bool = True) -> np.ndarray:
+    def productive_fraction(
+        self, workers: np.ndarray | float, overhead: RevocationOverhead, synchronous: bool = True
+    ) -> np.ndarray:
         """Fraction of wall time the cluster trains (0 when revocations outpace recovery)."""
         n = np.asarray(workers, dtype=float) if synchronous else np.ones_like(workers, float)
         return np.maximum(1.0 - n * self.revocations_per_hour * overhead.total_s / 3600.0, 0.0)
 
-    def expected_hours(self, work_hours: np.ndarray | float, workers: np.ndarray | float,
-                       overhead: RevocationOverhead, synchronous: bool = True) -> np.ndarray:
+    def expected_hours(
+        self,
+        work_hours: np.ndarray | float,
+        workers: np.ndarray | float,
+        overhead: RevocationOverhead,
+        synchronous: bool = True,
+    ) -> np.ndarray:
         """Wall hours to do ``work_hours`` of revocation-free training (inf if never)."""
         fraction = self.productive_fraction(workers, overhead, synchronous)
         with np.errstate(divide="ignore"):
@@ -111,21 +119,30 @@ class RevocationModel:
         """A constant hazard estimated from a trace: preemptions per instance-hour held."""
         held_hours = float((trace.count * trace.interval_s).sum()) / 3600.0
         if held_hours <= 0:
-            raise LiveputError(f"trace {trace.name}: no instance-hours to estimate revocations from")
+            raise LiveputError(
+                f"trace {trace.name}: no instance-hours to estimate revocations from"
+            )
         rate = float(trace.preempted.sum()) / held_hours
         p1 = 1 - math.exp(-rate)
         p24 = 1 - math.exp(-24 * rate)
         if p24 >= 1:
-            raise LiveputError(f"trace {trace.name}: {rate:.1f} revocations per instance-hour "
-                               "leave no instance alive for a day; not a usable model")
+            raise LiveputError(
+                f"trace {trace.name}: {rate:.1f} revocations per instance-hour "
+                "leave no instance alive for a day; not a usable model"
+            )
         return cls(p1, p24, math.inf, f"estimated from trace {trace.name}: {rate:.4f}/h")
 
 
 REVOCATION_MODELS: Registry[RevocationModel] = Registry("revocation model")
 """Published measurements by name (CM-DARE, GCE preemptible GPUs, fractions revoked in 1 h and
 24 h)."""
-for _name, _p1, _p24 in (("gce-k80-us-central1", 0.10, 0.56), ("gce-k80-us-east1", 0.47, 0.47),
-                         ("gce-p100-us-east1", 0.20, 0.70), ("gce-v100-us-central1", 0.67, 0.67),
-                         ("gce-v100-europe-west4", 0.07, 0.43)):
-    REVOCATION_MODELS.register(_name)(RevocationModel(
-        _p1, _p24, 24.0, f"CM-DARE (ICDCS 2020) measured {_name}"))
+for _name, _p1, _p24 in (
+    ("gce-k80-us-central1", 0.10, 0.56),
+    ("gce-k80-us-east1", 0.47, 0.47),
+    ("gce-p100-us-east1", 0.20, 0.70),
+    ("gce-v100-us-central1", 0.67, 0.67),
+    ("gce-v100-europe-west4", 0.07, 0.43),
+):
+    REVOCATION_MODELS.register(_name)(
+        RevocationModel(_p1, _p24, 24.0, f"CM-DARE (ICDCS 2020) measured {_name}")
+    )

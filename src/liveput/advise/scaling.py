@@ -31,8 +31,10 @@ class LogisticScaling:
 
     def __post_init__(self) -> None:
         if not (self.a > 0 and self.c > 0 and np.isfinite(self.b)):
-            raise LiveputError(f"logistic scaling needs a > 0, c > 0 and finite b; got "
-                               f"a={self.a}, b={self.b}, c={self.c}")
+            raise LiveputError(
+                f"logistic scaling needs a > 0, c > 0 and finite b; got "
+                f"a={self.a}, b={self.b}, c={self.c}"
+            )
 
     def speedup(self, nodes: np.ndarray | float) -> np.ndarray:
         """S(n) for each n (n >= 1); vectorized."""
@@ -52,8 +54,9 @@ DEFAULT_FIT = "g4dn.xlarge"
 """Fit used for a type whose GPU model has no published fit (the middle of the three)."""
 
 
-def scaling_for(spec: InstanceSpec, fits: dict[str, LogisticScaling] | None = None
-                ) -> LogisticScaling:
+def scaling_for(
+    spec: InstanceSpec, fits: dict[str, LogisticScaling] | None = None
+) -> LogisticScaling:
     """The user's fit of ``spec`` if given, else the published fit of its type, else of its GPU
     model (T4 -> g4dn.xlarge, ...), else the g4dn.xlarge fit."""
     if fits and spec.name in fits:
@@ -63,8 +66,9 @@ def scaling_for(spec: InstanceSpec, fits: dict[str, LogisticScaling] | None = No
     return PUBLISHED_FITS[_FIT_BY_GPU.get(spec.gpu, DEFAULT_FIT)]
 
 
-def fit_logistic(nodes: np.ndarray, speedups: np.ndarray, source: str = "least-squares fit"
-                 ) -> LogisticScaling:
+def fit_logistic(
+    nodes: np.ndarray, speedups: np.ndarray, source: str = "least-squares fit"
+) -> LogisticScaling:
     """Least-squares fit of (a, b, c) to measured speedups ``speedups[k]`` at ``nodes[k]``."""
     n = np.asarray(nodes, dtype=float)
     s = np.asarray(speedups, dtype=float)

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from liveput.catalog import Catalog, InstanceSpec, Market
 from liveput.advise.plans import Advice, InstanceCount, Plan
 from liveput.advise.revocation import RevocationModel, RevocationOverhead
 from liveput.advise.spotdnn import SpotDNNParams, WorkerType, iterations_to_loss, predict
 from liveput.budget import check_memory
+from liveput.catalog import Catalog, InstanceSpec, Market
 from liveput.errors import LiveputError
 from liveput.perf import ModelProfile
 
@@ -101,8 +101,9 @@ class SLOProblem:
             raise LiveputError(f"worker types repeat a name: {names}")
 
 
-def worker_type(spec: InstanceSpec, profile: ModelProfile, reference_flops_per_gpu: float
-                ) -> WorkerType | None:
+def worker_type(
+    spec: InstanceSpec, profile: ModelProfile, reference_flops_per_gpu: float
+) -> WorkerType | None:
     """A catalog type as a spotDNN worker of ``profile`` (None if its GPUs cannot hold the model).
 
     T_comp scales the profile's measured (or derived) time per iteration on its instance type by
@@ -115,58 +116,80 @@ def worker_type(spec: InstanceSpec, profile: ModelProfile, reference_flops_per_g
     per_microbatch_s = sum(layer.forward_s + layer.backward_s for layer in profile.layers)
     optimizer_s = sum(layer.optimizer_s for layer in profile.layers)
     speed = spec.relative_flops / gpus / reference_flops_per_gpu
-    return WorkerType(spec.name, (per_microbatch_s + optimizer_s) / speed,
-                      profile.micro_batch_size * gpus, gpus, spec.network_gbps,
-                      spec.spot_usd_per_hour, spec.vcpus, spec.family)
+    return WorkerType(
+        spec.name,
+        (per_microbatch_s + optimizer_s) / speed,
+        profile.micro_batch_size * gpus,
+        gpus,
+        spec.network_gbps,
+        spec.spot_usd_per_hour,
+        spec.vcpus,
+        spec.family,
+    )
 
 
-def problem_from_catalog(catalog: Catalog, profile: ModelProfile, ps_type: str,
-                         loss_g: Sequence[float] | None = None,
-                         ) -> tuple[SLOProblem, InstanceSpec]:
+def problem_from_catalog(
+    catalog: Catalog,
+    profile: ModelProfile,
+    ps_type: str,
+    loss_g: Sequence[float] | None = None,
+) -> tuple[SLOProblem, InstanceSpec]:
     """The SLO problem of ``profile`` over the catalog's GPU types, with ``ps_type`` as the PS."""
     ps = catalog.get(ps_type)
     reference = next((s for s in catalog.instances if s.name == profile.instance_type.name), None)
     reference_flops = reference.relative_flops / max(reference.gpus, 1) if reference else 350.0
-    types = [w for spec in catalog.gpu_types
-             if (w := worker_type(spec, profile, reference_flops)) is not None]
+    types = [
+        w
+        for spec in catalog.gpu_types
+        if (w := worker_type(spec, profile, reference_flops)) is not None
+    ]
     if not types:
-        raise LiveputError(f"no GPU type of catalog {catalog.name} holds {profile.model}'s "
-                           "training state on one GPU")
-    params = SpotDNNParams(model_gb=profile.num_params * 4 / 1e9,
-                           ps_bandwidth_gbps=ps.network_gbps)
+        raise LiveputError(
+            f"no GPU type of catalog {catalog.name} holds {profile.model}'s "
+            "training state on one GPU"
+        )
+    params = SpotDNNParams(model_gb=profile.num_params * 4 / 1e9, ps_bandwidth_gbps=ps.network_gbps)
     if loss_g:
         g0, g1, g2, g3, g4 = loss_g  # the five constants of the loss curve (spotdnn.g)
         params = dataclasses.replace(params, g=(g0, g1, g2, g3, g4))
-    quota = {family: q for (family, market), q in catalog.vcpu_quota.items()
-             if market is Market.SPOT}
+    quota = {
+        family: q for (family, market), q in catalog.vcpu_quota.items() if market is Market.SPOT
+    }
     return SLOProblem(tuple(types), params, quota), ps
 
 
 def _box(bounds: list[int], max_workers: int) -> np.ndarray:
     size = math.prod(b + 1 for b in bounds)
     # Each count vector passes through a Python tuple, then an int64 row and its temporaries.
-    check_memory(f"enumerating the {size:,} count vectors of {len(bounds)} worker types",
-                 size * (64.0 + 24.0 * len(bounds)),
-                 "fewer --types or --max-workers, or --search window")
+    check_memory(
+        f"enumerating the {size:,} count vectors of {len(bounds)} worker types",
+        size * (64.0 + 24.0 * len(bounds)),
+        "fewer --types or --max-workers, or --search window",
+    )
     grids = np.array(list(itertools.product(*[range(b + 1) for b in bounds])), dtype=np.int64)
     total = grids.sum(axis=1)
-    return grids[(total >= 1) & (total <= max_workers)]                           # (4)
+    return grids[(total >= 1) & (total <= max_workers)]  # (4)
 
 
-def _score(counts: np.ndarray, types: list[WorkerType], problem: SLOProblem, config: SLOConfig
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _score(
+    counts: np.ndarray, types: list[WorkerType], problem: SLOProblem, config: SLOConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Hours, $/h and cost of each cluster; infeasible ones cost inf."""
     prediction = predict(counts, types, problem.params)
-    hours = iterations_to_loss(config.target_loss, prediction, problem.params) \
-        * prediction.iteration_s / 3600.0
+    hours = (
+        iterations_to_loss(config.target_loss, prediction, problem.params)
+        * prediction.iteration_s
+        / 3600.0
+    )
     if config.revocation is not None:
-        hours = config.revocation.expected_hours(hours, prediction.workers, config.overhead,
-                                                 synchronous=False)
+        hours = config.revocation.expected_hours(
+            hours, prediction.workers, config.overhead, synchronous=False
+        )
     usd_per_hour = prediction.usd_per_hour + config.ps_usd_per_hour
-    feasible = hours <= config.deadline_hours + 1e-12                             # (1)
+    feasible = hours <= config.deadline_hours + 1e-12  # (1)
     for family, quota in problem.vcpu_quota.items():
         vcpus = np.array([t.vcpus if t.family == family else 0 for t in types])
-        feasible &= counts @ vcpus <= quota                                       # (2)
+        feasible &= counts @ vcpus <= quota  # (2)
     cost = np.where(feasible, hours * usd_per_hour, np.inf)
     return hours, usd_per_hour, cost
 
@@ -189,7 +212,7 @@ def search(problem: SLOProblem, config: SLOConfig) -> list[ScoredCluster]:
     """Every scored cluster the chosen search visits (feasible or not), deduplicated."""
     types = list(problem.types)
     upper = []
-    for t in types:                                                               # (3)
+    for t in types:  # (3)
         quota = problem.vcpu_quota.get(t.family)
         by_quota = quota // max(t.vcpus, 1) if quota is not None else config.max_workers_per_type
         upper.append(min(config.max_workers_per_type, by_quota, config.max_workers))
@@ -199,7 +222,7 @@ def search(problem: SLOProblem, config: SLOConfig) -> list[ScoredCluster]:
     width = len(types) if config.search == "exact" else min(config.window_types, len(types))
     seen: dict[tuple[tuple[str, int], ...], ScoredCluster] = {}
     for start in range(len(types) - width + 1):
-        window = order[start:start + width]
+        window = order[start : start + width]
         counts = _box([upper[i] for i in window], config.max_workers)
         if len(counts) == 0:
             continue
@@ -215,29 +238,47 @@ def _plan(scored: ScoredCluster, config: SLOConfig, ps_name: str) -> Plan:
     items = [InstanceCount(name, count, Market.SPOT) for name, count in scored.counts.items()]
     if ps_name:
         items.append(InstanceCount(ps_name, 1, Market.ON_DEMAND, "ps"))
-    return Plan("parameter-server", tuple(items), scored.usd_per_hour, "cost_usd", scored.cost,
-                {"hours_to_target": scored.hours, "deadline_hours": config.deadline_hours,
-                 "target_loss": config.target_loss})
+    return Plan(
+        "parameter-server",
+        tuple(items),
+        scored.usd_per_hour,
+        "cost_usd",
+        scored.cost,
+        {
+            "hours_to_target": scored.hours,
+            "deadline_hours": config.deadline_hours,
+            "target_loss": config.target_loss,
+        },
+    )
 
 
 def advise_slo(problem: SLOProblem, config: SLOConfig, ps_name: str = "") -> Advice:
     """Cheapest plans that reach the target loss by the deadline, cheapest first."""
     visited = search(problem, config)
-    feasible = sorted((s for s in visited if np.isfinite(s.cost)),
-                      key=lambda s: (s.cost, s.hours, sorted(s.counts.items())))
+    feasible = sorted(
+        (s for s in visited if np.isfinite(s.cost)),
+        key=lambda s: (s.cost, s.hours, sorted(s.counts.items())),
+    )
     if not feasible:
         fastest = min(visited, key=lambda s: (s.hours, s.usd_per_hour))
         closest = _plan(fastest, config, ps_name)
         raise LiveputError(
             f"no plan reaches loss {config.target_loss:g} within {config.deadline_hours:g} h; "
             f"closest: {closest.describe()} needs {fastest.hours:.2f} h at "
-            f"${fastest.usd_per_hour:.2f}/h")
-    plans = tuple(_plan(s, config, ps_name) for s in feasible[:config.max_plans])
+            f"${fastest.usd_per_hour:.2f}/h"
+        )
+    plans = tuple(_plan(s, config, ps_name) for s in feasible[: config.max_plans])
     best = feasible[0]
-    reason = (f"cheapest cluster ({config.search} search) reaching loss {config.target_loss:g} "
-              f"in {best.hours:.2f} h <= {config.deadline_hours:g} h: ${best.cost:.2f}")
+    reason = (
+        f"cheapest cluster ({config.search} search) reaching loss {config.target_loss:g} "
+        f"in {best.hours:.2f} h <= {config.deadline_hours:g} h: ${best.cost:.2f}"
+    )
     if len(feasible) > 1:
         reason += f", ${feasible[1].cost - best.cost:.2f} below the runner-up"
-    inputs = {"target_loss": config.target_loss, "deadline_hours": config.deadline_hours,
-              "search": config.search, "loss_coefficients": list(problem.params.g)}
+    inputs = {
+        "target_loss": config.target_loss,
+        "deadline_hours": config.deadline_hours,
+        "search": config.search,
+        "loss_coefficients": list(problem.params.g),
+    }
     return Advice(plans, reason, inputs)

@@ -51,10 +51,17 @@ class WorkerType:
     """Quota family."""
 
     def __post_init__(self) -> None:
-        if not (self.compute_s > 0 and self.batch >= 1 and self.gpus >= 1
-                and self.bandwidth_gbps > 0 and self.usd_per_hour > 0):
-            raise LiveputError(f"worker type {self.name}: compute_s, batch, gpus, bandwidth and "
-                               "price must be positive")
+        if not (
+            self.compute_s > 0
+            and self.batch >= 1
+            and self.gpus >= 1
+            and self.bandwidth_gbps > 0
+            and self.usd_per_hour > 0
+        ):
+            raise LiveputError(
+                f"worker type {self.name}: compute_s, batch, gpus, bandwidth and "
+                "price must be positive"
+            )
 
 
 @dataclass(frozen=True)
@@ -102,8 +109,7 @@ def contention(workers: np.ndarray, params: SpotDNNParams) -> np.ndarray:
     return np.minimum(params.a1 * np.sqrt(workers) + params.b1, 1.0)
 
 
-def worker_times(counts: np.ndarray, types: list[WorkerType], params: SpotDNNParams
-                 ) -> np.ndarray:
+def worker_times(counts: np.ndarray, types: list[WorkerType], params: SpotDNNParams) -> np.ndarray:
     """T_i of each type in each cluster (clusters x types), s."""
     counts = np.atleast_2d(counts)
     n = counts.sum(axis=1, keepdims=True).astype(float)
@@ -117,47 +123,56 @@ def worker_times(counts: np.ndarray, types: list[WorkerType], params: SpotDNNPar
     return compute + 2 * bits / bandwidth + 2 * gpus * bits / params.pcie_gbps
 
 
-def predict(counts: np.ndarray, types: list[WorkerType], params: SpotDNNParams
-            ) -> ClusterPrediction:
+def predict(
+    counts: np.ndarray, types: list[WorkerType], params: SpotDNNParams
+) -> ClusterPrediction:
     """T_exp, b_w, R and price of each cluster (rows of ``counts``, n >= 1)."""
     counts = np.atleast_2d(counts).astype(float)
     times = worker_times(counts, types, params)
     batch = np.array([t.batch for t in types], dtype=float)[None, :]
     rate = (counts / times).sum(axis=1)
     iteration_s = 1.0 / rate
-    speed = batch / times                                # samples/s of one worker of each type
+    speed = batch / times  # samples/s of one worker of each type
     v = (counts * speed).sum(axis=1)
     weights = speed / v[:, None]
     top = np.where(counts > 0, weights, 0.0).max(axis=1)
     r2 = (counts * weights**2).sum(axis=1) - 2 * top + 1.0
     price = counts @ np.array([t.usd_per_hour for t in types])
-    return ClusterPrediction(counts.sum(axis=1), iteration_s, v * iteration_s,
-                             np.sqrt(np.maximum(r2, 0.0)), price)
+    return ClusterPrediction(
+        counts.sum(axis=1), iteration_s, v * iteration_s, np.sqrt(np.maximum(r2, 0.0)), price
+    )
 
 
-def loss_after(iterations: np.ndarray, prediction: ClusterPrediction, params: SpotDNNParams
-               ) -> np.ndarray:
+def loss_after(
+    iterations: np.ndarray, prediction: ClusterPrediction, params: SpotDNNParams
+) -> np.ndarray:
     """L(j) of each cluster after ``iterations`` asynchronous iterations."""
     g1, g2, g3, g4, g5 = params.g
     scale = (g2 * prediction.weighted_batch + g3) * np.sqrt(
-        (prediction.convergence_r + g4) * prediction.workers)
+        (prediction.convergence_r + g4) * prediction.workers
+    )
     return scale / (np.asarray(iterations, dtype=float) + g1) + g5
 
 
-def iterations_to_loss(target_loss: float, prediction: ClusterPrediction, params: SpotDNNParams
-                       ) -> np.ndarray:
+def iterations_to_loss(
+    target_loss: float, prediction: ClusterPrediction, params: SpotDNNParams
+) -> np.ndarray:
     """j*: iterations each cluster needs to reach ``target_loss``."""
     g1, g2, g3, g4, g5 = params.g
     if target_loss <= g5:
-        raise LiveputError(f"target loss {target_loss:g} is at or below the loss model's floor "
-                           f"g5 = {g5:g}; no cluster reaches it")
+        raise LiveputError(
+            f"target loss {target_loss:g} is at or below the loss model's floor "
+            f"g5 = {g5:g}; no cluster reaches it"
+        )
     scale = (g2 * prediction.weighted_batch + g3) * np.sqrt(
-        (prediction.convergence_r + g4) * prediction.workers)
+        (prediction.convergence_r + g4) * prediction.workers
+    )
     return np.maximum(scale / (target_loss - g5) - g1, 0.0)
 
 
-def fit_contention(workers: np.ndarray, bandwidth_gbps: np.ndarray, required_gbps: float,
-                   ps_bandwidth_gbps: float) -> tuple[float, float]:
+def fit_contention(
+    workers: np.ndarray, bandwidth_gbps: np.ndarray, required_gbps: float, ps_bandwidth_gbps: float
+) -> tuple[float, float]:
     """(a1, b1) by least squares from measured per-worker bandwidths of n-worker clusters whose
     workers all require ``required_gbps`` (only contended points, B_req > B_ps / n, inform)."""
     n = np.asarray(workers, dtype=float)
@@ -165,8 +180,10 @@ def fit_contention(workers: np.ndarray, bandwidth_gbps: np.ndarray, required_gbp
     share = ps_bandwidth_gbps / n
     contended = required_gbps > share
     if contended.sum() < 2:
-        raise LiveputError("contention fit needs at least 2 contended measurements "
-                           "(worker bandwidth above B_ps / n)")
+        raise LiveputError(
+            "contention fit needs at least 2 contended measurements "
+            "(worker bandwidth above B_ps / n)"
+        )
     n, measured, share = n[contended], measured[contended], share[contended]
     # B = P share + (1 - P) B_req  =>  P = (B_req - B) / (B_req - share)
     target_p = (required_gbps - measured) / (required_gbps - share)
@@ -178,12 +195,18 @@ def fit_contention(workers: np.ndarray, bandwidth_gbps: np.ndarray, required_gbp
     return float(result.x[0]), float(result.x[1])
 
 
-def fit_loss(iterations: np.ndarray, losses: np.ndarray, weighted_batch: np.ndarray,
-             convergence_r: np.ndarray, workers: np.ndarray
-             ) -> tuple[float, float, float, float, float]:
+def fit_loss(
+    iterations: np.ndarray,
+    losses: np.ndarray,
+    weighted_batch: np.ndarray,
+    convergence_r: np.ndarray,
+    workers: np.ndarray,
+) -> tuple[float, float, float, float, float]:
     """(g1..g5) by least squares from loss curves of profiling runs (one row per point)."""
-    j, loss, bw, r, n = (np.asarray(a, dtype=float) for a in
-                         (iterations, losses, weighted_batch, convergence_r, workers))
+    j, loss, bw, r, n = (
+        np.asarray(a, dtype=float)
+        for a in (iterations, losses, weighted_batch, convergence_r, workers)
+    )
     if not (j.shape == loss.shape == bw.shape == r.shape == n.shape) or len(j) < 6:
         raise LiveputError("loss fit needs at least 6 points with equal-length columns")
 
@@ -191,9 +214,19 @@ def fit_loss(iterations: np.ndarray, losses: np.ndarray, weighted_batch: np.ndar
         g1, g2, g3, g4, g5 = theta
         return (g2 * bw + g3) * np.sqrt((r + g4) * n) / (j + g1) + g5 - loss
 
-    start = np.array([max(float(j.min()), 1.0) + 10.0, 0.0,
-                      float(loss.max() - loss.min()) * (float(np.median(j)) + 10.0), 1.0,
-                      float(loss.min()) * 0.9])
-    result = least_squares(residuals, start, bounds=([1e-6, -1e3, -1e9, 1e-6, -1e3],
-                                                     [1e9, 1e3, 1e9, 1e3, 1e3]), x_scale="jac")
+    start = np.array(
+        [
+            max(float(j.min()), 1.0) + 10.0,
+            0.0,
+            float(loss.max() - loss.min()) * (float(np.median(j)) + 10.0),
+            1.0,
+            float(loss.min()) * 0.9,
+        ]
+    )
+    result = least_squares(
+        residuals,
+        start,
+        bounds=([1e-6, -1e3, -1e9, 1e-6, -1e3], [1e9, 1e3, 1e9, 1e3, 1e3]),
+        x_scale="jac",
+    )
     return tuple(float(x) for x in result.x)  # type: ignore[return-value]

@@ -8,10 +8,20 @@ from typing import Any
 
 import typer
 
+from liveput.cli import (
+    advise,
+    models,
+    operate,
+    perf,
+    plan,
+    predict,
+    profile,
+    simulate,
+    trace,
+    train,
+)
 from liveput.cli.output import set_quiet
 from liveput.cli.params import FLAG
-from liveput.cli import advise, models, perf, plan, predict, profile, simulate, trace, train
-from liveput.cli import operate
 from liveput.errors import LiveputError
 
 app = typer.Typer(
@@ -35,11 +45,16 @@ operate.register(app)
 
 @app.callback()
 def _root(
-    verbose: bool = typer.Option(False, "--verbose", "-v", metavar=FLAG,
-                                 help="Log progress details to stderr."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", metavar=FLAG,
-                               help="No progress bars on stderr (they are off anyway when "
-                                    "stderr is not a terminal)."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", metavar=FLAG, help="Log progress details to stderr."
+    ),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        "-q",
+        metavar=FLAG,
+        help="No progress bars on stderr (they are off anyway when stderr is not a terminal).",
+    ),
 ) -> None:
     set_quiet(quiet)
     logging.basicConfig(
@@ -67,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("interrupted", err=True)
         return 130
     except MemoryError:
-        return _refuse("out of memory: the input asks for more than this machine has (a smaller "
-                       "trace span, instance count or horizon needs less)")
+        return _refuse(
+            "out of memory: the input asks for more than this machine has (a smaller "
+            "trace span, instance count or horizon needs less)"
+        )
     except UnicodeDecodeError:
         return _refuse("an input file is not a text file")
     except OSError as error:

@@ -21,19 +21,26 @@ PROFILE_COMMANDS = ("profile",)
 
 def model_names() -> dict[str, dict[str, list[str]]]:
     """Built-in names by kind, with the commands that take them."""
+    from liveput.models.jobs import JOBS
     from liveput.perf import builtin_model_names
     from liveput.perf.profiler import TARGETS
-    from liveput.models.jobs import JOBS
 
     return {
-        "performance models": {"names": builtin_model_names(),
-                               "commands": list(PERFORMANCE_COMMANDS),
-                               "or": ["a profile .json written by `liveput profile`"]},
-        "jobs (trained for real)": {"names": sorted(JOBS.names()),
-                                    "commands": list(JOB_COMMANDS),
-                                    "or": ["module:function returning a liveput.Job"]},
-        "profile targets": {"names": sorted(TARGETS), "commands": list(PROFILE_COMMANDS),
-                            "or": ["module:function returning a ProfileTarget"]},
+        "performance models": {
+            "names": builtin_model_names(),
+            "commands": list(PERFORMANCE_COMMANDS),
+            "or": ["a profile .json written by `liveput profile`"],
+        },
+        "jobs (trained for real)": {
+            "names": sorted(JOBS.names()),
+            "commands": list(JOB_COMMANDS),
+            "or": ["module:function returning a liveput.Job"],
+        },
+        "profile targets": {
+            "names": sorted(TARGETS),
+            "commands": list(PROFILE_COMMANDS),
+            "or": ["module:function returning a ProfileTarget"],
+        },
     }
 
 
@@ -41,9 +48,9 @@ def register(app: typer.Typer) -> None:
     """Add the `models` command to the root app."""
 
     @app.command("models")
-    def models(as_json: bool = typer.Option(False, "--json", metavar=FLAG,
-                                            help="Print one JSON object.")
-               ) -> None:
+    def models(
+        as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
+    ) -> None:
         """List the built-in model names and the commands that take each kind."""
         names = model_names()
         if as_json:
@@ -53,6 +60,10 @@ def register(app: typer.Typer) -> None:
         for column in ("kind", "names", "commands", "or"):
             view.add_column(column)
         for kind, entry in names.items():
-            view.add_row(kind, ", ".join(entry["names"]), ", ".join(entry["commands"]),
-                         "; ".join(entry["or"]))
+            view.add_row(
+                kind,
+                ", ".join(entry["names"]),
+                ", ".join(entry["commands"]),
+                "; ".join(entry["or"]),
+            )
         console.print(view)

@@ -19,6 +19,11 @@ from liveput.cli.output import console, device_counts, err_console, print_json
 from liveput.errors import LiveputError
 from liveput.runtime import keys
 
+if TYPE_CHECKING:
+    from liveput.operate.jobfile import JobFile
+    from liveput.operate.runner import JobPlace
+    from liveput.runtime.store import Store
+
 
 def _job(path: Path) -> JobFile:
     from liveput.operate.jobfile import load_job_file
@@ -28,11 +33,19 @@ def _job(path: Path) -> JobFile:
 
 def launch(
     job_file: Path = typer.Argument(..., help="The job file (YAML; see docs/operate.md)."),
-    detach: bool = typer.Option(False, "--detach", metavar=params.FLAG,
-                                help="Return once the job runs; it goes on in the background."),
-    as_json: bool = typer.Option(False, "--json", metavar=params.FLAG,
-                                 help="Print one JSON object: with --detach, where the job is "
-                                 "(store, token_file, dashboard); else the run's summary."),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        metavar=params.FLAG,
+        help="Return once the job runs; it goes on in the background.",
+    ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        metavar=params.FLAG,
+        help="Print one JSON object: with --detach, where the job is "
+        "(store, token_file, dashboard); else the run's summary.",
+    ),
 ) -> None:
     """Start a job from its file: its store (a local etcd), coordinator, emulated provider and
     agents, dashboard and metrics; the store stays readable after the end (linger_s)."""
@@ -45,11 +58,13 @@ def launch(
 
 def resume(
     job_file: Path = typer.Argument(None, help="The job file it was launched from."),
-    store: str = typer.Option(None, "--store", help="Or the job's store URL (the job file is "
-                              "kept there)."),
+    store: str = typer.Option(
+        None, "--store", help="Or the job's store URL (the job file is kept there)."
+    ),
     token_file: Path = typer.Option(None, "--token-file", help="Job token file (with --store)."),
-    as_json: bool = typer.Option(False, "--json", metavar=params.FLAG,
-                                 help="Print the run's summary as one JSON object."),
+    as_json: bool = typer.Option(
+        False, "--json", metavar=params.FLAG, help="Print the run's summary as one JSON object."
+    ),
 ) -> None:
     """Continue a job whose coordinator and agents are all gone, from its store and newest
     complete checkpoint."""
@@ -78,9 +93,11 @@ def _run(job: JobFile, resume: bool, as_json: bool) -> None:
 
     def ready(place: JobPlace) -> None:
         watch = f"liveput status --store {place.store} --token-file {place.token_file}"
-        err_console.print(f"job {job.job_name} {'resumed' if resume else 'running'}; watch: "
-                          f"{watch} --watch" + (f"; dashboard: {place.dashboard}"
-                                                if place.dashboard else ""), soft_wrap=True)
+        err_console.print(
+            f"job {job.job_name} {'resumed' if resume else 'running'}; watch: "
+            f"{watch} --watch" + (f"; dashboard: {place.dashboard}" if place.dashboard else ""),
+            soft_wrap=True,
+        )
         _keep_job_file(job, place)
 
     summary = run_job(job, resume=resume, on_ready=ready)
@@ -97,9 +114,18 @@ def _keep_job_file(job: JobFile, place: JobPlace) -> None:
 
     token = Path(place.token_file).read_text().strip()
     with open_store(place.store, token=token, timeout_s=5.0) as store:
-        store.set(keys.job_file(), json.dumps({
-            "text": Path(job.path).read_text() if job.path and Path(job.path).exists() else "",
-            "path": job.path, "state_dir": str(job.state_path.resolve())}).encode())
+        store.set(
+            keys.job_file(),
+            json.dumps(
+                {
+                    "text": Path(job.path).read_text()
+                    if job.path and Path(job.path).exists()
+                    else "",
+                    "path": job.path,
+                    "state_dir": str(job.state_path.resolve()),
+                }
+            ).encode(),
+        )
 
 
 def _detach(job_file: Path, job: JobFile, as_json: bool) -> None:
@@ -112,22 +138,33 @@ def _detach(job_file: Path, job: JobFile, as_json: bool) -> None:
     with open(log_path, "ab") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "liveput.cli.main", "launch", str(job_file)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 300.0
     while time.monotonic() < deadline:
         code = child.poll()
         if code is not None:
             lines = log_path.read_text(errors="replace").strip().splitlines()
             errors = [line for line in lines if line.startswith("error: ")]
-            raise LiveputError((errors[-1] if errors else (lines[-1] if lines else
-                                f"the launcher exited with code {code}")).removeprefix("error: "))
+            raise LiveputError(
+                (
+                    errors[-1]
+                    if errors
+                    else (lines[-1] if lines else f"the launcher exited with code {code}")
+                ).removeprefix("error: ")
+            )
         place = read_place(state_dir)
         if place is not None and place.pid == child.pid:
             token = Path(place.token_file).read_text().strip()
             try:
                 with open_store(place.store, token=token, timeout_s=5.0) as store:
-                    if store.get(keys.status_now()) is not None and \
-                            store.get(keys.job_file()) is not None:
+                    if (
+                        store.get(keys.status_now()) is not None
+                        and store.get(keys.job_file()) is not None
+                    ):
                         break
             except LiveputError:
                 pass
@@ -137,9 +174,12 @@ def _detach(job_file: Path, job: JobFile, as_json: bool) -> None:
     if as_json:
         print_json(place.public())
     else:
-        err_console.print(f"job {job.job_name} runs in the background (pid {child.pid}, log "
-                          f"{log_path}); watch: liveput status --store {place.store} "
-                          f"--token-file {place.token_file} --watch", soft_wrap=True)
+        err_console.print(
+            f"job {job.job_name} runs in the background (pid {child.pid}, log "
+            f"{log_path}); watch: liveput status --store {place.store} "
+            f"--token-file {place.token_file} --watch",
+            soft_wrap=True,
+        )
 
 
 def _token(token: str | None, token_file: Path | None, fallback: str | None) -> str:
@@ -157,8 +197,9 @@ def _token(token: str | None, token_file: Path | None, fallback: str | None) -> 
     raise LiveputError("a job token is required: --token, --token-file or LIVEPUT_TOKEN")
 
 
-def _open(store: str | None, token_file: Path | None, token: str | None,
-          job_file: Path | None = None) -> Store:
+def _open(
+    store: str | None, token_file: Path | None, token: str | None, job_file: Path | None = None
+) -> Store:
     from liveput.operate.runner import read_place
     from liveput.runtime.store import open_store
 
@@ -188,12 +229,15 @@ def status(
     store: str = typer.Option(None, "--store", help="The job's store URL."),
     token_file: Path = typer.Option(None, "--token-file", help="File holding the job token."),
     token: str = typer.Option(None, "--token", help="The job token (or LIVEPUT_TOKEN)."),
-    watch: bool = typer.Option(False, "--watch", metavar=params.FLAG,
-                               help="Refresh in place until the job ends."),
-    as_json: bool = typer.Option(False, "--json", metavar=params.FLAG,
-                                 help="Print one JSON object."),
-    events: int = typer.Option(10, "--events", parser=params.SOME_INSTANCES,
-                               help="Newest events shown."),
+    watch: bool = typer.Option(
+        False, "--watch", metavar=params.FLAG, help="Refresh in place until the job ends."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", metavar=params.FLAG, help="Print one JSON object."
+    ),
+    events: int = typer.Option(
+        10, "--events", parser=params.SOME_INSTANCES, help="Newest events shown."
+    ),
 ) -> None:
     """How a job is doing, from its store alone: configuration, instances, speed, loss,
     dollars, ETA and its last events with their reasons."""
@@ -222,43 +266,61 @@ STALE_S = 30.0
 def _stale(snapshot: dict) -> dict:
     """``stale_s``: seconds since a running job's status last changed, when that is long."""
     age_s = time.time() - snapshot.get("updated_unix_s", time.time())
-    snapshot["stale_s"] = round(age_s, 1) if snapshot["state"] == "running" and \
-        age_s > STALE_S else None
+    snapshot["stale_s"] = (
+        round(age_s, 1) if snapshot["state"] == "running" and age_s > STALE_S else None
+    )
     return snapshot
 
 
 def _status_view(s: dict) -> Table:
     if s.get("stale_s"):
-        s = {**s, "reason": f"no update for {s['stale_s']:.0f} s: its launcher may be gone "
-                            "(liveput resume continues it)"}
-    view = Table(title=f"job {s['job']}: {s['state']}" + (f" ({s['reason']})" if s["reason"]
-                                                           else ""), show_header=False)
+        s = {
+            **s,
+            "reason": f"no update for {s['stale_s']:.0f} s: its launcher may be gone "
+            "(liveput resume continues it)",
+        }
+    view = Table(
+        title=f"job {s['job']}: {s['state']}" + (f" ({s['reason']})" if s["reason"] else ""),
+        show_header=False,
+    )
     view.add_column("what")
     view.add_column("value")
-    instances = "; ".join(f"{market}: " + (", ".join(f"{n} {state}" for state, n in
-                                                     sorted(states.items())) or "0")
-                          for market, states in s["instances"].items())
+    instances = "; ".join(
+        f"{market}: " + (", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "0")
+        for market, states in s["instances"].items()
+    )
     usd = s["usd"]
-    rows = [("step", f"{s['step']:,} / {s['steps_total']:,} ({s['samples']:,} samples)"),
-            ("doing", s["activity"]), ("configuration (D x P)", s["configuration"]),
-            ("instances", instances),
-            ("devices", device_counts(s.get("devices", {}))),
-            ("samples/s now / avg", f"{s['samples_per_s']:.1f} / {s['samples_per_s_avg']:.1f}"),
-            ("loss", "-" if s["loss"] is None else f"{s['loss']:.4f}"),
-            ("dollars (spot / on-demand)", f"${usd['total']:.2f} (${usd['spot']:.2f} / "
-                                           f"${usd['on_demand']:.2f})"),
-            ("saved against on-demand", f"${usd['savings']:.2f} of "
-                                        f"${usd['on_demand_equivalent']:.2f}"),
-            ("ETA", "-" if s["eta_s"] is None else f"{s['eta_s']:.0f} s")]
+    rows = [
+        ("step", f"{s['step']:,} / {s['steps_total']:,} ({s['samples']:,} samples)"),
+        ("doing", s["activity"]),
+        ("configuration (D x P)", s["configuration"]),
+        ("instances", instances),
+        ("devices", device_counts(s.get("devices", {}))),
+        ("samples/s now / avg", f"{s['samples_per_s']:.1f} / {s['samples_per_s_avg']:.1f}"),
+        ("loss", "-" if s["loss"] is None else f"{s['loss']:.4f}"),
+        (
+            "dollars (spot / on-demand)",
+            f"${usd['total']:.2f} (${usd['spot']:.2f} / ${usd['on_demand']:.2f})",
+        ),
+        ("saved against on-demand", f"${usd['savings']:.2f} of ${usd['on_demand_equivalent']:.2f}"),
+        ("ETA", "-" if s["eta_s"] is None else f"{s['eta_s']:.0f} s"),
+    ]
     if s.get("deadline_hours") is not None:
         slack = s.get("deadline_slack_hours")
-        rows.append(("deadline", f"{s['deadline_hours']:g} h, slack "
-                                 + ("-" if slack is None else f"{slack:.3f} h")))
+        rows.append(
+            (
+                "deadline",
+                f"{s['deadline_hours']:g} h, slack " + ("-" if slack is None else f"{slack:.3f} h"),
+            )
+        )
     for event in s["events"]:
-        detail = {k: v for k, v in event.items() if k not in ("time_s", "unix_s", "kind",
-                                                             "reason")}
-        rows.append((f"{event['time_s']:.1f} s {event['kind']}",
-                     f"{event.get('reason', '')} {json.dumps(detail) if detail else ''}"))
+        detail = {k: v for k, v in event.items() if k not in ("time_s", "unix_s", "kind", "reason")}
+        rows.append(
+            (
+                f"{event['time_s']:.1f} s {event['kind']}",
+                f"{event.get('reason', '')} {json.dumps(detail) if detail else ''}",
+            )
+        )
     for what, value in rows:
         view.add_row(what, value)
     return view

@@ -10,7 +10,6 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-
 console = Console()
 err_console = Console(stderr=True)
 

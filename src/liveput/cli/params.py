@@ -40,8 +40,9 @@ def _bounds(low: float | None, high: float | None, low_open: bool) -> str:
     return f"<= {_figure(high)}"
 
 
-def number(low: float | None = None, high: float | None = None, *,
-           low_open: bool = False) -> Parser:
+def number(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False
+) -> Parser:
     """A finite float within ``[low, high]`` (``(low, high]`` with ``low_open``)."""
 
     def parse(value: object) -> float:

@@ -6,8 +6,8 @@ import typer
 from rich.table import Table
 
 from liveput.cli import params
-from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json
+from liveput.cli.params import FLAG
 from liveput.perf import estimate_configs, load_profile
 
 
@@ -16,10 +16,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command("perf")
     def perf(
-        model: str = typer.Argument(..., help="Built-in model name, built-in job (profiled "
-                                   "here first) or a profile .json."),
-        nodes: int = typer.Option(32, "--nodes", parser=params.INSTANCES,
-                                  help="Largest instance count to consider."),
+        model: str = typer.Argument(
+            ..., help="Built-in model name, built-in job (profiled here first) or a profile .json."
+        ),
+        nodes: int = typer.Option(
+            32, "--nodes", parser=params.INSTANCES, help="Largest instance count to consider."
+        ),
         as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
     ) -> None:
         """Estimated samples/s, memory and feasibility of every (D, P) up to --nodes."""
@@ -32,22 +34,43 @@ def register(app: typer.Typer) -> None:
             choice = table.best_for(count)
             best[str(count)] = None if choice is None else [choice[0], choice[1]]
         configs = [
-            {"data_parallel": int(d), "pipeline_stages": int(p), "samples_per_s": float(s),
-             "memory_gb": float(m), "feasible": bool(f), "reason": r}
-            for d, p, s, m, f, r in zip(table.data_parallel, table.pipeline_stages,
-                                        table.samples_per_s, table.memory_gb, table.feasible,
-                                        table.reason, strict=True)
+            {
+                "data_parallel": int(d),
+                "pipeline_stages": int(p),
+                "samples_per_s": float(s),
+                "memory_gb": float(m),
+                "feasible": bool(f),
+                "reason": r,
+            }
+            for d, p, s, m, f, r in zip(
+                table.data_parallel,
+                table.pipeline_stages,
+                table.samples_per_s,
+                table.memory_gb,
+                table.feasible,
+                table.reason,
+                strict=True,
+            )
         ]
         if as_json:
-            print_json({"model": profile.model, "instance_type": table.instance_type,
-                        "configs": configs, "best": best})
+            print_json(
+                {
+                    "model": profile.model,
+                    "instance_type": table.instance_type,
+                    "configs": configs,
+                    "best": best,
+                }
+            )
             return
         index = {(c["data_parallel"], c["pipeline_stages"]): i for i, c in enumerate(configs)}
         rows = _rows(best)
-        view = Table(title=f"{profile.model} on {table.instance_type}: best D x P per count",
-                     caption=None if len(rows) == nodes else
-                     f"{len(rows)} row{'s' * (len(rows) > 1)} for {nodes:,} counts; --json "
-                     "lists every count")
+        view = Table(
+            title=f"{profile.model} on {table.instance_type}: best D x P per count",
+            caption=None
+            if len(rows) == nodes
+            else f"{len(rows)} row{'s' * (len(rows) > 1)} for {nodes:,} counts; --json "
+            "lists every count",
+        )
         for column in ("instances", "D x P", "samples/s", "memory GB"):
             view.add_column(column, justify="right")
         for first, last, pair in rows:
@@ -56,8 +79,12 @@ def register(app: typer.Typer) -> None:
                 view.add_row(counts, "-", "nothing fits", "-")
                 continue
             figures = configs[index[(pair[0], pair[1])]]
-            view.add_row(counts, f"{pair[0]} x {pair[1]}",
-                         f"{figures['samples_per_s']:.1f}", f"{figures['memory_gb']:.1f}")
+            view.add_row(
+                counts,
+                f"{pair[0]} x {pair[1]}",
+                f"{figures['samples_per_s']:.1f}",
+                f"{figures['memory_gb']:.1f}",
+            )
         console.print(view)
 
 

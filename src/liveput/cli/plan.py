@@ -47,14 +47,14 @@ def _parse_counts(text: str) -> list[int]:
 
 def _check_runs(table: ConfigTable, running: Configuration) -> None:
     """Refuse a ``--current`` configuration the model cannot run (memory, layers, batch)."""
-    match = (table.data_parallel == running.data_parallel) & \
-        (table.pipeline_stages == running.pipeline_stages)
+    match = (table.data_parallel == running.data_parallel) & (
+        table.pipeline_stages == running.pipeline_stages
+    )
     if not match.any():
         raise LiveputError(f"--current {running}: not a configuration of {table.model}")
     index = int(np.flatnonzero(match)[0])
     if not table.feasible[index]:
-        raise LiveputError(f"--current {running} cannot run {table.model}: "
-                           f"{table.reason[index]}")
+        raise LiveputError(f"--current {running} cannot run {table.model}: {table.reason[index]}")
 
 
 def register(app: typer.Typer) -> None:
@@ -63,41 +63,59 @@ def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
         model: str = typer.Option("gpt-1.5b", "--model", help="Built-in model or profile .json."),
-        nodes: int = typer.Option(..., "--nodes", parser=params.INSTANCES,
-                                  help="Spot instances available now."),
-        current: str | None = typer.Option(None, "--current", help="Running configuration DxP "
-                                           "(omit when nothing runs)."),
-        forecast: str = typer.Option(..., "--forecast", help="Forecast counts of the intervals "
-                                     "after this one (whose count is --nodes), comma-separated: "
-                                     "horizon - 1 values or more (the rest are ignored, and said "
-                                     "so)."),
-        horizon: int = typer.Option(12, "--horizon", parser=params.HORIZON,
-                                    help="Intervals looked ahead."),
-        interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
-                                       help="Interval length, seconds."),
+        nodes: int = typer.Option(
+            ..., "--nodes", parser=params.INSTANCES, help="Spot instances available now."
+        ),
+        current: str | None = typer.Option(
+            None, "--current", help="Running configuration DxP (omit when nothing runs)."
+        ),
+        forecast: str = typer.Option(
+            ...,
+            "--forecast",
+            help="Forecast counts of the intervals "
+            "after this one (whose count is --nodes), comma-separated: "
+            "horizon - 1 values or more (the rest are ignored, and said "
+            "so).",
+        ),
+        horizon: int = typer.Option(
+            12, "--horizon", parser=params.HORIZON, help="Intervals looked ahead."
+        ),
+        interval: float = typer.Option(
+            60.0, "--interval", parser=params.SECONDS, help="Interval length, seconds."
+        ),
         objective: str = typer.Option("throughput", "--objective", help="throughput or cost."),
-        on_demand: int = typer.Option(0, "--on-demand", parser=params.SOME_INSTANCES,
-                                      help="On-demand instances held."),
-        spread: int = typer.Option(1, "--spread", parser=params.SPREAD,
-                                   help="Uncertainty (+- instances) put around "
-                                   "each forecast count."),
+        on_demand: int = typer.Option(
+            0, "--on-demand", parser=params.SOME_INSTANCES, help="On-demand instances held."
+        ),
+        spread: int = typer.Option(
+            1,
+            "--spread",
+            parser=params.SPREAD,
+            help="Uncertainty (+- instances) put around each forecast count.",
+        ),
         as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
     ) -> None:
         """Decide the configuration for the interval that starts now."""
         counts = _parse_counts(forecast)
         if len(counts) < horizon - 1:
-            raise LiveputError(f"--forecast has {len(counts)} values; horizon {horizon} needs "
-                               f"{horizon - 1} (the intervals after this one) or more")
+            raise LiveputError(
+                f"--forecast has {len(counts)} values; horizon {horizon} needs "
+                f"{horizon - 1} (the intervals after this one) or more"
+            )
         if len(counts) > horizon - 1:
-            err_console.print(f"note: --forecast has {len(counts)} values; horizon {horizon} "
-                              f"uses the first {horizon - 1} (the intervals after this one, "
-                              f"whose count is --nodes) and ignores {len(counts) - horizon + 1}",
-                              soft_wrap=True)
-            counts = counts[:horizon - 1]
+            err_console.print(
+                f"note: --forecast has {len(counts)} values; horizon {horizon} "
+                f"uses the first {horizon - 1} (the intervals after this one, "
+                f"whose count is --nodes) and ignores {len(counts) - horizon + 1}",
+                soft_wrap=True,
+            )
+            counts = counts[: horizon - 1]
         running = Configuration.parse(current) if current else None
         if running is not None and running.num_instances > nodes + on_demand:
-            raise LiveputError(f"--current {running} uses {running.num_instances} instances but "
-                               f"only {nodes + on_demand} are available")
+            raise LiveputError(
+                f"--current {running} uses {running.num_instances} instances but "
+                f"only {nodes + on_demand} are available"
+            )
         capacity = max([nodes, *counts])
         profile = load_profile(model)
         with progress() as bar:  # large clusters take seconds per phase
@@ -106,8 +124,9 @@ def register(app: typer.Typer) -> None:
             if running is not None:
                 _check_runs(table, running)
             config = OptimizerConfig(horizon=horizon, interval_s=interval, objective=objective)
-            optimizer = LiveputOptimizer(profile, table, MigrationCostModel.from_profile(profile),
-                                         config)
+            optimizer = LiveputOptimizer(
+                profile, table, MigrationCostModel.from_profile(profile), config
+            )
             predicted = forecast_from_counts(counts or [nodes], capacity, spread)
             bar.update(task, advance=1, description="building the optimizer's tables")
             optimizer.decide(running, nodes, predicted, on_demand)  # warm its per-rate cache
@@ -118,15 +137,20 @@ def register(app: typer.Typer) -> None:
             bar.update(task, advance=1)
         chosen = decision.configuration
         result = {
-            "decision": None if chosen is None else {
-                "data_parallel": chosen.data_parallel, "pipeline_stages": chosen.pipeline_stages},
+            "decision": None
+            if chosen is None
+            else {"data_parallel": chosen.data_parallel, "pipeline_stages": chosen.pipeline_stages},
             "migration": decision.migration,
             "migration_s": decision.migration_s,
             "expected_samples": decision.expected_samples,
             "alternatives": [
-                {"configuration": None if a.configuration is None else str(a.configuration),
-                 "expected_samples": a.expected_samples, "migration": a.migration}
-                for a in decision.alternatives],
+                {
+                    "configuration": None if a.configuration is None else str(a.configuration),
+                    "expected_samples": a.expected_samples,
+                    "migration": a.migration,
+                }
+                for a in decision.alternatives
+            ],
             "solve_ms": solve_ms,
         }
         # The decision is for the interval that starts now: say so when it needs instances the
@@ -135,23 +159,33 @@ def register(app: typer.Typer) -> None:
         runs_now = chosen is None or chosen.num_instances <= available
         best_now = table.best_for(available)
         result["runnable_now"] = runs_now
-        result["best_now"] = None if best_now is None else {
-            "data_parallel": best_now[0], "pipeline_stages": best_now[1]}
+        result["best_now"] = (
+            None
+            if best_now is None
+            else {"data_parallel": best_now[0], "pipeline_stages": best_now[1]}
+        )
         if as_json:
             print_json(result)
             return
-        console.print(f"decision: [bold]{chosen or 'run nothing'}[/] via {decision.migration} "
-                      f"({decision.migration_s:.1f} s), expected {decision.expected_samples:,.0f} "
-                      f"samples over {horizon} intervals, solved in {solve_ms:.1f} ms")
+        console.print(
+            f"decision: [bold]{chosen or 'run nothing'}[/] via {decision.migration} "
+            f"({decision.migration_s:.1f} s), expected {decision.expected_samples:,.0f} "
+            f"samples over {horizon} intervals, solved in {solve_ms:.1f} ms"
+        )
         view = Table(title="alternatives for this interval")
         for column in ("configuration", "expected samples", "migration"):
             view.add_column(column)
         for alternative in decision.alternatives:
-            view.add_row(str(alternative.configuration or "nothing"),
-                         f"{alternative.expected_samples:,.0f}", alternative.migration)
+            view.add_row(
+                str(alternative.configuration or "nothing"),
+                f"{alternative.expected_samples:,.0f}",
+                alternative.migration,
+            )
         console.print(view)
         if not runs_now and chosen is not None:
             now = "nothing" if best_now is None else f"{best_now[0]}x{best_now[1]}"
-            console.print(f"[yellow]note:[/] {chosen} needs {chosen.num_instances} instances and "
-                          f"{available} are available now; until the forecast ones arrive, "
-                          f"the best that runs is {now}")
+            console.print(
+                f"[yellow]note:[/] {chosen} needs {chosen.num_instances} instances and "
+                f"{available} are available now; until the forecast ones arrive, "
+                f"the best that runs is {now}"
+            )

@@ -16,18 +16,30 @@ def register(app: typer.Typer) -> None:
 
     @app.command("profile")
     def profile(
-        model: str = typer.Option("tiny-gpt", "--model", help="Built-in name (tiny-gpt or a "
-                                  "built-in job) or module:function returning a "
-                                  "liveput.perf.profiler.ProfileTarget."),
-        micro_batch: int = typer.Option(None, "--micro-batch", parser=params.MICRO_BATCH,
-                                        help="Samples per micro-batch (default: the job's, "
-                                        "else 8)."),
-        device: str = typer.Option("auto", "--device",
-                                   help="cpu, cuda[:k], or auto: CUDA when present."),
-        precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16: "
-                                      "forwards under autocast, as the job trains."),
-        repeats: int = typer.Option(5, "--repeats", parser=params.REPEATS,
-                                    help="Timed passes per layer."),
+        model: str = typer.Option(
+            "tiny-gpt",
+            "--model",
+            help="Built-in name (tiny-gpt or a "
+            "built-in job) or module:function returning a "
+            "liveput.perf.profiler.ProfileTarget.",
+        ),
+        micro_batch: int = typer.Option(
+            None,
+            "--micro-batch",
+            parser=params.MICRO_BATCH,
+            help="Samples per micro-batch (default: the job's, else 8).",
+        ),
+        device: str = typer.Option(
+            "auto", "--device", help="cpu, cuda[:k], or auto: CUDA when present."
+        ),
+        precision: str = typer.Option(
+            "fp32",
+            "--precision",
+            help="fp32, bf16 or fp16: forwards under autocast, as the job trains.",
+        ),
+        repeats: int = typer.Option(
+            5, "--repeats", parser=params.REPEATS, help="Timed passes per layer."
+        ),
         output: Path = typer.Option(..., "-o", "--output", help="Profile JSON to write."),
     ) -> None:
         """Measure forward, backward and optimizer time of every layer; write a profile."""
@@ -39,10 +51,16 @@ def register(app: typer.Typer) -> None:
         target = resolve_target(model)
         with progress() as bar:
             task = bar.add_task(f"profiling {target.name}", total=len(target.layers))
-            measured = profile_model(target, micro_batch or target.micro_batch_size or 8,
-                                     device, repeats,
-                                     on_layer=lambda done, _: bar.update(task, completed=done),
-                                     precision=precision)
+            measured = profile_model(
+                target,
+                micro_batch or target.micro_batch_size or 8,
+                device,
+                repeats,
+                on_layer=lambda done, _: bar.update(task, completed=done),
+                precision=precision,
+            )
         write_profile(measured, output)
-        console.print(f"wrote {output}: {measured.num_layers} layers, "
-                      f"{measured.num_params / 1e6:.2f} M parameters")
+        console.print(
+            f"wrote {output}: {measured.num_layers} layers, "
+            f"{measured.num_params / 1e6:.2f} M parameters"
+        )

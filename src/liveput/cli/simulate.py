@@ -41,8 +41,10 @@ from liveput.sim.sweep import (
 )
 from liveput.traces import IntervalTrace
 
-TRACE_HELP = ("Trace file (events CSV, count JSON, count CSV, text); repeat with --sweep. "
-              "Default: the project's own generated 12-hour, 32-instance trace.")
+TRACE_HELP = (
+    "Trace file (events CSV, count JSON, count CSV, text); repeat with --sweep. "
+    "Default: the project's own generated 12-hour, 32-instance trace."
+)
 
 
 SWEEP_SEEDS = 3
@@ -51,29 +53,52 @@ SWEEP_SEEDS = 3
 # The options of a deadline job and of --sweep (defined here: the command's signature stays
 # readable).
 DEADLINE_HOURS = typer.Option(
-    None, "--deadline-hours", parser=params.OPTIONAL_HOURS,
+    None,
+    "--deadline-hours",
+    parser=params.OPTIONAL_HOURS,
     help="Finish the work (--steps or --target-samples) by this many hours: compares "
-         "the deadline policies (spot and on-demand, dollars, deadlines met).")
-STEPS = typer.Option(None, "--steps", parser=params.OPTIONAL_STEPS,
-                     help="Work of a deadline job: iterations of the model's global batch.")
+    "the deadline policies (spot and on-demand, dollars, deadlines met).",
+)
+STEPS = typer.Option(
+    None,
+    "--steps",
+    parser=params.OPTIONAL_STEPS,
+    help="Work of a deadline job: iterations of the model's global batch.",
+)
 TARGET_SAMPLES = typer.Option(
-    None, "--target-samples", parser=params.OPTIONAL_SAMPLES,
-    help="Work of a deadline job, in samples (instead of --steps).")
+    None,
+    "--target-samples",
+    parser=params.OPTIONAL_SAMPLES,
+    help="Work of a deadline job, in samples (instead of --steps).",
+)
 BUDGET_USD = typer.Option(
-    None, "--budget-usd", parser=params.OPTIONAL_PRICE_POSITIVE,
-    help="Most dollars a deadline job may cost in all.")
+    None,
+    "--budget-usd",
+    parser=params.OPTIONAL_PRICE_POSITIVE,
+    help="Most dollars a deadline job may cost in all.",
+)
 BUDGET_USD_PER_HOUR = typer.Option(
-    None, "--budget-usd-per-hour", parser=params.OPTIONAL_PRICE_POSITIVE,
-    help="Most dollars per hour a deadline job may spend.")
+    None,
+    "--budget-usd-per-hour",
+    parser=params.OPTIONAL_PRICE_POSITIVE,
+    help="Most dollars per hour a deadline job may spend.",
+)
 ON_DEMAND_MAX = typer.Option(
-    None, "--on-demand-max", parser=params.OPTIONAL_SOME_INSTANCES,
-    help="Most on-demand instances a deadline job holds at once (default: the trace's "
-         "peak count).")
-SWEEP = typer.Option(False, "--sweep", metavar=FLAG,
-                     help="Run the models x traces x policies matrix (default models: "
-                          + ",".join(SWEEP_MODELS) + "; default traces: one generated per "
-                          "market regime; with a job: deadlines of 1.1x to 2x the "
-                          "all-on-demand time and three seeds).")
+    None,
+    "--on-demand-max",
+    parser=params.OPTIONAL_SOME_INSTANCES,
+    help="Most on-demand instances a deadline job holds at once (default: the trace's peak count).",
+)
+SWEEP = typer.Option(
+    False,
+    "--sweep",
+    metavar=FLAG,
+    help="Run the models x traces x policies matrix (default models: "
+    + ",".join(SWEEP_MODELS)
+    + "; default traces: one generated per "
+    "market regime; with a job: deadlines of 1.1x to 2x the "
+    "all-on-demand time and three seeds).",
+)
 
 
 def _names(text: str, what: str) -> list[str]:
@@ -83,8 +108,9 @@ def _names(text: str, what: str) -> list[str]:
     return names
 
 
-def _load(path: Path, interval_s: float, start_hour: float | None,
-          end_hour: float | None) -> IntervalTrace:
+def _load(
+    path: Path, interval_s: float, start_hour: float | None, end_hour: float | None
+) -> IntervalTrace:
     trace = load_trace(path, None, start_hour, end_hour)
     if trace.end_s <= 0:
         raise LiveputError(f"trace {path} is empty: it spans no time")
@@ -105,20 +131,24 @@ def _warn_if_too_small(trace: IntervalTrace, profile: ModelProfile, num_on_deman
     smallest = int(sizes.min()) if len(sizes) else None
     counts = trace.count + num_on_demand
     if smallest is None or counts.max() < smallest:
-        need = "more than 64 instances" if smallest is None else (
-            f"{smallest} instances at least")
-        err_console.print(f"warning: {profile.model} needs {need} (the trace has at most "
-                          f"{int(counts.max())}): nothing trains; simulating anyway",
-                          soft_wrap=True)
+        need = "more than 64 instances" if smallest is None else (f"{smallest} instances at least")
+        err_console.print(
+            f"warning: {profile.model} needs {need} (the trace has at most "
+            f"{int(counts.max())}): nothing trains; simulating anyway",
+            soft_wrap=True,
+        )
     elif (counts < smallest).any():
         short = int(np.sum(counts < smallest))
-        err_console.print(f"note: {short} of {len(counts)} intervals have fewer than the "
-                          f"{smallest} instances {profile.model} needs: nothing trains in them",
-                          soft_wrap=True)
+        err_console.print(
+            f"note: {short} of {len(counts)} intervals have fewer than the "
+            f"{smallest} instances {profile.model} needs: nothing trains in them",
+            soft_wrap=True,
+        )
 
 
-def _simulate_throughput(trace: IntervalTrace, profile: ModelProfile, policies: list[str],
-                         config: SimulationConfig) -> tuple[SimulationResult, str]:
+def _simulate_throughput(
+    trace: IntervalTrace, profile: ModelProfile, policies: list[str], config: SimulationConfig
+) -> tuple[SimulationResult, str]:
     """Every policy for throughput; the result and the title of its table."""
     _warn_if_too_small(trace, profile, config.num_on_demand)
     total = len(trace) * (len(policies) + ("ideal" not in policies))
@@ -129,42 +159,74 @@ def _simulate_throughput(trace: IntervalTrace, profile: ModelProfile, policies: 
             bar.update(task, advance=1, description=f"simulating {policy}")
 
         result = simulate(trace, profile, policies, config, on_step=step)
-    return result, (f"{profile.model} on {trace.name}: {trace.hours:.2f} h, "
-                    f"{config.interval_s:g}-s intervals")
+    return result, (
+        f"{profile.model} on {trace.name}: {trace.hours:.2f} h, {config.interval_s:g}-s intervals"
+    )
 
 
-def _simulate_deadline(trace: IntervalTrace, profile: ModelProfile, policies: list[str],
-                       config: SimulationConfig, job: JobObjective,
-                       ) -> tuple[SimulationResult, str]:
+def _simulate_deadline(
+    trace: IntervalTrace,
+    profile: ModelProfile,
+    policies: list[str],
+    config: SimulationConfig,
+    job: JobObjective,
+) -> tuple[SimulationResult, str]:
     """Every deadline policy on one job; the result and the title of its table."""
     with progress() as bar:
         task = bar.add_task("simulating", total=None)
         result = simulate_deadline(
-            trace, profile, job, policies, config,
-            on_step=lambda name, t: bar.update(task, description=f"simulating {name}"))
-    return result, (f"{profile.model} on {trace.name}: {result.target_samples:,.0f} samples by "
-                    f"{result.deadline_hours:.2f} h (all on-demand: "
-                    f"{result.fastest_hours:.2f} h on {result.on_demand_max})")
+            trace,
+            profile,
+            job,
+            policies,
+            config,
+            on_step=lambda name, t: bar.update(task, description=f"simulating {name}"),
+        )
+    return result, (
+        f"{profile.model} on {trace.name}: {result.target_samples:,.0f} samples by "
+        f"{result.deadline_hours:.2f} h (all on-demand: "
+        f"{result.fastest_hours:.2f} h on {result.on_demand_max})"
+    )
 
 
-def _deadline_curve(trace: IntervalTrace, profile: ModelProfile, policies: list[str],
-                    config: SimulationConfig, job: JobObjective,
-                    result: SimulationResult) -> list[DeadlineSweepRow]:
+def _deadline_curve(
+    trace: IntervalTrace,
+    profile: ModelProfile,
+    policies: list[str],
+    config: SimulationConfig,
+    job: JobObjective,
+    result: SimulationResult,
+) -> list[DeadlineSweepRow]:
     """The same job at several deadlines (the report's cost-against-deadline figure)."""
     with progress() as bar:
         bar.add_task("cost against the deadline", total=None)
-        curve = deadline_sweep([trace], profile, job, SWEEP_FACTORS, (config.seed,), policies,
-                               config)
+        curve = deadline_sweep(
+            [trace], profile, job, SWEEP_FACTORS, (config.seed,), policies, config
+        )
     if result.fastest_hours is None:
         raise ValueError("the curve needs a deadline job's result")
-    return curve + [DeadlineSweepRow.of(trace.name, job.deadline_hours / result.fastest_hours,
-                                        job.deadline_hours, config.seed, run)
-                    for run in result.runs.values()]
+    return curve + [
+        DeadlineSweepRow.of(
+            trace.name,
+            job.deadline_hours / result.fastest_hours,
+            job.deadline_hours,
+            config.seed,
+            run,
+        )
+        for run in result.runs.values()
+    ]
 
 
-def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: SimulationConfig,
-             output: Path | None, report: Path | None, as_json: bool,
-             job: JobObjective | None) -> None:
+def _run_one(
+    trace: IntervalTrace,
+    model: str,
+    policies: list[str],
+    config: SimulationConfig,
+    output: Path | None,
+    report: Path | None,
+    as_json: bool,
+    job: JobObjective | None,
+) -> None:
     """One trace: every policy for throughput, or every deadline policy on ``job``."""
     from liveput.report import summary_table, write_report
 
@@ -177,15 +239,15 @@ def _run_one(trace: IntervalTrace, model: str, policies: list[str], config: Simu
         header, rows = summary_table(result)
         view = Table(title=title)
         for column in header:
-            view.add_column(column, justify="left" if column == "policy" else "right",
-                            no_wrap=True)
+            view.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
         for row in rows:
             view.add_row(*row)
         console.print(view)
     # The report first: if it fails, no JSON claims a finished run.
     if report is not None:
-        curve = (() if job is None
-                 else _deadline_curve(trace, profile, policies, config, job, result))
+        curve = (
+            () if job is None else _deadline_curve(trace, profile, policies, config, job, result)
+        )
         page = write_report(result, report, curve)
         err_console.print(f"wrote {page} and its PNGs")
     _emit(result.to_json(), output, as_json)
@@ -200,41 +262,79 @@ def _emit(summary: dict, output: Path | None, as_json: bool) -> None:
         print_json(summary)
 
 
-def _run_sweep(traces: list[IntervalTrace], models: list[str], policies: list[str],
-               config: SimulationConfig, output: Path | None, as_json: bool) -> None:
+def _run_sweep(
+    traces: list[IntervalTrace],
+    models: list[str],
+    policies: list[str],
+    config: SimulationConfig,
+    output: Path | None,
+    as_json: bool,
+) -> None:
     with progress() as bar:
         task = bar.add_task("sweep", total=len(models) * len(traces))
-        rows = sweep(models, traces, policies, config,
-                     on_cell=lambda model, trace: bar.update(task, advance=1,
-                                                             description=f"{model} on {trace}"))
+        rows = sweep(
+            models,
+            traces,
+            policies,
+            config,
+            on_cell=lambda model, trace: bar.update(
+                task, advance=1, description=f"{model} on {trace}"
+            ),
+        )
     if not as_json:
         _print_sweep(rows)
-    _emit({"interval_s": config.interval_s, "rows": [row.__dict__ for row in rows]}, output,
-          as_json)
+    _emit(
+        {"interval_s": config.interval_s, "rows": [row.__dict__ for row in rows]}, output, as_json
+    )
 
 
 def _print_sweep(rows: list[SweepRow]) -> None:
     view = Table(title="samples relative to reactive and to ideal")
     for column in ("model", "trace", "policy", "samples", "x reactive", "of ideal", "$ / 1k"):
-        view.add_column(column, justify="left" if column in ("model", "trace", "policy")
-                        else "right", no_wrap=column != "trace")
+        view.add_column(
+            column,
+            justify="left" if column in ("model", "trace", "policy") else "right",
+            no_wrap=column != "trace",
+        )
     for index, row in enumerate(rows):
         last = index + 1 == len(rows) or (rows[index + 1].model, rows[index + 1].trace) != (
-            row.model, row.trace)
-        view.add_row(row.model, row.trace.removeprefix("generated-"), row.policy,
-                     f"{row.samples:,.0f}", _fraction(row.vs_reactive, 2),
-                     _fraction(row.vs_ideal),
-                     "-" if row.samples <= 0 else f"{row.cost_usd / row.samples * 1000:.3f}",
-                     end_section=last)
+            row.model,
+            row.trace,
+        )
+        view.add_row(
+            row.model,
+            row.trace.removeprefix("generated-"),
+            row.policy,
+            f"{row.samples:,.0f}",
+            _fraction(row.vs_reactive, 2),
+            _fraction(row.vs_ideal),
+            "-" if row.samples <= 0 else f"{row.cost_usd / row.samples * 1000:.3f}",
+            end_section=last,
+        )
     console.print(view)
 
 
-def _job(deadline_hours: float | None, steps: int | None, target_samples: float | None,
-         budget_usd: float | None, budget_usd_per_hour: float | None,
-         on_demand_max: int | None, run_sweep: bool) -> bool:
+def _job(
+    deadline_hours: float | None,
+    steps: int | None,
+    target_samples: float | None,
+    budget_usd: float | None,
+    budget_usd_per_hour: float | None,
+    on_demand_max: int | None,
+    run_sweep: bool,
+) -> bool:
     """Whether the options describe a deadline job (checking that they describe one whole)."""
-    if all(value is None for value in (deadline_hours, steps, target_samples, budget_usd,
-                                       budget_usd_per_hour, on_demand_max)):
+    if all(
+        value is None
+        for value in (
+            deadline_hours,
+            steps,
+            target_samples,
+            budget_usd,
+            budget_usd_per_hour,
+            on_demand_max,
+        )
+    ):
         return False
     if steps is None and target_samples is None:
         raise LiveputError("a deadline job needs its work: --steps or --target-samples")
@@ -245,26 +345,45 @@ def _job(deadline_hours: float | None, steps: int | None, target_samples: float 
     return True
 
 
-def _run_deadline_sweep(traces: list[IntervalTrace], model: str, objective: JobObjective,
-                        policies: list[str], config: SimulationConfig, output: Path | None,
-                        as_json: bool) -> None:
+def _run_deadline_sweep(
+    traces: list[IntervalTrace],
+    model: str,
+    objective: JobObjective,
+    policies: list[str],
+    config: SimulationConfig,
+    output: Path | None,
+    as_json: bool,
+) -> None:
     """Deadlines of 1.1x to 2x the all-on-demand time, three seeds, every trace."""
     profile = load_profile(model)
     seeds = tuple(range(config.seed, config.seed + SWEEP_SEEDS))
     with progress() as bar:
         task = bar.add_task("sweep", total=len(traces) * len(SWEEP_FACTORS) * len(seeds))
         rows = deadline_sweep(
-            traces, profile, objective, SWEEP_FACTORS, seeds, policies, config,
+            traces,
+            profile,
+            objective,
+            SWEEP_FACTORS,
+            seeds,
+            policies,
+            config,
             on_cell=lambda trace, factor, seed: bar.update(
-                task, advance=1, description=f"{trace} x{factor:g} seed {seed}"))
+                task, advance=1, description=f"{trace} x{factor:g} seed {seed}"
+            ),
+        )
     if not as_json:
         _print_deadline_sweep(rows, policies)
-    _emit({"interval_s": config.interval_s, "rows": [dataclasses.asdict(r) for r in rows]},
-          output, as_json)
+    _emit(
+        {"interval_s": config.interval_s, "rows": [dataclasses.asdict(r) for r in rows]},
+        output,
+        as_json,
+    )
 
 
-def sweep_cells(rows: list[DeadlineSweepRow], policies: list[str],
-                ) -> list[tuple[str, float, float, list[str]]]:
+def sweep_cells(
+    rows: list[DeadlineSweepRow],
+    policies: list[str],
+) -> list[tuple[str, float, float, list[str]]]:
     """(trace, factor, deadline hours, one cell per policy: mean dollars and deadlines met)."""
     cells = []
     for trace, factor in dict.fromkeys((row.trace, row.factor) for row in rows):
@@ -282,18 +401,22 @@ def sweep_cells(rows: list[DeadlineSweepRow], policies: list[str],
 
 
 def _print_deadline_sweep(rows: list[DeadlineSweepRow], policies: list[str]) -> None:
-    view = Table(title="mean dollars (deadlines met / seeds) by deadline, as a multiple of the "
-                       "all-on-demand time")
+    view = Table(
+        title="mean dollars (deadlines met / seeds) by deadline, as a multiple of the "
+        "all-on-demand time"
+    )
     for column in ("trace", "deadline", *policies):
-        view.add_column(column, justify="left" if column == "trace" else "right",
-                        no_wrap=column != "trace")
+        view.add_column(
+            column, justify="left" if column == "trace" else "right", no_wrap=column != "trace"
+        )
     for trace, factor, hours, line in sweep_cells(rows, policies):
         view.add_row(trace.removeprefix("generated-"), f"{factor:g}x ({hours:.1f} h)", *line)
     console.print(view)
 
 
-def _one_trace(traces: list[Path] | None, interval_s: float, start_hour: float | None,
-               end_hour: float | None) -> IntervalTrace:
+def _one_trace(
+    traces: list[Path] | None, interval_s: float, start_hour: float | None, end_hour: float | None
+) -> IntervalTrace:
     """The trace of one simulation: the one ``--trace`` or the project's own default."""
     if traces and len(traces) > 1:
         raise LiveputError("several --trace files need --sweep")
@@ -304,20 +427,34 @@ def _one_trace(traces: list[Path] | None, interval_s: float, start_hour: float |
     return default_trace(interval_s)
 
 
-def _sweep(traces: list[Path] | None, model: str, names: list[str], config: SimulationConfig,
-           start_hour: float | None, end_hour: float | None, output: Path | None,
-           as_json: bool, job: JobObjective | None) -> None:
+def _sweep(
+    traces: list[Path] | None,
+    model: str,
+    names: list[str],
+    config: SimulationConfig,
+    start_hour: float | None,
+    end_hour: float | None,
+    output: Path | None,
+    as_json: bool,
+    job: JobObjective | None,
+) -> None:
     """``--sweep``: models x traces x policies, or a job's deadlines x seeds x traces."""
     interval_s = config.interval_s
     if job is not None:
         if model != DEFAULT_MODEL and "," in model:
             raise LiveputError("a deadline sweep takes one --model")
-        loaded = ([_load(path, interval_s, start_hour, end_hour) for path in traces]
-                  if traces else [default_trace(interval_s)])
+        loaded = (
+            [_load(path, interval_s, start_hour, end_hour) for path in traces]
+            if traces
+            else [default_trace(interval_s)]
+        )
         _run_deadline_sweep(loaded, model, job, names, config, output, as_json)
         return
-    loaded = ([_load(path, interval_s, start_hour, end_hour) for path in traces]
-              if traces else default_sweep_traces(interval_s))
+    loaded = (
+        [_load(path, interval_s, start_hour, end_hour) for path in traces]
+        if traces
+        else default_sweep_traces(interval_s)
+    )
     models = _names(model, "model") if model != DEFAULT_MODEL else list(SWEEP_MODELS)
     _run_sweep(loaded, models, names, config, output, as_json)
 
@@ -328,45 +465,80 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_command(
         traces: list[Path] = typer.Option(None, "--trace", help=TRACE_HELP),
-        model: str = typer.Option(DEFAULT_MODEL, "--model",
-                                  help="Built-in model or profile .json (comma-separated with "
-                                       "--sweep)."),
+        model: str = typer.Option(
+            DEFAULT_MODEL,
+            "--model",
+            help="Built-in model or profile .json (comma-separated with --sweep).",
+        ),
         policies: str | None = typer.Option(
-            None, "--policies",
-            help="Comma-separated policies to compare (default: " + ",".join(DEFAULT_POLICIES)
-                 + "; with a deadline: " + ",".join(DEADLINE_POLICY_NAMES) + ")."),
-        objective: str = typer.Option("throughput", "--objective",
-                                      help="What liveput optimizes: throughput or cost."),
-        interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
-                                       help="Interval length, seconds."),
-        horizon: int = typer.Option(12, "--horizon", parser=params.HORIZON,
-                                    help="Intervals looked ahead."),
-        on_demand: int = typer.Option(0, "--on-demand", parser=params.SOME_INSTANCES,
-                                      help="On-demand instances held besides the spot ones."),
-        seed: int = typer.Option(0, "--seed", parser=params.SEED,
-                                 help="Seed of when losses fall and which go."),
+            None,
+            "--policies",
+            help="Comma-separated policies to compare (default: "
+            + ",".join(DEFAULT_POLICIES)
+            + "; with a deadline: "
+            + ",".join(DEADLINE_POLICY_NAMES)
+            + ").",
+        ),
+        objective: str = typer.Option(
+            "throughput", "--objective", help="What liveput optimizes: throughput or cost."
+        ),
+        interval: float = typer.Option(
+            60.0, "--interval", parser=params.SECONDS, help="Interval length, seconds."
+        ),
+        horizon: int = typer.Option(
+            12, "--horizon", parser=params.HORIZON, help="Intervals looked ahead."
+        ),
+        on_demand: int = typer.Option(
+            0,
+            "--on-demand",
+            parser=params.SOME_INSTANCES,
+            help="On-demand instances held besides the spot ones.",
+        ),
+        seed: int = typer.Option(
+            0, "--seed", parser=params.SEED, help="Seed of when losses fall and which go."
+        ),
         spot_price: float | None = typer.Option(
-            None, "--spot-price", parser=params.OPTIONAL_PRICE,
-            help="$ per spot instance-hour (default: the trace's, else the model's instance "
-                 "type)."),
+            None,
+            "--spot-price",
+            parser=params.OPTIONAL_PRICE,
+            help="$ per spot instance-hour (default: the trace's, else the model's instance type).",
+        ),
         on_demand_price: float | None = typer.Option(
-            None, "--on-demand-price", parser=params.OPTIONAL_PRICE,
-            help="$ per on-demand instance-hour (default: the model's instance type)."),
-        notice: float = typer.Option(120.0, "--preemption-notice",
-                                     parser=params.NON_NEGATIVE_SECONDS,
-                                     help="Seconds of warning before a preemption (AWS 120, "
-                                          "GCP 30, 0: none)."),
-        start_hour: float | None = typer.Option(None, "--start-hour", parser=params.HOUR_OF_TRACE,
-                                                help="Replay the trace from this hour on."),
-        end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
-                                              help="Replay the trace up to this hour."),
-        as_json: bool = typer.Option(False, "--json", metavar=FLAG,
-                                     help="Print one JSON object (the results) instead of the "
-                                          "table."),
-        output: Path | None = typer.Option(None, "-o", "--output",
-                                           help="Write the results as JSON to this file."),
-        report: Path | None = typer.Option(None, "--report",
-                                           help="Write an HTML report and its PNGs here."),
+            None,
+            "--on-demand-price",
+            parser=params.OPTIONAL_PRICE,
+            help="$ per on-demand instance-hour (default: the model's instance type).",
+        ),
+        notice: float = typer.Option(
+            120.0,
+            "--preemption-notice",
+            parser=params.NON_NEGATIVE_SECONDS,
+            help="Seconds of warning before a preemption (AWS 120, GCP 30, 0: none).",
+        ),
+        start_hour: float | None = typer.Option(
+            None,
+            "--start-hour",
+            parser=params.HOUR_OF_TRACE,
+            help="Replay the trace from this hour on.",
+        ),
+        end_hour: float | None = typer.Option(
+            None,
+            "--end-hour",
+            parser=params.HOUR_OF_TRACE,
+            help="Replay the trace up to this hour.",
+        ),
+        as_json: bool = typer.Option(
+            False,
+            "--json",
+            metavar=FLAG,
+            help="Print one JSON object (the results) instead of the table.",
+        ),
+        output: Path | None = typer.Option(
+            None, "-o", "--output", help="Write the results as JSON to this file."
+        ),
+        report: Path | None = typer.Option(
+            None, "--report", help="Write an HTML report and its PNGs here."
+        ),
         deadline_hours: float | None = DEADLINE_HOURS,
         steps: int | None = STEPS,
         target_samples: float | None = TARGET_SAMPLES,
@@ -381,21 +553,43 @@ def register(app: typer.Typer) -> None:
             check_output_file(output)
         if report is not None:
             check_output_folder(report)
-        config = SimulationConfig(interval_s=interval, horizon=horizon, objective=objective,
-                                  spot_price_usd_per_hour=spot_price,
-                                  on_demand_price_usd_per_hour=on_demand_price,
-                                  num_on_demand=on_demand, seed=seed,
-                                  preemption_notice_s=notice)
-        deadline = _job(deadline_hours, steps, target_samples, budget_usd, budget_usd_per_hour,
-                        on_demand_max, run_sweep)
-        names = _names(policies or ",".join(DEADLINE_POLICY_NAMES if deadline
-                                            else DEFAULT_POLICIES), "policies")
+        config = SimulationConfig(
+            interval_s=interval,
+            horizon=horizon,
+            objective=objective,
+            spot_price_usd_per_hour=spot_price,
+            on_demand_price_usd_per_hour=on_demand_price,
+            num_on_demand=on_demand,
+            seed=seed,
+            preemption_notice_s=notice,
+        )
+        deadline = _job(
+            deadline_hours,
+            steps,
+            target_samples,
+            budget_usd,
+            budget_usd_per_hour,
+            on_demand_max,
+            run_sweep,
+        )
+        names = _names(
+            policies or ",".join(DEADLINE_POLICY_NAMES if deadline else DEFAULT_POLICIES),
+            "policies",
+        )
         for name in names:  # an unknown name is refused before any work
             (DEADLINE_POLICIES if deadline else POLICIES).get(name)
-        job = (JobObjective(deadline_hours=deadline_hours or 1.0, steps=steps,
-                            target_samples=target_samples, budget_usd=budget_usd,
-                            budget_usd_per_hour=budget_usd_per_hour,
-                            on_demand_max=on_demand_max) if deadline else None)
+        job = (
+            JobObjective(
+                deadline_hours=deadline_hours or 1.0,
+                steps=steps,
+                target_samples=target_samples,
+                budget_usd=budget_usd,
+                budget_usd_per_hour=budget_usd_per_hour,
+                on_demand_max=on_demand_max,
+            )
+            if deadline
+            else None
+        )
         if run_sweep:
             if report is not None:
                 raise LiveputError("--report shows one simulation; drop it with --sweep")

@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 
 from liveput.cli import params
-from liveput.cli.params import FLAG
 from liveput.cli.output import console, print_json
+from liveput.cli.params import FLAG
 from liveput.files import check_output_file
 from liveput.traces import REGIMES, Trace, generate_trace, read_trace, trace_stats, write_trace
 from liveput.traces.plot import plot_trace
@@ -22,7 +22,10 @@ END_HELP = "Keep the trace up to this hour."
 
 
 def load_trace(
-    path: Path, fmt: str | None = None, start_hour: float | None = None, end_hour: float | None = None
+    path: Path,
+    fmt: str | None = None,
+    start_hour: float | None = None,
+    end_hour: float | None = None,
 ) -> Trace:
     """Read a trace and slice it to ``[start_hour, end_hour]`` (used by every command)."""
     trace = read_trace(path, fmt)
@@ -36,13 +39,16 @@ def load_trace(
 @app.command("stats")
 def stats(
     trace: Path = typer.Argument(..., help="Trace file (events CSV, count JSON, count CSV, text)."),
-    interval: float = typer.Option(60.0, "--interval", parser=params.SECONDS,
-                                   help="Interval length in seconds."),
+    interval: float = typer.Option(
+        60.0, "--interval", parser=params.SECONDS, help="Interval length in seconds."
+    ),
     fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
-    start_hour: float | None = typer.Option(None, "--start-hour", parser=params.HOUR_OF_TRACE,
-                                            help=START_HELP),
-    end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
-                                          help=END_HELP),
+    start_hour: float | None = typer.Option(
+        None, "--start-hour", parser=params.HOUR_OF_TRACE, help=START_HELP
+    ),
+    end_hour: float | None = typer.Option(
+        None, "--end-hour", parser=params.HOUR_OF_TRACE, help=END_HELP
+    ),
     as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
 ) -> None:
     """Print the statistics of a trace (time-weighted mean, preemptions, allocations, ...)."""
@@ -58,16 +64,21 @@ def stats(
 
 @app.command("generate")
 def generate(
-    output: Path = typer.Option(..., "-o", "--output", help="File to write (.json: count JSON; "
-                                "otherwise events CSV)."),
-    nodes: int = typer.Option(32, "--nodes", parser=params.INSTANCES,
-                              help="Instances requested (the capacity)."),
-    hours: float = typer.Option(12.0, "--hours", parser=params.HOURS,
-                                help="Length of the trace in hours."),
-    seed: int = typer.Option(0, "--seed", parser=params.SEED,
-                             help="Random seed (same seed, same trace)."),
-    regime: str = typer.Option("default", "--regime",
-                               help=f"Market regime: {', '.join(REGIMES.names())}."),
+    output: Path = typer.Option(
+        ..., "-o", "--output", help="File to write (.json: count JSON; otherwise events CSV)."
+    ),
+    nodes: int = typer.Option(
+        32, "--nodes", parser=params.INSTANCES, help="Instances requested (the capacity)."
+    ),
+    hours: float = typer.Option(
+        12.0, "--hours", parser=params.HOURS, help="Length of the trace in hours."
+    ),
+    seed: int = typer.Option(
+        0, "--seed", parser=params.SEED, help="Random seed (same seed, same trace)."
+    ),
+    regime: str = typer.Option(
+        "default", "--regime", help=f"Market regime: {', '.join(REGIMES.names())}."
+    ),
 ) -> None:
     """Generate a synthetic trace calibrated to measured AWS spot traces."""
     check_output_file(output)
@@ -81,10 +92,12 @@ def plot(
     trace: Path = typer.Argument(..., help="Trace file."),
     output: Path = typer.Option(..., "-o", "--output", help="PNG file to write."),
     fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
-    start_hour: float | None = typer.Option(None, "--start-hour", parser=params.HOUR_OF_TRACE,
-                                            help=START_HELP),
-    end_hour: float | None = typer.Option(None, "--end-hour", parser=params.HOUR_OF_TRACE,
-                                          help=END_HELP),
+    start_hour: float | None = typer.Option(
+        None, "--start-hour", parser=params.HOUR_OF_TRACE, help=START_HELP
+    ),
+    end_hour: float | None = typer.Option(
+        None, "--end-hour", parser=params.HOUR_OF_TRACE, help=END_HELP
+    ),
 ) -> None:
     """Plot available instances over time with preemption and allocation marks."""
     check_output_file(output, ".png")

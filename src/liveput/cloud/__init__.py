@@ -9,10 +9,33 @@ from liveput.cloud.billing import Bill, BillingAccount, InstanceCharge
 from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
 from liveput.cloud.provider import Provider
 from liveput.cloud.retry import ProviderError, RetryPolicy
-from liveput.cloud.types import (InstanceRecord, InstanceState, Market, PriceQuote, ProviderEvent,
-                                 ProviderEventKind, RequestFailure, RequestResult)
+from liveput.cloud.types import (
+    InstanceRecord,
+    InstanceState,
+    Market,
+    PriceQuote,
+    ProviderEvent,
+    ProviderEventKind,
+    RequestFailure,
+    RequestResult,
+)
 
-__all__ = ["Bill", "BillingAccount", "InstanceCharge", "EmulatedProvider",
-           "EmulatedProviderConfig", "Provider", "ProviderError", "RetryPolicy", "InstanceRecord",
-           "InstanceState", "Market", "PriceQuote", "ProviderEvent", "ProviderEventKind",
-           "RequestFailure", "RequestResult", "SpotModel"]
+__all__ = [
+    "Bill",
+    "BillingAccount",
+    "InstanceCharge",
+    "EmulatedProvider",
+    "EmulatedProviderConfig",
+    "Provider",
+    "ProviderError",
+    "RetryPolicy",
+    "InstanceRecord",
+    "InstanceState",
+    "Market",
+    "PriceQuote",
+    "ProviderEvent",
+    "ProviderEventKind",
+    "RequestFailure",
+    "RequestResult",
+    "SpotModel",
+]

@@ -34,8 +34,7 @@ from liveput.catalog import Catalog, load_catalog
 from liveput.cloud.provider import Provider
 from liveput.cloud.regions import check_region
 from liveput.cloud.retry import ProviderError, RetryPolicy
-from liveput.cloud.types import (InstanceRecord, InstanceState, Market, PriceQuote,
-                                 ProviderEvent)
+from liveput.cloud.types import InstanceRecord, InstanceState, Market, PriceQuote, ProviderEvent
 from liveput.cloud.userdata import AgentBoot, agent_user_data
 from liveput.errors import LiveputError
 from liveput.runtime.clock import Clock, MonotonicClock
@@ -44,13 +43,25 @@ log = logging.getLogger(__name__)
 
 __all__ = ["AwsConfig", "AwsProvider", "RETRYABLE_CODES", "DEFAULT_IMAGE_PARAMETER"]
 
-RETRYABLE_CODES = frozenset({
-    "RequestLimitExceeded", "Throttling", "ThrottlingException",  # throttling
-    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
-    "SpotMaxPriceTooLow", "UnfulfillableCapacity",  # capacity
-    "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded",  # quotas
-    "InternalError", "ServiceUnavailable", "Unavailable", "EndpointConnectionError",
-})
+RETRYABLE_CODES = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",  # throttling
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "SpotMaxPriceTooLow",
+        "UnfulfillableCapacity",  # capacity
+        "VcpuLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "InstanceLimitExceeded",  # quotas
+        "InternalError",
+        "ServiceUnavailable",
+        "Unavailable",
+        "EndpointConnectionError",
+    }
+)
 """EC2 error codes tried again with backoff (quotas too: other jobs may release vCPUs)."""
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
@@ -104,9 +115,15 @@ class AwsProvider(Provider):
 
     name = "aws"
 
-    def __init__(self, config: AwsConfig, clock: Clock | None = None, *, session: Any = None,
-                 now_utc: Callable[[], dt.datetime] | None = None,
-                 on_event: Callable[[ProviderEvent], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: AwsConfig,
+        clock: Clock | None = None,
+        *,
+        session: Any = None,
+        now_utc: Callable[[], dt.datetime] | None = None,
+        on_event: Callable[[ProviderEvent], None] | None = None,
+    ) -> None:
         super().__init__(clock or MonotonicClock(), config.retry, on_event)
         self.config = config
         self.catalog: Catalog = load_catalog(config.catalog).subset(list(config.instance_types))
@@ -116,17 +133,20 @@ class AwsProvider(Provider):
 
             session = boto3.Session(region_name=config.region)
         if session.get_credentials() is None:
-            raise LiveputError("aws: no AWS credentials found (environment, shared config, SSO "
-                               "or instance role)")
+            raise LiveputError(
+                "aws: no AWS credentials found (environment, shared config, SSO or instance role)"
+            )
         from botocore.config import Config
 
         # One try per call: the provider's backoff retries, and reports every try.
-        client_config = Config(region_name=config.region, retries={"max_attempts": 1,
-                                                                  "mode": "standard"})
+        client_config = Config(
+            region_name=config.region, retries={"max_attempts": 1, "mode": "standard"}
+        )
         self.session = session
         self.client = session.client("ec2", endpoint_url=config.endpoint_url, config=client_config)
         self._ssm: Callable[[], Any] = lambda: session.client(
-            "ssm", endpoint_url=config.endpoint_url, config=client_config)
+            "ssm", endpoint_url=config.endpoint_url, config=client_config
+        )
         self._start_s = self.clock.now_s()
         self._known: dict[str, InstanceRecord] = {}
         self._released: set[str] = set()
@@ -150,14 +170,21 @@ class AwsProvider(Provider):
     def subnets(self) -> dict[str, str]:
         """Zone -> subnet id (discovered once: the region's default subnets)."""
         if self._subnets is None:
-            found = self._retrying(lambda: self._call(
-                "describe_subnets", Filters=[{"Name": "default-for-az", "Values": ["true"]}]),
-                "describe subnets")
-            self._subnets = {s["AvailabilityZone"]: s["SubnetId"]
-                             for s in sorted(found["Subnets"], key=lambda s: s["AvailabilityZone"])}
+            found = self._retrying(
+                lambda: self._call(
+                    "describe_subnets", Filters=[{"Name": "default-for-az", "Values": ["true"]}]
+                ),
+                "describe subnets",
+            )
+            self._subnets = {
+                s["AvailabilityZone"]: s["SubnetId"]
+                for s in sorted(found["Subnets"], key=lambda s: s["AvailabilityZone"])
+            }
             if not self._subnets:
-                raise LiveputError(f"aws: region {self.config.region} has no default subnets; "
-                                   "give the subnets to use")
+                raise LiveputError(
+                    f"aws: region {self.config.region} has no default subnets; "
+                    "give the subnets to use"
+                )
         return self._subnets
 
     def launch_template_id(self) -> str:
@@ -185,12 +212,14 @@ class AwsProvider(Provider):
         except ProviderError as error:
             if "NotFound" not in error.code:
                 raise
-            made = self._call("create_launch_template", LaunchTemplateName=name,
-                              LaunchTemplateData=data)
+            made = self._call(
+                "create_launch_template", LaunchTemplateName=name, LaunchTemplateData=data
+            )
             return made["LaunchTemplate"]["LaunchTemplateId"]
         template_id = found["LaunchTemplates"][0]["LaunchTemplateId"]
-        version = self._call("create_launch_template_version", LaunchTemplateId=template_id,
-                             LaunchTemplateData=data)
+        version = self._call(
+            "create_launch_template_version", LaunchTemplateId=template_id, LaunchTemplateData=data
+        )
         number = str(version["LaunchTemplateVersion"]["VersionNumber"])
         self._call("modify_launch_template", LaunchTemplateId=template_id, DefaultVersion=number)
         return template_id
@@ -216,16 +245,19 @@ class AwsProvider(Provider):
         except ClientError as error:
             info = error.response.get("Error", {})
             code = str(info.get("Code", "Unknown"))
-            raise ProviderError(code, str(info.get("Message", error)),
-                                retryable=code in RETRYABLE_CODES) from None
+            raise ProviderError(
+                code, str(info.get("Message", error)), retryable=code in RETRYABLE_CODES
+            ) from None
         except EndpointConnectionError as error:
             raise ProviderError("EndpointConnectionError", str(error), retryable=True) from None
         except NoCredentialsError:
-            raise LiveputError("aws: no AWS credentials found (environment, shared config, SSO "
-                               "or instance role)") from None
+            raise LiveputError(
+                "aws: no AWS credentials found (environment, shared config, SSO or instance role)"
+            ) from None
 
-    def _grant(self, count: int, instance_types: tuple[str, ...], market: Market,
-               zones: tuple[str, ...]) -> tuple[list[InstanceRecord], ProviderError | None]:
+    def _grant(
+        self, count: int, instance_types: tuple[str, ...], market: Market, zones: tuple[str, ...]
+    ) -> tuple[list[InstanceRecord], ProviderError | None]:
         template = self.launch_template_id()
         pairs = [(name, zone) for name in instance_types for zone in zones]
         if self.config.use_fleet:
@@ -238,24 +270,32 @@ class AwsProvider(Provider):
         for instance_id, name, zone in launched:
             if (name, zone) not in prices:
                 prices[name, zone] = self._price(name, zone, market)
-            record = InstanceRecord(instance_id, name, market, zone, InstanceState.PENDING, now,
-                                    prices[name, zone])
+            record = InstanceRecord(
+                instance_id, name, market, zone, InstanceState.PENDING, now, prices[name, zone]
+            )
             self._known[instance_id] = record  # every instance launched is listed and billed
             records.append(record)
         if len(records) > count:  # launched beyond the ask (fleet weights): give them back
             extra = [record.instance_id for record in records[count:]]
-            log.warning("aws: %d instance(s) launched beyond the %d asked: %s", len(extra), count,
-                        ", ".join(extra))
+            log.warning(
+                "aws: %d instance(s) launched beyond the %d asked: %s",
+                len(extra),
+                count,
+                ", ".join(extra),
+            )
             try:
                 self._terminate(extra)
             except ProviderError as error:  # listed alive: a holder releases them later
                 log.warning("aws: could not terminate %s: %s", ", ".join(extra), error)
         return records[:count], error
 
-    def _fleet(self, count: int, template: str, pairs: list[tuple[str, str]],
-               market: Market) -> tuple[list[tuple[str, str, str]], ProviderError | None]:
-        capacity: dict[str, Any] = {"TotalTargetCapacity": count,
-                                    "DefaultTargetCapacityType": market.value}
+    def _fleet(
+        self, count: int, template: str, pairs: list[tuple[str, str]], market: Market
+    ) -> tuple[list[tuple[str, str, str]], ProviderError | None]:
+        capacity: dict[str, Any] = {
+            "TotalTargetCapacity": count,
+            "DefaultTargetCapacityType": market.value,
+        }
         options: dict[str, Any] = {}
         if market is Market.SPOT:
             capacity["SpotTargetCapacity"] = count
@@ -264,13 +304,24 @@ class AwsProvider(Provider):
             capacity["OnDemandTargetCapacity"] = count
             options["OnDemandOptions"] = {"AllocationStrategy": "lowest-price"}
         answer = self._call(
-            "create_fleet", Type="instant", TargetCapacitySpecification=capacity,
-            LaunchTemplateConfigs=[{
-                "LaunchTemplateSpecification": {"LaunchTemplateId": template, "Version": "$Default"},
-                "Overrides": [{"InstanceType": name, "SubnetId": self.subnets[zone]}
-                              for name, zone in pairs]}],
+            "create_fleet",
+            Type="instant",
+            TargetCapacitySpecification=capacity,
+            LaunchTemplateConfigs=[
+                {
+                    "LaunchTemplateSpecification": {
+                        "LaunchTemplateId": template,
+                        "Version": "$Default",
+                    },
+                    "Overrides": [
+                        {"InstanceType": name, "SubnetId": self.subnets[zone]}
+                        for name, zone in pairs
+                    ],
+                }
+            ],
             TagSpecifications=[{"ResourceType": "instance", "Tags": self._tags(market)}],
-            **options)
+            **options,
+        )
         zone_of = {subnet: zone for zone, subnet in self.subnets.items()}
         launched = []
         for group in answer.get("Instances", []):
@@ -287,22 +338,32 @@ class AwsProvider(Provider):
             error = ProviderError(code, message, retryable=code in RETRYABLE_CODES)
         return launched, error
 
-    def _run_instances(self, count: int, template: str, pairs: list[tuple[str, str]],
-                       market: Market) -> tuple[list[tuple[str, str, str]], ProviderError | None]:
+    def _run_instances(
+        self, count: int, template: str, pairs: list[tuple[str, str]], market: Market
+    ) -> tuple[list[tuple[str, str, str]], ProviderError | None]:
         """All ``count`` from the first (type, zone) pair that has them (MinCount = MaxCount)."""
         error: ProviderError | None = None
         for name, zone in pairs:
             extra: dict[str, Any] = {}
             if market is Market.SPOT:
-                extra["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-                    "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+                extra["InstanceMarketOptions"] = {
+                    "MarketType": "spot",
+                    "SpotOptions": {
+                        "SpotInstanceType": "one-time",
+                        "InstanceInterruptionBehavior": "terminate",
+                    },
+                }
             try:
                 answer = self._call(
-                    "run_instances", MinCount=count, MaxCount=count, InstanceType=name,
+                    "run_instances",
+                    MinCount=count,
+                    MaxCount=count,
+                    InstanceType=name,
                     SubnetId=self.subnets[zone],
                     LaunchTemplate={"LaunchTemplateId": template, "Version": "$Default"},
                     TagSpecifications=[{"ResourceType": "instance", "Tags": self._tags(market)}],
-                    **extra)
+                    **extra,
+                )
             except ProviderError as raised:
                 if not raised.retryable:
                     raise
@@ -328,7 +389,8 @@ class AwsProvider(Provider):
         for instance_id in instance_ids:
             self._released.add(instance_id)
             self._known[instance_id] = dataclasses.replace(
-                self._known[instance_id], state=InstanceState.TERMINATED, end_s=now)
+                self._known[instance_id], state=InstanceState.TERMINATED, end_s=now
+            )
 
     def _list(self) -> list[InstanceRecord]:
         alive = [iid for iid, r in self._known.items() if r.end_s is None]
@@ -347,31 +409,46 @@ class AwsProvider(Provider):
         state = instance["State"]["Name"]
         zone = instance.get("Placement", {}).get("AvailabilityZone", record.zone)
         if state == "running" and record.launch_s is None:
-            record = dataclasses.replace(record, state=InstanceState.RUNNING, launch_s=now,
-                                         zone=zone)
+            record = dataclasses.replace(
+                record, state=InstanceState.RUNNING, launch_s=now, zone=zone
+            )
         elif state in _GONE:
             # Gone without a release: the cloud took it (a spot interruption).
-            record = dataclasses.replace(record, state=InstanceState.TERMINATED, end_s=now,
-                                         preempted=record.instance_id not in self._released)
+            record = dataclasses.replace(
+                record,
+                state=InstanceState.TERMINATED,
+                end_s=now,
+                preempted=record.instance_id not in self._released,
+            )
         self._known[record.instance_id] = record
 
     def _quote(self, instance_type: str, zones: tuple[str, ...]) -> list[PriceQuote]:
         spec = self.catalog.get(instance_type)
         now = self._now_utc()
-        answer = self._call("describe_spot_price_history", InstanceTypes=[instance_type],
-                            ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
-                            StartTime=now, EndTime=now)
+        answer = self._call(
+            "describe_spot_price_history",
+            InstanceTypes=[instance_type],
+            ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+            StartTime=now,
+            EndTime=now,
+        )
         newest: dict[str, tuple[Any, float]] = {}
         for entry in answer.get("SpotPriceHistory", []):
             zone = entry.get("AvailabilityZone", "")
             stamp = entry.get("Timestamp")
             if zone in zones and (zone not in newest or stamp > newest[zone][0]):
                 newest[zone] = (stamp, float(entry["SpotPrice"]))
-        return [PriceQuote(instance_type, zone,
-                           newest[zone][1] if zone in newest else spec.spot_usd_per_hour,
-                           spec.on_demand_usd_per_hour) for zone in zones]
+        return [
+            PriceQuote(
+                instance_type,
+                zone,
+                newest[zone][1] if zone in newest else spec.spot_usd_per_hour,
+                spec.on_demand_usd_per_hour,
+            )
+            for zone in zones
+        ]
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]

@@ -69,8 +69,13 @@ class Bill:
     def summary(self) -> dict[str, float]:
         """The JSON fields: ``usd``, ``usd_spot``, ``usd_on_demand``, ``on_demand_hours``,
         ``spot_hours``."""
-        return {"usd": self.usd, "usd_spot": self.usd_spot, "usd_on_demand": self.usd_on_demand,
-                "on_demand_hours": self.on_demand_hours, "spot_hours": self.spot_hours}
+        return {
+            "usd": self.usd,
+            "usd_spot": self.usd_spot,
+            "usd_on_demand": self.usd_on_demand,
+            "on_demand_hours": self.on_demand_hours,
+            "spot_hours": self.spot_hours,
+        }
 
 
 class BillingAccount:
@@ -82,6 +87,12 @@ class BillingAccount:
         charges = []
         for record in records:
             run_s = record.run_s(now_s)
-            charges.append(InstanceCharge(record.instance_id, record.market, run_s,
-                                          record.price_usd_per_hour * run_s / SECONDS_PER_HOUR))
+            charges.append(
+                InstanceCharge(
+                    record.instance_id,
+                    record.market,
+                    run_s,
+                    record.price_usd_per_hour * run_s / SECONDS_PER_HOUR,
+                )
+            )
         return Bill(tuple(charges))

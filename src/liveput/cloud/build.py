@@ -47,7 +47,6 @@ class ProviderSettings:
     """Seeds the generated trace, launch delays and victims (``emulated``)."""
 
 
-
 PROVIDERS: Registry[Callable[[ProviderSettings, Clock], Provider]] = Registry("provider")
 
 
@@ -58,10 +57,14 @@ def _emulated(settings: ProviderSettings, clock: Clock) -> Provider:
     from liveput.traces import generate_trace, read_trace
 
     # The emulator rents anything: a cheap CPU type unless told otherwise.
-    config = EmulatedProviderConfig(instance_types=settings.instance_types or ("c5.xlarge",),
-                                    seed=settings.seed)
-    trace = (read_trace(settings.trace) if settings.trace
-             else generate_trace(max(1, settings.spot_max), 1.0, settings.seed))
+    config = EmulatedProviderConfig(
+        instance_types=settings.instance_types or ("c5.xlarge",), seed=settings.seed
+    )
+    trace = (
+        read_trace(settings.trace)
+        if settings.trace
+        else generate_trace(max(1, settings.spot_max), 1.0, settings.seed)
+    )
     boot = settings.boot
     url = boot.coordinator if boot.is_url else f"etcd://{boot.coordinator}"
     notices, logs = settings.work_dir / "notices", settings.work_dir / "logs"
@@ -69,11 +72,14 @@ def _emulated(settings: ProviderSettings, clock: Clock) -> Provider:
         notices.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise LiveputError(f"emulated provider: cannot create {settings.work_dir}: "
-                           f"{error.strerror}") from None
+        raise LiveputError(
+            f"emulated provider: cannot create {settings.work_dir}: {error.strerror}"
+        ) from None
     launcher = command_launcher(
         [sys.executable, "-m", "liveput.runtime", "--store", url, "--notices", "sigterm,emulator"],
-        env={**os.environ, "LIVEPUT_TOKEN": boot.token}, log_dir=logs)
+        env={**os.environ, "LIVEPUT_TOKEN": boot.token},
+        log_dir=logs,
+    )
     provider = EmulatedProvider(trace, clock, config, launcher=launcher, notice_dir=notices)
     provider.start_background()
     return provider
@@ -85,9 +91,16 @@ def _aws(settings: ProviderSettings, clock: Clock) -> Provider:
 
     if not settings.instance_types:
         raise LiveputError("--provider aws needs --instance-types (e.g. g4dn.xlarge,g5.xlarge)")
-    return AwsProvider(AwsConfig(region=settings.region, instance_types=settings.instance_types,
-                                 boot=settings.boot, job=settings.job,
-                                 image_id=settings.image_id), clock)
+    return AwsProvider(
+        AwsConfig(
+            region=settings.region,
+            instance_types=settings.instance_types,
+            boot=settings.boot,
+            job=settings.job,
+            image_id=settings.image_id,
+        ),
+        clock,
+    )
 
 
 def build_provider(name: str, settings: ProviderSettings, clock: Clock | None = None) -> Provider:

@@ -57,8 +57,14 @@ from liveput.cloud.processes import InstanceProcesses, Launcher
 from liveput.cloud.provider import Provider
 from liveput.cloud.replay import ReplayAction, ReplaySchedule, trace_schedule
 from liveput.cloud.retry import ProviderError, RetryPolicy
-from liveput.cloud.types import (InstanceRecord, InstanceState, Market, PriceQuote,
-                                 ProviderEvent, ProviderEventKind)
+from liveput.cloud.types import (
+    InstanceRecord,
+    InstanceState,
+    Market,
+    PriceQuote,
+    ProviderEvent,
+    ProviderEventKind,
+)
 from liveput.errors import LiveputError
 from liveput.runtime.clock import Clock
 from liveput.runtime.notices import AWS_NOTICE_LEAD_S
@@ -109,13 +115,19 @@ class EmulatedProviderConfig:
         if not self.time_scale > 0:
             raise LiveputError(f"emulated provider: time_scale must be > 0, got {self.time_scale}")
         if not self.notice_lead_s >= 0:
-            raise LiveputError(f"emulated provider: notice_lead_s must be >= 0, got {self.notice_lead_s}")
+            raise LiveputError(
+                f"emulated provider: notice_lead_s must be >= 0, got {self.notice_lead_s}"
+            )
         low, high = self.on_demand_delay_s
         if not 0 <= low <= high:
-            raise LiveputError(f"emulated provider: on_demand_delay_s must be 0 <= low <= high, "
-                               f"got {self.on_demand_delay_s}")
+            raise LiveputError(
+                f"emulated provider: on_demand_delay_s must be 0 <= low <= high, "
+                f"got {self.on_demand_delay_s}"
+            )
         if not self.zones or len(set(self.zones)) != len(self.zones):
-            raise LiveputError(f"emulated provider: zones must be distinct and not empty, got {self.zones}")
+            raise LiveputError(
+                f"emulated provider: zones must be distinct and not empty, got {self.zones}"
+            )
 
 
 class EmulatedProvider(Provider):
@@ -124,11 +136,18 @@ class EmulatedProvider(Provider):
 
     name = "emulated"
 
-    def __init__(self, trace: Trace | IntervalTrace, clock: Clock,
-                 config: EmulatedProviderConfig | None = None, *,
-                 launcher: Launcher | None = None, notice_dir: Path | None = None,
-                 notice_signal: int | None = signal.SIGUSR1, store: Store | None = None,
-                 on_event: Callable[[ProviderEvent], None] | None = None) -> None:
+    def __init__(
+        self,
+        trace: Trace | IntervalTrace,
+        clock: Clock,
+        config: EmulatedProviderConfig | None = None,
+        *,
+        launcher: Launcher | None = None,
+        notice_dir: Path | None = None,
+        notice_signal: int | None = signal.SIGUSR1,
+        store: Store | None = None,
+        on_event: Callable[[ProviderEvent], None] | None = None,
+    ) -> None:
         self.config = config or EmulatedProviderConfig()
         super().__init__(clock, self.config.retry, on_event)
         self.catalog: Catalog = load_catalog(self.config.catalog)
@@ -141,15 +160,23 @@ class EmulatedProvider(Provider):
         self._removals = sorted(removals)
         self._additions = sorted(additions)
         self._changes = sorted(set(self._removals) | set(self._additions))
-        self._replay = (ReplaySchedule(trace, self.config.notice_lead_s)
-                        if self.config.spot is SpotModel.REPLAY else None)
+        self._replay = (
+            ReplaySchedule(trace, self.config.notice_lead_s)
+            if self.config.spot is SpotModel.REPLAY
+            else None
+        )
         self._unnoticed: list[float] = []  # replay: removal times still waiting for a victim
         self._procs: InstanceProcesses | None = None
         if launcher is not None:
             if notice_dir is None:
                 raise LiveputError("emulated provider: a launcher needs a notice directory")
-            self._procs = InstanceProcesses(launcher, notice_dir, notice_signal=notice_signal,
-                                            store=store, what="emulated provider")
+            self._procs = InstanceProcesses(
+                launcher,
+                notice_dir,
+                notice_signal=notice_signal,
+                store=store,
+                what="emulated provider",
+            )
         self._rng = random.Random(self.config.seed)
         self._ids = itertools.count()
         self._zone_turn = itertools.count()
@@ -181,48 +208,69 @@ class EmulatedProvider(Provider):
     def zones(self) -> tuple[str, ...]:
         return self.config.zones
 
-    def _grant(self, count: int, instance_types: tuple[str, ...], market: Market,
-               zones: tuple[str, ...]) -> tuple[list[InstanceRecord], ProviderError | None]:
+    def _grant(
+        self, count: int, instance_types: tuple[str, ...], market: Market, zones: tuple[str, ...]
+    ) -> tuple[list[InstanceRecord], ProviderError | None]:
         if self._replay is not None and market is Market.SPOT:
-            return [], ProviderError("InsufficientInstanceCapacity", "a replayed trace grants "
-                                     "the spot instances itself", retryable=False)
+            return [], ProviderError(
+                "InsufficientInstanceCapacity",
+                "a replayed trace grants the spot instances itself",
+                retryable=False,
+            )
         with self._lock:
-            spec = min((self.catalog.get(name) for name in instance_types),
-                       key=lambda s: s.price_usd_per_hour(market))
+            spec = min(
+                (self.catalog.get(name) for name in instance_types),
+                key=lambda s: s.price_usd_per_hour(market),
+            )
             allowed, error = count, None
             quota = self.catalog.quota_vcpus(spec.family, market)
             if quota is not None:
-                used = sum(self.catalog.get(r.instance_type).vcpus for r in self._records.values()
-                           if r.end_s is None and r.market is market
-                           and self.catalog.get(r.instance_type).family == spec.family)
+                used = sum(
+                    self.catalog.get(r.instance_type).vcpus
+                    for r in self._records.values()
+                    if r.end_s is None
+                    and r.market is market
+                    and self.catalog.get(r.instance_type).family == spec.family
+                )
                 allowed = max(0, min(count, (quota - used) // max(spec.vcpus, 1)))
                 if allowed < count:
                     error = ProviderError(
-                        "VcpuLimitExceeded", f"{market.value} vCPU quota of family {spec.family} "
+                        "VcpuLimitExceeded",
+                        f"{market.value} vCPU quota of family {spec.family} "
                         f"is {quota}, {used} in use; {spec.name} needs {spec.vcpus} each",
-                        retryable=False)
+                        retryable=False,
+                    )
             now = self.now_s()
             granted = []
             for _ in range(allowed):
                 record = self._new_record("e", spec.name, market, zones, now)
                 if market is Market.ON_DEMAND:
                     self._ready_s[record.instance_id] = now + self._rng.uniform(
-                        *self.config.on_demand_delay_s)
+                        *self.config.on_demand_delay_s
+                    )
                 else:
                     self._spot_queue.append(record.instance_id)
                 granted.append(record)
             self._step_locked()  # spot with capacity to spare runs at once
             return [self._records[r.instance_id] for r in granted], error
 
-    def _new_record(self, prefix: str, instance_type: str, market: Market,
-                    zones: tuple[str, ...], now: float) -> InstanceRecord:
+    def _new_record(
+        self, prefix: str, instance_type: str, market: Market, zones: tuple[str, ...], now: float
+    ) -> InstanceRecord:
         """A pending instance: ``i-`` replayed from the trace, ``e-`` granted on request; one
         count numbers both (the agents take their instance number from it)."""
         iid = f"{prefix}-{next(self._ids):04d}"
         zone = zones[next(self._zone_turn) % len(zones)]
         spec = self.catalog.get(instance_type)
-        record = InstanceRecord(iid, spec.name, market, zone, InstanceState.PENDING, now,
-                                spec.price_usd_per_hour(market))
+        record = InstanceRecord(
+            iid,
+            spec.name,
+            market,
+            zone,
+            InstanceState.PENDING,
+            now,
+            spec.price_usd_per_hour(market),
+        )
         self._records[iid] = record
         return record
 
@@ -239,8 +287,9 @@ class EmulatedProvider(Provider):
                 self._doomed.discard(iid)
                 if self._procs is not None and iid in self._procs:
                     self._procs.stop(iid)
-                self._records[iid] = dataclasses.replace(record, state=InstanceState.TERMINATED,
-                                                         end_s=now)
+                self._records[iid] = dataclasses.replace(
+                    record, state=InstanceState.TERMINATED, end_s=now
+                )
 
     def _list(self) -> list[InstanceRecord]:
         with self._lock:
@@ -248,8 +297,10 @@ class EmulatedProvider(Provider):
 
     def _quote(self, instance_type: str, zones: tuple[str, ...]) -> list[PriceQuote]:
         spec = self.catalog.get(instance_type)
-        return [PriceQuote(spec.name, zone, spec.spot_usd_per_hour, spec.on_demand_usd_per_hour)
-                for zone in zones]
+        return [
+            PriceQuote(spec.name, zone, spec.spot_usd_per_hour, spec.on_demand_usd_per_hour)
+            for zone in zones
+        ]
 
     # -- the emulation -----------------------------------------------------------------------
 
@@ -262,8 +313,13 @@ class EmulatedProvider(Provider):
     def done(self) -> bool:
         """True when the trace is over and nothing more is due."""
         with self._lock:
-            return (self._start_clock_s is not None and self.next_action_s() is None
-                    and not self._kills and not self._ready_s and self.now_s() >= self._end_s)
+            return (
+                self._start_clock_s is not None
+                and self.next_action_s() is None
+                and not self._kills
+                and not self._ready_s
+                and self.now_s() >= self._end_s
+            )
 
     @property
     def preemptions(self) -> int:
@@ -284,12 +340,18 @@ class EmulatedProvider(Provider):
     def _min_capacity(self, start_s: float, end_s: float) -> int:
         low = bisect.bisect_right(self._changes, start_s)
         high = bisect.bisect_right(self._changes, end_s)
-        return min([self.spot_capacity(start_s),
-                    *(self.spot_capacity(t) for t in self._changes[low:high])])
+        return min(
+            [self.spot_capacity(start_s), *(self.spot_capacity(t) for t in self._changes[low:high])]
+        )
 
     def _running_spot(self) -> list[str]:
-        return sorted(iid for iid, r in self._records.items() if r.market is Market.SPOT
-                      and r.state is InstanceState.RUNNING and iid not in self._doomed)
+        return sorted(
+            iid
+            for iid, r in self._records.items()
+            if r.market is Market.SPOT
+            and r.state is InstanceState.RUNNING
+            and iid not in self._doomed
+        )
 
     def start(self) -> None:
         """Start a replay: its clock, and the trace's initial instances (a provider of spot
@@ -300,10 +362,16 @@ class EmulatedProvider(Provider):
             if self._start_clock_s is not None:
                 raise LiveputError("the emulated provider is already started")
             self._start_clock_s = self.clock.now_s()
-            log.info("emulated provider: replaying %s, %d initial instances, %d removals, "
-                     "%d additions over %.0f s (x%g)", self.trace.name, self._replay.initial,
-                     self._replay.removals, self._replay.additions, self._end_s,
-                     self.config.time_scale)
+            log.info(
+                "emulated provider: replaying %s, %d initial instances, %d removals, "
+                "%d additions over %.0f s (x%g)",
+                self.trace.name,
+                self._replay.initial,
+                self._replay.removals,
+                self._replay.additions,
+                self._end_s,
+                self.config.time_scale,
+            )
             for _ in range(self._replay.initial):
                 self._launch_replayed(0.0, initial=True)
 
@@ -337,8 +405,10 @@ class EmulatedProvider(Provider):
     def _step_capacity(self) -> None:
         now = self.now_s()
         lead_s = self.config.notice_lead_s
-        while (self._next_removal < len(self._removals)
-               and self._removals[self._next_removal] - lead_s <= now):
+        while (
+            self._next_removal < len(self._removals)
+            and self._removals[self._next_removal] - lead_s <= now
+        ):
             kill_s = self._removals[self._next_removal]
             self._next_removal += 1
             running = self._running_spot()
@@ -350,7 +420,9 @@ class EmulatedProvider(Provider):
             _, iid = heapq.heappop(self._kills)
             self._preempt(iid, now)
         self._launch_on_demand(now)
-        while self._spot_queue and len(self._running_spot()) < self._min_capacity(now, now + lead_s):
+        while self._spot_queue and len(self._running_spot()) < self._min_capacity(
+            now, now + lead_s
+        ):
             self._launch(self._spot_queue.pop(0), now)
 
     def _step_replay(self, replay: ReplaySchedule) -> None:
@@ -377,8 +449,11 @@ class EmulatedProvider(Provider):
                 # themselves) are void; later ones wait for the next launch.
                 void = [kill_s for kill_s in self._unnoticed if kill_s <= now_s]
                 if void:
-                    log.warning("emulated provider: %d preemption(s) at %.1f s found no "
-                                "instance", len(void), now_s)
+                    log.warning(
+                        "emulated provider: %d preemption(s) at %.1f s found no instance",
+                        len(void),
+                        now_s,
+                    )
                 self._unnoticed = [kill_s for kill_s in self._unnoticed if kill_s > now_s]
                 return
             kill_s = self._unnoticed.pop(0)
@@ -398,23 +473,36 @@ class EmulatedProvider(Provider):
             if code is None:
                 continue
             pid = self._procs.forget(iid)
-            self._records[iid] = dataclasses.replace(self._records[iid],
-                                                     state=InstanceState.TERMINATED, end_s=now)
-            self._event(ProviderEventKind.EXIT, f"{iid} exit code {code}", instance_id=iid,
-                        time_s=now, pid=pid)
+            self._records[iid] = dataclasses.replace(
+                self._records[iid], state=InstanceState.TERMINATED, end_s=now
+            )
+            self._event(
+                ProviderEventKind.EXIT,
+                f"{iid} exit code {code}",
+                instance_id=iid,
+                time_s=now,
+                pid=pid,
+            )
 
     def _launch_replayed(self, time_s: float, *, initial: bool) -> None:
         record = self._new_record("i", self._types[0], Market.SPOT, self.zones, time_s)
         self._launch(record.instance_id, time_s, initial=initial)
 
     def _launch(self, iid: str, now: float, *, initial: bool = False) -> None:
-        self._records[iid] = dataclasses.replace(self._records[iid], state=InstanceState.RUNNING,
-                                                 launch_s=now)
+        self._records[iid] = dataclasses.replace(
+            self._records[iid], state=InstanceState.RUNNING, launch_s=now
+        )
         record = self._records[iid]
         pid = self._procs.launch(iid, record.market.value) if self._procs is not None else None
-        self._event(ProviderEventKind.LAUNCH, f"{iid} {record.market.value} {record.instance_type} "
-                    f"in {record.zone}" + (f" (pid {pid})" if pid is not None else ""),
-                    instance_id=iid, time_s=now, pid=pid, initial=initial)
+        self._event(
+            ProviderEventKind.LAUNCH,
+            f"{iid} {record.market.value} {record.instance_type} "
+            f"in {record.zone}" + (f" (pid {pid})" if pid is not None else ""),
+            instance_id=iid,
+            time_s=now,
+            pid=pid,
+            initial=initial,
+        )
 
     def _notice(self, iid: str, now: float, kill_s: float) -> None:
         """Notice ``iid`` at cloud time ``now`` of its preemption at ``kill_s`` (the caller
@@ -422,9 +510,14 @@ class EmulatedProvider(Provider):
         self._doomed.add(iid)
         lead_clock_s = max(0.0, kill_s - max(now, self.now_s())) / self.config.time_scale
         pid = self._procs.notice(iid, lead_clock_s) if self._procs is not None else None
-        self._event(ProviderEventKind.NOTICE, f"{iid} preempted at {kill_s:.1f} s "
-                    f"(lead {lead_clock_s:.2f} clock s)", instance_id=iid, time_s=now, pid=pid,
-                    lead_s=lead_clock_s)
+        self._event(
+            ProviderEventKind.NOTICE,
+            f"{iid} preempted at {kill_s:.1f} s (lead {lead_clock_s:.2f} clock s)",
+            instance_id=iid,
+            time_s=now,
+            pid=pid,
+            lead_s=lead_clock_s,
+        )
 
     def _preempt(self, iid: str, now: float) -> None:
         if iid not in self._doomed:  # released after its notice
@@ -434,8 +527,9 @@ class EmulatedProvider(Provider):
         if self._procs is not None and iid in self._procs:
             pid, code = self._procs.kill(iid)
             detail = "" if code is None else f" (its agent had exited, code {code})"
-        self._records[iid] = dataclasses.replace(self._records[iid], preempted=True,
-                                                 state=InstanceState.TERMINATED, end_s=now)
+        self._records[iid] = dataclasses.replace(
+            self._records[iid], preempted=True, state=InstanceState.TERMINATED, end_s=now
+        )
         self._event(ProviderEventKind.PREEMPT, iid + detail, instance_id=iid, time_s=now, pid=pid)
 
     def pids(self) -> dict[str, int]:
@@ -453,8 +547,9 @@ class EmulatedProvider(Provider):
         if self._thread is not None:
             raise LiveputError("the emulated provider is already stepping")
         self.start()
-        self._thread = threading.Thread(target=self._run, args=(poll_s,),
-                                        name="liveput-provider", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(poll_s,), name="liveput-provider", daemon=True
+        )
         self._thread.start()
 
     def _run(self, poll_s: float) -> None:

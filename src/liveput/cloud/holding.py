@@ -47,8 +47,13 @@ class Reconciled:
 class InstanceHolder:
     """Keeps ``provider`` holding ``target`` instances of ``instance_types`` (see the module)."""
 
-    def __init__(self, provider: Provider, target: Provisioning, instance_types: Sequence[str],
-                 zones: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        provider: Provider,
+        target: Provisioning,
+        instance_types: Sequence[str],
+        zones: Sequence[str] | None = None,
+    ) -> None:
         if not instance_types:
             raise LiveputError("holding instances needs at least one instance type")
         self.provider = provider
@@ -75,17 +80,29 @@ class InstanceHolder:
                 held = alive[market]
                 want = self.target.spot if market is Market.SPOT else self.target.on_demand
                 if len(held) < want:
-                    requests.append(self.provider.request(want - len(held), self.instance_types,
-                                                          market, self.zones))
+                    requests.append(
+                        self.provider.request(
+                            want - len(held), self.instance_types, market, self.zones
+                        )
+                    )
                 elif len(held) > want:
                     # Pending first (not billed yet), then the newest (least work lost).
-                    order = sorted(held, key=lambda r: (r.state is not InstanceState.PENDING,
-                                                        -(r.launch_s or 0.0), r.instance_id))
-                    surplus = [r.instance_id for r in order[:len(held) - want]]
+                    order = sorted(
+                        held,
+                        key=lambda r: (
+                            r.state is not InstanceState.PENDING,
+                            -(r.launch_s or 0.0),
+                            r.instance_id,
+                        ),
+                    )
+                    surplus = [r.instance_id for r in order[: len(held) - want]]
                     released.extend(self.provider.release(surplus))
             now = self.alive()
-            result = Reconciled(tuple(requests), tuple(released),
-                                Provisioning(len(now[Market.SPOT]), len(now[Market.ON_DEMAND])))
+            result = Reconciled(
+                tuple(requests),
+                tuple(released),
+                Provisioning(len(now[Market.SPOT]), len(now[Market.ON_DEMAND])),
+            )
             for request in requests:
                 (log.warning if request.failures else log.info)("holder: %s", request.describe())
             return result

@@ -28,8 +28,11 @@ class HolderMarket:
         self.spot = spot
 
     def on_demand_pending(self) -> int:
-        return sum(1 for r in self.holder.provider.instances()
-                   if r.market is Market.ON_DEMAND and r.state is InstanceState.PENDING)
+        return sum(
+            1
+            for r in self.holder.provider.instances()
+            if r.market is Market.ON_DEMAND and r.state is InstanceState.PENDING
+        )
 
     def usd_spent(self) -> float:
         return self.holder.provider.bill().usd
@@ -37,7 +40,11 @@ class HolderMarket:
     def provision(self, provisioning: Provisioning) -> None:
         target = Provisioning(self.spot, provisioning.on_demand)
         if target != self.holder.target:
-            LOG.info("provisioning: %d spot and %d on-demand instances (was %s)", target.spot,
-                     target.on_demand, self.holder.target)
+            LOG.info(
+                "provisioning: %d spot and %d on-demand instances (was %s)",
+                target.spot,
+                target.on_demand,
+                self.holder.target,
+            )
             self.holder.target = target
             self.holder.reconcile()

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from liveput.errors import LiveputError
-from liveput.runtime.instance_env import INSTANCE_ID_ENV, MARKET_ENV, NOTICE_FILE_ENV
 from liveput.runtime import keys
+from liveput.runtime.instance_env import INSTANCE_ID_ENV, MARKET_ENV, NOTICE_FILE_ENV
 from liveput.runtime.notices import Notice, write_notice_file
 from liveput.runtime.store import Store
 
@@ -42,8 +42,11 @@ class LaunchSpec:
     def env(self) -> dict[str, str]:
         """Environment variables that tell the agent who it is, how it is rented and where its
         notice lands."""
-        return {INSTANCE_ID_ENV: self.instance_id, NOTICE_FILE_ENV: str(self.notice_file),
-                MARKET_ENV: self.market}
+        return {
+            INSTANCE_ID_ENV: self.instance_id,
+            NOTICE_FILE_ENV: str(self.notice_file),
+            MARKET_ENV: self.market,
+        }
 
 
 Launcher = Callable[[LaunchSpec], subprocess.Popen]
@@ -70,12 +73,16 @@ def command_launcher(
         try:
             argv = [part.format(**fields) for part in template]
         except (KeyError, IndexError, ValueError) as exc:
-            raise LiveputError(f"agent command template {list(template)}: bad placeholder {exc}") from None
+            raise LiveputError(
+                f"agent command template {list(template)}: bad placeholder {exc}"
+            ) from None
         full_env = {**(os.environ if env is None else env), **spec.env}
         if log_dir is None:
             return subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL)
         with open(Path(log_dir) / f"{spec.instance_id}.log", "ab") as out:
-            return subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+            return subprocess.Popen(
+                argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+            )
 
     return launch
 
@@ -89,9 +96,16 @@ class _Process:
 class InstanceProcesses:
     """One agent process per live instance, started by ``launcher``."""
 
-    def __init__(self, launcher: Launcher, notice_dir: Path, *,
-                 notice_signal: int | None = signal.SIGUSR1, store: Store | None = None,
-                 notice_key_prefix: str = keys.CLOUD_NOTICE.prefix, what: str = "emulated provider") -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        notice_dir: Path,
+        *,
+        notice_signal: int | None = signal.SIGUSR1,
+        store: Store | None = None,
+        notice_key_prefix: str = keys.CLOUD_NOTICE.prefix,
+        what: str = "emulated provider",
+    ) -> None:
         self.launcher = launcher
         self.notice_dir = Path(notice_dir)
         if not self.notice_dir.is_dir():

@@ -34,8 +34,15 @@ from typing import TypeVar
 
 from liveput.cloud.billing import Bill, BillingAccount
 from liveput.cloud.retry import ProviderError, RetryPolicy
-from liveput.cloud.types import (InstanceRecord, Market, PriceQuote, ProviderEvent,
-                                 ProviderEventKind, RequestFailure, RequestResult)
+from liveput.cloud.types import (
+    InstanceRecord,
+    Market,
+    PriceQuote,
+    ProviderEvent,
+    ProviderEventKind,
+    RequestFailure,
+    RequestResult,
+)
 from liveput.errors import LiveputError
 from liveput.runtime.clock import Clock
 
@@ -52,8 +59,12 @@ class Provider(ABC):
     name = "provider"
     """Short name, for messages."""
 
-    def __init__(self, clock: Clock, retry: RetryPolicy | None = None,
-                 on_event: Callable[[ProviderEvent], None] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        retry: RetryPolicy | None = None,
+        on_event: Callable[[ProviderEvent], None] | None = None,
+    ) -> None:
         self.clock = clock
         self.retry = retry or RetryPolicy()
         self.on_event = on_event
@@ -77,8 +88,9 @@ class Provider(ABC):
         """Zones this provider rents in (the default of a request)."""
 
     @abstractmethod
-    def _grant(self, count: int, instance_types: tuple[str, ...], market: Market,
-               zones: tuple[str, ...]) -> tuple[list[InstanceRecord], ProviderError | None]:
+    def _grant(
+        self, count: int, instance_types: tuple[str, ...], market: Market, zones: tuple[str, ...]
+    ) -> tuple[list[InstanceRecord], ProviderError | None]:
         """One try: the instances granted (at most ``count``) and, if fewer, why."""
 
     @abstractmethod
@@ -95,8 +107,13 @@ class Provider(ABC):
 
     # -- the contract --------------------------------------------------------------------------
 
-    def request(self, count: int, instance_type: str | Sequence[str], market: Market | str,
-                zones: Sequence[str] | None = None) -> RequestResult:
+    def request(
+        self,
+        count: int,
+        instance_type: str | Sequence[str],
+        market: Market | str,
+        zones: Sequence[str] | None = None,
+    ) -> RequestResult:
         """Ask for ``count`` instances of ``instance_type`` (or any of several types) in
         ``market``, in any of ``zones`` (default: all of the provider's)."""
         market = Market.parse(market)
@@ -104,8 +121,10 @@ class Provider(ABC):
         chosen_zones = self._check_zones(zones)
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise LiveputError(f"{self.name}: request count must be an integer >= 0, got {count!r}")
-        self._event(ProviderEventKind.REQUEST, f"{count} {market.value} {','.join(types)} in "
-                    f"{','.join(chosen_zones)}")
+        self._event(
+            ProviderEventKind.REQUEST,
+            f"{count} {market.value} {','.join(types)} in {','.join(chosen_zones)}",
+        )
         granted: list[InstanceRecord] = []
         failures: list[RequestFailure] = []
         attempt = 0
@@ -124,14 +143,21 @@ class Provider(ABC):
             if len(granted) == count:
                 break
             if error is None:
-                error = ProviderError("Unfulfilled", f"{self.name} granted {len(got)} of "
-                                      f"{missing} without saying why", retryable=False)
+                error = ProviderError(
+                    "Unfulfilled",
+                    f"{self.name} granted {len(got)} of {missing} without saying why",
+                    retryable=False,
+                )
             if not error.retryable or attempt >= self.retry.max_attempts:
                 failure = RequestFailure(count - len(granted), error.code, error.message, attempt)
                 failures.append(failure)
-                self._event(ProviderEventKind.FAIL, f"{failure.count} {market.value} "
-                            f"instance(s) not granted: {error.code}: {error.message} "
-                            f"(attempt {attempt})", level=logging.WARNING)
+                self._event(
+                    ProviderEventKind.FAIL,
+                    f"{failure.count} {market.value} "
+                    f"instance(s) not granted: {error.code}: {error.message} "
+                    f"(attempt {attempt})",
+                    level=logging.WARNING,
+                )
                 break
             self._backoff(attempt, f"request {missing} {market.value}", error)
         return RequestResult(count, market, tuple(granted), tuple(failures))
@@ -142,8 +168,9 @@ class Provider(ABC):
         known = {record.instance_id: record for record in self.instances()}
         unknown = [iid for iid in instance_ids if iid not in known]
         if unknown:
-            raise LiveputError(f"{self.name}: cannot release unknown instance(s) "
-                               f"{', '.join(unknown)}")
+            raise LiveputError(
+                f"{self.name}: cannot release unknown instance(s) {', '.join(unknown)}"
+            )
         alive = [iid for iid in dict.fromkeys(instance_ids) if known[iid].end_s is None]
         if alive:
             self._retrying(lambda: self._terminate(alive), f"release {', '.join(alive)}")
@@ -182,8 +209,10 @@ class Provider(ABC):
             raise LiveputError(f"{self.name}: no instance type given")
         unknown = [name for name in types if name not in self.instance_types]
         if unknown:
-            raise LiveputError(f"{self.name}: unknown instance type(s) {', '.join(unknown)}; "
-                               f"known: {', '.join(self.instance_types)}")
+            raise LiveputError(
+                f"{self.name}: unknown instance type(s) {', '.join(unknown)}; "
+                f"known: {', '.join(self.instance_types)}"
+            )
         return types
 
     def _check_zones(self, zones: Sequence[str] | None) -> tuple[str, ...]:
@@ -192,15 +221,20 @@ class Provider(ABC):
         chosen = (zones,) if isinstance(zones, str) else tuple(zones)
         unknown = [zone for zone in chosen if zone not in self.zones]
         if unknown or not chosen:
-            raise LiveputError(f"{self.name}: unknown zone(s) {', '.join(unknown) or '(none)'}; "
-                               f"known: {', '.join(self.zones)}")
+            raise LiveputError(
+                f"{self.name}: unknown zone(s) {', '.join(unknown) or '(none)'}; "
+                f"known: {', '.join(self.zones)}"
+            )
         return chosen
 
     def _backoff(self, attempt: int, what: str, error: ProviderError) -> None:
         delay_s = self.retry.delay_s(attempt)
-        self._event(ProviderEventKind.RETRY, f"{what}: {error.code}: {error.message}; try "
-                    f"{attempt + 1} of {self.retry.max_attempts} in {delay_s:g} s",
-                    level=logging.WARNING)
+        self._event(
+            ProviderEventKind.RETRY,
+            f"{what}: {error.code}: {error.message}; try "
+            f"{attempt + 1} of {self.retry.max_attempts} in {delay_s:g} s",
+            level=logging.WARNING,
+        )
         self.clock.sleep(delay_s)
 
     def _retrying(self, call: Callable[[], _T], what: str) -> _T:
@@ -212,18 +246,40 @@ class Provider(ABC):
                 return call()
             except ProviderError as error:
                 if not error.retryable or attempt >= self.retry.max_attempts:
-                    self._event(ProviderEventKind.FAIL, f"{what}: {error.code}: {error.message}",
-                                level=logging.WARNING)
-                    raise LiveputError(f"{self.name}: {what} failed after {attempt} attempt(s): "
-                                       f"{error.code}: {error.message}") from None
+                    self._event(
+                        ProviderEventKind.FAIL,
+                        f"{what}: {error.code}: {error.message}",
+                        level=logging.WARNING,
+                    )
+                    raise LiveputError(
+                        f"{self.name}: {what} failed after {attempt} attempt(s): "
+                        f"{error.code}: {error.message}"
+                    ) from None
                 self._backoff(attempt, what, error)
 
-    def _event(self, kind: ProviderEventKind, detail: str, *, instance_id: str = "",
-               level: int = logging.INFO, time_s: float | None = None, pid: int | None = None,
-               lead_s: float | None = None, initial: bool = False) -> None:
+    def _event(
+        self,
+        kind: ProviderEventKind,
+        detail: str,
+        *,
+        instance_id: str = "",
+        level: int = logging.INFO,
+        time_s: float | None = None,
+        pid: int | None = None,
+        lead_s: float | None = None,
+        initial: bool = False,
+    ) -> None:
         """Record and log an event, at cloud time ``time_s`` (default: now)."""
-        event = ProviderEvent(kind, self.now_s() if time_s is None else time_s, detail,
-                              instance_id, self.clock.now_s(), pid, lead_s, initial)
+        event = ProviderEvent(
+            kind,
+            self.now_s() if time_s is None else time_s,
+            detail,
+            instance_id,
+            self.clock.now_s(),
+            pid,
+            lead_s,
+            initial,
+        )
         with self._event_lock:
             self._events.append(event)
         log.log(level, "%s %s at %.1f s: %s", self.name, kind.value, event.time_s, detail)

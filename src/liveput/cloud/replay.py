@@ -29,7 +29,10 @@ def trace_schedule(trace: Trace | IntervalTrace) -> tuple[int, list[float], list
             raise LiveputError(f"trace {trace.name} has no intervals")
         width = trace.interval_s
         for index in range(len(trace)):
-            for count, into in ((int(trace.preempted[index]), removals), (int(trace.allocated[index]), additions)):
+            for count, into in (
+                (int(trace.preempted[index]), removals),
+                (int(trace.allocated[index]), additions),
+            ):
                 into.extend(index * width + width * (j + 1) / (count + 1) for j in range(count))
         return int(trace.count[0]), removals, additions, len(trace) * width
     initial = trace.initial_count

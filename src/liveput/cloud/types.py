@@ -12,8 +12,16 @@ from enum import Enum
 from liveput.catalog import Market
 from liveput.errors import LiveputError
 
-__all__ = ["Market", "InstanceState", "InstanceRecord", "RequestFailure", "RequestResult",
-           "PriceQuote", "ProviderEventKind", "ProviderEvent"]
+__all__ = [
+    "Market",
+    "InstanceState",
+    "InstanceRecord",
+    "RequestFailure",
+    "RequestResult",
+    "PriceQuote",
+    "ProviderEventKind",
+    "ProviderEvent",
+]
 
 
 class InstanceState(str, Enum):
@@ -54,10 +62,14 @@ class InstanceRecord:
 
     def __post_init__(self) -> None:
         if self.price_usd_per_hour < 0:
-            raise LiveputError(f"instance {self.instance_id}: negative price {self.price_usd_per_hour}")
+            raise LiveputError(
+                f"instance {self.instance_id}: negative price {self.price_usd_per_hour}"
+            )
         if self.launch_s is not None and self.end_s is not None and self.end_s < self.launch_s:
-            raise LiveputError(f"instance {self.instance_id}: ends at {self.end_s} before it "
-                               f"launched at {self.launch_s}")
+            raise LiveputError(
+                f"instance {self.instance_id}: ends at {self.end_s} before it "
+                f"launched at {self.launch_s}"
+            )
 
     def run_s(self, now_s: float) -> float:
         """Cloud seconds it has run (billed) by ``now_s``."""
@@ -101,8 +113,10 @@ class RequestResult:
     def __post_init__(self) -> None:
         failed = sum(f.count for f in self.failures)
         if len(self.granted) + failed != self.requested:
-            raise LiveputError(f"request accounting: {len(self.granted)} granted + {failed} "
-                               f"failed != {self.requested} requested")
+            raise LiveputError(
+                f"request accounting: {len(self.granted)} granted + {failed} "
+                f"failed != {self.requested} requested"
+            )
 
     @property
     def failed(self) -> int:
@@ -117,8 +131,10 @@ class RequestResult:
         """One line: granted and failed counts with the reasons."""
         text = f"{len(self.granted)} of {self.requested} {self.market.value} instance(s) granted"
         if self.failures:
-            reasons = "; ".join(f"{f.count} failed: {f.code}: {f.message} (after {f.attempts} "
-                                f"attempt(s))" for f in self.failures)
+            reasons = "; ".join(
+                f"{f.count} failed: {f.code}: {f.message} (after {f.attempts} attempt(s))"
+                for f in self.failures
+            )
             text += f"; {reasons}"
         return text
 

@@ -52,11 +52,15 @@ class AgentBoot:
 
     def __post_init__(self) -> None:
         if not self.coordinator or any(c.isspace() for c in self.coordinator):
-            raise LiveputError(f"agent boot: coordinator address {self.coordinator!r} must be "
-                               "HOST:PORT or a store URL")
+            raise LiveputError(
+                f"agent boot: coordinator address {self.coordinator!r} must be "
+                "HOST:PORT or a store URL"
+            )
         if not self.token or any(c.isspace() or c in "'\"\\$`" for c in self.token):
-            raise LiveputError("agent boot: the job token must be non-empty, without spaces, "
-                               "quotes, backslashes or $")
+            raise LiveputError(
+                "agent boot: the job token must be non-empty, without spaces, "
+                "quotes, backslashes or $"
+            )
 
     @property
     def is_url(self) -> bool:
@@ -64,35 +68,48 @@ class AgentBoot:
 
     def agent_argv(self) -> list[str]:
         """``liveput agent ...`` as the instance runs it (the host is the shell variable)."""
-        where = ["--store", self.coordinator] if self.is_url else ["--coordinator", self.coordinator]
-        return [f"{self.venv}/bin/liveput", "agent", *where, "--host", f"${{{HOST_VARIABLE}}}",
-                "--notices", self.notices]
+        where = (
+            ["--store", self.coordinator] if self.is_url else ["--coordinator", self.coordinator]
+        )
+        return [
+            f"{self.venv}/bin/liveput",
+            "agent",
+            *where,
+            "--host",
+            f"${{{HOST_VARIABLE}}}",
+            "--notices",
+            self.notices,
+        ]
 
 
 def agent_user_data(boot: AgentBoot) -> str:
     """The bash script (user data) that installs liveput and starts the agent."""
-    argv = " ".join(shlex.quote(part) if not part.startswith("${") else f'"{part}"'
-                    for part in boot.agent_argv())
-    return "\n".join([
-        "#!/bin/bash",
-        "# liveput agent boot (written by liveput.cloud.userdata)",
-        "set -euo pipefail",
-        f"dnf install -y {boot.python} {boot.python}-pip",
-        f"{boot.python} -m venv {shlex.quote(boot.venv)}",
-        f"{shlex.quote(boot.venv)}/bin/pip install --quiet {shlex.quote(boot.package)}",
-        f'IMDS_TOKEN=$(curl -s -X PUT "{_METADATA}/api/token" '
-        '-H "X-aws-ec2-metadata-token-ttl-seconds: 300")',
-        f'{HOST_VARIABLE}=$(curl -s -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" '
-        f'"{_METADATA}/meta-data/local-ipv4")',
-        # The agent registers its market (the planner spreads on-demand instances over stages).
-        f'{MARKET_ENV}=$(curl -s -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" '
-        f'"{_METADATA}/meta-data/instance-life-cycle")',
-        f'[ "${MARKET_ENV}" = on-demand ] || {MARKET_ENV}=spot',
-        f"export {MARKET_ENV}",
-        f"export LIVEPUT_TOKEN={boot.token}",
-        f"exec {argv}",
-        "",
-    ])
+    argv = " ".join(
+        shlex.quote(part) if not part.startswith("${") else f'"{part}"'
+        for part in boot.agent_argv()
+    )
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "# liveput agent boot (written by liveput.cloud.userdata)",
+            "set -euo pipefail",
+            f"dnf install -y {boot.python} {boot.python}-pip",
+            f"{boot.python} -m venv {shlex.quote(boot.venv)}",
+            f"{shlex.quote(boot.venv)}/bin/pip install --quiet {shlex.quote(boot.package)}",
+            f'IMDS_TOKEN=$(curl -s -X PUT "{_METADATA}/api/token" '
+            '-H "X-aws-ec2-metadata-token-ttl-seconds: 300")',
+            f'{HOST_VARIABLE}=$(curl -s -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" '
+            f'"{_METADATA}/meta-data/local-ipv4")',
+            # The agent registers its market (the planner spreads on-demand instances over stages).
+            f'{MARKET_ENV}=$(curl -s -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" '
+            f'"{_METADATA}/meta-data/instance-life-cycle")',
+            f'[ "${MARKET_ENV}" = on-demand ] || {MARKET_ENV}=spot',
+            f"export {MARKET_ENV}",
+            f"export LIVEPUT_TOKEN={boot.token}",
+            f"exec {argv}",
+            "",
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -116,10 +133,10 @@ def parse_agent_command(user_data: str) -> AgentCommand:
     argv: list[str] | None = None
     for line in user_data.splitlines():
         if line.startswith("export ") and "=" in line:  # a bare `export X` is set at boot
-            name, _, value = line[len("export "):].partition("=")
+            name, _, value = line[len("export ") :].partition("=")
             env[name] = shlex.split(value)[0] if value else ""
         elif line.startswith("exec "):
-            argv = shlex.split(line[len("exec "):])
+            argv = shlex.split(line[len("exec ") :])
     if argv is None or len(argv) < 2 or argv[1] != "agent":
         raise LiveputError("user data starts no `liveput agent` (no `exec .../liveput agent` line)")
     return AgentCommand(argv, env)

@@ -70,10 +70,19 @@ class AutoPredictor(Predictor):
 
     name = "auto"
 
-    def __init__(self, window: int = 720, margin: float = 0.01, z: float = 1.0,
-                 min_scored: int = 60, prior_weights: tuple[float, ...] = (0.5, 0.0),
-                 prior_forecasts: float = 180.0, replay: int = 180, min_effective: int = 30,
-                 slack: float = 0.005, crps_slack: float = 0.05) -> None:
+    def __init__(
+        self,
+        window: int = 720,
+        margin: float = 0.01,
+        z: float = 1.0,
+        min_scored: int = 60,
+        prior_weights: tuple[float, ...] = (0.5, 0.0),
+        prior_forecasts: float = 180.0,
+        replay: int = 180,
+        min_effective: int = 30,
+        slack: float = 0.005,
+        crps_slack: float = 0.05,
+    ) -> None:
         self.window = window
         self.margin = margin
         self.z = z
@@ -86,10 +95,15 @@ class AutoPredictor(Predictor):
         self.crps_slack = crps_slack
         self.persistence = PersistencePredictor()
         self.members: tuple[Predictor, ...] = (MarkovPredictor(), StationaryMarkovPredictor())
-        if len(self.prior_weights) != len(self.members) or np.any(self.prior_weights < 0) or \
-                self.prior_weights.sum() > 1:
-            raise ValueError(f"auto: prior_weights must be {len(self.members)} non-negative "
-                             f"weights summing to at most 1, got {prior_weights}")
+        if (
+            len(self.prior_weights) != len(self.members)
+            or np.any(self.prior_weights < 0)
+            or self.prior_weights.sum() > 1
+        ):
+            raise ValueError(
+                f"auto: prior_weights must be {len(self.members)} non-negative "
+                f"weights summing to at most 1, got {prior_weights}"
+            )
         self._reset(0)
 
     def _reset(self, horizon: int) -> None:
@@ -100,17 +114,18 @@ class AutoPredictor(Predictor):
         # Per step h: paired absolute errors (persistence, mixture median) and the CRPS
         # coefficients of the members against persistence (``forecast.combine``).
         self._error_p: list[deque[float]] = [deque(maxlen=self.window) for _ in range(horizon)]
-        self._error_mix: list[deque[float]] = [deque(maxlen=self.window)
-                                               for _ in range(horizon)]
-        self._coefficients = [_RollingSums(self.window, len(self.members))
-                              for _ in range(horizon)]
+        self._error_mix: list[deque[float]] = [deque(maxlen=self.window) for _ in range(horizon)]
+        self._coefficients = [_RollingSums(self.window, len(self.members)) for _ in range(horizon)]
         self._stop_loss = StopLoss(horizon, self.slack)
         self._crps_stop_loss = StopLoss(horizon, self.crps_slack)
 
     def _extends_seen(self, counts: np.ndarray, horizon: int) -> bool:
         seen = self._seen
-        return (horizon == self._horizon and len(counts) > len(seen)
-                and np.array_equal(counts[: len(seen)], seen))
+        return (
+            horizon == self._horizon
+            and len(counts) > len(seen)
+            and np.array_equal(counts[: len(seen)], seen)
+        )
 
     def _score(self, counts: np.ndarray) -> None:
         now = len(counts) - 1
@@ -137,8 +152,9 @@ class AutoPredictor(Predictor):
         self._stop_loss.settle(h, error_p, abs(made.issued_point[h] - truth))
         # Scored as the backtest scores it: the truth clipped to the forecast's support.
         clipped = min(truth, made.issued_pmf.shape[1] - 1)
-        score_p, score_issued = crps(np.stack([made.persistence.pmf[h], made.issued_pmf[h]]),
-                                     np.array([clipped, clipped]))
+        score_p, score_issued = crps(
+            np.stack([made.persistence.pmf[h], made.issued_pmf[h]]), np.array([clipped, clipped])
+        )
         self._crps_stop_loss.settle(h, float(score_p), float(score_issued))
 
     def mixture_weights(self, members: list[int] | None = None) -> np.ndarray:
@@ -154,7 +170,8 @@ class AutoPredictor(Predictor):
                 continue
             fitted = simplex_weights(sums.gram[np.ix_(index, index)], sums.linear[index])
             weights[h] = (sums.count * fitted + self.prior_forecasts * prior) / (
-                sums.count + self.prior_forecasts)
+                sums.count + self.prior_forecasts
+            )
         return weights
 
     def mixture_point_steps(self) -> np.ndarray:
@@ -182,8 +199,9 @@ class AutoPredictor(Predictor):
                 self._observe(history.head(length), horizon, capacity, issued=False)
         return self._observe(history, horizon, capacity, issued=True)
 
-    def _observe(self, history: IntervalTrace, horizon: int, capacity: int,
-                 issued: bool) -> Forecast:
+    def _observe(
+        self, history: IntervalTrace, horizon: int, capacity: int, issued: bool
+    ) -> Forecast:
         """Score what is due, then make (and remember) the forecast of now; ``issued``: whether
         it is returned to a caller (else it is replayed, and the stop-loss records skip it)."""
         counts = history.count
@@ -204,18 +222,21 @@ class AutoPredictor(Predictor):
         candidate = pmf_median(pmf_p + point_weight[:, None] * (pmf_members[0] - pmf_p))
         use_mixture = self.mixture_point_steps() & self._stop_loss.open_steps()
         point = np.where(use_mixture, candidate, persistence.point)
-        self._made[len(counts) - 1] = _Made(persistence, pmf_members, candidate, point, pmf,
-                                            issued)
+        self._made[len(counts) - 1] = _Made(persistence, pmf_members, candidate, point, pmf, issued)
         rest = 1 - weights.sum(axis=1)
         return Forecast(
             point=point,
             pmf=pmf,
-            expected_preempted=rest * persistence.expected_preempted + sum(
-                weights[:, j] * forecast.expected_preempted for j, forecast in enumerate(members)),
-            expected_allocated=rest * persistence.expected_allocated + sum(
-                weights[:, j] * forecast.expected_allocated for j, forecast in enumerate(members)),
+            expected_preempted=rest * persistence.expected_preempted
+            + sum(
+                weights[:, j] * forecast.expected_preempted for j, forecast in enumerate(members)
+            ),
+            expected_allocated=rest * persistence.expected_allocated
+            + sum(
+                weights[:, j] * forecast.expected_allocated for j, forecast in enumerate(members)
+            ),
             method=f"auto(mixture point at {int(use_mixture.sum())}/{horizon} steps, "
-                   f"member weights {np.round(weights.mean(axis=0), 2).tolist()})",
+            f"member weights {np.round(weights.mean(axis=0), 2).tolist()})",
         )
 
 

@@ -74,13 +74,20 @@ def check_backtest(trace: IntervalTrace, horizon: int, warmup: int) -> None:
     if warmup < 1:
         raise LiveputError(f"warm-up must be >= 1 interval, got {warmup}")
     if len(trace) < warmup + 2:
-        raise LiveputError(f"trace {trace.name} has {len(trace)} intervals, fewer than the "
-                           f"warm-up ({warmup}) plus 2")
+        raise LiveputError(
+            f"trace {trace.name} has {len(trace)} intervals, fewer than the "
+            f"warm-up ({warmup}) plus 2"
+        )
 
 
-def walk_forward(trace: IntervalTrace, method: str, horizon: int = 12, warmup: int = 60,
-                 capacity: int | None = None,
-                 on_step: Callable[[], None] | None = None) -> Walk:
+def walk_forward(
+    trace: IntervalTrace,
+    method: str,
+    horizon: int = 12,
+    warmup: int = 60,
+    capacity: int | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> Walk:
     """Forecast with ``method`` at every origin after ``warmup`` (module docstring)."""
     check_backtest(trace, horizon, warmup)
     predictor = PREDICTORS.get(method)()
@@ -106,26 +113,34 @@ def walk_forward(trace: IntervalTrace, method: str, horizon: int = 12, warmup: i
         scores[row, :steps] = crps(forecast.pmf[:steps], np.minimum(observed, width - 1))
         if on_step is not None:
             on_step()
-    return Walk(method, origins, point, low, high, truth, scores,
-                elapsed / max(len(origins), 1) * 1e3)
+    return Walk(
+        method, origins, point, low, high, truth, scores, elapsed / max(len(origins), 1) * 1e3
+    )
 
 
-def backtest(trace: IntervalTrace, methods: list[str], horizon: int = 12, warmup: int = 60,
-             capacity: int | None = None,
-             on_step: Callable[[], None] | None = None) -> dict[str, MethodScore]:
+def backtest(
+    trace: IntervalTrace,
+    methods: list[str],
+    horizon: int = 12,
+    warmup: int = 60,
+    capacity: int | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> dict[str, MethodScore]:
     """Score ``methods`` by walking forward over ``trace`` (one pass per method)."""
     check_backtest(trace, horizon, warmup)
     scores = {}
     for name in methods:
         walk = walk_forward(trace, name, horizon, warmup, capacity, on_step)
         errors = np.abs(walk.point - walk.truth)
-        scores[name] = MethodScore(np.nanmean(errors, axis=0), np.nanmean(walk.crps, axis=0),
-                                   walk.ms_per_forecast)
+        scores[name] = MethodScore(
+            np.nanmean(errors, axis=0), np.nanmean(walk.crps, axis=0), walk.ms_per_forecast
+        )
     return scores
 
 
-def backtest_summary(scores: dict[str, MethodScore], interval_s: float, horizon: int,
-                     default_method: str) -> dict[str, Any]:
+def backtest_summary(
+    scores: dict[str, MethodScore], interval_s: float, horizon: int, default_method: str
+) -> dict[str, Any]:
     """The JSON object of ``liveput predict backtest --json``."""
     baseline = scores[BASELINE]
     return {

@@ -106,12 +106,15 @@ def discretized_normal(mean: np.ndarray, std: np.ndarray, capacity: int) -> np.n
 
 def step_errors(counts: np.ndarray, horizon: int) -> list[np.ndarray]:
     """``errors[h-1]`` = count[t + h] - count[t] for every t with t + h in the history."""
-    return [counts[h:] - counts[:-h] if len(counts) > h else np.zeros(0, dtype=counts.dtype)
-            for h in range(1, horizon + 1)]
+    return [
+        counts[h:] - counts[:-h] if len(counts) > h else np.zeros(0, dtype=counts.dtype)
+        for h in range(1, horizon + 1)
+    ]
 
 
-def empirical_pmf(last: int, errors: list[np.ndarray], capacity: int,
-                  prior_weight: float = 1.0) -> np.ndarray:
+def empirical_pmf(
+    last: int, errors: list[np.ndarray], capacity: int, prior_weight: float = 1.0
+) -> np.ndarray:
     """pmf of ``last + error`` at each step from observed errors, with a small prior mass
     spread over +-1 around ``last`` so an empty history still gives a usable distribution."""
     pmf = np.zeros((len(errors), capacity + 1))

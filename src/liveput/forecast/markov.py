@@ -85,8 +85,9 @@ def _size_distribution(sizes: np.ndarray, limit: int, mean_prior: float = 2.0) -
     return weights / weights.sum()
 
 
-def _whole_bursts(sizes: np.ndarray, rooms: np.ndarray, capacity: int,
-                  iterations: int = 20) -> tuple[np.ndarray, float]:
+def _whole_bursts(
+    sizes: np.ndarray, rooms: np.ndarray, capacity: int, iterations: int = 20
+) -> tuple[np.ndarray, float]:
     """``(partial, share)``: the pmf of partial burst sizes and the share of whole-zone bursts.
 
     A burst of size ``s`` where at most ``r`` could change (the room) either takes the whole
@@ -121,9 +122,17 @@ MIN_PRIOR_S = 1800.0
 intervals (30 at 60-s intervals)."""
 
 
-def _blend(successes: float, trials: float, recent_successes: float, recent_trials: float,
-           prior: float, prior_events: float = 0.0, pseudo_trials: float = 1.0, *,
-           min_prior_trials: float) -> float:
+def _blend(
+    successes: float,
+    trials: float,
+    recent_successes: float,
+    recent_trials: float,
+    prior: float,
+    prior_events: float = 0.0,
+    pseudo_trials: float = 1.0,
+    *,
+    min_prior_trials: float,
+) -> float:
     """Probability per interval of an event: Beta-smoothed frequencies of the recent window and
     of the whole history, weighted ``n_r / (n_r + k)``.
 
@@ -150,8 +159,14 @@ class MarkovPredictor(Predictor):
 
     name = "markov"
 
-    def __init__(self, recent_s: float = 7200.0, window: int = 2880, prior_events: float = 1.0,
-                 alloc_prior: float = 0.5, bin_pseudo_events: float = 0.5) -> None:
+    def __init__(
+        self,
+        recent_s: float = 7200.0,
+        window: int = 2880,
+        prior_events: float = 1.0,
+        alloc_prior: float = 0.5,
+        bin_pseudo_events: float = 0.5,
+    ) -> None:
         self.recent_s = recent_s
         self.window = window
         self.prior_events = prior_events
@@ -178,9 +193,14 @@ class MarkovPredictor(Predictor):
         # Only intervals with instances to lose are trials of a preemption (a zone at zero for
         # hours is no evidence of a calm market).
         exposed = counts > 0
-        p_pre = _blend((preempted[exposed] > 0).sum(), exposed.sum(),
-                       (preempted[recent][exposed[recent]] > 0).sum(), exposed[recent].sum(),
-                       0.05, min_prior_trials=min_prior)
+        p_pre = _blend(
+            (preempted[exposed] > 0).sum(),
+            exposed.sum(),
+            (preempted[recent][exposed[recent]] > 0).sum(),
+            exposed[recent].sum(),
+            0.05,
+            min_prior_trials=min_prior,
+        )
         # A burst that takes every instance (a wipe-out) or grants the whole room (a refill) is
         # a zone-wide event, not the tail of the partial sizes: its share is learned apart.
         took = preempted > 0
@@ -197,13 +217,19 @@ class MarkovPredictor(Predictor):
             mask = (bins == index) & short
             recent_mask = mask.copy()
             recent_mask[: len(mask) - min(recent_intervals, len(mask))] = False
-            p_alloc_bins[index] = _blend((allocated[mask] > 0).sum(), mask.sum(),
-                                         (allocated[recent_mask] > 0).sum(), recent_mask.sum(),
-                                         overall, self.prior_events,
-                                         max(1.0, self.bin_pseudo_events / overall),
-                                         min_prior_trials=min_prior)
-        return _Market(capacity, p_pre, partial_loss, p_wipeout, partial_gain, p_refill,
-                       p_alloc_bins)
+            p_alloc_bins[index] = _blend(
+                (allocated[mask] > 0).sum(),
+                mask.sum(),
+                (allocated[recent_mask] > 0).sum(),
+                recent_mask.sum(),
+                overall,
+                self.prior_events,
+                max(1.0, self.bin_pseudo_events / overall),
+                min_prior_trials=min_prior,
+            )
+        return _Market(
+            capacity, p_pre, partial_loss, p_wipeout, partial_gain, p_refill, p_alloc_bins
+        )
 
     def forecast(self, history: IntervalTrace, horizon: int, capacity: int) -> Forecast:
         check_request(history, horizon)
@@ -257,8 +283,9 @@ class _Market:
         losses[np.arange(size), np.arange(size)] = 1 - p_pre
         losses[0, 0] += p_pre
         for n in range(1, size):
-            losses[n, n - np.arange(n + 1)] += p_pre * _capped_sizes(self.partial_loss,
-                                                                     self.p_wipeout, n)
+            losses[n, n - np.arange(n + 1)] += p_pre * _capped_sizes(
+                self.partial_loss, self.p_wipeout, n
+            )
         # Then allocations, driven by the deficit left: G[m, m + g].
         grants = np.zeros((size, size))
         p_alloc = self.p_alloc()
@@ -328,7 +355,12 @@ class StationaryMarkovPredictor(MarkovPredictor):
 
     name = "markov-stationary"
 
-    def __init__(self, window: int = 2880, alloc_prior: float = 0.5,
-                 bin_pseudo_events: float = 0.5) -> None:
-        super().__init__(recent_s=0.0, window=window, alloc_prior=alloc_prior,
-                         bin_pseudo_events=bin_pseudo_events)
+    def __init__(
+        self, window: int = 2880, alloc_prior: float = 0.5, bin_pseudo_events: float = 0.5
+    ) -> None:
+        super().__init__(
+            recent_s=0.0,
+            window=window,
+            alloc_prior=alloc_prior,
+            bin_pseudo_events=bin_pseudo_events,
+        )

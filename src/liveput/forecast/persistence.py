@@ -49,7 +49,7 @@ class PersistencePredictor(Predictor):
 
     def forecast(self, history: IntervalTrace, horizon: int, capacity: int) -> Forecast:
         check_request(history, horizon)
-        counts = history.count[-self.window:]
+        counts = history.count[-self.window :]
         last = int(history.count[-1])
         capacity = max(capacity, history.max_count)
         pmf = empirical_pmf(last, step_errors(counts, horizon), capacity)

@@ -40,19 +40,23 @@ class _Refitting(Predictor):
         self._fallback = PersistencePredictor()
 
     def _needs_refit(self, length: int) -> bool:
-        return self._fitted_at is None or length - self._fitted_at >= self.refit_every \
+        return (
+            self._fitted_at is None
+            or length - self._fitted_at >= self.refit_every
             or length < self._fitted_at
+        )
 
     def forecast(self, history: IntervalTrace, horizon: int, capacity: int) -> Forecast:
         check_request(history, horizon)
-        if len(history) < self.min_history or np.ptp(history.count[-self.window:]) == 0:
+        if len(history) < self.min_history or np.ptp(history.count[-self.window :]) == 0:
             return self._fallback.forecast(history, horizon, capacity)
         capacity = max(capacity, history.max_count)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                mean, std = self._predict(history.count[-self.window:].astype(float),
-                                          len(history), horizon)
+                mean, std = self._predict(
+                    history.count[-self.window :].astype(float), len(history), horizon
+                )
             if not (np.isfinite(mean).all() and np.isfinite(std).all()):
                 raise ValueError("non-finite forecast")
         except Exception as error:  # statsmodels raises many kinds; any failure falls back
@@ -61,11 +65,13 @@ class _Refitting(Predictor):
             return self._fallback.forecast(history, horizon, capacity)
         mean = np.clip(mean, 0, capacity)
         rate = preemption_rate_per_instance(history, self.window)
-        return Forecast(mean, discretized_normal(mean, std, capacity), rate * mean,
-                        np.zeros(horizon), self.name)
+        return Forecast(
+            mean, discretized_normal(mean, std, capacity), rate * mean, np.zeros(horizon), self.name
+        )
 
-    def _predict(self, values: np.ndarray, length: int,
-                 horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    def _predict(
+        self, values: np.ndarray, length: int, horizon: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
 
@@ -75,15 +81,17 @@ class ArimaPredictor(_Refitting):
 
     name = "arima"
 
-    def __init__(self, order: tuple[int, int, int] = (1, 1, 0), window: int = 240,
-                 refit_every: int = 30) -> None:
+    def __init__(
+        self, order: tuple[int, int, int] = (1, 1, 0), window: int = 240, refit_every: int = 30
+    ) -> None:
         super().__init__(window, refit_every)
         self.order = tuple(order)
         self._results: Any = None
         """statsmodels' fitted ARIMA results, once fitted."""
 
-    def _predict(self, values: np.ndarray, length: int,
-                 horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    def _predict(
+        self, values: np.ndarray, length: int, horizon: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         from statsmodels.tsa.arima.model import ARIMA
 
         if self._needs_refit(length):
@@ -93,8 +101,10 @@ class ArimaPredictor(_Refitting):
         else:
             results = self._results.apply(values)
         prediction = results.get_forecast(horizon)
-        return (np.asarray(prediction.predicted_mean),
-                np.sqrt(np.asarray(prediction.var_pred_mean)))
+        return (
+            np.asarray(prediction.predicted_mean),
+            np.sqrt(np.asarray(prediction.var_pred_mean)),
+        )
 
 
 @PREDICTORS.register("ets")
@@ -108,15 +118,19 @@ class DampedTrendPredictor(_Refitting):
         self._params: tuple[float, float, float] | None = None
         self._residual_std = 1.0
 
-    def _predict(self, values: np.ndarray, length: int,
-                 horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    def _predict(
+        self, values: np.ndarray, length: int, horizon: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         from statsmodels.tsa.holtwinters import ExponentialSmoothing
 
         if self._needs_refit(length) or self._params is None:
             fit = ExponentialSmoothing(values, trend="add", damped_trend=True).fit()
             params = fit.params
-            self._params = (float(params["smoothing_level"]), float(params["smoothing_trend"]),
-                            float(params["damping_trend"]))
+            self._params = (
+                float(params["smoothing_level"]),
+                float(params["smoothing_trend"]),
+                float(params["damping_trend"]),
+            )
             self._residual_std = float(np.std(fit.resid)) or 0.5
             self._fitted_at = length
         alpha, beta, phi = self._params
@@ -126,5 +140,5 @@ class DampedTrendPredictor(_Refitting):
             level = alpha * value + (1 - alpha) * (level + phi * trend)
             trend = beta * (level - previous) + (1 - beta) * phi * trend
         steps = np.arange(1, horizon + 1)
-        damping = np.cumsum(phi ** steps)
+        damping = np.cumsum(phi**steps)
         return level + damping * trend, self._residual_std * np.sqrt(steps)

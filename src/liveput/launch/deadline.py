@@ -51,9 +51,15 @@ class DeadlineJob:
         DEADLINE_POLICIES.get(self.policy)  # an unknown policy: a one-line error
 
 
-def deadline_context(trace: Trace | IntervalTrace, profile: ModelProfile, job: DeadlineJob,
-                     steps: int, time_scale: float = 1.0, interval_s: float = 60.0,
-                     prices_usd_per_hour: tuple[float, float] | None = None) -> DeadlineContext:
+def deadline_context(
+    trace: Trace | IntervalTrace,
+    profile: ModelProfile,
+    job: DeadlineJob,
+    steps: int,
+    time_scale: float = 1.0,
+    interval_s: float = 60.0,
+    prices_usd_per_hour: tuple[float, float] | None = None,
+) -> DeadlineContext:
     """What the deadline policy knows: the work (``steps``), the deadline, the catalog prices of
     ``job.instance_type``; a deadline shorter than the fastest possible finish is refused.
 
@@ -61,15 +67,31 @@ def deadline_context(trace: Trace | IntervalTrace, profile: ModelProfile, job: D
     ``time_scale`` pass per wall second: its compute times are stretched by ``time_scale``.
     ``prices_usd_per_hour`` (spot, on-demand) replace the catalog's (a provider's quote)."""
     intervals = trace.resample(interval_s) if isinstance(trace, Trace) else trace
-    profile = dataclasses.replace(profile, layers=tuple(
-        dataclasses.replace(layer, forward_s=layer.forward_s * time_scale,
-                            backward_s=layer.backward_s * time_scale,
-                            optimizer_s=layer.optimizer_s * time_scale)
-        for layer in profile.layers))
+    profile = dataclasses.replace(
+        profile,
+        layers=tuple(
+            dataclasses.replace(
+                layer,
+                forward_s=layer.forward_s * time_scale,
+                backward_s=layer.backward_s * time_scale,
+                optimizer_s=layer.optimizer_s * time_scale,
+            )
+            for layer in profile.layers
+        ),
+    )
     spec = load_catalog("aws").get(job.instance_type)
-    spot_usd, on_demand_usd = prices_usd_per_hour or (spec.spot_usd_per_hour,
-                                                      spec.on_demand_usd_per_hour)
+    spot_usd, on_demand_usd = prices_usd_per_hour or (
+        spec.spot_usd_per_hour,
+        spec.on_demand_usd_per_hour,
+    )
     objective = JobObjective(job.deadline_hours, steps=steps, on_demand_max=job.on_demand_max)
-    return make_deadline_context(intervals, profile, objective, SimulationConfig(
-        interval_s=interval_s, spot_price_usd_per_hour=spot_usd,
-        on_demand_price_usd_per_hour=on_demand_usd))
+    return make_deadline_context(
+        intervals,
+        profile,
+        objective,
+        SimulationConfig(
+            interval_s=interval_s,
+            spot_price_usd_per_hour=spot_usd,
+            on_demand_price_usd_per_hour=on_demand_usd,
+        ),
+    )

@@ -27,14 +27,18 @@ from liveput.cloud.market import HolderMarket
 from liveput.cloud.processes import Launcher, command_launcher
 from liveput.errors import LiveputError
 from liveput.launch.deadline import DeadlineJob, deadline_context
-from liveput.policies.base import Provisioning
-from liveput.runtime.clock import Clock, MonotonicClock
-from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime import keys
 from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
-from liveput.runtime.device import (check_device_request, describe_device, idle_gpus_message,
-                                    resolve_device)
+from liveput.policies.base import Provisioning
+from liveput.runtime import keys
+from liveput.runtime.clock import Clock, MonotonicClock
+from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+from liveput.runtime.device import (
+    check_device_request,
+    describe_device,
+    idle_gpus_message,
+    resolve_device,
+)
 from liveput.runtime.launch import JobSpec, job_profile, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.prune import PruneConfig
@@ -107,8 +111,9 @@ class LocalTrainingConfig:
         if self.notice_margin_s < 0:
             raise LiveputError(f"train: --notice-margin must be >= 0, got {self.notice_margin_s:g}")
         if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= 0:
-            raise LiveputError(f"train: --heartbeat-timeout must be positive, got "
-                               f"{self.heartbeat_timeout_s:g}")
+            raise LiveputError(
+                f"train: --heartbeat-timeout must be positive, got {self.heartbeat_timeout_s:g}"
+            )
         check_device_request(self.device, "train")
 
 
@@ -140,8 +145,7 @@ class TrainingResult:
     """The device the job was profiled and planned on (this machine's, as asked)."""
 
     def summary(self) -> dict:
-        data = {k: v for k, v in self.__dict__.items()
-                if k not in ("steps", "events", "deadline")}
+        data = {k: v for k, v in self.__dict__.items() if k not in ("steps", "events", "deadline")}
         data.update(self.deadline or {})
         data["plans"] = self.events
         return data
@@ -172,10 +176,12 @@ def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
     return heartbeat_timeout_s, max(default_s, heartbeat_timeout_s)
 
 
-def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace,
-                       on_progress: Callable[[Progress], None] | None = None,
-                       on_tick: Callable[[Coordinator, bool], None] | None = None
-                       ) -> TrainingResult:
+def run_local_training(
+    config: LocalTrainingConfig,
+    trace: Trace | IntervalTrace,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_tick: Callable[[Coordinator, bool], None] | None = None,
+) -> TrainingResult:
     """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done.
 
     ``on_tick(coordinator, done)`` is called after every tick of the coordinator (``done``: the
@@ -191,8 +197,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise LiveputError(f"train: cannot create the log directory {log_dir}: "
-                           f"{error.strerror}") from None
+        raise LiveputError(
+            f"train: cannot create the log directory {log_dir}: {error.strerror}"
+        ) from None
     LOG.info("agents' logs: %s", log_dir)
     with tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch:
         checkpoint_dir = config.checkpoint_dir or str(Path(scratch) / "checkpoints")
@@ -203,58 +210,101 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
         else:
             url = config.store_url
             store = open_store(url, host=url.startswith("tcp://"), token=token)
-        cloud: EmulatedCloud | ProvidedCloud | None = None
+        cloud: LocalCloud | None = None
         finished = False
         try:
             interval_s = 60.0 / config.time_scale
             heartbeat_timeout_s, outage_s = detection_times_s(config)
-            publish_spec(store, JobSpec(config.model, checkpoint_dir, config.checkpoint_every,
-                                        store_outage_s=outage_s,
-                                        keep_checkpoints=config.keep_checkpoints,
-                                        training=None if config.training is None
-                                        else config.training.to_dict(),
-                                        data=config.data,
-                                        notice_margin_s=config.notice_margin_s,
-                                        device=config.device, shared_gpu=True))
+            publish_spec(
+                store,
+                JobSpec(
+                    config.model,
+                    checkpoint_dir,
+                    config.checkpoint_every,
+                    store_outage_s=outage_s,
+                    keep_checkpoints=config.keep_checkpoints,
+                    training=None if config.training is None else config.training.to_dict(),
+                    data=config.data,
+                    notice_margin_s=config.notice_margin_s,
+                    device=config.device,
+                    shared_gpu=True,
+                ),
+            )
             # Kept in the store: a resumed job plans with the profile it started with (the
             # layers are measured without recomputation; the job's checkpointing is its own),
             # measured on the device the agents train on.
             profile = dataclasses.replace(
-                job_profile(store, config.model, config.data, device,
-                            None if config.training is None else config.training.precision),
+                job_profile(
+                    store,
+                    config.model,
+                    config.data,
+                    device,
+                    None if config.training is None else config.training.precision,
+                ),
                 activation_checkpointing=(
-                    "layer" if job.training.activation_checkpointing else "none"))
-            deadline = None if config.deadline is None else deadline_context(
-                trace, profile, config.deadline, config.steps, config.time_scale)
+                    "layer" if job.training.activation_checkpointing else "none"
+                ),
+            )
+            deadline = (
+                None
+                if config.deadline is None
+                else deadline_context(
+                    trace, profile, config.deadline, config.steps, config.time_scale
+                )
+            )
             coordinator_config = CoordinatorConfig(
-                num_steps=config.steps, num_micro_batches=job.num_micro_batches,
-                interval_s=interval_s, policy_interval_s=60.0,
-                heartbeat_timeout_s=heartbeat_timeout_s, capacity=config.workers,
+                num_steps=config.steps,
+                num_micro_batches=job.num_micro_batches,
+                interval_s=interval_s,
+                policy_interval_s=60.0,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+                capacity=config.workers,
                 notice_margin_s=config.notice_margin_s,
-                initial_workers=max(1, _initial_count(trace)), start_grace_s=20.0,
+                initial_workers=max(1, _initial_count(trace)),
+                start_grace_s=20.0,
                 policy=config.policy,
                 # The per-step log is written from the ledger records at the end: keep them.
-                prune=PruneConfig(fold_ledger=False))
+                prune=PruneConfig(fold_ledger=False),
+            )
             if config.deadline is not None and deadline is not None:
                 coordinator_config = dataclasses.replace(
-                    coordinator_config, policy=config.deadline.policy,
-                    capacity=config.workers + deadline.on_demand_max)
+                    coordinator_config,
+                    policy=config.deadline.policy,
+                    capacity=config.workers + deadline.on_demand_max,
+                )
             environment = {**os.environ, "LIVEPUT_TOKEN": token}
             launcher = command_launcher(
-                [sys.executable, "-m", "liveput.runtime", "--store", url,
-                 "--notices", "sigterm,emulator"], env=environment, log_dir=log_dir)
+                [
+                    sys.executable,
+                    "-m",
+                    "liveput.runtime",
+                    "--store",
+                    url,
+                    "--notices",
+                    "sigterm,emulator",
+                ],
+                env=environment,
+                log_dir=log_dir,
+            )
             notice_dir = Path(scratch) / "notices"
             notice_dir.mkdir()
-            cloud = LocalCloud(trace, launcher, MonotonicClock(), notice_dir,
-                               workers=config.workers, time_scale=config.time_scale,
-                               notice_lead_s=config.notice_lead_s, seed=config.seed,
-                               instance_type=None if config.deadline is None
-                               else config.deadline.instance_type)
+            cloud = LocalCloud(
+                trace,
+                launcher,
+                MonotonicClock(),
+                notice_dir,
+                workers=config.workers,
+                time_scale=config.time_scale,
+                notice_lead_s=config.notice_lead_s,
+                seed=config.seed,
+                instance_type=None if config.deadline is None else config.deadline.instance_type,
+            )
             if cloud.market is None:
                 cloud.start_background(interval_s)
                 cloud_started_s = time.monotonic()
-            coordinator = Coordinator(store, profile, coordinator_config, deadline=deadline,
-                                      market=cloud.market)
+            coordinator = Coordinator(
+                store, profile, coordinator_config, deadline=deadline, market=cloud.market
+            )
             if cloud.market is not None:
                 cloud.start_background(interval_s)
                 cloud_started_s = time.monotonic()
@@ -269,8 +319,9 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 if on_tick is not None:
                     on_tick(coordinator, False)
                 if time.monotonic() - started > config.timeout_s:
-                    raise LiveputError(f"train: not done after {config.timeout_s:g} s "
-                                       f"({coordinator.status})")
+                    raise LiveputError(
+                        f"train: not done after {config.timeout_s:g} s ({coordinator.status})"
+                    )
                 time.sleep(coordinator.config.tick_s)
             if cloud.market is not None:
                 cloud.finish()
@@ -289,15 +340,21 @@ def run_local_training(config: LocalTrainingConfig, trace: Trace | IntervalTrace
                 samples=report.steps_applied * job.global_batch_size,
                 initial_loss=losses[0] if losses else None,
                 final_loss=losses[-1] if losses else None,
-                preemptions=cloud.preemptions, allocations=cloud.allocations,
+                preemptions=cloud.preemptions,
+                allocations=cloud.allocations,
                 migrations={kind: stats.get(kind, 0) for kind in MIGRATION_KINDS},
-                steps_rolled_back=report.steps_rolled_back, exactly_once=report.exactly_once,
-                wall_s=round(time.monotonic() - started, 2), log_dir=str(log_dir),
-                steps=report.records, events=events,
-                deadline=None if config.deadline is None
+                steps_rolled_back=report.steps_rolled_back,
+                exactly_once=report.exactly_once,
+                wall_s=round(time.monotonic() - started, 2),
+                log_dir=str(log_dir),
+                steps=report.records,
+                events=events,
+                deadline=None
+                if config.deadline is None
                 else cloud.summary(config.deadline.deadline_hours),
                 devices=dict(sorted(devices.items(), key=lambda kv: int(kv[0]))),
-                device=describe_device(device))
+                device=describe_device(device),
+            )
         except LiveputError as error:  # one line, saying where to look
             raise LiveputError(f"{error}; agents' logs in {log_dir}") from None
         finally:
@@ -318,17 +375,38 @@ class LocalCloud:
     holder carries out the policy's provisioning (:attr:`market`): it asks for ``workers`` spot
     instances all along, and for the on-demand instances the policy wants."""
 
-    def __init__(self, trace: Trace | IntervalTrace, launcher: Launcher, clock: Clock,
-                 notice_dir: Path, *, workers: int, time_scale: float, notice_lead_s: float,
-                 seed: int, instance_type: str | None = None) -> None:
+    def __init__(
+        self,
+        trace: Trace | IntervalTrace,
+        launcher: Launcher,
+        clock: Clock,
+        notice_dir: Path,
+        *,
+        workers: int,
+        time_scale: float,
+        notice_lead_s: float,
+        seed: int,
+        instance_type: str | None = None,
+    ) -> None:
         self.workers = workers
-        self.provider = EmulatedProvider(trace, clock, EmulatedProviderConfig(
-            instance_types=() if instance_type is None else (instance_type,),
-            time_scale=time_scale, notice_lead_s=notice_lead_s, seed=seed,
-            spot=SpotModel.REPLAY if instance_type is None else SpotModel.CAPACITY),
-            launcher=launcher, notice_dir=notice_dir)
-        self.holder = None if instance_type is None else InstanceHolder(
-            self.provider, Provisioning(workers, 0), [instance_type])
+        self.provider = EmulatedProvider(
+            trace,
+            clock,
+            EmulatedProviderConfig(
+                instance_types=() if instance_type is None else (instance_type,),
+                time_scale=time_scale,
+                notice_lead_s=notice_lead_s,
+                seed=seed,
+                spot=SpotModel.REPLAY if instance_type is None else SpotModel.CAPACITY,
+            ),
+            launcher=launcher,
+            notice_dir=notice_dir,
+        )
+        self.holder = (
+            None
+            if instance_type is None
+            else InstanceHolder(self.provider, Provisioning(workers, 0), [instance_type])
+        )
         self.market = None if self.holder is None else HolderMarket(self.holder, workers)
         """The coordinator's view of the market (None: the trace decides the instances)."""
         self.finished_s: float | None = None
@@ -370,12 +448,15 @@ class LocalCloud:
         """The deadline fields of the ``--json`` document (cloud hours, dollars)."""
         bill = self.provider.bill()
         finished_s = self.provider.now_s() if self.finished_s is None else self.finished_s
-        return {"deadline_hours": deadline_hours,
-                "finished_hours": round(finished_s / 3600.0, 4),
-                "deadline_met": finished_s <= deadline_hours * 3600.0,
-                "usd": round(bill.usd, 4), "usd_spot": round(bill.usd_spot, 4),
-                "usd_on_demand": round(bill.usd_on_demand, 4),
-                "on_demand_hours": round(bill.on_demand_hours, 4)}
+        return {
+            "deadline_hours": deadline_hours,
+            "finished_hours": round(finished_s / 3600.0, 4),
+            "deadline_met": finished_s <= deadline_hours * 3600.0,
+            "usd": round(bill.usd, 4),
+            "usd_spot": round(bill.usd_spot, 4),
+            "usd_on_demand": round(bill.usd_on_demand, 4),
+            "on_demand_hours": round(bill.on_demand_hours, 4),
+        }
 
 
 def warn_idle_gpus(instance_type: str, device: str) -> None:
@@ -419,8 +500,11 @@ def _progress(store: Store, coordinator: Coordinator, cloud_started_s: float) ->
         raw = store.get(keys.ledger_record(plan.epoch, coordinator.committed))
         loss = json.loads(raw)["loss"] if raw else None
     return Progress(
-        step=coordinator.committed + 1, loss=loss,
+        step=coordinator.committed + 1,
+        loss=loss,
         configuration="-" if plan is None else f"{plan.data_parallel}x{plan.pipeline_stages}",
         instances=len(coordinator.available),
-        events=0 if plan is None else plan.generation, state=coordinator.status,
-        cloud_elapsed_s=time.monotonic() - cloud_started_s)
+        events=0 if plan is None else plan.generation,
+        state=coordinator.status,
+        cloud_elapsed_s=time.monotonic() - cloud_started_s,
+    )

@@ -20,5 +20,6 @@ def require(module: str, needed_for: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise LiveputError(f"{needed_for} needs the Python package {module.split('.')[0]!r}: "
-                           f"{INSTALL_HINT}") from None
+        raise LiveputError(
+            f"{needed_for} needs the Python package {module.split('.')[0]!r}: {INSTALL_HINT}"
+        ) from None

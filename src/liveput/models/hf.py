@@ -33,15 +33,17 @@ def _causal_mask(config: Any, hidden: torch.Tensor, positions: torch.Tensor) -> 
     """The mask the whole model would give its blocks for an unpadded batch without cache (the
     attention implementation's own form: ``None`` lets SDPA use its causal kernel)."""
     masking = require("transformers.masking_utils", "a transformers model")
-    return masking.create_causal_mask(config=config, inputs_embeds=hidden, attention_mask=None,
-                                      cache=None, position_ids=positions)
+    return masking.create_causal_mask(
+        config=config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=positions
+    )
 
 
 class TokenEmbedding(nn.Module):
     """Token embedding, plus learned positions and dropout where the family has them (GPT-2)."""
 
-    def __init__(self, token: nn.Module, position: nn.Module | None = None,
-                 dropout: nn.Module | None = None) -> None:
+    def __init__(
+        self, token: nn.Module, position: nn.Module | None = None, dropout: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.token = token
         self.position = position
@@ -68,10 +70,13 @@ class DecoderBlock(nn.Module):
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
         extra: dict[str, Any] = {}
         if self.rotary is not None:
-            extra = {"position_ids": positions,
-                     "position_embeddings": self.rotary(hidden, positions)}
-        out = self.block(hidden, attention_mask=_causal_mask(self.config, hidden, positions),
-                         **extra)
+            extra = {
+                "position_ids": positions,
+                "position_embeddings": self.rotary(hidden, positions),
+            }
+        out = self.block(
+            hidden, attention_mask=_causal_mask(self.config, hidden, positions), **extra
+        )
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -92,26 +97,34 @@ class LMHead(nn.Module):
 @FAMILIES.register("gpt2")
 def _cut_gpt2(model: Any) -> list[nn.Module]:
     body = model.transformer
-    return [TokenEmbedding(body.wte, body.wpe, body.drop),
-            *(DecoderBlock(block, model.config) for block in body.h),
-            LMHead(body.ln_f, model.lm_head)]
+    return [
+        TokenEmbedding(body.wte, body.wpe, body.drop),
+        *(DecoderBlock(block, model.config) for block in body.h),
+        LMHead(body.ln_f, model.lm_head),
+    ]
 
 
 @FAMILIES.register("llama")
 def _cut_llama(model: Any) -> list[nn.Module]:
     body = model.model
     # Rotary embeddings hold no parameters (their buffer is not saved): each block has its own.
-    return [TokenEmbedding(body.embed_tokens),
-            *(DecoderBlock(block, model.config, copy.deepcopy(body.rotary_emb))
-              for block in body.layers),
-            LMHead(body.norm, model.lm_head)]
+    return [
+        TokenEmbedding(body.embed_tokens),
+        *(
+            DecoderBlock(block, model.config, copy.deepcopy(body.rotary_emb))
+            for block in body.layers
+        ),
+        LMHead(body.norm, model.lm_head),
+    ]
 
 
 def _family(config: Any) -> CutFn:
     model_type = getattr(config, "model_type", None)
     if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise LiveputError(f"causal LM family {model_type!r} is not supported; "
-                           f"known: {', '.join(FAMILIES.names())}")
+        raise LiveputError(
+            f"causal LM family {model_type!r} is not supported; "
+            f"known: {', '.join(FAMILIES.names())}"
+        )
     return FAMILIES.get(model_type)
 
 
@@ -122,8 +135,10 @@ def hf_causal_lm_layers(model: nn.Module) -> list[nn.Module]:
     layers = cut(model)
     shared = {id(p) for p in layers[0].parameters()} & {id(p) for p in layers[-1].parameters()}
     if shared:
-        raise LiveputError("the model's input and output embeddings are tied: build it with "
-                           "tie_word_embeddings=False (each pipeline stage owns its weights)")
+        raise LiveputError(
+            "the model's input and output embeddings are tied: build it with "
+            "tie_word_embeddings=False (each pipeline stage owns its weights)"
+        )
     return layers
 
 
@@ -132,8 +147,9 @@ def from_hf_causal_lm(config: Any, seed: int = 0) -> list[nn.Module]:
     Llama family), as layers; initialization is deterministic in ``seed``."""
     transformers = require("transformers", "liveput.models.from_hf_causal_lm")
     if not isinstance(config, transformers.PretrainedConfig):
-        raise LiveputError(f"from_hf_causal_lm: expected a transformers config, "
-                           f"got {type(config).__name__}")
+        raise LiveputError(
+            f"from_hf_causal_lm: expected a transformers config, got {type(config).__name__}"
+        )
     _family(config)
     config = copy.deepcopy(config)
     config.tie_word_embeddings = False

@@ -56,7 +56,8 @@ class Job:
         if self.global_batch_size % self.micro_batch_size:
             raise LiveputError(
                 f"Job: global_batch_size {self.global_batch_size} is not a multiple of "
-                f"micro_batch_size {self.micro_batch_size}")
+                f"micro_batch_size {self.micro_batch_size}"
+            )
         try:
             size = len(self.dataset)  # type: ignore[arg-type]
         except TypeError:
@@ -64,8 +65,10 @@ class Job:
         if size < 1:
             raise LiveputError("Job.dataset is empty")
         if size < self.global_batch_size:
-            raise LiveputError(f"Job {self.name}: the dataset has {size} samples, fewer than one "
-                               f"batch ({self.global_batch_size})")
+            raise LiveputError(
+                f"Job {self.name}: the dataset has {size} samples, fewer than one "
+                f"batch ({self.global_batch_size})"
+            )
         if not isinstance(self.training, TrainingConfig):
             raise LiveputError("Job.training must be a liveput.TrainingConfig")
         self.layers = list(self.layers)
@@ -95,6 +98,7 @@ def replica_micro_batches(num_micro_batches: int, data_parallel: int, pipeline: 
     """Micro-batches of the step that pipeline ``pipeline`` of ``data_parallel`` computes."""
     if data_parallel > num_micro_batches:
         raise LiveputError(
-            f"{data_parallel} pipelines for {num_micro_batches} micro-batches: some would idle")
+            f"{data_parallel} pipelines for {num_micro_batches} micro-batches: some would idle"
+        )
     start = pipeline * num_micro_batches // data_parallel
     return range(start, (pipeline + 1) * num_micro_batches // data_parallel)

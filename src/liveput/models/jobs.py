@@ -60,8 +60,9 @@ def tiny_gpt_job(config: TinyGPTJobConfig | None = None) -> Job:
     from liveput.models.tiny_gpt import TinyGPTConfig, build_tiny_gpt, language_model_loss
 
     config = config or TinyGPTJobConfig()
-    model = TinyGPTConfig(seq_len=config.seq_len, d_model=config.d_model,
-                          num_blocks=config.num_blocks, num_heads=4)
+    model = TinyGPTConfig(
+        seq_len=config.seq_len, d_model=config.d_model, num_blocks=config.num_blocks, num_heads=4
+    )
     rate = config.learning_rate
 
     def optimizer(parameters: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -72,35 +73,49 @@ def tiny_gpt_job(config: TinyGPTJobConfig | None = None) -> Job:
     return Job(
         layers=build_tiny_gpt(model, seed=config.seed),
         dataset=ByteWindows(load_stdlib_corpus(config.corpus_bytes), config.seq_len),
-        loss_fn=language_model_loss, optimizer=optimizer,
-        global_batch_size=config.global_batch_size, micro_batch_size=config.micro_batch_size,
+        loss_fn=language_model_loss,
+        optimizer=optimizer,
+        global_batch_size=config.global_batch_size,
+        micro_batch_size=config.micro_batch_size,
         name="tiny-gpt",
     )
 
 
 JOBS.register("tiny-gpt")(lambda: tiny_gpt_job())
-JOBS.register("tiny-gpt-32")(lambda: tiny_gpt_job(TinyGPTJobConfig(
-    global_batch_size=32, micro_batch_size=8)))  # the batch `load_profile("tiny-gpt")` measures
-JOBS.register("tiny-gpt-small")(lambda: tiny_gpt_job(TinyGPTJobConfig(
-    num_blocks=2, d_model=64, seq_len=32, global_batch_size=8, micro_batch_size=2,
-    learning_rate=0.05, sgd=True, corpus_bytes=200_000)))
+JOBS.register("tiny-gpt-32")(
+    lambda: tiny_gpt_job(TinyGPTJobConfig(global_batch_size=32, micro_batch_size=8))
+)  # the batch `load_profile("tiny-gpt")` measures
+JOBS.register("tiny-gpt-small")(
+    lambda: tiny_gpt_job(
+        TinyGPTJobConfig(
+            num_blocks=2,
+            d_model=64,
+            seq_len=32,
+            global_batch_size=8,
+            micro_batch_size=2,
+            learning_rate=0.05,
+            sgd=True,
+            corpus_bytes=200_000,
+        )
+    )
+)
 
 
 def resolve_job(spec: str, data: str | None = None) -> Job:
     """A built-in job by name or ``module:function`` returning a :class:`Job`; ``data``: the
     file a built-in job that takes one trains on."""
     if data is not None:
-        takers = [name for name in JOBS.names()
-                  if "data" in inspect.signature(JOBS.get(name)).parameters]
+        takers = [
+            name for name in JOBS.names() if "data" in inspect.signature(JOBS.get(name)).parameters
+        ]
         if spec not in takers:
-            raise LiveputError(f"job {spec!r} takes no --data; the built-in jobs that do: "
-                               f"{', '.join(takers)}")
+            raise LiveputError(
+                f"job {spec!r} takes no --data; the built-in jobs that do: {', '.join(takers)}"
+            )
         return JOBS.get(spec)(data=data)
     if spec in JOBS:
         return JOBS.get(spec)()
     return call_spec(spec, Job, "job", JOBS.names())
-
-
 
 
 @dataclass(frozen=True)
@@ -128,8 +143,9 @@ class CausalLMJobConfig:
 
     def __post_init__(self) -> None:
         if self.seq_len < 1 or self.learning_rate <= 0 or self.corpus_bytes < 1:
-            raise LiveputError("language-model job: seq_len, learning_rate and corpus_bytes "
-                               "must be positive")
+            raise LiveputError(
+                "language-model job: seq_len, learning_rate and corpus_bytes must be positive"
+            )
         if self.data is None and self.tokenizer != "byte":
             raise LiveputError("language-model job: a tokenizer needs a --data file")
 
@@ -145,54 +161,85 @@ def _text_dataset(config: CausalLMJobConfig) -> tuple[torch.utils.data.Dataset, 
     return dataset, dataset.vocab_size
 
 
-def _optimizer(rate: float, sgd: bool, weight_decay: float = 0.0) -> Callable[
-        [list[nn.Parameter]], torch.optim.Optimizer]:
+def _optimizer(
+    rate: float, sgd: bool, weight_decay: float = 0.0
+) -> Callable[[list[nn.Parameter]], torch.optim.Optimizer]:
     def make(parameters: list[nn.Parameter]) -> torch.optim.Optimizer:
         if sgd:
             return torch.optim.SGD(parameters, lr=rate, momentum=0.9, weight_decay=weight_decay)
         return torch.optim.AdamW(parameters, lr=rate, weight_decay=weight_decay)
+
     return make
 
 
-def causal_lm_job(name: str, make_config: Callable[[int, int], Any],
-                  config: CausalLMJobConfig) -> Job:
+def causal_lm_job(
+    name: str, make_config: Callable[[int, int], Any], config: CausalLMJobConfig
+) -> Job:
     """A ``transformers`` causal LM job: ``make_config(vocab_size, seq_len)`` gives its
     config once the dataset has said how many tokens it has."""
     from liveput.models.hf import from_hf_causal_lm
     from liveput.models.tiny_gpt import language_model_loss
 
     dataset, vocab_size = _text_dataset(config)
-    return Job(layers=from_hf_causal_lm(make_config(vocab_size, config.seq_len), config.seed),
-               dataset=dataset, loss_fn=language_model_loss,
-               optimizer=_optimizer(config.learning_rate, config.sgd),
-               global_batch_size=config.global_batch_size,
-               micro_batch_size=config.micro_batch_size, name=name)
+    return Job(
+        layers=from_hf_causal_lm(make_config(vocab_size, config.seq_len), config.seed),
+        dataset=dataset,
+        loss_fn=language_model_loss,
+        optimizer=_optimizer(config.learning_rate, config.sgd),
+        global_batch_size=config.global_batch_size,
+        micro_batch_size=config.micro_batch_size,
+        name=name,
+    )
 
 
-def gpt2_config(layers: int = 12, width: int = 768, heads: int = 12,
-                positions: int = 1024) -> Callable[[int, int], Any]:
+def gpt2_config(
+    layers: int = 12, width: int = 768, heads: int = 12, positions: int = 1024
+) -> Callable[[int, int], Any]:
     """GPT-2's config maker (defaults: GPT-2 small's shape), dropout off."""
+
     def make(vocab_size: int, seq_len: int) -> Any:
         transformers = require("transformers", "the GPT-2 jobs")
         if seq_len > positions:
             raise LiveputError(f"gpt2: seq_len {seq_len} exceeds its {positions} positions")
         return transformers.GPT2Config(
-            vocab_size=vocab_size, n_positions=positions, n_embd=width, n_layer=layers,
-            n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)
+            vocab_size=vocab_size,
+            n_positions=positions,
+            n_embd=width,
+            n_layer=layers,
+            n_head=heads,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=None,
+            eos_token_id=None,
+            tie_word_embeddings=False,
+        )
+
     return make
 
 
-def llama_config(layers: int = 4, width: int = 256, heads: int = 4, kv_heads: int = 2,
-                 intermediate: int = 688) -> Callable[[int, int], Any]:
+def llama_config(
+    layers: int = 4, width: int = 256, heads: int = 4, kv_heads: int = 2, intermediate: int = 688
+) -> Callable[[int, int], Any]:
     """Llama's config maker (defaults: ``llama-tiny``, grouped-query attention)."""
+
     def make(vocab_size: int, seq_len: int) -> Any:
         transformers = require("transformers", "the Llama jobs")
         return transformers.LlamaConfig(
-            vocab_size=vocab_size, hidden_size=width, intermediate_size=intermediate,
-            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-            max_position_embeddings=seq_len, attention_dropout=0.0, bos_token_id=None,
-            eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+            vocab_size=vocab_size,
+            hidden_size=width,
+            intermediate_size=intermediate,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=seq_len,
+            attention_dropout=0.0,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+        )
+
     return make
 
 
@@ -225,21 +272,30 @@ def resnet50_job(config: ResNetJobConfig | None = None) -> Job:
     from liveput.models.resnet import SyntheticImages, build_resnet50
 
     config = config or ResNetJobConfig()
-    return Job(layers=build_resnet50(config.num_classes, config.width, config.seed),
-               dataset=SyntheticImages(config.num_samples, config.image_size,
-                                       config.num_classes, config.seed),
-               loss_fn=F.cross_entropy,
-               optimizer=_optimizer(config.learning_rate, True, config.weight_decay),
-               global_batch_size=config.global_batch_size,
-               micro_batch_size=config.micro_batch_size, name="resnet50")
+    return Job(
+        layers=build_resnet50(config.num_classes, config.width, config.seed),
+        dataset=SyntheticImages(
+            config.num_samples, config.image_size, config.num_classes, config.seed
+        ),
+        loss_fn=F.cross_entropy,
+        optimizer=_optimizer(config.learning_rate, True, config.weight_decay),
+        global_batch_size=config.global_batch_size,
+        micro_batch_size=config.micro_batch_size,
+        name="resnet50",
+    )
 
 
 @JOBS.register("gpt2-small")
 def gpt2_small_job(data: str | None = None) -> Job:
     """GPT-2 small's shape (12 blocks, 768 wide, 12 heads; untied head), 256-token contexts,
     batch 8 in micro-batches of 2."""
-    return causal_lm_job("gpt2-small", gpt2_config(), CausalLMJobConfig(
-        seq_len=256, global_batch_size=8, micro_batch_size=2, learning_rate=3e-4, data=data))
+    return causal_lm_job(
+        "gpt2-small",
+        gpt2_config(),
+        CausalLMJobConfig(
+            seq_len=256, global_batch_size=8, micro_batch_size=2, learning_rate=3e-4, data=data
+        ),
+    )
 
 
 @JOBS.register("llama-tiny")

@@ -43,7 +43,8 @@ class Bottleneck(nn.Module):
         if stride != 1 or in_channels != out_channels:
             self.downsample = nn.Sequential(
                 nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_channels))
+                nn.BatchNorm2d(out_channels),
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
@@ -55,8 +56,9 @@ class Bottleneck(nn.Module):
 class ResNet(nn.Module):
     """torchvision's ResNet with bottleneck blocks (module names as torchvision's)."""
 
-    def __init__(self, blocks: tuple[int, ...] = RESNET50_BLOCKS, num_classes: int = 1000,
-                 width: int = 64) -> None:
+    def __init__(
+        self, blocks: tuple[int, ...] = RESNET50_BLOCKS, num_classes: int = 1000, width: int = 64
+    ) -> None:
         super().__init__()
         if width < 1 or num_classes < 1 or not blocks or min(blocks) < 1:
             raise LiveputError("resnet: width, num_classes and every stage's blocks must be >= 1")
@@ -66,7 +68,7 @@ class ResNet(nn.Module):
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         channels = width
         for stage, count in enumerate(blocks):
-            inner = width * 2 ** stage
+            inner = width * 2**stage
             stage_blocks = []
             for index in range(count):
                 stride = 2 if stage > 0 and index == 0 else 1
@@ -93,8 +95,9 @@ class ResNet(nn.Module):
 class Stem(nn.Module):
     """7x7 convolution, BatchNorm, ReLU, max-pool."""
 
-    def __init__(self, conv1: nn.Module, bn1: nn.Module, relu: nn.Module,
-                 maxpool: nn.Module) -> None:
+    def __init__(
+        self, conv1: nn.Module, bn1: nn.Module, relu: nn.Module, maxpool: nn.Module
+    ) -> None:
         super().__init__()
         self.conv1, self.bn1, self.relu, self.maxpool = conv1, bn1, relu, maxpool
 
@@ -119,16 +122,20 @@ def resnet_layers(model: nn.Module) -> list[nn.Module]:
     needed = ("conv1", "bn1", "relu", "maxpool", "layer1", "avgpool", "fc")
     missing = [name for name in needed if not hasattr(model, name)]
     if missing:
-        raise LiveputError(f"resnet_layers: {type(model).__name__} is not a ResNet "
-                           f"(no {', '.join(missing)})")
+        raise LiveputError(
+            f"resnet_layers: {type(model).__name__} is not a ResNet (no {', '.join(missing)})"
+        )
     blocks: list[nn.Module] = []
     stage = 1
     while hasattr(model, f"layer{stage}"):
         blocks.extend(getattr(model, f"layer{stage}").children())
         stage += 1
     net: Any = model  # torchvision's ResNet: its submodules are attributes by name
-    return [Stem(net.conv1, net.bn1, net.relu, net.maxpool), *blocks,
-            ClassifierHead(net.avgpool, net.fc)]
+    return [
+        Stem(net.conv1, net.bn1, net.relu, net.maxpool),
+        *blocks,
+        ClassifierHead(net.avgpool, net.fc),
+    ]
 
 
 def build_resnet50(num_classes: int = 1000, width: int = 64, seed: int = 0) -> list[nn.Module]:
@@ -150,18 +157,23 @@ class SyntheticImages(torch.utils.data.Dataset):
     PATTERN = 8
     """Side of the per-class pattern before upsampling."""
 
-    def __init__(self, num_samples: int = 50_000, image_size: int = 224,
-                 num_classes: int = 1000, seed: int = 0) -> None:
+    def __init__(
+        self,
+        num_samples: int = 50_000,
+        image_size: int = 224,
+        num_classes: int = 1000,
+        seed: int = 0,
+    ) -> None:
         if num_samples < 1 or num_classes < 1 or image_size < self.PATTERN:
-            raise LiveputError(f"synthetic images: need >= 1 sample and class and an image "
-                               f"side >= {self.PATTERN}")
+            raise LiveputError(
+                f"synthetic images: need >= 1 sample and class and an image side >= {self.PATTERN}"
+            )
         self.num_samples = num_samples
         self.image_size = image_size
         self.num_classes = num_classes
         self.seed = seed
         generator = torch.Generator().manual_seed(seed)
-        self.patterns = torch.randn(num_classes, 3, self.PATTERN, self.PATTERN,
-                                    generator=generator)
+        self.patterns = torch.randn(num_classes, 3, self.PATTERN, self.PATTERN, generator=generator)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -172,5 +184,5 @@ class SyntheticImages(torch.utils.data.Dataset):
         noise = torch.randn(3, self.image_size, self.image_size, generator=generator)
         repeat = math.ceil(self.image_size / self.PATTERN)
         pattern = self.patterns[label].repeat_interleave(repeat, 1).repeat_interleave(repeat, 2)
-        image = noise + pattern[:, :self.image_size, :self.image_size]
+        image = noise + pattern[:, : self.image_size, : self.image_size]
         return image, torch.tensor(label)

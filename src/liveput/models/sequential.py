@@ -11,8 +11,9 @@ def from_sequential(model: nn.Sequential) -> list[nn.Module]:
     """The children of ``model`` in order (the same modules, not copies). Each must map one
     tensor to one tensor, as the layers of a :class:`liveput.Job` do."""
     if not isinstance(model, nn.Sequential):
-        raise LiveputError(f"from_sequential: expected a torch.nn.Sequential, "
-                           f"got {type(model).__name__}")
+        raise LiveputError(
+            f"from_sequential: expected a torch.nn.Sequential, got {type(model).__name__}"
+        )
     layers = list(model.children())
     if not layers:
         raise LiveputError("from_sequential: the Sequential has no layers")

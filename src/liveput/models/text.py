@@ -38,8 +38,10 @@ def read_texts(path: str | Path, column: str = "text") -> list[str]:
             raise LiveputError(f"text dataset {path}: {error.strerror}") from None
     table = _read_table(path, suffix)
     if column not in table.column_names:
-        raise LiveputError(f"text dataset {path}: no column {column!r} (columns: "
-                           f"{', '.join(table.column_names) or 'none'})")
+        raise LiveputError(
+            f"text dataset {path}: no column {column!r} (columns: "
+            f"{', '.join(table.column_names) or 'none'})"
+        )
     values = table.column(column).to_pylist()
     if any(value is not None and not isinstance(value, str) for value in values):
         raise LiveputError(f"text dataset {path}: column {column!r} is not text")
@@ -57,8 +59,9 @@ def _read_table(path: Path, suffix: str) -> Any:  # a pyarrow.Table
         except pyarrow.ArrowInvalid:  # Hugging Face datasets write the stream format
             return ipc.open_stream(path).read_all()
     except (pyarrow.ArrowException, OSError) as error:
-        raise LiveputError(f"text dataset {path}: not a readable "
-                           f"{suffix.lstrip('.')} file ({error})") from None
+        raise LiveputError(
+            f"text dataset {path}: not a readable {suffix.lstrip('.')} file ({error})"
+        ) from None
 
 
 class Tokenizer:
@@ -72,8 +75,7 @@ class Tokenizer:
             return
         path = Path(spec)
         if not path.is_file():
-            raise LiveputError(f"tokenizer {path}: no such file (give 'byte' or a "
-                               "tokenizer.json)")
+            raise LiveputError(f"tokenizer {path}: no such file (give 'byte' or a tokenizer.json)")
         tokenizers = require("tokenizers", f"the tokenizer {path}")
         try:
             self._inner = tokenizers.Tokenizer.from_file(str(path))
@@ -94,16 +96,23 @@ class TextDataset(ByteWindows):
     """Windows of ``seq_len + 1`` tokens of the file at ``path`` (input = first ``seq_len``,
     target = last ``seq_len``)."""
 
-    def __init__(self, path: str | Path, tokenizer: str | Path = BYTE, seq_len: int = 128,
-                 column: str = "text", seed: int = 0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        tokenizer: str | Path = BYTE,
+        seq_len: int = 128,
+        column: str = "text",
+        seed: int = 0,
+    ) -> None:
         if seq_len < 1:
             raise LiveputError(f"text dataset: seq_len must be >= 1, got {seq_len}")
         self.path = str(path)
         self.tokenizer = Tokenizer(tokenizer)
         tokens = self.tokenizer.encode(read_texts(path, column))
         if len(tokens) <= seq_len + 1:
-            raise LiveputError(f"text dataset {path}: {len(tokens)} tokens, fewer than one "
-                               f"sample of {seq_len + 1}")
+            raise LiveputError(
+                f"text dataset {path}: {len(tokens)} tokens, fewer than one sample of {seq_len + 1}"
+            )
         super().__init__(tokens, seq_len, seed)
 
     @property

@@ -48,8 +48,9 @@ class LRSchedule:
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
-            raise LiveputError(f"lr schedule: unknown kind {self.kind!r}; known: "
-                               f"{', '.join(SCHEDULES)}")
+            raise LiveputError(
+                f"lr schedule: unknown kind {self.kind!r}; known: {', '.join(SCHEDULES)}"
+            )
         if self.warmup_steps < 0:
             raise LiveputError(f"lr schedule: warmup must be >= 0, not {self.warmup_steps}")
         if self.total_steps is not None and self.total_steps < 1:
@@ -83,16 +84,19 @@ class LRSchedule:
         for item in filter(None, (part.strip() for part in rest.split(","))):
             key, equals, value = item.partition("=")
             if not equals or key not in ("warmup", "min", "steps"):
-                raise LiveputError(f"--lr-schedule {text!r}: expected KIND[:warmup=N][,min=F]"
-                                   f"[,steps=N], got {item!r}")
+                raise LiveputError(
+                    f"--lr-schedule {text!r}: expected KIND[:warmup=N][,min=F]"
+                    f"[,steps=N], got {item!r}"
+                )
             options[key] = value
         try:
             warmup = int(options.get("warmup", "0"))
             min_ratio = float(options.get("min", "0"))
             steps = int(options["steps"]) if "steps" in options else total_steps
         except ValueError:
-            raise LiveputError(f"--lr-schedule {text!r}: warmup and steps are integers, min a "
-                               "number") from None
+            raise LiveputError(
+                f"--lr-schedule {text!r}: warmup and steps are integers, min a number"
+            ) from None
         return cls(kind=kind, warmup_steps=warmup, total_steps=steps, min_ratio=min_ratio)
 
 
@@ -109,7 +113,7 @@ class TrainingConfig:
     """Learning rate by global step (None: the optimizer's own, constant)."""
     activation_checkpointing: bool = False
     """Recompute each layer's forward in its backward pass instead of keeping its activations."""
-    initial_loss_scale: float = 2.0 ** 16
+    initial_loss_scale: float = 2.0**16
     """fp16: the loss scale of the first step."""
     loss_scale_growth_interval: int = 2000
     """fp16: steps without an overflow after which the loss scale doubles (an overflow halves it
@@ -121,28 +125,37 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
-            raise LiveputError(f"training: unknown precision {self.precision!r}; known: "
-                               f"{', '.join(PRECISIONS)}")
+            raise LiveputError(
+                f"training: unknown precision {self.precision!r}; known: {', '.join(PRECISIONS)}"
+            )
         if self.clip_grad_norm is not None and not (
-                math.isfinite(self.clip_grad_norm) and self.clip_grad_norm > 0):
-            raise LiveputError(f"training: clip_grad_norm must be a positive number, not "
-                               f"{self.clip_grad_norm}")
+            math.isfinite(self.clip_grad_norm) and self.clip_grad_norm > 0
+        ):
+            raise LiveputError(
+                f"training: clip_grad_norm must be a positive number, not {self.clip_grad_norm}"
+            )
         if not (math.isfinite(self.initial_loss_scale) and self.initial_loss_scale >= 1):
-            raise LiveputError(f"training: initial_loss_scale must be >= 1, not "
-                               f"{self.initial_loss_scale}")
+            raise LiveputError(
+                f"training: initial_loss_scale must be >= 1, not {self.initial_loss_scale}"
+            )
         if self.loss_scale_growth_interval < 1:
             raise LiveputError("training: loss_scale_growth_interval must be >= 1")
         if self.on_nonfinite_loss not in NONFINITE_LOSS:
-            raise LiveputError(f"training: on_nonfinite_loss must be one of "
-                               f"{', '.join(NONFINITE_LOSS)}, not {self.on_nonfinite_loss!r}")
+            raise LiveputError(
+                f"training: on_nonfinite_loss must be one of "
+                f"{', '.join(NONFINITE_LOSS)}, not {self.on_nonfinite_loss!r}"
+            )
 
     @property
     def global_norm_needed(self) -> bool:
         """Whether a step needs the norm of every layer's gradients (clipping, or the fp16
         overflow check and the skip of a non-finite loss, which must skip the step on every
         stage at once)."""
-        return (self.clip_grad_norm is not None or self.precision == "fp16"
-                or self.on_nonfinite_loss == "skip")
+        return (
+            self.clip_grad_norm is not None
+            or self.precision == "fp16"
+            or self.on_nonfinite_loss == "skip"
+        )
 
     def to_dict(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k != "lr_schedule"}

@@ -56,8 +56,10 @@ class Dashboard:
         try:
             self.server = ThreadingHTTPServer((host, port), Handler)
         except OSError as error:
-            raise LiveputError(f"dashboard: cannot listen on {host}:{port}: "
-                               f"{(error.strerror or str(error)).lower()}") from None
+            raise LiveputError(
+                f"dashboard: cannot listen on {host}:{port}: "
+                f"{(error.strerror or str(error)).lower()}"
+            ) from None
         self.server.daemon_threads = True
         self.host = host
         self.port = self.server.server_address[1]
@@ -72,8 +74,9 @@ class Dashboard:
         """Start answering, reading the job's status from the store at ``store_url``."""
         self.store = open_store(store_url, token=token, timeout_s=5.0)
         self.token = token
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True,
-                                        name="dashboard")
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, daemon=True, name="dashboard"
+        )
         self._thread.start()
 
     def _allowed(self, request: BaseHTTPRequestHandler, query: dict) -> bool:
@@ -91,8 +94,9 @@ class Dashboard:
 
         parts = urlsplit(request.path)
         if not self._allowed(request, parse_qs(parts.query)):
-            self._send(request, HTTPStatus.UNAUTHORIZED, b"the job token is required\n",
-                       "text/plain")
+            self._send(
+                request, HTTPStatus.UNAUTHORIZED, b"the job token is required\n", "text/plain"
+            )
             return
         try:
             with self._lock:  # one store connection, shared by the server's threads
@@ -110,14 +114,12 @@ class Dashboard:
                     self._send(request, HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
                     return
         except LiveputError as error:
-            self._send(request, HTTPStatus.SERVICE_UNAVAILABLE, f"{error}\n".encode(),
-                       "text/plain")
+            self._send(request, HTTPStatus.SERVICE_UNAVAILABLE, f"{error}\n".encode(), "text/plain")
             return
         self._send(request, HTTPStatus.OK, body, kind)
 
     @staticmethod
-    def _send(request: BaseHTTPRequestHandler, status: HTTPStatus, body: bytes,
-              kind: str) -> None:
+    def _send(request: BaseHTTPRequestHandler, status: HTTPStatus, body: bytes, kind: str) -> None:
         try:
             request.send_response(status)
             request.send_header("Content-Type", kind)

@@ -27,15 +27,15 @@ def final_layers_present(checkpoint_dir: str, num_layers: int) -> bool:
     return all(fs.exists(f"{root}/final/layer-{i}.pt") for i in range(num_layers))
 
 
-def export_model(checkpoint_dir: str, num_layers: int, output: Path,
-                 wait_s: float = 20.0) -> Path:
+def export_model(checkpoint_dir: str, num_layers: int, output: Path, wait_s: float = 20.0) -> Path:
     """Write the final model to ``output``; waits up to ``wait_s`` for the last agents to
     finish writing their final layer files."""
     deadline = time.monotonic() + wait_s
     while not final_layers_present(checkpoint_dir, num_layers):
         if time.monotonic() > deadline:
-            raise LiveputError(f"export: {checkpoint_dir}/final/ lacks layer files: the job did "
-                               "not finish")
+            raise LiveputError(
+                f"export: {checkpoint_dir}/final/ lacks layer files: the job did not finish"
+            )
         time.sleep(0.2)
     fs, root = fsspec.core.url_to_fs(checkpoint_dir.rstrip("/"))
     joined: dict[str, torch.Tensor] = {}

@@ -73,8 +73,10 @@ class ProviderSpec:
 
     def __post_init__(self) -> None:
         if self.name != "emulated":
-            raise LiveputError(f"provider: name {self.name!r}: only 'emulated' can be launched "
-                               "from a job file (use liveput coordinator --provider aws)")
+            raise LiveputError(
+                f"provider: name {self.name!r}: only 'emulated' can be launched "
+                "from a job file (use liveput coordinator --provider aws)"
+            )
         if self.workers < 1 or self.time_scale <= 0 or self.trace_seed < 0:
             raise LiveputError("provider: workers must be >= 1, time_scale > 0, trace_seed >= 0")
         if self.on_demand_max is not None and self.on_demand_max < 0:
@@ -100,8 +102,9 @@ class ObjectiveSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in OBJECTIVES:
-            raise LiveputError(f"objective: kind {self.kind!r} is not one of "
-                               f"{', '.join(OBJECTIVES)}")
+            raise LiveputError(
+                f"objective: kind {self.kind!r} is not one of {', '.join(OBJECTIVES)}"
+            )
         if (self.kind == "deadline") != (self.deadline_hours is not None):
             raise LiveputError("objective: deadline_hours goes with kind: deadline, and only then")
         if self.deadline_hours is not None and not self.deadline_hours > 0:
@@ -250,8 +253,10 @@ def _line(node: yaml.Node) -> int:
 
 def _build(cls: type, node: yaml.Node, where: str, prefix: str) -> Any:
     if not isinstance(node, yaml.MappingNode):
-        raise LiveputError(f"{where}:{_line(node)}: {prefix.rstrip('.') or 'the job file'}: "
-                           "expected a mapping of keys")
+        raise LiveputError(
+            f"{where}:{_line(node)}: {prefix.rstrip('.') or 'the job file'}: "
+            "expected a mapping of keys"
+        )
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls) if f.name not in _NOT_KEYS]
     values: dict[str, Any] = {}
@@ -259,8 +264,9 @@ def _build(cls: type, node: yaml.Node, where: str, prefix: str) -> Any:
         key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
         name = f"{prefix}{key}"
         if key not in known:
-            raise LiveputError(f"{where}:{_line(key_node)}: {name}: unknown key "
-                               f"(known: {', '.join(known)})")
+            raise LiveputError(
+                f"{where}:{_line(key_node)}: {name}: unknown key (known: {', '.join(known)})"
+            )
         if key in values:
             raise LiveputError(f"{where}:{_line(key_node)}: {name}: given twice")
         values[key] = _value(hints[key], value_node, where, name)
@@ -276,11 +282,14 @@ def _value(hint: Any, node: yaml.Node, where: str, name: str) -> Any:
     if isinstance(options[0], type) and dataclasses.is_dataclass(options[0]):
         return _build(options[0], node, where, f"{name}.")
     wanted = [t for t in options if t is not type(None)]
-    expected = " or ".join(t.__name__ for t in wanted) + (" or null" if len(wanted) < len(options)
-                                                         else "")
+    expected = " or ".join(t.__name__ for t in wanted) + (
+        " or null" if len(wanted) < len(options) else ""
+    )
     if not isinstance(node, yaml.ScalarNode):
-        raise LiveputError(f"{where}:{_line(node)}: {name}: expected {expected}, got a "
-                           f"{'list' if isinstance(node, yaml.SequenceNode) else 'mapping'}")
+        raise LiveputError(
+            f"{where}:{_line(node)}: {name}: expected {expected}, got a "
+            f"{'list' if isinstance(node, yaml.SequenceNode) else 'mapping'}"
+        )
     value = _scalar(node)
     if value is None and type(None) in options:
         return None

@@ -26,44 +26,60 @@ class _StatusCollector:
     def collect(self) -> Iterator[Metric]:  # prometheus_client's collector protocol
         status = self.status
         job = status.get("job", "")
-        gauges = (("liveput_step", "Steps committed", status.get("step", 0)),
-                  ("liveput_samples_per_second", "Samples per second now",
-                   status.get("samples_per_s", 0.0)),
-                  ("liveput_samples_per_second_avg", "Samples per second averaged",
-                   status.get("samples_per_s_avg", 0.0)))
+        gauges = (
+            ("liveput_step", "Steps committed", status.get("step", 0)),
+            (
+                "liveput_samples_per_second",
+                "Samples per second now",
+                status.get("samples_per_s", 0.0),
+            ),
+            (
+                "liveput_samples_per_second_avg",
+                "Samples per second averaged",
+                status.get("samples_per_s_avg", 0.0),
+            ),
+        )
         for name, text, value in gauges:
             family = GaugeMetricFamily(name, text, labels=["job"])
             family.add_metric([job], float(value))
             yield family
         if status.get("loss") is not None:
-            family = GaugeMetricFamily("liveput_loss", "Loss of the last committed step",
-                                       labels=["job"])
+            family = GaugeMetricFamily(
+                "liveput_loss", "Loss of the last committed step", labels=["job"]
+            )
             family.add_metric([job], float(status["loss"]))
             yield family
-        instances = GaugeMetricFamily("liveput_instances", "Instances by market and state",
-                                      labels=["job", "market", "state"])
+        instances = GaugeMetricFamily(
+            "liveput_instances", "Instances by market and state", labels=["job", "market", "state"]
+        )
         for market, states in status.get("instances", {}).items():
             for state, count in states.items():
                 instances.add_metric([job, market, state], float(count))
         yield instances
-        usd = CounterMetricFamily("liveput_usd", "Dollars spent by market",
-                                  labels=["job", "market"])
+        usd = CounterMetricFamily(
+            "liveput_usd", "Dollars spent by market", labels=["job", "market"]
+        )
         for market in ("spot", "on_demand"):
-            usd.add_metric([job, market.replace("_", "-")],
-                           float(status.get("usd", {}).get(market, 0.0)))
+            usd.add_metric(
+                [job, market.replace("_", "-")], float(status.get("usd", {}).get(market, 0.0))
+            )
         yield usd
-        saved = GaugeMetricFamily("liveput_usd_saved", "Dollars saved against on-demand",
-                                  labels=["job"])
+        saved = GaugeMetricFamily(
+            "liveput_usd_saved", "Dollars saved against on-demand", labels=["job"]
+        )
         saved.add_metric([job], float(status.get("usd", {}).get("savings", 0.0)))
         yield saved
-        migrations = CounterMetricFamily("liveput_migrations", "Plans published by migration kind",
-                                         labels=["job", "kind"])
+        migrations = CounterMetricFamily(
+            "liveput_migrations", "Plans published by migration kind", labels=["job", "kind"]
+        )
         for kind, count in sorted(self.migrations.items()):
             migrations.add_metric([job, kind], float(count))
         yield migrations
-        downtime = CounterMetricFamily("liveput_downtime_seconds",
-                                       "Wall seconds from a plan to its first commit, summed",
-                                       labels=["job"])
+        downtime = CounterMetricFamily(
+            "liveput_downtime_seconds",
+            "Wall seconds from a plan to its first commit, summed",
+            labels=["job"],
+        )
         downtime.add_metric([job], float(status.get("downtime_s", 0.0)))
         yield downtime
 
@@ -89,8 +105,9 @@ class TensorBoardScalars:
         try:
             Path(directory).mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise LiveputError(f"metrics.tensorboard: cannot create {directory}: "
-                               f"{error.strerror}") from None
+            raise LiveputError(
+                f"metrics.tensorboard: cannot create {directory}: {error.strerror}"
+            ) from None
         self.writer = SummaryWriter(log_dir=directory)
         self._step = -1
 
@@ -99,9 +116,12 @@ class TensorBoardScalars:
         if step == self._step:
             return
         self._step = step
-        scalars = {"samples_per_s": status.get("samples_per_s"), "loss": status.get("loss"),
-                   "usd/total": status.get("usd", {}).get("total"),
-                   "usd/savings": status.get("usd", {}).get("savings")}
+        scalars = {
+            "samples_per_s": status.get("samples_per_s"),
+            "loss": status.get("loss"),
+            "usd/total": status.get("usd", {}).get("total"),
+            "usd/savings": status.get("usd", {}).get("savings"),
+        }
         for market, states in status.get("instances", {}).items():
             scalars[f"instances/{market}"] = sum(states.values())
         for tag, value in scalars.items():

@@ -87,8 +87,9 @@ class StatusRecorder:
         self.downtime_s = float(previous.get("downtime_s", 0.0))
         self.points: list[list] = list(series.get("points", []))
         self.series_every_s = float(series.get("every_s", config.series_every_s))
-        self.events: deque[dict] = deque(_json(store.get(keys.status_events())) or [],
-                                         maxlen=config.max_events)
+        self.events: deque[dict] = deque(
+            _json(store.get(keys.status_events())) or [], maxlen=config.max_events
+        )
         self._last_s: float | None = None
         self._last_write_s = -1e18
         self._last_point_s = -1e18
@@ -106,8 +107,12 @@ class StatusRecorder:
         self.snapshot: dict = previous
 
     def _event(self, kind: str, now_s: float, **detail: object) -> dict:
-        event = {"time_s": round(self.elapsed_s, 2), "unix_s": round(time.time(), 3),
-                 "kind": kind, **detail}
+        event = {
+            "time_s": round(self.elapsed_s, 2),
+            "unix_s": round(time.time(), 3),
+            "kind": kind,
+            **detail,
+        }
         self.events.append(event)
         return event
 
@@ -120,10 +125,15 @@ class StatusRecorder:
             self._generation = plan.generation
             published = _json(store.get(keys.event(plan.generation))) or {}
             self._downtime = self._event(
-                "plan", now_s, generation=plan.generation,
-                reason=published.get("reason", ""), migration=plan.kind,
+                "plan",
+                now_s,
+                generation=plan.generation,
+                reason=published.get("reason", ""),
+                migration=plan.kind,
                 configuration=f"{plan.data_parallel}x{plan.pipeline_stages}",
-                start_step=plan.start_step, instances=len(plan.slots))
+                start_step=plan.start_step,
+                instances=len(plan.slots),
+            )
             self._plan_at_s = now_s
         if self._downtime is not None and coordinator.committed >= self._downtime["start_step"]:
             self._downtime["downtime_s"] = round(now_s - self._plan_at_s, 3)
@@ -132,13 +142,19 @@ class StatusRecorder:
         # New ones in the store's key order (``notice/10`` before ``notice/9``).
         noticed = set(readers.by_instance(store, keys.NOTICE))
         for instance in sorted(noticed - self._noticed, key=str):
-            self._event("notice", now_s, instance=instance,
-                        reason="preemption notice from the provider")
+            self._event(
+                "notice", now_s, instance=instance, reason="preemption notice from the provider"
+            )
         lost = set(readers.by_instance(store, keys.LOST))
         for instance in sorted(lost - self._lost, key=str):
-            self._event("lost", now_s, instance=instance,
-                        reason="noticed: leaves the job" if instance in noticed
-                        else "no heartbeat: preempted or dead")
+            self._event(
+                "lost",
+                now_s,
+                instance=instance,
+                reason="noticed: leaves the job"
+                if instance in noticed
+                else "no heartbeat: preempted or dead",
+            )
         self._noticed, self._lost = noticed, lost
         checkpoint = _latest_checkpoint(store)
         if checkpoint is not None and checkpoint != self._checkpoint:
@@ -168,8 +184,14 @@ class StatusRecorder:
             self._devices[str(instance)] = registration.get("device", "cpu")
         return markets
 
-    def record(self, coordinator: Coordinator, now_s: float, state: str = "running",
-               reason: str = "", force: bool = False) -> dict | None:
+    def record(
+        self,
+        coordinator: Coordinator,
+        now_s: float,
+        state: str = "running",
+        reason: str = "",
+        force: bool = False,
+    ) -> dict | None:
         """Account the time since the last call and write what changed; the snapshot written
         (None: nothing written this time)."""
         config = self.config
@@ -188,8 +210,9 @@ class StatusRecorder:
         while len(self._rates) > 2 and now_s - self._rates[1][0] >= config.rate_window_s:
             self._rates.popleft()
         changed = self._observe_events(coordinator, now_s)
-        if state in ("finished", "failed") and (not self.events
-                                                or self.events[-1]["kind"] != state):
+        if state in ("finished", "failed") and (
+            not self.events or self.events[-1]["kind"] != state
+        ):
             self._event(state, now_s, reason=reason or state)
             changed = True
         new_step = committed != self._committed
@@ -206,14 +229,16 @@ class StatusRecorder:
             self._add_point(snapshot)
         return snapshot
 
-    def _snapshot(self, coordinator: Coordinator, instances: dict, now_s: float, state: str,
-                  reason: str) -> dict:
+    def _snapshot(
+        self, coordinator: Coordinator, instances: dict, now_s: float, state: str, reason: str
+    ) -> dict:
         config = self.config
         steps_done = coordinator.committed + 1
         (t0, c0), (t1, c1) = self._rates[0], self._rates[-1]
         rate_now = (c1 - c0) * config.global_batch_size / (t1 - t0) if t1 > t0 else 0.0
-        rate_avg = steps_done * config.global_batch_size / self.elapsed_s \
-            if self.elapsed_s > 0 else 0.0
+        rate_avg = (
+            steps_done * config.global_batch_size / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        )
         plan = coordinator.plan
         loss = None
         if plan is not None and coordinator.committed >= 0:
@@ -223,28 +248,42 @@ class StatusRecorder:
             loss = self.snapshot.get("loss")
         remaining = config.num_steps - steps_done
         rate = rate_now or rate_avg
-        eta_s = None if state != "running" else (
-            remaining * config.global_batch_size / rate if rate > 0 else None)
+        eta_s = (
+            None
+            if state != "running"
+            else (remaining * config.global_batch_size / rate if rate > 0 else None)
+        )
         usd_total = self.usd_spot + self.usd_on_demand
         snapshot = {
-            "job": config.job, "state": state, "reason": reason, "activity": coordinator.status,
-            "step": steps_done, "steps_total": config.num_steps,
+            "job": config.job,
+            "state": state,
+            "reason": reason,
+            "activity": coordinator.status,
+            "step": steps_done,
+            "steps_total": config.num_steps,
             "samples": steps_done * config.global_batch_size,
-            "samples_per_s": round(rate_now, 3), "samples_per_s_avg": round(rate_avg, 3),
+            "samples_per_s": round(rate_now, 3),
+            "samples_per_s_avg": round(rate_avg, 3),
             "loss": loss,
-            "configuration": "-" if plan is None else f"{plan.data_parallel}x"
-                                                      f"{plan.pipeline_stages}",
+            "configuration": "-"
+            if plan is None
+            else f"{plan.data_parallel}x{plan.pipeline_stages}",
             "generation": None if plan is None else plan.generation,
             "instances": instances,
             "devices": dict(sorted(self._devices.items(), key=lambda kv: int(kv[0]))),
-            "usd": {"spot": round(self.usd_spot, 6), "on_demand": round(self.usd_on_demand, 6),
-                    "total": round(usd_total, 6),
-                    "on_demand_equivalent": round(self.usd_equivalent, 6),
-                    "savings": round(self.usd_equivalent - usd_total, 6)},
+            "usd": {
+                "spot": round(self.usd_spot, 6),
+                "on_demand": round(self.usd_on_demand, 6),
+                "total": round(usd_total, 6),
+                "on_demand_equivalent": round(self.usd_equivalent, 6),
+                "savings": round(self.usd_equivalent - usd_total, 6),
+            },
             "downtime_s": round(self.downtime_s, 3),
-            "elapsed_s": round(self.elapsed_s, 3), "eta_s": None if eta_s is None
-            else round(eta_s, 1), "time_scale": config.time_scale,
-            "deadline_hours": config.deadline_hours, "deadline_slack_hours": None,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "eta_s": None if eta_s is None else round(eta_s, 1),
+            "time_scale": config.time_scale,
+            "deadline_hours": config.deadline_hours,
+            "deadline_slack_hours": None,
             "updated_unix_s": round(time.time(), 3),
         }
         if config.deadline_hours is not None and eta_s is not None:
@@ -255,20 +294,38 @@ class StatusRecorder:
 
     def _add_point(self, snapshot: dict) -> None:
         instances = snapshot["instances"]
-        self.points.append([snapshot["elapsed_s"], snapshot["step"], snapshot["samples_per_s"],
-                            snapshot["loss"], sum(instances["spot"].values()),
-                            sum(instances["on-demand"].values()), snapshot["usd"]["total"],
-                            snapshot["configuration"]])
+        self.points.append(
+            [
+                snapshot["elapsed_s"],
+                snapshot["step"],
+                snapshot["samples_per_s"],
+                snapshot["loss"],
+                sum(instances["spot"].values()),
+                sum(instances["on-demand"].values()),
+                snapshot["usd"]["total"],
+                snapshot["configuration"],
+            ]
+        )
         if len(self.points) > self.config.series_points:
             # Whole history at half the resolution: every other point, the newest kept.
             self.points = self.points[::-1][::2][::-1]
             self.series_every_s *= 2
-        self.store.set(keys.status_series(), json.dumps({"every_s": self.series_every_s,
-                                               "points": self.points}).encode())
+        self.store.set(
+            keys.status_series(),
+            json.dumps({"every_s": self.series_every_s, "points": self.points}).encode(),
+        )
 
 
-SERIES_FIELDS = ("elapsed_s", "step", "samples_per_s", "loss", "spot", "on_demand", "usd",
-                 "configuration")
+SERIES_FIELDS = (
+    "elapsed_s",
+    "step",
+    "samples_per_s",
+    "loss",
+    "spot",
+    "on_demand",
+    "usd",
+    "configuration",
+)
 """What each ``status/series`` point holds, in order."""
 
 
@@ -280,9 +337,14 @@ def read_status(store: Store, events: int = 10) -> dict:
     snapshot = _json(store.get(keys.status_now()))
     if snapshot is None:
         spec = store.get(keys.job_spec())
-        raise LiveputError(f"store {store.url}: " + (
-            "the job has not reported a status yet (starting?)" if spec is not None
-            else "no liveput job here"))
+        raise LiveputError(
+            f"store {store.url}: "
+            + (
+                "the job has not reported a status yet (starting?)"
+                if spec is not None
+                else "no liveput job here"
+            )
+        )
     kept = _json(store.get(keys.status_events())) or []
     snapshot["events"] = kept[-events:] if events else []
     return snapshot

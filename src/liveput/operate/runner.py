@@ -78,7 +78,9 @@ def check_writable(url: str) -> None:
             handle.write(b"probe")
         fs.rm(probe)
     except Exception as error:  # noqa: BLE001 - any backend's failure says the same thing
-        reason = getattr(error, "strerror", None) or str(error).splitlines()[0] or type(error).__name__
+        reason = (
+            getattr(error, "strerror", None) or str(error).splitlines()[0] or type(error).__name__
+        )
         raise LiveputError(f"checkpoint URL {url} cannot be written: {reason}") from None
 
 
@@ -137,18 +139,18 @@ def end_dead_generation(store: Store) -> int | None:
     if plan is None or store.get(keys.job_done()) is not None:
         return None
     floor = read_floor(store, plan.generation)
-    committed = protocol.last_committed(store, plan.generation,
-                                        max(plan.start_step, floor or 0))
+    committed = protocol.last_committed(store, plan.generation, max(plan.start_step, floor or 0))
     return protocol.fence(store, plan.generation, committed + 1, plan.num_working)
 
 
-def run_job(job: JobFile, *, resume: bool = False,
-            on_ready: Callable[[JobPlace], None] | None = None) -> dict:
+def run_job(
+    job: JobFile, *, resume: bool = False, on_ready: Callable[[JobPlace], None] | None = None
+) -> dict:
     """Run ``job`` to its end (or continue it with ``resume``), then linger; its summary.
 
     Bad input is refused before anything of an existing job is touched."""
-    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
     from liveput.models.jobs import resolve_job
+    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
     state_dir = job.state_path
     place = read_place(state_dir)
@@ -156,11 +158,14 @@ def run_job(job: JobFile, *, resume: bool = False,
         if place is None:
             raise LiveputError(f"resume: no launched job in {state_dir} (liveput launch it)")
         if pid_alive(place.pid) and place.pid != os.getpid():
-            raise LiveputError(f"resume: the job still runs (launcher pid {place.pid}); "
-                               "liveput stop it first")
+            raise LiveputError(
+                f"resume: the job still runs (launcher pid {place.pid}); liveput stop it first"
+            )
     elif place is not None or (state_dir / "etcd").exists():
-        raise LiveputError(f"launch: {state_dir} already holds job {job.job_name!r}: "
-                           "liveput resume continues it; remove that folder to start over")
+        raise LiveputError(
+            f"launch: {state_dir} already holds job {job.job_name!r}: "
+            "liveput resume continues it; remove that folder to start over"
+        )
     model = resolve_job(job.model)
     num_steps = job.num_steps(model.global_batch_size)
     checkpoint_url = job.checkpoint.url or str(state_dir / "checkpoints")
@@ -173,8 +178,9 @@ def run_job(job: JobFile, *, resume: bool = False,
         check_writable(checkpoint_url)
         state_dir.mkdir(parents=True, exist_ok=True)
         token, token_file = _token(state_dir)
-        port = job.store.port or (int(place.store.rsplit(":", 1)[1]) if place is not None
-                                  else free_port_pair())
+        port = job.store.port or (
+            int(place.store.rsplit(":", 1)[1]) if place is not None else free_port_pair()
+        )
         etcd = LocalEtcd(EtcdConfig(state_dir / "etcd", client_port=port))
         etcd.start()
     except BaseException:
@@ -187,19 +193,26 @@ def run_job(job: JobFile, *, resume: bool = False,
         store = open_store(etcd.url, token=token, timeout_s=10.0)
         if resume:
             if store.get(keys.job_done()) is not None and (state_dir / "model.pt").exists():
-                raise LiveputError(f"resume: job {job.job_name!r} finished already; its model "
-                                   f"is {state_dir / 'model.pt'}")
+                raise LiveputError(
+                    f"resume: job {job.job_name!r} finished already; its model "
+                    f"is {state_dir / 'model.pt'}"
+                )
             store.delete(keys.job_stop())
             forget_instances(store)
             end_dead_generation(store)
-        place = JobPlace(etcd.url, str(token_file.resolve()),
-                         None if dashboard is None else dashboard.url, os.getpid())
+        place = JobPlace(
+            etcd.url,
+            str(token_file.resolve()),
+            None if dashboard is None else dashboard.url,
+            os.getpid(),
+        )
         (state_dir / JOB_JSON).write_text(json.dumps(place.__dict__) + "\n")
         if dashboard is not None:
             dashboard.serve(etcd.url, token)
         started = True
-        return _train(job, model, num_steps, store, token, checkpoint_url, state_dir, place,
-                      on_ready)
+        return _train(
+            job, model, num_steps, store, token, checkpoint_url, state_dir, place, on_ready
+        )
     except KeyboardInterrupt:
         started = False  # Ctrl-C: no lingering; the data stays on disk for a resume
         raise
@@ -215,14 +228,22 @@ def run_job(job: JobFile, *, resume: bool = False,
             etcd.stop()
 
 
-def _train(job: JobFile, model: Job, num_steps: int, store: Store, token: str,
-           checkpoint_url: str, state_dir: Path, place: JobPlace,
-           on_ready: Callable[[JobPlace], None] | None) -> dict:
+def _train(
+    job: JobFile,
+    model: Job,
+    num_steps: int,
+    store: Store,
+    token: str,
+    checkpoint_url: str,
+    state_dir: Path,
+    place: JobPlace,
+    on_ready: Callable[[JobPlace], None] | None,
+) -> dict:
     from liveput.catalog import load_catalog
-    from liveput.operate.export import export_model
-    from liveput.operate.metrics import TensorBoardScalars
     from liveput.launch.deadline import DeadlineJob
     from liveput.launch.local import LocalTrainingConfig, run_local_training, warn_idle_gpus
+    from liveput.operate.export import export_model
+    from liveput.operate.metrics import TensorBoardScalars
     from liveput.runtime.device import resolve_device
     from liveput.traces import generate_trace, read_trace
 
@@ -232,24 +253,48 @@ def _train(job: JobFile, model: Job, num_steps: int, store: Store, token: str,
     # not train on are billed for nothing, which the user hears of (a warning, not an error).
     warn_idle_gpus(provider.instance_type, resolve_device(job.device, "launch"))
     objective = job.objective
-    recorder = StatusRecorder(store, RecorderConfig(
-        job=job.job_name, num_steps=num_steps, global_batch_size=model.global_batch_size,
-        time_scale=provider.time_scale, spot_usd_per_hour=spec.spot_usd_per_hour,
-        on_demand_usd_per_hour=spec.on_demand_usd_per_hour,
-        deadline_hours=objective.deadline_hours))
+    recorder = StatusRecorder(
+        store,
+        RecorderConfig(
+            job=job.job_name,
+            num_steps=num_steps,
+            global_batch_size=model.global_batch_size,
+            time_scale=provider.time_scale,
+            spot_usd_per_hour=spec.spot_usd_per_hour,
+            on_demand_usd_per_hour=spec.on_demand_usd_per_hour,
+            deadline_hours=objective.deadline_hours,
+        ),
+    )
     board = None if job.metrics.tensorboard is None else TensorBoardScalars(job.metrics.tensorboard)
     config = LocalTrainingConfig(
-        model=job.model, workers=provider.workers, steps=num_steps,
-        time_scale=provider.time_scale, notice_lead_s=job.notices.lead_s,
-        store_url=place.store, checkpoint_dir=checkpoint_url,
-        checkpoint_every=job.checkpoint.every, timeout_s=30 * 24 * 3600.0,
-        seed=provider.trace_seed, log_dir=str(state_dir / "logs"),
-        keep_checkpoints=job.checkpoint.keep, token=token, device=job.device,
-        deadline=None if objective.deadline_hours is None else DeadlineJob(
-            objective.deadline_hours, provider.on_demand_max, provider.instance_type,
-            objective.policy))
-    trace = (read_trace(Path(provider.trace)) if provider.trace
-             else generate_trace(provider.workers, 5 / 60, provider.trace_seed))
+        model=job.model,
+        workers=provider.workers,
+        steps=num_steps,
+        time_scale=provider.time_scale,
+        notice_lead_s=job.notices.lead_s,
+        store_url=place.store,
+        checkpoint_dir=checkpoint_url,
+        checkpoint_every=job.checkpoint.every,
+        timeout_s=30 * 24 * 3600.0,
+        seed=provider.trace_seed,
+        log_dir=str(state_dir / "logs"),
+        keep_checkpoints=job.checkpoint.keep,
+        token=token,
+        device=job.device,
+        deadline=None
+        if objective.deadline_hours is None
+        else DeadlineJob(
+            objective.deadline_hours,
+            provider.on_demand_max,
+            provider.instance_type,
+            objective.policy,
+        ),
+    )
+    trace = (
+        read_trace(Path(provider.trace))
+        if provider.trace
+        else generate_trace(provider.workers, 5 / 60, provider.trace_seed)
+    )
     last: dict[str, Coordinator] = {}
     ready = False
 
@@ -264,16 +309,20 @@ def _train(job: JobFile, model: Job, num_steps: int, store: Store, token: str,
             on_ready(place)
         if store.get(keys.job_stop()) is not None:
             raise LiveputError("stopped by liveput stop")
-        if objective.budget_usd is not None and recorder.usd_spot + recorder.usd_on_demand > \
-                objective.budget_usd:
+        if (
+            objective.budget_usd is not None
+            and recorder.usd_spot + recorder.usd_on_demand > objective.budget_usd
+        ):
             raise LiveputError(f"budget of ${objective.budget_usd:g} spent")
 
     try:
         result = run_local_training(config, trace, on_tick=tick)
         output = Path(job.export) if job.export else state_dir / "model.pt"
         export_model(checkpoint_url, len(model.layers), output)
-        reason = (f"all {num_steps} steps, exactly once: "
-                  f"{'yes' if result.exactly_once else 'NO'}; model in {output}")
+        reason = (
+            f"all {num_steps} steps, exactly once: "
+            f"{'yes' if result.exactly_once else 'NO'}; model in {output}"
+        )
         _final(recorder, last, "finished" if result.exactly_once else "failed", reason, board)
         summary = result.summary()
         summary.update(model=str(output), state_dir=str(state_dir), store=place.store)
@@ -290,14 +339,20 @@ def _train(job: JobFile, model: Job, num_steps: int, store: Store, token: str,
             board.close()
 
 
-def _final(recorder: StatusRecorder, last: dict[str, Coordinator], state: str, reason: str,
-           board: TensorBoardScalars | None) -> None:
+def _final(
+    recorder: StatusRecorder,
+    last: dict[str, Coordinator],
+    state: str,
+    reason: str,
+    board: TensorBoardScalars | None,
+) -> None:
     coordinator = last.get("coordinator")
     if coordinator is None:
         return
     try:
-        snapshot = recorder.record(coordinator, time.monotonic(), state=state, reason=reason,
-                                   force=True)
+        snapshot = recorder.record(
+            coordinator, time.monotonic(), state=state, reason=reason, force=True
+        )
         if snapshot is not None and board is not None:
             board.add(snapshot)
     except LiveputError as error:  # the store is gone: nothing more to say there
@@ -318,8 +373,9 @@ def _linger(store: Store | None, linger_s: float) -> None:
         time.sleep(0.2)
 
 
-def stop_job(store: Store, place: JobPlace | None, state_dir: Path | None = None,
-             wait_s: float = 60.0) -> bool:
+def stop_job(
+    store: Store, place: JobPlace | None, state_dir: Path | None = None, wait_s: float = 60.0
+) -> bool:
     """Ask the job's launcher to stop (a running job ends, a lingering store goes); whether it
     was seen to end within ``wait_s``. A launcher that is gone (killed) left its etcd running,
     on purpose (a resume adopts it): with ``state_dir``, that etcd is stopped too."""
@@ -335,8 +391,9 @@ def stop_job(store: Store, place: JobPlace | None, state_dir: Path | None = None
         time.sleep(0.2)
     if state_dir is not None:
         store.close()
-        etcd = LocalEtcd(EtcdConfig(state_dir / "etcd",
-                                    client_port=int(place.store.rsplit(":", 1)[1])))
+        etcd = LocalEtcd(
+            EtcdConfig(state_dir / "etcd", client_port=int(place.store.rsplit(":", 1)[1]))
+        )
         if etcd._running_pid() is not None:
             etcd.start()  # adopts it
             etcd.stop()

@@ -19,7 +19,7 @@ smallest P in the measured table).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -98,8 +98,9 @@ def _transformer(
     shapes = []
     if embed_layers:
         shapes.append(LayerShape("embedding", 0.0, vocab * hidden + seq * hidden, seq * hidden))
-    shapes += [LayerShape(f"block.{i}", block_macs, block_params, seq * hidden)
-               for i in range(num_layers)]
+    shapes += [
+        LayerShape(f"block.{i}", block_macs, block_params, seq * hidden) for i in range(num_layers)
+    ]
     if embed_layers:
         shapes.append(LayerShape("head", vocab * hidden * seq, vocab * hidden, seq * vocab // 16))
     return shapes
@@ -111,7 +112,14 @@ def _vgg19() -> list[LayerShape]:
     ReLU module, 5 max-pools, then 3 linear layers with their ReLU and dropout modules, 46 in
     all. The parameter-free modules carry no compute but count as layers for a uniform cut, and
     their outputs are what crosses a stage boundary there."""
-    plan: list[tuple[int, int, int] | str] = [(224, 3, 64), (224, 64, 64), "pool", (112, 64, 128), (112, 128, 128), "pool"]
+    plan: list[tuple[int, int, int] | str] = [
+        (224, 3, 64),
+        (224, 64, 64),
+        "pool",
+        (112, 64, 128),
+        (112, 128, 128),
+        "pool",
+    ]
     plan += [(56, 128, 256)] + [(56, 256, 256)] * 3 + ["pool", (28, 256, 512)]
     plan += [(28, 512, 512)] * 3 + ["pool"] + [(14, 512, 512)] * 4 + ["pool"]
     shapes: list[LayerShape] = []
@@ -123,8 +131,11 @@ def _vgg19() -> list[LayerShape]:
             continue
         size, cin, cout = item
         elements = size * size * cout
-        shapes.append(LayerShape(f"conv.{len(shapes)}", size * size * cin * cout * 9,
-                                 cin * cout * 9 + cout, elements))
+        shapes.append(
+            LayerShape(
+                f"conv.{len(shapes)}", size * size * cin * cout * 9, cin * cout * 9 + cout, elements
+            )
+        )
         shapes.append(LayerShape(f"relu.{len(shapes)}", 0.0, 0, elements))
     shapes.append(LayerShape("avgpool", 0.0, 0, 7 * 7 * 512))
     shapes.append(LayerShape("flatten", 0.0, 0, 7 * 7 * 512))
@@ -140,15 +151,19 @@ def _vgg19() -> list[LayerShape]:
 def _resnet152() -> list[LayerShape]:
     shapes = [LayerShape("stem", 112 * 112 * 3 * 64 * 49, 3 * 64 * 49, 56 * 56 * 64)]
     channels_in = 64
-    for stage, (blocks, width, size) in enumerate([(3, 64, 56), (8, 128, 28), (36, 256, 14),
-                                                   (3, 512, 7)]):
+    for stage, (blocks, width, size) in enumerate(
+        [(3, 64, 56), (8, 128, 28), (36, 256, 14), (3, 512, 7)]
+    ):
         out = 4 * width
         for block in range(blocks):
             params = channels_in * width + 9 * width * width + width * out
             if block == 0:
                 params += channels_in * out  # projection shortcut
-            shapes.append(LayerShape(f"layer{stage + 1}.{block}", size * size * params, params,
-                                     size * size * out))
+            shapes.append(
+                LayerShape(
+                    f"layer{stage + 1}.{block}", size * size * params, params, size * size * out
+                )
+            )
             channels_in = out
     shapes.append(LayerShape("fc", 2048 * 1000, 2048 * 1000 + 1000, 1000))
     return shapes
@@ -181,8 +196,9 @@ class BuiltinSpec:
 
 
 BUILTIN_SPECS: dict[str, BuiltinSpec] = {
-    "gpt-1.5b": BuiltinSpec(tuple(_transformer(1600, 1024, 48, 50257, False)), 128, 1, 2, 6,
-                            "transformer"),
+    "gpt-1.5b": BuiltinSpec(
+        tuple(_transformer(1600, 1024, 48, 50257, False)), 128, 1, 2, 6, "transformer"
+    ),
     "gpt-6.7b": BuiltinSpec(tuple(_transformer(4096, 1024, 32, 50257, True)), 64, 1, 2, 12),
     "bert-large": BuiltinSpec(tuple(_transformer(1024, 512, 24, 30522, False)), 1024, 8, 2, 2),
     "resnet152": BuiltinSpec(tuple(_resnet152()), 2048, 32, 2, 2),
@@ -214,12 +230,19 @@ def _memory_per_element(profile: ModelProfile, min_stages: int, method: str) -> 
     return (lower + upper) / 2 if lower < upper else upper
 
 
-@lru_cache(maxsize=None)
+@cache
 def builtin_profile(name: str) -> ModelProfile:
     """The derived profile of a built-in model (KeyError if unknown; see ``load_profile``)."""
     spec = BUILTIN_SPECS[name]
-    args = (name, list(spec.shapes), spec.global_batch_size, spec.micro_batch_size,
-            spec.activation_bytes_per_element, spec.min_pipeline_stages, spec.partition_method)
+    args = (
+        name,
+        list(spec.shapes),
+        spec.global_batch_size,
+        spec.micro_batch_size,
+        spec.activation_bytes_per_element,
+        spec.min_pipeline_stages,
+        spec.partition_method,
+    )
     unit = _layers_to_profile(*args, memory_bytes_per_activation_element=1.0)
     per_element = _memory_per_element(unit, spec.min_pipeline_stages, unit.partition_method)
     return _layers_to_profile(*args, per_element)

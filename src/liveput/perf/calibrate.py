@@ -39,28 +39,39 @@ TINY = 1e-12
 """Floor of the non-negative constants in log space (a constant this small is zero)."""
 
 
-def throughput_mape(features: np.ndarray, iteration_s: np.ndarray, theta: np.ndarray,
-                    offset_s: np.ndarray | float = 0.0) -> float:
+def throughput_mape(
+    features: np.ndarray,
+    iteration_s: np.ndarray,
+    theta: np.ndarray,
+    offset_s: np.ndarray | float = 0.0,
+) -> float:
     """Mean absolute percentage error of the throughput predicted with ``theta`` (plus the
     seconds ``offset_s`` of constants held fixed)."""
     predicted_s = features @ theta + offset_s
     return float(np.mean(np.abs(iteration_s / np.maximum(predicted_s, TINY) - 1)))
 
 
-def _least_squares(features: np.ndarray, iteration_s: np.ndarray,
-                   offset_s: np.ndarray | float = 0.0,
-                   bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS) -> np.ndarray:
+def _least_squares(
+    features: np.ndarray,
+    iteration_s: np.ndarray,
+    offset_s: np.ndarray | float = 0.0,
+    bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS,
+) -> np.ndarray:
     width = features.shape[1]
     lower = [bounds[0]] + [0.0] * (width - 1)
     upper = [bounds[1]] + [np.inf] * (width - 1)
     weights = 1.0 / iteration_s
-    return lsq_linear(features * weights[:, None], (iteration_s - offset_s) * weights,
-                      bounds=(lower, upper)).x
+    return lsq_linear(
+        features * weights[:, None], (iteration_s - offset_s) * weights, bounds=(lower, upper)
+    ).x
 
 
-def _least_absolute(features: np.ndarray, iteration_s: np.ndarray,
-                    offset_s: np.ndarray | float = 0.0,
-                    bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS) -> np.ndarray:
+def _least_absolute(
+    features: np.ndarray,
+    iteration_s: np.ndarray,
+    offset_s: np.ndarray | float = 0.0,
+    bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS,
+) -> np.ndarray:
     """min (1/K) sum e_k  s.t.  -e_k <= (f_k . theta + o_k) / T_k - 1 <= e_k, with (1), (2)."""
     rows, width = features.shape
     relative = features / iteration_s[:, None]
@@ -70,7 +81,9 @@ def _least_absolute(features: np.ndarray, iteration_s: np.ndarray,
         np.concatenate([np.zeros(width), np.full(rows, 1.0 / rows)]),
         A_ub=np.block([[relative, -identity], [-relative, -identity]]),
         b_ub=np.concatenate([free, -free]),
-        bounds=[bounds] + [(0.0, None)] * (width - 1 + rows), method="highs")
+        bounds=[bounds] + [(0.0, None)] * (width - 1 + rows),
+        method="highs",
+    )
     return result.x[:width]
 
 
@@ -86,9 +99,12 @@ def _to_z(theta: np.ndarray, bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS)
     return np.concatenate([[np.log(share / (1 - share))], np.log(np.maximum(theta[1:], TINY))])
 
 
-def fit_constants(features: np.ndarray, iteration_s: np.ndarray,
-                  offset_s: np.ndarray | None = None,
-                  compute_scale_bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS) -> np.ndarray:
+def fit_constants(
+    features: np.ndarray,
+    iteration_s: np.ndarray,
+    offset_s: np.ndarray | None = None,
+    compute_scale_bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS,
+) -> np.ndarray:
     """theta minimizing the throughput MAPE (module docstring), deterministic.
 
     ``features`` may hold a subset of the formula's columns, alpha's first (constraint (1)
@@ -100,11 +116,14 @@ def fit_constants(features: np.ndarray, iteration_s: np.ndarray,
     for start in (best, _least_absolute(features, iteration_s, offset, bounds)):
         refined = minimize(
             lambda z: throughput_mape(features, iteration_s, _to_theta(z, bounds), offset),
-            _to_z(start, bounds), method="Nelder-Mead",
-            options={"maxiter": 20000, "xatol": 1e-7, "fatol": 1e-10})
+            _to_z(start, bounds),
+            method="Nelder-Mead",
+            options={"maxiter": 20000, "xatol": 1e-7, "fatol": 1e-10},
+        )
         for candidate in (start, _to_theta(refined.x, bounds)):
-            if throughput_mape(features, iteration_s, candidate, offset) < \
-                    throughput_mape(features, iteration_s, best, offset):
+            if throughput_mape(features, iteration_s, candidate, offset) < throughput_mape(
+                features, iteration_s, best, offset
+            ):
                 best = candidate
     return best
 
@@ -117,8 +136,13 @@ def fit_calibration(model: str) -> Calibration:
     features = iteration_features(profile, table, measured.data_parallel, measured.pipeline_stages)
     iteration_s = measured.global_batch_size / measured.samples_per_s
     alpha, gamma, slot_s, beta, fixed_s = (float(v) for v in fit_constants(features, iteration_s))
-    return Calibration(compute_scale=alpha, transfer_scale=gamma, slot_overhead_s=slot_s,
-                       allreduce_scale=beta, iteration_overhead_s=fixed_s)
+    return Calibration(
+        compute_scale=alpha,
+        transfer_scale=gamma,
+        slot_overhead_s=slot_s,
+        allreduce_scale=beta,
+        iteration_overhead_s=fixed_s,
+    )
 
 
 def mape_floor(model: str) -> float:
@@ -146,8 +170,13 @@ def mape_floor(model: str) -> float:
             high = slots[i] / slots[j]
             low = min(1.0, ring[i] / ring[j])
             speedup = samples_per_s[j] / samples_per_s[i]
-            error = 1 - high / speedup if speedup > high else 1 - speedup / low if speedup < low \
+            error = (
+                1 - high / speedup
+                if speedup > high
+                else 1 - speedup / low
+                if speedup < low
                 else 0.0
+            )
             if error > 0:
                 forced.append((error, i, j))
     used: set[int] = set()

@@ -43,7 +43,9 @@ class Configuration:
             d, p = text.lower().split("x")
             return cls(int(d), int(p))
         except ValueError:
-            raise LiveputError(f"configuration {text!r} is not of the form DxP (e.g. 4x8)") from None
+            raise LiveputError(
+                f"configuration {text!r} is not of the form DxP (e.g. 4x8)"
+            ) from None
 
 
 class MigrationKind(enum.StrEnum):
@@ -75,8 +77,10 @@ def migration_kind_of(value: str) -> MigrationKind:
     try:
         return MigrationKind(value)
     except ValueError:
-        raise LiveputError(f"unknown migration kind {value!r}; known: "
-                           f"{', '.join(kind.value for kind in MigrationKind)}") from None
+        raise LiveputError(
+            f"unknown migration kind {value!r}; known: "
+            f"{', '.join(kind.value for kind in MigrationKind)}"
+        ) from None
 
 
 class ObservationEvent(enum.StrEnum):
@@ -93,5 +97,7 @@ def observation_event_of(value: str) -> ObservationEvent:
     try:
         return ObservationEvent(value)
     except ValueError:
-        raise LiveputError(f"unknown observation event {value!r}; known: "
-                           f"{', '.join(event.value for event in ObservationEvent)}") from None
+        raise LiveputError(
+            f"unknown observation event {value!r}; known: "
+            f"{', '.join(event.value for event in ObservationEvent)}"
+        ) from None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 
 import numpy as np
@@ -24,7 +24,7 @@ from liveput.errors import LiveputError
 from liveput.perf.types import ModelProfile
 
 
-@lru_cache(maxsize=None)
+@cache
 def _table(name: str) -> tuple[np.ndarray, np.ndarray]:
     text = resources.files("liveput.data").joinpath(name).read_text()
     rows = list(csv.reader(text.splitlines()))[1:]
@@ -53,8 +53,10 @@ class MigrationCostModel:
         if self.network_gbps <= 0 or self.checkpoint_bandwidth_bytes_per_s <= 0:
             raise LiveputError("migration cost model: bandwidths must be positive")
         if self.measured_restart_s is not None and not self.measured_restart_s >= 0:
-            raise LiveputError("migration cost model: a measured restart must be >= 0 s, got "
-                               f"{self.measured_restart_s}")
+            raise LiveputError(
+                "migration cost model: a measured restart must be >= 0 s, got "
+                f"{self.measured_restart_s}"
+            )
 
     @classmethod
     def from_profile(cls, profile: ModelProfile) -> MigrationCostModel:

@@ -94,8 +94,9 @@ def calibration_for(model: str) -> Calibration:
 
 def candidate_configs(max_nodes: int, num_layers: int) -> tuple[np.ndarray, np.ndarray]:
     """All (D, P) with D * P <= max_nodes and P <= num_layers, as two int arrays."""
-    pipelines, stages = np.meshgrid(np.arange(1, max_nodes + 1), np.arange(1, max_nodes + 1),
-                                    indexing="ij")
+    pipelines, stages = np.meshgrid(
+        np.arange(1, max_nodes + 1), np.arange(1, max_nodes + 1), indexing="ij"
+    )
     keep = (pipelines * stages <= max_nodes) & (stages <= num_layers)
     return pipelines[keep], stages[keep]
 
@@ -126,9 +127,12 @@ def score(
     gradient_bytes = table.max_stage_params[stages] * GRADIENT_BYTES_PER_PARAM
     transfer_s = 2 * table.max_boundary_bytes[stages] / bandwidth_bytes_per_s
     iteration_s = (
-        slots * (calibration.compute_scale * table.max_stage_time_s[stages]
-                 + calibration.transfer_scale * transfer_s
-                 + calibration.slot_overhead_s)
+        slots
+        * (
+            calibration.compute_scale * table.max_stage_time_s[stages]
+            + calibration.transfer_scale * transfer_s
+            + calibration.slot_overhead_s
+        )
         + calibration.allreduce_scale * ring * gradient_bytes / bandwidth_bytes_per_s
         + calibration.compute_scale * table.max_stage_optimizer_s[stages]
         + calibration.iteration_overhead_s
@@ -145,15 +149,19 @@ def score(
     feasible = fits_memory & enough_samples & deep_enough
     limit_gb = profile.instance_type.gpu_memory_gb
     reasons = tuple(
-        None if ok else (
+        None
+        if ok
+        else (
             f"fewer samples ({batch}) than D x micro-batch ({d * profile.micro_batch_size})"
-            if not samples_ok else
-            f"out of memory: {mem:.1f} GB > {limit_gb:g} GB" if not memory_ok else
-            f"pipeline shallower than the model's minimum of "
+            if not samples_ok
+            else f"out of memory: {mem:.1f} GB > {limit_gb:g} GB"
+            if not memory_ok
+            else f"pipeline shallower than the model's minimum of "
             f"{profile.min_pipeline_stages} stages"
         )
         for ok, samples_ok, memory_ok, d, mem in zip(
-            feasible, enough_samples, fits_memory, data_parallel, memory_gb, strict=True)
+            feasible, enough_samples, fits_memory, data_parallel, memory_gb, strict=True
+        )
     )
     samples_per_s = np.where(feasible, batch / iteration_s, 0.0)
     return ConfigTable(
@@ -177,8 +185,11 @@ def stage_memory_bytes(
     if profile.activation_checkpointing == "none":
         return state + table.stage_activation_memory[stages] * in_flight
     if profile.activation_checkpointing == "layer":
-        return (state + table.stage_max_layer_memory[stages] * occupied
-                + table.stage_layer_inputs_bytes[stages] * in_flight)
+        return (
+            state
+            + table.stage_max_layer_memory[stages] * occupied
+            + table.stage_layer_inputs_bytes[stages] * in_flight
+        )
     return (
         state
         + table.stage_activation_memory[stages] * occupied
@@ -196,17 +207,19 @@ def iteration_features(
     ring = 2 * (data_parallel - 1) / data_parallel
     bandwidth = profile.instance_type.network_gbps * 1e9 / 8
     gradient_bytes = table.max_stage_params[stages] * GRADIENT_BYTES_PER_PARAM
-    return np.stack([
-        slots * table.max_stage_time_s[stages] + table.max_stage_optimizer_s[stages],
-        slots * 2 * table.max_boundary_bytes[stages] / bandwidth,
-        slots,
-        ring * gradient_bytes / bandwidth,
-        np.ones_like(slots, dtype=float),
-    ], axis=1)
+    return np.stack(
+        [
+            slots * table.max_stage_time_s[stages] + table.max_stage_optimizer_s[stages],
+            slots * 2 * table.max_boundary_bytes[stages] / bandwidth,
+            slots,
+            ring * gradient_bytes / bandwidth,
+            np.ones_like(slots, dtype=float),
+        ],
+        axis=1,
+    )
 
 
 def min_feasible_stages(config_table: ConfigTable) -> int | None:
     """The smallest P of any feasible configuration (None if none is)."""
     feasible = config_table.pipeline_stages[config_table.feasible]
     return int(feasible.min()) if len(feasible) else None
-

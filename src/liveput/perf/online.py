@@ -29,6 +29,7 @@ configurations, so the fit is checked by more than it explains.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 
 from liveput.errors import LiveputError
@@ -37,8 +38,15 @@ from liveput.perf.estimator import Calibration, calibration_for, iteration_featu
 from liveput.perf.partition import partition_table
 from liveput.perf.types import Measurement, ModelProfile
 
-__all__ = ["FIT_ORDER", "Measurement", "fit_online", "free_constants", "measured_features",
-           "prediction_mape", "refit"]
+__all__ = [
+    "FIT_ORDER",
+    "Measurement",
+    "fit_online",
+    "free_constants",
+    "measured_features",
+    "prediction_mape",
+    "refit",
+]
 
 ONLINE_COMPUTE_SCALE_BOUNDS = (1e-3, 1e3)
 """Constraint (1'): the range of alpha the online fit may choose."""
@@ -47,15 +55,26 @@ FIT_ORDER = (0, 4, 2, 3, 1)
 
 
 def _theta(calibration: Calibration) -> np.ndarray:
-    return np.array([calibration.compute_scale, calibration.transfer_scale,
-                     calibration.slot_overhead_s, calibration.allreduce_scale,
-                     calibration.iteration_overhead_s])
+    return np.array(
+        [
+            calibration.compute_scale,
+            calibration.transfer_scale,
+            calibration.slot_overhead_s,
+            calibration.allreduce_scale,
+            calibration.iteration_overhead_s,
+        ]
+    )
 
 
 def _calibration(theta: np.ndarray) -> Calibration:
     alpha, gamma, slot_s, beta, fixed_s = (float(v) for v in theta)
-    return Calibration(compute_scale=alpha, transfer_scale=gamma, slot_overhead_s=slot_s,
-                       allreduce_scale=beta, iteration_overhead_s=fixed_s)
+    return Calibration(
+        compute_scale=alpha,
+        transfer_scale=gamma,
+        slot_overhead_s=slot_s,
+        allreduce_scale=beta,
+        iteration_overhead_s=fixed_s,
+    )
 
 
 def measured_features(profile: ModelProfile, measurements: Sequence[Measurement]) -> np.ndarray:
@@ -63,8 +82,9 @@ def measured_features(profile: ModelProfile, measurements: Sequence[Measurement]
     data_parallel = np.array([m.data_parallel for m in measurements])
     stages = np.array([m.pipeline_stages for m in measurements])
     if stages.max() > profile.num_layers:
-        raise LiveputError(f"measurement with P = {stages.max()} > the model's "
-                           f"{profile.num_layers} layers")
+        raise LiveputError(
+            f"measurement with P = {stages.max()} > the model's {profile.num_layers} layers"
+        )
     table = partition_table(profile, int(stages.max()))
     return iteration_features(profile, table, data_parallel, stages)
 
@@ -82,8 +102,9 @@ def free_constants(features: np.ndarray) -> list[int]:
     return sorted(identifiable[:count])
 
 
-def fit_online(profile: ModelProfile, measurements: Sequence[Measurement],
-               prior: Calibration | None = None) -> Calibration:
+def fit_online(
+    profile: ModelProfile, measurements: Sequence[Measurement], prior: Calibration | None = None
+) -> Calibration:
     """The constants that best explain ``measurements`` (module docstring); ``prior`` when
     there are none. Several measurements of one configuration count as one, their
     step-weighted mean."""
@@ -91,10 +112,14 @@ def fit_online(profile: ModelProfile, measurements: Sequence[Measurement],
     pooled: dict[tuple[int, int], tuple[float, int]] = {}
     for m in measurements:
         total_s, steps = pooled.get((m.data_parallel, m.pipeline_stages), (0.0, 0))
-        pooled[(m.data_parallel, m.pipeline_stages)] = (total_s + m.iteration_s * m.steps,
-                                                        steps + m.steps)
-    rows = [Measurement(d, p, total_s / steps, steps)
-            for (d, p), (total_s, steps) in sorted(pooled.items())]
+        pooled[(m.data_parallel, m.pipeline_stages)] = (
+            total_s + m.iteration_s * m.steps,
+            steps + m.steps,
+        )
+    rows = [
+        Measurement(d, p, total_s / steps, steps)
+        for (d, p), (total_s, steps) in sorted(pooled.items())
+    ]
     if not rows:
         return prior
     features = measured_features(profile, rows)
@@ -103,8 +128,9 @@ def fit_online(profile: ModelProfile, measurements: Sequence[Measurement],
     free = free_constants(features)
     fixed = [i for i in range(len(theta)) if i not in free]
     offset_s = features[:, fixed] @ theta[fixed]
-    theta[free] = fit_constants(features[:, free], iteration_s, offset_s,
-                                ONLINE_COMPUTE_SCALE_BOUNDS)
+    theta[free] = fit_constants(
+        features[:, free], iteration_s, offset_s, ONLINE_COMPUTE_SCALE_BOUNDS
+    )
     return _calibration(theta)
 
 
@@ -115,8 +141,9 @@ def refit(profile: ModelProfile, measurements: Sequence[Measurement]) -> Calibra
     return fit_online(profile, measurements, calibration_for(profile.model))
 
 
-def prediction_mape(profile: ModelProfile, measurements: Sequence[Measurement],
-                    calibration: Calibration) -> float:
+def prediction_mape(
+    profile: ModelProfile, measurements: Sequence[Measurement], calibration: Calibration
+) -> float:
     """Throughput MAPE of ``calibration`` on ``measurements`` (a fraction)."""
     features = measured_features(profile, measurements)
     iteration_s = np.array([m.iteration_s for m in measurements])

@@ -37,6 +37,7 @@ import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf.types import PARTITION_METHODS, ModelProfile
+
 """Ways to cut layers into stages (module docstring)."""
 
 
@@ -133,7 +134,7 @@ def _transformer_cuts(
     for depth in range(1, max_stages + 1):
         quota = np.full(depth, (num_blocks + 1) // depth)
         extra = (num_blocks + 1) % depth
-        quota[depth - 1 - extra:depth - 1] += 1
+        quota[depth - 1 - extra : depth - 1] += 1
         # Stage k ends right after the layer where the running block count reaches its quota.
         ends = np.searchsorted(blocks_so_far, np.cumsum(quota)[:-1]) + 1
         bounds = np.concatenate(([0], ends, [num_layers])).astype(np.int64)

@@ -40,8 +40,13 @@ def local_cpu_instance() -> InstanceType:
     """This machine as an instance type: its RAM as the device memory; loopback links, which
     measured 9-20 Gb/s for gloo here, priced as the 10 Gb/s of the cloud types."""
     ram_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    return InstanceType("local-cpu", gpu_memory_gb=round(ram_gb, 1), network_gbps=10.0,
-                        spot_price_usd_per_hour=0.0, on_demand_price_usd_per_hour=0.0)
+    return InstanceType(
+        "local-cpu",
+        gpu_memory_gb=round(ram_gb, 1),
+        network_gbps=10.0,
+        spot_price_usd_per_hour=0.0,
+        on_demand_price_usd_per_hour=0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -86,8 +91,14 @@ def job_target(job: Job) -> ProfileTarget:
         pairs = [job.dataset[i] for i in range(size)]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
-    return ProfileTarget(job.name, [copy.deepcopy(layer) for layer in job.layers], make_batch,
-                         job.loss_fn, job.global_batch_size, job.micro_batch_size)
+    return ProfileTarget(
+        job.name,
+        [copy.deepcopy(layer) for layer in job.layers],
+        make_batch,
+        job.loss_fn,
+        job.global_batch_size,
+        job.micro_batch_size,
+    )
 
 
 def resolve_target(spec: str) -> ProfileTarget:
@@ -106,8 +117,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def saved_for_backward_bytes(layer: nn.Module, source: torch.Tensor,
-                             loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int:
+def saved_for_backward_bytes(
+    layer: nn.Module,
+    source: torch.Tensor,
+    loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> int:
     """Bytes that one forward of ``layer`` (and ``loss`` on its output) keeps for the backward:
     the distinct storages autograd saves, parameters excluded. Measured the same way on every
     device (the CPU allocator keeps no statistics)."""
@@ -128,8 +142,12 @@ def saved_for_backward_bytes(layer: nn.Module, source: torch.Tensor,
 
 
 def profile_model(
-    target: ProfileTarget, micro_batch_size: int = 8, device: str = "cpu", repeats: int = 5,
-    in_flight: int = 4, on_layer: Callable[[int, int], None] | None = None,
+    target: ProfileTarget,
+    micro_batch_size: int = 8,
+    device: str = "cpu",
+    repeats: int = 5,
+    in_flight: int = 4,
+    on_layer: Callable[[int, int], None] | None = None,
     precision: str = "fp32",
 ) -> ModelProfile:
     """Measure every layer of ``target`` per micro-batch on ``device``.
@@ -153,21 +171,28 @@ def profile_model(
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise LiveputError("profile: --device cuda requested but no CUDA device is available")
     if precision not in _AUTOCAST_DTYPES:
-        raise LiveputError(f"profile: precision {precision!r}: expected "
-                           f"{', '.join(_AUTOCAST_DTYPES)}")
+        raise LiveputError(
+            f"profile: precision {precision!r}: expected {', '.join(_AUTOCAST_DTYPES)}"
+        )
 
     def autocast() -> contextlib.AbstractContextManager:
         dtype = _AUTOCAST_DTYPES[precision]
-        return contextlib.nullcontext() if dtype is None else \
-            torch.autocast(device_type=torch_device.type, dtype=dtype)
+        return (
+            contextlib.nullcontext()
+            if dtype is None
+            else torch.autocast(device_type=torch_device.type, dtype=dtype)
+        )
 
     inputs, targets = target.make_batch(micro_batch_size * in_flight)
     activations = [part.to(torch_device) for part in inputs.split(micro_batch_size)]
     layers_out: list[LayerProfile] = []
     for index, layer in enumerate(target.layers):
         layer = layer.to(torch_device)
-        optimizer = torch.optim.Adam(layer.parameters(), lr=1e-4) if any(
-            True for _ in layer.parameters()) else None
+        optimizer = (
+            torch.optim.Adam(layer.parameters(), lr=1e-4)
+            if any(True for _ in layer.parameters())
+            else None
+        )
         sources = [activation.detach() for activation in activations]
         for source in sources:
             if source.is_floating_point():
@@ -216,11 +241,17 @@ def profile_model(
         activation_bytes = output.numel() * output.element_size()
         with autocast():
             memory = saved_for_backward_bytes(layer, sources[0], loss)
-        layers_out.append(LayerProfile(
-            name=f"{type(layer).__name__.lower()}.{index}", forward_s=forward_s,
-            backward_s=backward_s, optimizer_s=optimizer_s, num_params=num_params,
-            activation_bytes=activation_bytes, activation_memory_bytes=int(memory),
-        ))
+        layers_out.append(
+            LayerProfile(
+                name=f"{type(layer).__name__.lower()}.{index}",
+                forward_s=forward_s,
+                backward_s=backward_s,
+                optimizer_s=optimizer_s,
+                num_params=num_params,
+                activation_bytes=activation_bytes,
+                activation_memory_bytes=int(memory),
+            )
+        )
         activations = [output.detach() for output in outputs]
         del outputs
         if on_layer is not None:
@@ -228,12 +259,16 @@ def profile_model(
     instance = local_cpu_instance()
     if torch_device.type == "cuda":
         properties = torch.cuda.get_device_properties(torch_device)
-        instance = InstanceType(f"local-{properties.name}", properties.total_memory / 1e9, 10.0,
-                                0.0, 0.0)
+        instance = InstanceType(
+            f"local-{properties.name}", properties.total_memory / 1e9, 10.0, 0.0, 0.0
+        )
     return ModelProfile(
-        model=target.name, instance_type=instance, layers=tuple(layers_out),
+        model=target.name,
+        instance_type=instance,
+        layers=tuple(layers_out),
         global_batch_size=max(target.global_batch_size, micro_batch_size),
-        micro_batch_size=micro_batch_size, state_bytes_per_param=16,
+        micro_batch_size=micro_batch_size,
+        state_bytes_per_param=16,
     )
 
 

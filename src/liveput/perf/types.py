@@ -88,13 +88,17 @@ class ModelProfile:
 
     def __post_init__(self) -> None:
         if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
-            raise LiveputError(f"profile {self.model}: activation_checkpointing must be one of "
-                               f"{', '.join(ACTIVATION_CHECKPOINTING)}, not "
-                               f"{self.activation_checkpointing!r}")
+            raise LiveputError(
+                f"profile {self.model}: activation_checkpointing must be one of "
+                f"{', '.join(ACTIVATION_CHECKPOINTING)}, not "
+                f"{self.activation_checkpointing!r}"
+            )
         if self.partition_method not in PARTITION_METHODS:
-            raise LiveputError(f"profile {self.model}: unknown partition method "
-                               f"{self.partition_method!r}; one of "
-                               f"{', '.join(PARTITION_METHODS)}")
+            raise LiveputError(
+                f"profile {self.model}: unknown partition method "
+                f"{self.partition_method!r}; one of "
+                f"{', '.join(PARTITION_METHODS)}"
+            )
 
     @property
     def num_layers(self) -> int:
@@ -168,8 +172,12 @@ class Measurement:
 
     def __post_init__(self) -> None:
         if self.data_parallel < 1 or self.pipeline_stages < 1:
-            raise LiveputError(f"measurement: D and P must be >= 1, not "
-                               f"({self.data_parallel}, {self.pipeline_stages})")
+            raise LiveputError(
+                f"measurement: D and P must be >= 1, not "
+                f"({self.data_parallel}, {self.pipeline_stages})"
+            )
         if not (math.isfinite(self.iteration_s) and self.iteration_s > 0):
-            raise LiveputError(f"measurement of ({self.data_parallel}, {self.pipeline_stages}): "
-                               f"iteration time must be positive, not {self.iteration_s}")
+            raise LiveputError(
+                f"measurement of ({self.data_parallel}, {self.pipeline_stages}): "
+                f"iteration time must be positive, not {self.iteration_s}"
+            )

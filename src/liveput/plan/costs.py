@@ -37,8 +37,9 @@ class CostModel(Protocol):
     def checkpoint_load_s(self, num_bytes: float) -> float: ...
 
 
-def migration_kind(data_parallel: int, stages: int, new_data_parallel: int,
-                   new_stages: int) -> MigrationKind:
+def migration_kind(
+    data_parallel: int, stages: int, new_data_parallel: int, new_stages: int
+) -> MigrationKind:
     """The kind of migration from (D, P) to (D', P'); D = 0 means nothing runs."""
     if new_data_parallel == 0 or (data_parallel, stages) == (new_data_parallel, new_stages):
         return MigrationKind.NONE
@@ -59,14 +60,18 @@ def _missing_bytes(profile: ModelProfile, stages: int, new_stages: int) -> float
     new = partition_layers(profile, new_stages)
     starts = np.maximum(new[:-1, None], old[None, :-1])
     ends = np.minimum(new[1:, None], old[None, 1:])
-    overlap = np.where(ends > starts, layer_bytes[np.maximum(ends, starts)] - layer_bytes[starts],
-                       0)
+    overlap = np.where(
+        ends > starts, layer_bytes[np.maximum(ends, starts)] - layer_bytes[starts], 0
+    )
     need = layer_bytes[new[1:]] - layer_bytes[new[:-1]]
     return float((need - overlap.max(axis=1)).max())
 
 
-def depth_costs(profile: ModelProfile, costs: CostModel, depths: np.ndarray,
-                ) -> tuple[np.ndarray, np.ndarray]:
+def depth_costs(
+    profile: ModelProfile,
+    costs: CostModel,
+    depths: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Lookups by depth that do not depend on the instance count: ``repartition[P, P']``
     (seconds to send the layers a new stage lacks, P != P') and ``stage_transfer[P]`` (one
     stage's state), for the depths ``P > 0`` in ``depths``."""
@@ -89,8 +94,13 @@ def restore_s(profile: ModelProfile, costs: CostModel, num_instances: int) -> fl
     return costs.restart_s(num_instances) + costs.checkpoint_load_s(total_bytes)
 
 
-def migration_seconds(profile: ModelProfile, costs: CostModel, data_parallel: np.ndarray,
-                      stages: np.ndarray, num_instances: int) -> np.ndarray:
+def migration_seconds(
+    profile: ModelProfile,
+    costs: CostModel,
+    data_parallel: np.ndarray,
+    stages: np.ndarray,
+    num_instances: int,
+) -> np.ndarray:
     """``seconds[a, b]`` to move from candidate a to candidate b (D = 0: nothing runs).
 
     Dense (candidates x candidates): for tests and small tables; the optimizer reads the same
@@ -98,8 +108,9 @@ def migration_seconds(profile: ModelProfile, costs: CostModel, data_parallel: np
     rebuild = costs.rebuild_s(num_instances)
     # Per (P, P') lookups: re-partition transfer, one stage's transfer, restore from checkpoint.
     repartition, stage_transfer = depth_costs(profile, costs, stages)
-    restore = np.where(np.arange(len(stage_transfer)) > 0,
-                       restore_s(profile, costs, num_instances), 0.0)
+    restore = np.where(
+        np.arange(len(stage_transfer)) > 0, restore_s(profile, costs, num_instances), 0.0
+    )
     d_from, d_to = data_parallel[:, None], data_parallel[None, :]
     p_from, p_to = stages[:, None], stages[None, :]
     running = (d_from > 0) & (d_to > 0)

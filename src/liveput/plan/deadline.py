@@ -78,8 +78,9 @@ def solve_deadline(gains: np.ndarray, costs: np.ndarray, work_units: int) -> Dea
     left = np.arange(work_units + 1)
     values = np.full((num_intervals + 1, work_units + 1), np.inf)
     values[num_intervals, 0] = 0.0
-    choices = np.zeros((num_intervals, work_units + 1), dtype=np.int16 if num_choices < 2**15
-                       else np.int32)
+    choices = np.zeros(
+        (num_intervals, work_units + 1), dtype=np.int16 if num_choices < 2**15 else np.int32
+    )
     for k in range(num_intervals - 1, -1, -1):
         best = np.full(work_units + 1, np.inf)
         best_choice = np.zeros(work_units + 1, dtype=choices.dtype)

@@ -25,7 +25,7 @@ C(n, k) * [x^k] poly(x) (1 + x)^r = sum_i poly_i q^i (1 - q)^{s - i}`` with ``s 
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import gammaln, xlog1py, xlogy
+from scipy.special import gammaln
 
 from liveput.plan.liveput import on_demand_per_stage
 
@@ -34,9 +34,16 @@ class _Terms:
     """The (candidate, t) terms of E_q for one on-demand count, as flat arrays in candidate
     order."""
 
-    def __init__(self, owners: np.ndarray, starts: np.ndarray, gains: np.ndarray,
-                 high: np.ndarray, high_stages: np.ndarray, low: np.ndarray,
-                 low_stages: np.ndarray) -> None:
+    def __init__(
+        self,
+        owners: np.ndarray,
+        starts: np.ndarray,
+        gains: np.ndarray,
+        high: np.ndarray,
+        high_stages: np.ndarray,
+        low: np.ndarray,
+        low_stages: np.ndarray,
+    ) -> None:
         self.owners = owners
         """The candidates that have terms (every running one), in order."""
         self.starts = starts
@@ -56,19 +63,27 @@ class _Terms:
 class IntervalThroughput:
     """``(thr(c) + E_q[thr after independent losses](c)) / 2`` for every candidate c."""
 
-    def __init__(self, data_parallel: np.ndarray, stages: np.ndarray,
-                 throughput_grid: np.ndarray) -> None:
+    def __init__(
+        self, data_parallel: np.ndarray, stages: np.ndarray, throughput_grid: np.ndarray
+    ) -> None:
         self.data_parallel = data_parallel
         self.stages = stages
         self.grid = throughput_grid
-        self.throughput = np.array([throughput_grid[d, p] if d > 0 else 0.0
-                                    for d, p in zip(data_parallel, stages, strict=True)])
+        self.throughput = np.array(
+            [
+                throughput_grid[d, p] if d > 0 else 0.0
+                for d, p in zip(data_parallel, stages, strict=True)
+            ]
+        )
         self.max_spot = int(data_parallel.max(initial=0))
         size = self.max_spot + 1
         spot, lost = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
         self._inside = lost <= spot
-        self._log_ways = np.where(self._inside, gammaln(spot + 1.0) - gammaln(lost + 1.0)
-                                  - gammaln(np.maximum(spot - lost, 0) + 1.0), -np.inf)
+        self._log_ways = np.where(
+            self._inside,
+            gammaln(spot + 1.0) - gammaln(lost + 1.0) - gammaln(np.maximum(spot - lost, 0) + 1.0),
+            -np.inf,
+        )
         self._spot, self._lost = spot, lost
         self._terms: dict[int, _Terms] = {}
         self._cache: dict[tuple[float, int], np.ndarray] = {}
@@ -99,13 +114,20 @@ class IntervalThroughput:
                     return np.full(d, self._one)  # no such stage: a factor 1
                 spot = d - on_demand
                 most_lost = spot - np.maximum(0, t - on_demand)
-                return np.where(most_lost >= 0, spot * width + np.clip(most_lost, 0, None),
-                                self._zero)
+                return np.where(
+                    most_lost >= 0, spot * width + np.clip(most_lost, 0, None), self._zero
+                )
 
             gains = np.diff(self.grid[: d + 1, p])
-            parts.append((gains, index(low_on_demand + 1, high_stages),
-                          np.full(d, high_stages), index(low_on_demand, p - high_stages),
-                          np.full(d, p - high_stages)))
+            parts.append(
+                (
+                    gains,
+                    index(low_on_demand + 1, high_stages),
+                    np.full(d, high_stages),
+                    index(low_on_demand, p - high_stages),
+                    np.full(d, p - high_stages),
+                )
+            )
         if not parts:
             empty = np.zeros(0, dtype=int)
             return _Terms(empty, empty, np.zeros(0), empty, empty, empty, empty)
@@ -148,8 +170,9 @@ class IntervalThroughput:
             log_survive += terms.high_stages * log_cdf[terms.high]
         expected = np.zeros(len(self.stages))
         if len(terms.owners):
-            expected[terms.owners] = np.add.reduceat(terms.gains * np.exp(log_survive),
-                                                     terms.starts)
+            expected[terms.owners] = np.add.reduceat(
+                terms.gains * np.exp(log_survive), terms.starts
+            )
         result = (self.throughput + expected) / 2
         if len(self._cache) > 512:
             self._cache.clear()

@@ -71,7 +71,9 @@ def survival_tail(
     tail = np.zeros((data_parallel + 1, max_spares + 1, width))
     for needed in range(data_parallel + 1):
         polynomial = np.ones(1)
-        for spot_j, on_demand_j in zip(*np.unique(np.stack([spot, on_demand]), axis=1), strict=True):
+        for spot_j, on_demand_j in zip(
+            *np.unique(np.stack([spot, on_demand]), axis=1), strict=True
+        ):
             count = int(np.sum((spot == spot_j) & (on_demand == on_demand_j)))
             stage = _stage_polynomial(int(spot_j), int(spot_j) - max(0, needed - int(on_demand_j)))
             polynomial = np.convolve(polynomial, _power(stage, count))
@@ -83,8 +85,9 @@ def survival_tail(
             shift[np.arange(width - i), np.arange(i, width)] = padded[i]
         ways = spare_ways @ shift
         with np.errstate(divide="ignore", invalid="ignore"):
-            tail[needed] = np.where(total_ways > 0, ways / np.where(total_ways > 0, total_ways, 1),
-                                    0.0)
+            tail[needed] = np.where(
+                total_ways > 0, ways / np.where(total_ways > 0, total_ways, 1), 0.0
+            )
     return np.clip(tail, 0.0, 1.0)
 
 

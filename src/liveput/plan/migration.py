@@ -68,11 +68,13 @@ class Assignment:
         size = configuration.num_instances
         if len(instances) < size:
             raise LiveputError(
-                f"configuration {configuration} needs {size} instances, {len(instances)} given")
-        slots: dict[int, Slot | None] = {i: None for i in instances}
+                f"configuration {configuration} needs {size} instances, {len(instances)} given"
+            )
+        slots: dict[int, Slot | None] = dict.fromkeys(instances)
         for index, instance in enumerate(instances[:size]):
-            slots[instance] = Slot(index // configuration.pipeline_stages,
-                                   index % configuration.pipeline_stages)
+            slots[instance] = Slot(
+                index // configuration.pipeline_stages, index % configuration.pipeline_stages
+            )
         return cls(slots, configuration.pipeline_stages)
 
 
@@ -127,8 +129,17 @@ def plan_migration(
         raise LiveputError("an allocated instance id is already in the assignment")
     old_bounds = partition_layers(profile, stages_before) if stages_before > 0 else None
     held = {i: _held_layers(assignment, old_bounds, i) for i in survivors}
-    return plan_from_holdings(profile, costs, held, target, assignment, stages_before,
-                              preempted, allocated, assignment.on_demand & set(survivors))
+    return plan_from_holdings(
+        profile,
+        costs,
+        held,
+        target,
+        assignment,
+        stages_before,
+        preempted,
+        allocated,
+        assignment.on_demand & set(survivors),
+    )
 
 
 def plan_from_holdings(
@@ -151,26 +162,27 @@ def plan_from_holdings(
     previous = previous or Assignment({}, 0)
     if target.num_instances > len(survivors):
         raise LiveputError(
-            f"target {target} needs {target.num_instances} instances; {len(survivors)} survive")
+            f"target {target} needs {target.num_instances} instances; {len(survivors)} survive"
+        )
     layer_bytes = profile.layer_state_bytes()
     new_bounds = partition_layers(profile, target.pipeline_stages)
     holding = np.zeros((len(survivors), profile.num_layers), dtype=bool)
     for row, instance in enumerate(survivors):
         layers = [layer for layer in held[instance] if 0 <= layer < profile.num_layers]
         holding[row, layers] = True
-    slots = [Slot(d, s) for d in range(target.data_parallel)
-             for s in range(target.pipeline_stages)]
+    slots = [Slot(d, s) for d in range(target.data_parallel) for s in range(target.pipeline_stages)]
     need = np.zeros((len(slots), profile.num_layers), dtype=bool)
     for column, slot in enumerate(slots):
-        need[column, new_bounds[slot.stage]:new_bounds[slot.stage + 1]] = True
+        need[column, new_bounds[slot.stage] : new_bounds[slot.stage + 1]] = True
     # cost[i, j] = bytes slot j needs that instance i lacks (constraints 1-3 by construction).
     missing = need[None, :, :] & ~holding[:, None, :]
     cost = (missing * layer_bytes[None, None, :]).sum(axis=2).astype(float)
     _place_on_demand(cost, survivors, slots, target, set(on_demand), float(layer_bytes.sum()))
     rows, columns = linear_sum_assignment(cost)
-    new_slots: dict[int, Slot | None] = {instance: None for instance in survivors}
-    holders = {layer: list(np.flatnonzero(holding[:, layer]))
-               for layer in range(profile.num_layers)}
+    new_slots: dict[int, Slot | None] = dict.fromkeys(survivors)
+    holders = {
+        layer: list(np.flatnonzero(holding[:, layer])) for layer in range(profile.num_layers)
+    }
     load = np.zeros(len(survivors))
     transfers: list[LayerTransfer] = []
     received = np.zeros(len(survivors))
@@ -190,8 +202,17 @@ def plan_from_holdings(
     moved = sum(t.num_bytes for t in transfers if t.source != CHECKPOINT)
     restored = sum(t.num_bytes for t in transfers if t.source == CHECKPOINT)
     old_running = stages_before > 0 and any(s is not None for s in previous.slots.values())
-    kind = _kind(previous, new_slots, stages_before, target, moved, restored, set(preempted),
-                 list(allocated or []), old_running)
+    kind = _kind(
+        previous,
+        new_slots,
+        stages_before,
+        target,
+        moved,
+        restored,
+        set(preempted),
+        list(allocated or []),
+        old_running,
+    )
     estimated_s = 0.0
     if kind != MigrationKind.NONE:
         estimated_s = costs.rebuild_s(target.num_instances)
@@ -201,8 +222,9 @@ def plan_from_holdings(
             estimated_s += costs.checkpoint_load_s(float(restored))
     return MigrationPlan(
         target=target,
-        assignment=Assignment(new_slots, target.pipeline_stages,
-                              frozenset(on_demand) & frozenset(survivors)),
+        assignment=Assignment(
+            new_slots, target.pipeline_stages, frozenset(on_demand) & frozenset(survivors)
+        ),
         transfers=tuple(transfers),
         bytes_moved=int(moved),
         bytes_restored=int(restored),
@@ -211,8 +233,14 @@ def plan_from_holdings(
     )
 
 
-def _place_on_demand(cost: np.ndarray, survivors: list[int], slots: list[Slot],
-                     target: Configuration, on_demand: set[int], total_bytes: float) -> None:
+def _place_on_demand(
+    cost: np.ndarray,
+    survivors: list[int],
+    slots: list[Slot],
+    target: Configuration,
+    on_demand: set[int],
+    total_bytes: float,
+) -> None:
     """Constraints (4) and (5) written into the assignment's cost matrix (in place)."""
     rows = [row for row, instance in enumerate(survivors) if instance in on_demand]
     if not rows:
@@ -229,15 +257,24 @@ def _place_on_demand(cost: np.ndarray, survivors: list[int], slots: list[Slot],
     cost[rows] -= total_bytes + 1.0  # (5)
 
 
-def _kind(old: Assignment, new_slots: dict[int, Slot | None], stages_before: int,
-          target: Configuration, moved: int, restored: int, preempted: set[int],
-          allocated: list[int], old_running: bool) -> MigrationKind:
+def _kind(
+    old: Assignment,
+    new_slots: dict[int, Slot | None],
+    stages_before: int,
+    target: Configuration,
+    moved: int,
+    restored: int,
+    preempted: set[int],
+    allocated: list[int],
+    old_running: bool,
+) -> MigrationKind:
     if restored or not old_running:
         return MigrationKind.CHECKPOINT_RESTORE
     if stages_before != target.pipeline_stages:
         return MigrationKind.PIPELINE
     if moved:
         return MigrationKind.INTER_STAGE
-    unchanged = not preempted.intersection(i for i, s in old.slots.items() if s is not None) and \
-        all(old.slots.get(i) == s for i, s in new_slots.items() if s is not None)
+    unchanged = not preempted.intersection(
+        i for i, s in old.slots.items() if s is not None
+    ) and all(old.slots.get(i) == s for i, s in new_slots.items() if s is not None)
     return MigrationKind.NONE if unchanged else MigrationKind.INTRA_STAGE

@@ -83,7 +83,9 @@ class OptimizerConfig:
         if self.interval_s <= 0:
             raise LiveputError("optimizer interval must be positive")
         if self.objective not in OBJECTIVES:
-            raise LiveputError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+            raise LiveputError(
+                f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,13 @@ class PlanDecision:
 class LiveputOptimizer:
     """Decides the configuration of each interval (pure: no clock, no I/O)."""
 
-    def __init__(self, profile: ModelProfile, table: ConfigTable, costs: CostModel,
-                 config: OptimizerConfig | None = None) -> None:
+    def __init__(
+        self,
+        profile: ModelProfile,
+        table: ConfigTable,
+        costs: CostModel,
+        config: OptimizerConfig | None = None,
+    ) -> None:
         self.profile = profile
         self.costs = costs
         self.config = config or OptimizerConfig()
@@ -126,17 +133,22 @@ class LiveputOptimizer:
         self.throughput = np.concatenate(([0.0], table.samples_per_s[keep]))
         self.sizes = self.data_parallel * self.stages
         self.capacity = int(self.sizes.max(initial=0))
-        check_memory(f"the optimizer's tables for {self.capacity} instances and "
-                     f"{len(self.sizes) - 1:,} configurations", self._table_bytes(),
-                     "fewer instances (--nodes, the forecast, the trace's capacity)")
+        check_memory(
+            f"the optimizer's tables for {self.capacity} instances and "
+            f"{len(self.sizes) - 1:,} configurations",
+            self._table_bytes(),
+            "fewer instances (--nodes, the forecast, the trace's capacity)",
+        )
         # grid[t, P]: throughput of t pipelines of P stages (t <= the widest D of the table).
-        grid = np.zeros((int(self.data_parallel.max(initial=0)) + 1,
-                         int(self.stages.max(initial=0)) + 1))
+        grid = np.zeros(
+            (int(self.data_parallel.max(initial=0)) + 1, int(self.stages.max(initial=0)) + 1)
+        )
         grid[self.data_parallel, self.stages] = self.throughput
         self._index = {(d, p): i for i, (d, p) in enumerate(zip(self.data_parallel, self.stages))}
         self._interval = IntervalThroughput(self.data_parallel, self.stages, grid)
-        self._transitions = Transitions(profile, costs, self.data_parallel, self.stages,
-                                        self.config.interval_s)
+        self._transitions = Transitions(
+            profile, costs, self.data_parallel, self.stages, self.config.interval_s
+        )
 
     def _table_bytes(self) -> float:
         """Bytes the tables below hold at their largest: the (candidate, t) terms of
@@ -148,13 +160,19 @@ class LiveputOptimizer:
         return 8.0 * (10 * terms + 10 * widths + 4 * depths * len(self.sizes))
 
     # --- decision -------------------------------------------------------------------------
-    def decide(self, current: Configuration | None, num_available: int, forecast: Forecast,
-               num_on_demand: int = 0) -> PlanDecision:
+    def decide(
+        self,
+        current: Configuration | None,
+        num_available: int,
+        forecast: Forecast,
+        num_on_demand: int = 0,
+    ) -> PlanDecision:
         """The configuration for the interval that starts now, and the alternatives."""
         horizon = self.config.horizon
         if forecast.horizon < horizon - 1:
             raise LiveputError(
-                f"forecast has {forecast.horizon} steps; the optimizer needs {horizon - 1}")
+                f"forecast has {forecast.horizon} steps; the optimizer needs {horizon - 1}"
+            )
         if num_available < 0 or num_on_demand < 0:
             raise LiveputError("instance counts must be >= 0")
         interval_s = self.config.interval_s
@@ -177,15 +195,23 @@ class LiveputOptimizer:
             rate = float(np.clip(forecast.expected_preempted[step] / max(point, 1.0), 0.0, 1.0))
             per_candidate = self._interval.per_candidate(rate, num_on_demand)
             rewards[h] = interval_s * (fit_mass * per_candidate)
-        start = 0 if current is None else self._index.get(
-            (current.data_parallel, current.pipeline_stages), 0)
+        start = (
+            0
+            if current is None
+            else self._index.get((current.data_parallel, current.pipeline_stages), 0)
+        )
         instances = max(num_available + num_on_demand, 1)
         start_keep = self._transitions.keep_row(start, instances)
         dollars = np.zeros((horizon, len(self.sizes)))
         if self.config.objective == "cost":
-            dollars[:] = interval_s / 3600 * (self.sizes * self.config.spot_price_usd_per_hour
-                                              + num_on_demand
-                                              * self.config.on_demand_price_usd_per_hour)
+            dollars[:] = (
+                interval_s
+                / 3600
+                * (
+                    self.sizes * self.config.spot_price_usd_per_hour
+                    + num_on_demand * self.config.on_demand_price_usd_per_hour
+                )
+            )
         price_weight = 0.0
         best: tuple[float, int, np.ndarray, float] | None = None
         for _ in range(4 if self.config.objective == "cost" else 1):
@@ -196,8 +222,12 @@ class LiveputOptimizer:
             path = self._path(rewards, penalty, future, choice, instances)
             previous = [start, *path[:-1]]
             keeps = {b: self._transitions.keep_row(b, instances) for b in set(previous)}
-            samples = float(sum(rewards[h, c] * keeps[b][c]
-                                for h, (b, c) in enumerate(zip(previous, path, strict=True))))
+            samples = float(
+                sum(
+                    rewards[h, c] * keeps[b][c]
+                    for h, (b, c) in enumerate(zip(previous, path, strict=True))
+                )
+            )
             spent = float(sum(dollars[h, c] for h, c in enumerate(path)))
             ratio = samples / spent if spent > 0 else 0.0
             # At Dinkelbach's fixed point the best plan is worth 0, as much as running nothing:
@@ -211,31 +241,56 @@ class LiveputOptimizer:
         _, choice, first, samples = best
         order = np.argsort(-first, kind="stable")[:10]
         alternatives = tuple(
-            Alternative(self._configuration(c), float(first[c]),
-                        migration_kind(self.data_parallel[start], self.stages[start],
-                                       self.data_parallel[c], self.stages[c]))
-            for c in order if np.isfinite(first[c])
+            Alternative(
+                self._configuration(c),
+                float(first[c]),
+                migration_kind(
+                    self.data_parallel[start],
+                    self.stages[start],
+                    self.data_parallel[c],
+                    self.stages[c],
+                ),
+            )
+            for c in order
+            if np.isfinite(first[c])
         )
         return PlanDecision(
             configuration=self._configuration(choice),
-            migration=migration_kind(self.data_parallel[start], self.stages[start],
-                                     self.data_parallel[choice], self.stages[choice]),
+            migration=migration_kind(
+                self.data_parallel[start],
+                self.stages[start],
+                self.data_parallel[choice],
+                self.stages[choice],
+            ),
             migration_s=float(self._transitions.seconds_row(start, instances)[choice]),
             expected_samples=float(samples),
             alternatives=alternatives,
         )
 
-    def migration_s(self, current: Configuration | None, target: Configuration | None,
-                    num_instances: int) -> float:
+    def migration_s(
+        self, current: Configuration | None, target: Configuration | None, num_instances: int
+    ) -> float:
         """Seconds to move from ``current`` to ``target`` on ``num_instances`` instances."""
-        begin = 0 if current is None else self._index.get(
-            (current.data_parallel, current.pipeline_stages), 0)
-        end = 0 if target is None else self._index.get(
-            (target.data_parallel, target.pipeline_stages), 0)
+        begin = (
+            0
+            if current is None
+            else self._index.get((current.data_parallel, current.pipeline_stages), 0)
+        )
+        end = (
+            0
+            if target is None
+            else self._index.get((target.data_parallel, target.pipeline_stages), 0)
+        )
         return float(self._transitions.seconds_row(begin, max(num_instances, 1))[end])
 
-    def recover(self, start: Configuration | None, num_available: int, remaining_s: float,
-                num_on_demand: int = 0, salvage_stages: int | None = None) -> PlanDecision:
+    def recover(
+        self,
+        start: Configuration | None,
+        num_available: int,
+        remaining_s: float,
+        num_on_demand: int = 0,
+        salvage_stages: int | None = None,
+    ) -> PlanDecision:
         """The configuration for the rest of an interval, right after a loss.
 
         ``start`` is what the survivors form without moving state (the complete pipelines they
@@ -253,40 +308,53 @@ class LiveputOptimizer:
         if num_available < 0 or num_on_demand < 0 or remaining_s < 0:
             raise LiveputError("instance counts and remaining time must be >= 0")
         instances = max(num_available + num_on_demand, 1)
-        begin = 0 if start is None else self._index.get(
-            (start.data_parallel, start.pipeline_stages), 0)
+        begin = (
+            0 if start is None else self._index.get((start.data_parallel, start.pipeline_stages), 0)
+        )
         migration = self._transitions.seconds_row(begin, instances)
         salvaged = self._index.get((1, salvage_stages or 0)) if start is None else None
         if salvaged is not None and salvage_stages:
             migration = self._transitions.seconds_row(salvaged, instances)
             stage_bytes = float(self.profile.layer_state_bytes().sum()) / salvage_stages
-            migration[salvaged] = (self.costs.rebuild_s(instances)
-                                   + self.costs.transfer_s(stage_bytes))
+            migration[salvaged] = self.costs.rebuild_s(instances) + self.costs.transfer_s(
+                stage_bytes
+            )
         fits = self.sizes <= num_available + num_on_demand
         value = np.where(fits, self.throughput * np.clip(remaining_s - migration, 0.0, None), 0.0)
         choice = int(np.argmax(value))
         if value[choice] <= value[begin] and fits[begin]:
             choice = begin
         origin = begin if salvaged is None else salvaged
-        kind = migration_kind(self.data_parallel[origin], self.stages[origin],
-                              self.data_parallel[choice], self.stages[choice])
+        kind = migration_kind(
+            self.data_parallel[origin],
+            self.stages[origin],
+            self.data_parallel[choice],
+            self.stages[choice],
+        )
         if salvaged is not None and choice == salvaged:
             kind = MigrationKind.INTER_STAGE
-        return PlanDecision(self._configuration(choice), kind, float(migration[choice]),
-                            float(value[choice]), ())
+        return PlanDecision(
+            self._configuration(choice), kind, float(migration[choice]), float(value[choice]), ()
+        )
 
-    def _values(self, rewards: np.ndarray, penalty: np.ndarray,
-                num_instances: int) -> list[np.ndarray]:
+    def _values(
+        self, rewards: np.ndarray, penalty: np.ndarray, num_instances: int
+    ) -> list[np.ndarray]:
         """``values[h][c]``: best value of intervals h..H (0-based) having run c before."""
         horizon, count = rewards.shape
         values = [np.zeros(count) for _ in range(horizon + 1)]
         for h in range(horizon - 1, 0, -1):
-            values[h] = self._transitions.step(rewards[h], penalty[h], values[h + 1],
-                                               num_instances)
+            values[h] = self._transitions.step(rewards[h], penalty[h], values[h + 1], num_instances)
         return values
 
-    def _path(self, rewards: np.ndarray, penalty: np.ndarray, values: list[np.ndarray],
-              choice: int, num_instances: int) -> list[int]:
+    def _path(
+        self,
+        rewards: np.ndarray,
+        penalty: np.ndarray,
+        values: list[np.ndarray],
+        choice: int,
+        num_instances: int,
+    ) -> list[int]:
         """The optimal sequence of candidates that starts with ``choice``."""
         path = [choice]
         for h in range(1, rewards.shape[0]):

@@ -30,8 +30,14 @@ class Transitions:
     """Migration seconds between candidates ``(data_parallel[i], stages[i])`` (candidate 0 is
     "run nothing"; candidates of one depth sorted by D) and the DP step over them."""
 
-    def __init__(self, profile: ModelProfile, costs: CostModel, data_parallel: np.ndarray,
-                 stages: np.ndarray, interval_s: float) -> None:
+    def __init__(
+        self,
+        profile: ModelProfile,
+        costs: CostModel,
+        data_parallel: np.ndarray,
+        stages: np.ndarray,
+        interval_s: float,
+    ) -> None:
         self.profile = profile
         self.costs = costs
         self.data_parallel = data_parallel
@@ -72,8 +78,9 @@ class Transitions:
         rebuild = self.costs.rebuild_s(num_instances)
         same = targets & (self.stages == p)
         seconds = np.where(same & (self.data_parallel < d), rebuild, seconds)
-        seconds = np.where(same & (self.data_parallel > d), rebuild + self.stage_transfer[p],
-                           seconds)
+        seconds = np.where(
+            same & (self.data_parallel > d), rebuild + self.stage_transfer[p], seconds
+        )
         other = targets & (self.stages != p)
         return np.where(other, rebuild + self.repartition[p, self.stages], seconds)
 
@@ -93,21 +100,25 @@ class Transitions:
             cross = np.clip(interval_s - cross_s, 0.0, None) / interval_s
             cross[~self._cross_mask] = 0.0
             down = np.clip(interval_s - rebuild, 0.0, None) / interval_s
-            up = np.clip(interval_s - (rebuild + self.stage_transfer[depths]), 0.0,
-                         None) / interval_s
+            up = (
+                np.clip(interval_s - (rebuild + self.stage_transfer[depths]), 0.0, None)
+                / interval_s
+            )
             self._cached_keeps = (self.keep_row(0, num_instances), cross, down, up)
             self._keeps_for = num_instances
         return self._cached_keeps
 
-    def step(self, rewards: np.ndarray, penalty: np.ndarray, values: np.ndarray,
-             num_instances: int) -> np.ndarray:
+    def step(
+        self, rewards: np.ndarray, penalty: np.ndarray, values: np.ndarray, num_instances: int
+    ) -> np.ndarray:
         """``V(c) = max_{c'} rewards[c'] * keep(c, c') - penalty[c'] + values[c']`` for every c
         (rewards >= 0)."""
         from_nothing, cross_keep, down_keep, up_keep = self._keeps(num_instances)
         priced = bool(penalty.any())  # x - 0.0 == x: skipping a zero penalty changes no bit
 
-        def total(reward: np.ndarray, keep: np.ndarray | float,
-                  index: slice | np.ndarray = slice(None)) -> np.ndarray:
+        def total(
+            reward: np.ndarray, keep: np.ndarray | float, index: slice | np.ndarray = slice(None)
+        ) -> np.ndarray:
             value = reward * keep
             if priced:
                 value = value - penalty[index]
@@ -133,7 +144,9 @@ class Transitions:
         stay = total(rewards, 1.0)
         candidates = self._running
         result[candidates] = np.maximum(
-            np.maximum(best_cross[self._running_group], within[self._running_group,
-                                                               self._running_position]),
-            np.maximum(stay[candidates], to_nothing))
+            np.maximum(
+                best_cross[self._running_group], within[self._running_group, self._running_position]
+            ),
+            np.maximum(stay[candidates], to_nothing),
+        )
         return result

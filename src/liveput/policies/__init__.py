@@ -5,15 +5,6 @@ Built in: ``liveput``, ``liveput-oracle``, ``reactive``, ``bamboo``, ``checkpoin
 ``make_policy(name, context)`` (or ``POLICIES.get(name)(context)``).
 """
 
-from liveput.policies.base import (
-    POLICIES,
-    Decision,
-    Observation,
-    Policy,
-    PolicyContext,
-    Provisioning,
-    make_policy,
-)
 # Registration of the built-in policies (after the names above: they import them).
 from liveput.policies import (  # noqa: E402,F401,I001
     bamboo,
@@ -22,6 +13,15 @@ from liveput.policies import (  # noqa: E402,F401,I001
     on_demand,
     proactive,
     reactive,
+)
+from liveput.policies.base import (
+    POLICIES,
+    Decision,
+    Observation,
+    Policy,
+    PolicyContext,
+    Provisioning,
+    make_policy,
 )
 
 __all__ = [

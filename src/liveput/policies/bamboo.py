@@ -36,15 +36,17 @@ DEGRADED_SPEED = 0.5
 """Throughput of a pipeline whose instance runs two stages, relative to normal."""
 
 
-def redundancy_factor(context: PolicyContext, data_parallel: np.ndarray,
-                      stages: np.ndarray) -> np.ndarray:
+def redundancy_factor(
+    context: PolicyContext, data_parallel: np.ndarray, stages: np.ndarray
+) -> np.ndarray:
     """``1 - max(0, m f - (P - 1)) / (m + P - 1)`` for each configuration (module docstring)."""
     profile = context.profile
     forward = sum(layer.forward_s for layer in profile.layers)
     backward = sum(layer.backward_s for layer in profile.layers)
     share = forward / max(forward + backward, 1e-12)
-    micro = np.ceil(profile.global_batch_size
-                    / (np.maximum(data_parallel, 1) * profile.micro_batch_size))
+    micro = np.ceil(
+        profile.global_batch_size / (np.maximum(data_parallel, 1) * profile.micro_batch_size)
+    )
     extra = np.maximum(0.0, micro * share - (stages - 1))
     return 1.0 - extra / (micro + stages - 1)
 
@@ -75,13 +77,16 @@ class BambooPolicy(LookupPolicy):
         self.throughput = np.zeros_like(self.lookup.grid)
         keep = fits & (table.data_parallel * table.pipeline_stages <= self.lookup.max_instances)
         self.throughput[table.data_parallel[keep], table.pipeline_stages[keep]] = (
-            table.samples_per_s[keep] * factor[keep])
+            table.samples_per_s[keep] * factor[keep]
+        )
         self.stages: int | None = None
         self.degraded = False
 
     def _launch_depth(self, num_instances: int) -> int | None:
-        sizes = np.arange(self.throughput.shape[0])[:, None] * np.arange(
-            self.throughput.shape[1])[None, :]
+        sizes = (
+            np.arange(self.throughput.shape[0])[:, None]
+            * np.arange(self.throughput.shape[1])[None, :]
+        )
         candidates = np.where(sizes <= num_instances, self.throughput, 0.0)
         if candidates.max() <= 0:
             return None
@@ -105,17 +110,34 @@ class BambooPolicy(LookupPolicy):
         if configuration is None:
             return 1.0
         base = self.lookup.throughput(configuration)
-        return float(self.throughput[configuration.data_parallel,
-                                     configuration.pipeline_stages] / base) if base > 0 else 1.0
+        return (
+            float(
+                self.throughput[configuration.data_parallel, configuration.pipeline_stages] / base
+            )
+            if base > 0
+            else 1.0
+        )
 
-    def _run(self, target: Configuration | None, migration: MigrationKind, downtime_s: float,
-             remaining_s: float, **extra: object) -> Decision:
-        factor = self._speed(target) * float(extra.pop("slowdown", 1.0))
-        return Decision(target, migration=migration, downtime_s=downtime_s,
-                        throughput_factor=factor,
-                        expected_samples=self.lookup.throughput(target) * factor
-                        * max(remaining_s - downtime_s, 0.0),
-                        num_instances_used=num_instances_used)
+    def _run(
+        self,
+        target: Configuration | None,
+        migration: MigrationKind,
+        downtime_s: float,
+        remaining_s: float,
+        slowdown: float = 1.0,
+        num_instances_used: int | None = None,
+    ) -> Decision:
+        factor = self._speed(target) * slowdown
+        return Decision(
+            target,
+            migration=migration,
+            downtime_s=downtime_s,
+            throughput_factor=factor,
+            expected_samples=self.lookup.throughput(target)
+            * factor
+            * max(remaining_s - downtime_s, 0.0),
+            num_instances_used=num_instances_used,
+        )
 
     def decide(self, observation: Observation) -> Decision:
         available = observation.num_available + observation.num_on_demand
@@ -128,12 +150,14 @@ class BambooPolicy(LookupPolicy):
         remaining = observation.remaining_s
         if target is None:
             self.degraded = False
-            return Decision(None, migration=(
-                MigrationKind.NONE if current is None else MigrationKind.RESTART))
+            return Decision(
+                None, migration=(MigrationKind.NONE if current is None else MigrationKind.RESTART)
+            )
         if current is None:
             self.degraded = False
-            return self._run(target, MigrationKind.RESTART, restart_s(self.context, target),
-                             remaining)
+            return self._run(
+                target, MigrationKind.RESTART, restart_s(self.context, target), remaining
+            )
         if target == current and not self.degraded:
             return self._run(current, MigrationKind.NONE, 0.0, remaining)
         repair = self.degraded
@@ -141,7 +165,8 @@ class BambooPolicy(LookupPolicy):
         seconds = self.context.costs.rebuild_s(target.num_instances)
         if target.data_parallel > current.data_parallel or repair:
             seconds += self.context.costs.transfer_s(
-                2 * stage_state_bytes(self.context, target.pipeline_stages))
+                2 * stage_state_bytes(self.context, target.pipeline_stages)
+            )
         return self._run(target, MigrationKind.RECONFIGURE, seconds, remaining)
 
     def _absorb(self, observation: Observation, available: int) -> Decision:
@@ -155,11 +180,15 @@ class BambooPolicy(LookupPolicy):
             target = self._widest(available)
             if target is None:
                 return Decision(None, migration=MigrationKind.RESTART)
-            return self._run(target, MigrationKind.RESTART, restart_s(self.context, target),
-                             remaining)
+            return self._run(
+                target, MigrationKind.RESTART, restart_s(self.context, target), remaining
+            )
         damaged = len({pipeline for pipeline, _ in lost})
-        intact = Configuration(current.data_parallel - damaged, current.pipeline_stages) \
-            if current.data_parallel > damaged else None
+        intact = (
+            Configuration(current.data_parallel - damaged, current.pipeline_stages)
+            if current.data_parallel > damaged
+            else None
+        )
         rebuild = self.context.costs.rebuild_s(current.num_instances)
         keep_all = self.lookup.throughput(current) * DEGRADED_SPEED * remaining
         drop = self.lookup.throughput(intact) * max(remaining - rebuild, 0.0)
@@ -167,5 +196,11 @@ class BambooPolicy(LookupPolicy):
             self.degraded = False
             return self._run(intact, MigrationKind.INTRA_STAGE, rebuild, remaining)
         self.degraded = True
-        return self._run(current, MigrationKind.FAILOVER, 0.0, remaining, slowdown=DEGRADED_SPEED,
-                         num_instances_used=current.num_instances - len(lost))
+        return self._run(
+            current,
+            MigrationKind.FAILOVER,
+            0.0,
+            remaining,
+            slowdown=DEGRADED_SPEED,
+            num_instances_used=current.num_instances - len(lost),
+        )

@@ -12,8 +12,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from liveput.errors import LiveputError
-from liveput.perf.configuration import (Configuration, MigrationKind, ObservationEvent,
-                                        migration_kind_of, observation_event_of)
+from liveput.perf.configuration import (
+    Configuration,
+    MigrationKind,
+    ObservationEvent,
+    migration_kind_of,
+    observation_event_of,
+)
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.registry import Registry
@@ -88,7 +93,8 @@ class Provisioning:
         if self.spot < 0 or self.on_demand < 0:
             raise LiveputError(
                 f"provisioning: spot ({self.spot}) and on-demand ({self.on_demand}) counts must "
-                "be >= 0")
+                "be >= 0"
+            )
 
 
 @dataclass(frozen=True)
@@ -132,15 +138,18 @@ class Decision:
             elif self.num_on_demand != self.provisioning.on_demand:
                 raise LiveputError(
                     f"decision: {self.num_on_demand} on-demand instances but provisioning asks "
-                    f"for {self.provisioning.on_demand}")
+                    f"for {self.provisioning.on_demand}"
+                )
         if self.downtime_s < 0 or self.rollback_s < 0 or self.checkpoint_s < 0:
             raise LiveputError("decision: downtime, rollback and checkpoint seconds must be >= 0")
         if not 0.0 <= self.throughput_factor <= 1.0:
             raise LiveputError(
-                f"decision: throughput factor {self.throughput_factor} not in [0, 1]")
+                f"decision: throughput factor {self.throughput_factor} not in [0, 1]"
+            )
         if self.num_instances_used is not None and (
-                self.configuration is None
-                or not 0 <= self.num_instances_used <= self.configuration.num_instances):
+            self.configuration is None
+            or not 0 <= self.num_instances_used <= self.configuration.num_instances
+        ):
             raise LiveputError("decision: instances used must be within 0..D*P of a configuration")
         if self.release < 0 or (self.num_on_demand is not None and self.num_on_demand < 0):
             raise LiveputError("decision: released and on-demand instances must be >= 0")

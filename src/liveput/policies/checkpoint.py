@@ -50,9 +50,9 @@ class CheckpointPolicy(LookupPolicy):
         known = len(history) - 1  # the current interval's events are not known yet
         exposure = float(np.sum(history.count[:known])) * history.interval_s
         losses = float(np.sum(history.preempted[:known]))
-        rate_per_s = ((losses + PRIOR_PREEMPTIONS_PER_INSTANCE_HOUR
-                       * PRIOR_WEIGHT_INSTANCE_S / 3600.0)
-                      / (exposure + PRIOR_WEIGHT_INSTANCE_S))
+        rate_per_s = (
+            losses + PRIOR_PREEMPTIONS_PER_INSTANCE_HOUR * PRIOR_WEIGHT_INSTANCE_S / 3600.0
+        ) / (exposure + PRIOR_WEIGHT_INSTANCE_S)
         used = self.configuration.num_instances if self.configuration else 1
         mtbf_s = 1.0 / max(rate_per_s * used, 1e-12)
         return math.sqrt(2.0 * save_s * mtbf_s)
@@ -81,8 +81,11 @@ class CheckpointPolicy(LookupPolicy):
         if fixed is None or fixed.num_instances > available:
             self.running_since_s = None
             self.pending_s += rollback
-            return Decision(None, rollback_s=rollback, migration=(
-                MigrationKind.NONE if current is None else MigrationKind.RESTART))
+            return Decision(
+                None,
+                rollback_s=rollback,
+                migration=(MigrationKind.NONE if current is None else MigrationKind.RESTART),
+            )
         downtime = 0.0
         migration = MigrationKind.NONE
         if current != fixed:
@@ -90,13 +93,20 @@ class CheckpointPolicy(LookupPolicy):
             migration = MigrationKind.RESTART
         save = checkpoint_save_s(self.context, fixed)
         checkpoint = 0.0
-        if (observation.event == ObservationEvent.INTERVAL
-                and self.trained_since_checkpoint_s >= self._period_s(observation, save)):
+        if (
+            observation.event == ObservationEvent.INTERVAL
+            and self.trained_since_checkpoint_s >= self._period_s(observation, save)
+        ):
             checkpoint = save
             self.trained_since_checkpoint_s = 0.0
         self.pending_s += downtime + rollback + checkpoint
         self.running_since_s = observation.time_s
-        return Decision(fixed, migration=migration, downtime_s=downtime, rollback_s=rollback,
-                        checkpoint_s=checkpoint,
-                        expected_samples=self.lookup.throughput(fixed)
-                        * max(observation.remaining_s - downtime - rollback - checkpoint, 0.0))
+        return Decision(
+            fixed,
+            migration=migration,
+            downtime_s=downtime,
+            rollback_s=rollback,
+            checkpoint_s=checkpoint,
+            expected_samples=self.lookup.throughput(fixed)
+            * max(observation.remaining_s - downtime - rollback - checkpoint, 0.0),
+        )

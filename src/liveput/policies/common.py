@@ -61,27 +61,32 @@ def checkpoint_save_s(context: PolicyContext, configuration: Configuration) -> f
 def restart_s(context: PolicyContext, configuration: Configuration) -> float:
     """Seconds of a full restart into ``configuration``: rendezvous and rebuild of every worker
     (measured restart) plus loading the whole checkpoint."""
-    return (context.costs.restart_s(configuration.num_instances)
-            + context.costs.checkpoint_load_s(model_state_bytes(context)))
+    return context.costs.restart_s(configuration.num_instances) + context.costs.checkpoint_load_s(
+        model_state_bytes(context)
+    )
 
 
-def lost_per_stage(configuration: Configuration, lost_slots: tuple[tuple[int, int], ...],
-                   ) -> np.ndarray:
+def lost_per_stage(
+    configuration: Configuration,
+    lost_slots: tuple[tuple[int, int], ...],
+) -> np.ndarray:
     """Instances lost by each stage of ``configuration``."""
     stages = np.array([stage for _, stage in lost_slots], dtype=np.int64)
     return np.bincount(stages, minlength=configuration.pipeline_stages)
 
 
-def surviving_pipelines(configuration: Configuration,
-                        lost_slots: tuple[tuple[int, int], ...]) -> int:
+def surviving_pipelines(
+    configuration: Configuration, lost_slots: tuple[tuple[int, int], ...]
+) -> int:
     """Complete pipelines the survivors regroup into: ``D - max_j losses_j``."""
     if not lost_slots:
         return configuration.data_parallel
     return int(configuration.data_parallel - lost_per_stage(configuration, lost_slots).max())
 
 
-def recovery_start(context: PolicyContext, observation: Observation
-                   ) -> tuple[Configuration | None, int | None]:
+def recovery_start(
+    context: PolicyContext, observation: Observation
+) -> tuple[Configuration | None, int | None]:
     """Where a recovery after a loss starts: (the surviving pipelines of the running
     configuration, or None when every pipeline lost a stage; the stages whose state can still
     be sent out during the notice, when every replica of a stage is leaving and the transfer

@@ -19,5 +19,8 @@ class IdealPolicy(LookupPolicy):
     def decide(self, observation: Observation) -> Decision:
         best = self.lookup.best_for(observation.num_available + observation.num_on_demand)
         migration = MigrationKind.NONE if best == observation.current else MigrationKind.FREE
-        return Decision(best, migration=migration,
-                        expected_samples=self.lookup.throughput(best) * observation.remaining_s)
+        return Decision(
+            best,
+            migration=migration,
+            expected_samples=self.lookup.throughput(best) * observation.remaining_s,
+        )

@@ -32,15 +32,18 @@ class JobObjective:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.deadline_hours) and self.deadline_hours > 0):
-            raise LiveputError(f"deadline must be a positive number of hours, got "
-                               f"{self.deadline_hours}")
+            raise LiveputError(
+                f"deadline must be a positive number of hours, got {self.deadline_hours}"
+            )
         if (self.steps is None) == (self.target_samples is None):
-            raise LiveputError("a deadline job needs its work: give steps or target samples "
-                               "(one of them)")
+            raise LiveputError(
+                "a deadline job needs its work: give steps or target samples (one of them)"
+            )
         if self.steps is not None and self.steps < 1:
             raise LiveputError(f"steps must be >= 1, got {self.steps}")
         if self.target_samples is not None and not (
-                math.isfinite(self.target_samples) and self.target_samples > 0):
+            math.isfinite(self.target_samples) and self.target_samples > 0
+        ):
             raise LiveputError(f"target samples must be positive, got {self.target_samples}")
         for name in ("budget_usd", "budget_usd_per_hour"):
             value = getattr(self, name)
@@ -68,8 +71,10 @@ class JobObjective:
         if per_hour is not None and per_hour < cheapest_usd_per_hour:
             raise LiveputError(
                 f"budget ${self.budget_usd_per_hour:g}/h is below the cheapest instance "
-                f"(${cheapest_usd_per_hour:g}/h)")
+                f"(${cheapest_usd_per_hour:g}/h)"
+            )
         if self.budget_usd is not None and self.budget_usd < cheapest_usd_per_hour:
             raise LiveputError(
                 f"budget ${self.budget_usd:g} is below one hour of the cheapest instance "
-                f"(${cheapest_usd_per_hour:g})")
+                f"(${cheapest_usd_per_hour:g})"
+            )

@@ -44,36 +44,59 @@ class LiveputPolicy(Policy):
         from liveput.plan import LiveputOptimizer, OptimizerConfig
 
         self.optimizer = LiveputOptimizer(
-            context.profile, context.table, context.costs,
-            OptimizerConfig(horizon=context.horizon, interval_s=context.interval_s,
-                            objective=context.objective,
-                            spot_price_usd_per_hour=context.spot_price_usd_per_hour,
-                            on_demand_price_usd_per_hour=context.on_demand_price_usd_per_hour))
+            context.profile,
+            context.table,
+            context.costs,
+            OptimizerConfig(
+                horizon=context.horizon,
+                interval_s=context.interval_s,
+                objective=context.objective,
+                spot_price_usd_per_hour=context.spot_price_usd_per_hour,
+                on_demand_price_usd_per_hour=context.on_demand_price_usd_per_hour,
+            ),
+        )
         self.predictor = make_predictor(context.predictor)
 
     def forecast(self, observation: Observation) -> Forecast:
         """The forecast of the next H intervals (``liveput``: from the history only)."""
-        return self.predictor.forecast(observation.history, self.context.horizon,
-                                       max(self.context.capacity, observation.num_available))
+        return self.predictor.forecast(
+            observation.history,
+            self.context.horizon,
+            max(self.context.capacity, observation.num_available),
+        )
 
     def decide(self, observation: Observation) -> Decision:
         if observation.event == ObservationEvent.PREEMPTION:
             return self._recover(observation)
-        plan = self.optimizer.decide(observation.current, observation.num_available,
-                                     self.forecast(observation), observation.num_on_demand)
+        plan = self.optimizer.decide(
+            observation.current,
+            observation.num_available,
+            self.forecast(observation),
+            observation.num_on_demand,
+        )
         room = observation.num_available + observation.num_on_demand
         chosen, migration, seconds = plan.configuration, plan.migration, plan.migration_s
         if chosen is not None and chosen.num_instances > room:
             # The plan starts with a configuration that only fits later; now, run the best
             # alternative that fits (or nothing), at the cost of reaching it.
-            fitting = next((a for a in plan.alternatives if a.configuration is None
-                            or a.configuration.num_instances <= room), None)
+            fitting = next(
+                (
+                    a
+                    for a in plan.alternatives
+                    if a.configuration is None or a.configuration.num_instances <= room
+                ),
+                None,
+            )
             chosen = None if fitting is None else fitting.configuration
             migration = MigrationKind.NONE if chosen is None else fitting.migration
             seconds = self.optimizer.migration_s(observation.current, chosen, room)
-        return Decision(chosen, migration=migration, downtime_s=seconds,
-                        expected_samples=plan.expected_samples,
-                        release=self._spares(chosen, observation))
+        return Decision(
+            chosen,
+            migration=migration,
+            downtime_s=seconds,
+            expected_samples=plan.expected_samples,
+            release=self._spares(chosen, observation),
+        )
 
     def _spares(self, chosen: Configuration | None, observation: Observation) -> int:
         """Idle spot instances to give back: under the ``cost`` objective (which prices only
@@ -87,11 +110,20 @@ class LiveputPolicy(Policy):
 
     def _recover(self, observation: Observation) -> Decision:
         start, salvage = recovery_start(self.context, observation)
-        plan = self.optimizer.recover(start, observation.num_available, observation.remaining_s,
-                                      observation.num_on_demand, salvage_stages=salvage)
-        return Decision(plan.configuration, migration=plan.migration, downtime_s=plan.migration_s,
-                        expected_samples=plan.expected_samples,
-                        release=self._spares(plan.configuration, observation))
+        plan = self.optimizer.recover(
+            start,
+            observation.num_available,
+            observation.remaining_s,
+            observation.num_on_demand,
+            salvage_stages=salvage,
+        )
+        return Decision(
+            plan.configuration,
+            migration=plan.migration,
+            downtime_s=plan.migration_s,
+            expected_samples=plan.expected_samples,
+            release=self._spares(plan.configuration, observation),
+        )
 
 
 @POLICIES.register("liveput-oracle")
@@ -105,8 +137,11 @@ class OraclePolicy(LiveputPolicy):
         future = observation.future
         history = observation.history
         capacity = max(self.context.capacity, observation.num_available)
-        counts = np.full(horizon, history.count[-1] + history.allocated[-1]
-                         - history.preempted[-1], dtype=np.int64)
+        counts = np.full(
+            horizon,
+            history.count[-1] + history.allocated[-1] - history.preempted[-1],
+            dtype=np.int64,
+        )
         preempted = np.zeros(horizon)
         preempted[0] = history.preempted[-1]
         if future is not None and len(future):

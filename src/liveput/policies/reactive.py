@@ -44,18 +44,25 @@ class ReactivePolicy(LookupPolicy):
         changed = available != self.configured_for
         self.configured_for = available
         if target == current and not changed:
-            return Decision(current, expected_samples=self.lookup.throughput(current)
-                            * observation.remaining_s)
+            return Decision(
+                current, expected_samples=self.lookup.throughput(current) * observation.remaining_s
+            )
         now = observation.time_s
         if target is None:
             self.busy_until_s = now
-            return Decision(None, migration=(
-                MigrationKind.RESTART if current is not None else MigrationKind.NONE))
+            return Decision(
+                None,
+                migration=(MigrationKind.RESTART if current is not None else MigrationKind.NONE),
+            )
         seconds = restart_s(self.context, target)
         seconds += max(self.busy_until_s - now, 0.0)
         if current is not None:
             seconds += checkpoint_save_s(self.context, current)
         self.busy_until_s = now + seconds
-        return Decision(target, migration=MigrationKind.RESTART, downtime_s=seconds,
-                        expected_samples=self.lookup.throughput(target)
-                        * max(observation.remaining_s - seconds, 0.0))
+        return Decision(
+            target,
+            migration=MigrationKind.RESTART,
+            downtime_s=seconds,
+            expected_samples=self.lookup.throughput(target)
+            * max(observation.remaining_s - seconds, 0.0),
+        )

@@ -22,8 +22,9 @@ def summary_table(result: SimulationResult) -> tuple[list[str], list[list[str]]]
     return SUMMARY_HEADER, summary_rows(result)
 
 
-def write_report(result: SimulationResult, directory: str | Path,
-                 curve: Sequence[DeadlineSweepRow] = ()) -> Path:
+def write_report(
+    result: SimulationResult, directory: str | Path, curve: Sequence[DeadlineSweepRow] = ()
+) -> Path:
     """Write ``index.html`` and its PNGs into ``directory``; returns the page's path.
     ``curve``: a deadline job's runs at several deadlines (its cost-against-deadline figure)."""
     if result.deadline_hours is not None:
@@ -31,6 +32,15 @@ def write_report(result: SimulationResult, directory: str | Path,
     return write_simulation_report(result, directory)
 
 
-__all__ = ["DEADLINE_HEADER", "FIGURES", "SUMMARY_HEADER", "deadline_rows", "summary_rows",
-           "summary_table", "write_deadline_report", "write_figures", "write_report",
-           "write_simulation_report"]
+__all__ = [
+    "DEADLINE_HEADER",
+    "FIGURES",
+    "SUMMARY_HEADER",
+    "deadline_rows",
+    "summary_rows",
+    "summary_table",
+    "write_deadline_report",
+    "write_figures",
+    "write_report",
+    "write_simulation_report",
+]

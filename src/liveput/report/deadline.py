@@ -26,8 +26,14 @@ from liveput.report.html import STYLE  # noqa: E402
 from liveput.sim.result import SimulationResult  # noqa: E402
 from liveput.sim.sweep import DeadlineSweepRow  # noqa: E402
 
-COLORS = {"liveput": "#1f5f9e", "uniform-progress": "#c0392b", "greedy": "#d68910",
-          "on-demand": "#27ae60", "spot-only": "#8e44ad", "omniscient": "#555555"}
+COLORS = {
+    "liveput": "#1f5f9e",
+    "uniform-progress": "#c0392b",
+    "greedy": "#d68910",
+    "on-demand": "#27ae60",
+    "spot-only": "#8e44ad",
+    "omniscient": "#555555",
+}
 
 DEADLINE_HEADER = ["policy", "met", "late h", "done h", "$", "$ spot", "$ OD", "OD h"]
 """Columns of the deadline table (the CLI prints the same; short enough for 80 columns): met
@@ -39,11 +45,18 @@ def deadline_rows(result: SimulationResult) -> list[list[str]]:
     """Rows of the deadline table."""
     rows = []
     for name, run in result.runs.items():
-        rows.append([
-            name, "yes" if run.deadline_met else "no", f"{run.hours_late:.2f}",
-            "-" if run.finished_hours is None else f"{run.finished_hours:.2f}",
-            f"{run.cost_usd:,.2f}", f"{run.usd_spot:,.2f}", f"{run.usd_on_demand:,.2f}",
-            f"{run.on_demand_hours:,.1f}"])
+        rows.append(
+            [
+                name,
+                "yes" if run.deadline_met else "no",
+                f"{run.hours_late:.2f}",
+                "-" if run.finished_hours is None else f"{run.finished_hours:.2f}",
+                f"{run.cost_usd:,.2f}",
+                f"{run.usd_spot:,.2f}",
+                f"{run.usd_on_demand:,.2f}",
+                f"{run.on_demand_hours:,.1f}",
+            ]
+        )
     return rows
 
 
@@ -70,8 +83,9 @@ def _cost_figure(rows: Sequence[DeadlineSweepRow]) -> Figure:
 
 def _mix_figure(result: SimulationResult) -> plt.Figure:
     names = list(result.runs)
-    figure, axes = plt.subplots(len(names), 1, figsize=(10, 1.4 * len(names) + 0.8), dpi=110,
-                                sharex=True, squeeze=False)
+    figure, axes = plt.subplots(
+        len(names), 1, figsize=(10, 1.4 * len(names) + 0.8), dpi=110, sharex=True, squeeze=False
+    )
     for axis, name in zip(axes[:, 0], names, strict=True):
         run = result.runs[name]
         hours = np.arange(len(run.spot) + 1) * result.interval_s / 3600.0
@@ -89,15 +103,18 @@ def _mix_figure(result: SimulationResult) -> plt.Figure:
     return figure
 
 
-def write_deadline_report(result: SimulationResult, curve: Sequence[DeadlineSweepRow],
-                          directory: str | Path) -> Path:
+def write_deadline_report(
+    result: SimulationResult, curve: Sequence[DeadlineSweepRow], directory: str | Path
+) -> Path:
     """Write ``index.html`` and its PNGs into ``directory`` (``curve``: the same job at several
     deadlines, for the cost-vs-deadline figure); returns the page's path."""
     directory = Path(directory)
     directory.mkdir(exist_ok=True)
     sections = []
-    captions = {"deadline_cost": "Dollars paid against the deadline, for the same work.",
-                "mix": "Spot and on-demand instances held over time by each policy."}
+    captions = {
+        "deadline_cost": "Dollars paid against the deadline, for the same work.",
+        "mix": "Spot and on-demand instances held over time by each policy.",
+    }
     for name, figure in (("deadline_cost", _cost_figure(curve)), ("mix", _mix_figure(result))):
         buffer = io.BytesIO()
         try:
@@ -106,11 +123,15 @@ def write_deadline_report(result: SimulationResult, curve: Sequence[DeadlineSwee
             plt.close(figure)
         write_bytes_atomic(directory / f"{name}.png", buffer.getvalue())
         encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
-        sections.append(f'<figure><img alt="{name}" src="data:image/png;base64,{encoded}">'
-                        f"<figcaption>{html.escape(captions[name])}</figcaption></figure>")
+        sections.append(
+            f'<figure><img alt="{name}" src="data:image/png;base64,{encoded}">'
+            f"<figcaption>{html.escape(captions[name])}</figcaption></figure>"
+        )
     header = "".join(f"<th>{html.escape(cell)}</th>" for cell in DEADLINE_HEADER)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
-                   for row in deadline_rows(result))
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
+        for row in deadline_rows(result)
+    )
     title = f"liveput deadline simulation: {result.model} on {result.trace}"
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -120,7 +141,7 @@ def write_deadline_report(result: SimulationResult, curve: Sequence[DeadlineSwee
 on {result.on_demand_max} instances: {result.fastest_hours:.2f} h). Every policy met the same
 preemptions and on-demand launch delays.</p>
 <table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>
-{''.join(sections)}
+{"".join(sections)}
 </body></html>
 """
     return write_text_atomic(directory / "index.html", page)

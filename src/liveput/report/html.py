@@ -41,11 +41,17 @@ def summary_rows(result: SimulationResult) -> list[list[str]]:
     rows = []
     for name, run in result.runs.items():
         fraction = result.fraction_of_ideal(name)
-        rows.append([
-            name, _number(run.samples), _number(fraction, 3), _number(run.cost_usd, 2),
-            "-" if run.samples <= 0 else _number(run.usd_per_1k_samples, 3),
-            str(run.reconfigurations), _number(run.downtime_s / 60.0, 1),
-        ])
+        rows.append(
+            [
+                name,
+                _number(run.samples),
+                _number(fraction, 3),
+                _number(run.cost_usd, 2),
+                "-" if run.samples <= 0 else _number(run.usd_per_1k_samples, 3),
+                str(run.reconfigurations),
+                _number(run.downtime_s / 60.0, 1),
+            ]
+        )
     return rows
 
 
@@ -56,8 +62,11 @@ reconf the reconfigurations, down min the downtime in minutes."""
 
 def policy_summaries(result: SimulationResult) -> dict[str, str]:
     """Each policy's one-line model (the first line of its class docstring)."""
-    return {name: (POLICIES.get(name).__doc__ or "").strip().splitlines()[0]
-            for name in result.runs if name in POLICIES}
+    return {
+        name: (POLICIES.get(name).__doc__ or "").strip().splitlines()[0]
+        for name in result.runs
+        if name in POLICIES
+    }
 
 
 def write_simulation_report(result: SimulationResult, directory: str | Path) -> Path:
@@ -67,15 +76,19 @@ def write_simulation_report(result: SimulationResult, directory: str | Path) -> 
     header = "".join(f"<th>{html.escape(cell)}</th>" for cell in SUMMARY_HEADER)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
-        for row in summary_rows(result))
+        for row in summary_rows(result)
+    )
     sections = []
     for name, path in figures.items():
         encoded = base64.b64encode(path.read_bytes()).decode("ascii")
         sections.append(
             f'<figure><img alt="{name}" src="data:image/png;base64,{encoded}">'
-            f"<figcaption>{html.escape(CAPTIONS.get(name, name))}</figcaption></figure>")
-    models = "".join(f"<dt>{html.escape(name)}</dt><dd>{html.escape(text)}</dd>"
-                     for name, text in policy_summaries(result).items())
+            f"<figcaption>{html.escape(CAPTIONS.get(name, name))}</figcaption></figure>"
+        )
+    models = "".join(
+        f"<dt>{html.escape(name)}</dt><dd>{html.escape(text)}</dd>"
+        for name, text in policy_summaries(result).items()
+    )
     title = f"liveput simulation: {result.model} on {result.trace}"
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -86,7 +99,7 @@ same preemptions at the same times; "of ideal" is its samples over the best conf
 every count with free moves (the upper bound).</p>
 <table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>
 <dl>{models}</dl>
-{''.join(sections)}
+{"".join(sections)}
 </body></html>
 """
     target = directory / "index.html"

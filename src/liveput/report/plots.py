@@ -17,16 +17,22 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-import numpy as np  # noqa: E402
 
 from liveput.files import write_bytes_atomic  # noqa: E402
-
 from liveput.sim.result import SimulationResult  # noqa: E402
 
-COLORS = {"liveput": "#1f5f9e", "liveput-oracle": "#6aa6d8", "reactive": "#c0392b",
-          "bamboo": "#8e44ad", "checkpoint": "#d68910", "on-demand": "#27ae60", "ideal": "#555555"}
+COLORS = {
+    "liveput": "#1f5f9e",
+    "liveput-oracle": "#6aa6d8",
+    "reactive": "#c0392b",
+    "bamboo": "#8e44ad",
+    "checkpoint": "#d68910",
+    "on-demand": "#27ae60",
+    "ideal": "#555555",
+}
 
 
 def _hours(result: SimulationResult, length: int) -> np.ndarray:
@@ -67,8 +73,14 @@ def _cumulative(result: SimulationResult, field: str, label: str, title: str) ->
     for name, run in result.runs.items():
         values = getattr(run, field)
         hours = _hours(result, len(values))[1:]
-        axis.plot(hours, values, label=name, color=_color(name), lw=1.5,
-                  ls="--" if name == "ideal" else "-")
+        axis.plot(
+            hours,
+            values,
+            label=name,
+            color=_color(name),
+            lw=1.5,
+            ls="--" if name == "ideal" else "-",
+        )
     axis.set_ylabel(label)
     axis.legend(fontsize=8, ncols=4, loc="upper left")
     return _finish(figure, axis)
@@ -87,8 +99,11 @@ def _cost(result: SimulationResult) -> Figure:
         style = dict(label=name, color=_color(name), lw=1.5, ls="--" if name == "ideal" else "-")
         paid.plot(hours, run.cumulative_cost_usd, **style)
         trained = run.cumulative_samples > 0
-        rate.plot(hours[trained], run.cumulative_cost_usd[trained]
-                  / run.cumulative_samples[trained] * 1000, **style)
+        rate.plot(
+            hours[trained],
+            run.cumulative_cost_usd[trained] / run.cumulative_samples[trained] * 1000,
+            **style,
+        )
     paid.set_title("cost: dollars paid so far, and per 1,000 samples trained so far")
     paid.set_ylabel("dollars")
     rate.set_ylabel("$ / 1k samples")
@@ -97,10 +112,21 @@ def _cost(result: SimulationResult) -> Figure:
     for axis in (paid, rate):
         axis.grid(alpha=0.3)
         axis.set_ylim(bottom=0)
-    top = max((float(np.percentile(run.cumulative_cost_usd[run.cumulative_samples > 0]
-                                   / run.cumulative_samples[run.cumulative_samples > 0], 50))
-               * 1000 for run in result.runs.values() if (run.cumulative_samples > 0).any()),
-              default=1.0)
+    top = max(
+        (
+            float(
+                np.percentile(
+                    run.cumulative_cost_usd[run.cumulative_samples > 0]
+                    / run.cumulative_samples[run.cumulative_samples > 0],
+                    50,
+                )
+            )
+            * 1000
+            for run in result.runs.values()
+            if (run.cumulative_samples > 0).any()
+        ),
+        default=1.0,
+    )
     rate.set_ylim(0, 3 * top)  # the first minutes of a run (few samples) would dwarf the rest
     figure.tight_layout()
     return figure
@@ -108,14 +134,20 @@ def _cost(result: SimulationResult) -> Figure:
 
 def _configurations(result: SimulationResult) -> Figure:
     names = list(result.runs)
-    figure, axes = plt.subplots(len(names), 1, figsize=(10, 1.35 * len(names) + 0.8), dpi=110,
-                                sharex=True, squeeze=False)
+    figure, axes = plt.subplots(
+        len(names), 1, figsize=(10, 1.35 * len(names) + 0.8), dpi=110, sharex=True, squeeze=False
+    )
     for axis, name in zip(axes[:, 0], names, strict=True):
         run = result.runs[name]
         hours = _hours(result, len(run.available))
         used = run.data_parallel * run.pipeline_stages
-        axis.step(hours, np.append(run.available, run.available[-1]), where="post",
-                  color="#bbbbbb", lw=1.0)
+        axis.step(
+            hours,
+            np.append(run.available, run.available[-1]),
+            where="post",
+            color="#bbbbbb",
+            lw=1.0,
+        )
         axis.step(hours, np.append(used, used[-1]), where="post", color=_color(name), lw=1.5)
         changes = np.flatnonzero(np.diff(np.concatenate(([-1], run.pipeline_stages))) != 0)
         spacing_h = hours[-1] / 24  # at most about 24 labels a panel, so they stay legible
@@ -123,14 +155,20 @@ def _configurations(result: SimulationResult) -> Figure:
         for index in changes:
             if run.pipeline_stages[index] > 0 and hours[index] - last_h >= spacing_h:
                 last_h = hours[index]
-                axis.annotate(f"{run.data_parallel[index]}x{run.pipeline_stages[index]}",
-                              (hours[index], used[index]), fontsize=6, color=_color(name),
-                              xytext=(1, 2), textcoords="offset points")
+                axis.annotate(
+                    f"{run.data_parallel[index]}x{run.pipeline_stages[index]}",
+                    (hours[index], used[index]),
+                    fontsize=6,
+                    color=_color(name),
+                    xytext=(1, 2),
+                    textcoords="offset points",
+                )
         axis.set_ylabel(name, fontsize=8, rotation=0, ha="right", va="center")
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
-    axes[0, 0].set_title("configuration over time: instances used (D x P where the depth "
-                         "changes); grey: available")
+    axes[0, 0].set_title(
+        "configuration over time: instances used (D x P where the depth changes); grey: available"
+    )
     axes[-1, 0].set_xlabel("time (hours)")
     figure.tight_layout()
     return figure

@@ -32,20 +32,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address peers reach this one at")
     parser.add_argument("--instance", type=int, default=None, help="instance id")
     parser.add_argument("--notices", default="sigterm,emulator", help="notice sources")
-    parser.add_argument("--device", default=None,
-                        help="auto, cpu, cuda or cuda:K (default: the job's)")
+    parser.add_argument(
+        "--device", default=None, help="auto, cpu, cuda or cuda:K (default: the job's)"
+    )
     parser.add_argument("--verbose", action="store_true", help="log every step's timings")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from liveput.runtime.launch import run_agent
 
     try:
         token = os.environ.get("LIVEPUT_TOKEN")
         if not token:
             raise LiveputError("LIVEPUT_TOKEN is not set")
-        run_agent(args.store, token, args.instance, args.host,
-                  [s for s in args.notices.split(",") if s], device=args.device)
+        run_agent(
+            args.store,
+            token,
+            args.instance,
+            args.host,
+            [s for s in args.notices.split(",") if s],
+            device=args.device,
+        )
     except LiveputError as error:
         sys.stderr.write(f"error: {error}\n")
         return 2

@@ -63,10 +63,13 @@ class AgentState(enum.Enum):
 
 _TRANSITIONS = {
     AgentState.JOINING: {AgentState.WAITING},
-    AgentState.WAITING: {AgentState.MIGRATING, AgentState.DONE, AgentState.LEFT,
-                         AgentState.FAILED},
-    AgentState.MIGRATING: {AgentState.TRAINING, AgentState.WAITING, AgentState.DONE,
-                           AgentState.FAILED},
+    AgentState.WAITING: {AgentState.MIGRATING, AgentState.DONE, AgentState.LEFT, AgentState.FAILED},
+    AgentState.MIGRATING: {
+        AgentState.TRAINING,
+        AgentState.WAITING,
+        AgentState.DONE,
+        AgentState.FAILED,
+    },
     AgentState.TRAINING: {AgentState.WAITING, AgentState.DONE, AgentState.FAILED},
 }
 """Allowed moves. MIGRATING covers rebuilding groups and moving layers; a spare, or an instance
@@ -119,8 +122,14 @@ class AgentConfig:
 class Agent:
     """Runs one instance's part of the job until the job is done or the instance leaves."""
 
-    def __init__(self, config: AgentConfig, store: Store, engine: Engine,
-                 watchers: list[NoticeWatcher] | None = None, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        store: Store,
+        engine: Engine,
+        watchers: list[NoticeWatcher] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         configure_error_handling()  # before the engine makes any process group
         self.config = config
         self.store = store
@@ -138,13 +147,13 @@ class Agent:
         self._heartbeat_warnings = RepeatFilter(LOG, now_s=self.clock.now_s)
         self._store_warnings = RepeatFilter(LOG, now_s=self.clock.now_s)
         self._monitor = NoticeMonitor(watchers, self._on_notice, 0.2) if watchers else None
-        self._heartbeat = threading.Thread(target=self._beat, name="liveput-heartbeat",
-                                           daemon=True)
+        self._heartbeat = threading.Thread(target=self._beat, name="liveput-heartbeat", daemon=True)
 
     def _move(self, state: AgentState) -> None:
         if state not in _TRANSITIONS.get(self.state, set()):
-            raise LiveputError(f"agent {self.config.instance}: no transition "
-                               f"{self.state.value} -> {state.value}")
+            raise LiveputError(
+                f"agent {self.config.instance}: no transition {self.state.value} -> {state.value}"
+            )
         LOG.info("agent %d: %s -> %s", self.config.instance, self.state.value, state.value)
         self.state = state
         try:
@@ -153,8 +162,9 @@ class Agent:
             # Informational for the coordinator, which decides from heartbeats and holdings: a
             # store outage (an etcd restart) must not end the agent, nor the end of a finished
             # job's store (the coordinator hosting it exits once the job is done) fail it.
-            self._store_warnings(f"agent {self.config.instance}: state {state.value} "
-                                 f"not recorded: {error}")
+            self._store_warnings(
+                f"agent {self.config.instance}: state {state.value} not recorded: {error}"
+            )
 
     def _on_notice(self, notice: Notice) -> None:
         self.notice, self.noticed_at_s = notice, self.clock.now_s()
@@ -163,8 +173,9 @@ class Agent:
     def going(self) -> bool:
         """Its notice gives no lead, or less than ``notice_margin_s`` of it is left (the
         coordinator's rule: it then plans without this instance)."""
-        return self.notice is not None and self.clock.now_s() - self.noticed_at_s >= \
-            moves_after_s(self.notice.lead_s, self.config.notice_margin_s)
+        return self.notice is not None and self.clock.now_s() - self.noticed_at_s >= moves_after_s(
+            self.notice.lead_s, self.config.notice_margin_s
+        )
 
     def _beat(self) -> None:
         key = keys.heartbeat(self.config.instance)
@@ -187,13 +198,17 @@ class Agent:
         """End the process at once: the main thread may be blocked in a C++ collective, and a
         SIGTERM handler (the notice watcher's) would not end it either."""
         self._heartbeat_warnings.flush()
-        LOG.error("agent %d: the store has been unreachable for %.0f s; exiting",
-                  self.config.instance, down_s)
+        LOG.error(
+            "agent %d: the store has been unreachable for %.0f s; exiting",
+            self.config.instance,
+            down_s,
+        )
         end_process(3)
 
     def _member(self) -> bytes:
-        return json.dumps({"host": self.config.host, "market": self.config.market,
-                           "device": self.config.device}).encode()
+        return json.dumps(
+            {"host": self.config.host, "market": self.config.market, "device": self.config.device}
+        ).encode()
 
     def join(self) -> None:
         """Register with the job (the store refuses values not signed with the job token)."""
@@ -266,7 +281,8 @@ class Agent:
                 generation = plan.generation
                 self._move(AgentState.MIGRATING)
                 result = self.engine.run_generation(
-                    plan, on_training=lambda: self._move(AgentState.TRAINING))
+                    plan, on_training=lambda: self._move(AgentState.TRAINING)
+                )
                 if result.ending is Ending.FINISHED:
                     return self._finish(job_done=True)
                 self._move(AgentState.WAITING)

@@ -49,12 +49,15 @@ def open_layer_file(data: bytes, token: bytes | None, where: str) -> bytes:
     """The payload of a signed layer file; :class:`CorruptCheckpoint` unless it checks out."""
     head = len(MAGIC) + _SIGNATURE_BYTES
     if len(data) < head or not data.startswith(MAGIC):
-        raise CorruptCheckpoint(f"{where}: not a liveput layer file (or cut short: {len(data)} "
-                                "bytes)")
+        raise CorruptCheckpoint(
+            f"{where}: not a liveput layer file (or cut short: {len(data)} bytes)"
+        )
     payload = data[head:]
-    if not hmac.compare_digest(data[len(MAGIC):head], _signature(payload, token)):
-        raise CorruptCheckpoint(f"{where}: signature does not match (corrupt, truncated, or "
-                                "written with another job token)")
+    if not hmac.compare_digest(data[len(MAGIC) : head], _signature(payload, token)):
+        raise CorruptCheckpoint(
+            f"{where}: signature does not match (corrupt, truncated, or "
+            "written with another job token)"
+        )
     return payload
 
 
@@ -91,8 +94,9 @@ def reset_latest(store: Store, epoch: int, step: int) -> None:
 class Checkpointer:
     """Saves and loads layer files under ``directory`` (a local path or an fsspec URL)."""
 
-    def __init__(self, store: Store, directory: str, keep: int = 2,
-                 token: bytes | None = None) -> None:
+    def __init__(
+        self, store: Store, directory: str, keep: int = 2, token: bytes | None = None
+    ) -> None:
         self.store = store
         self.token = token
         """Signs the layer files (HMAC-SHA256); None: a plain SHA-256, which catches corruption
@@ -114,8 +118,9 @@ class Checkpointer:
             self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(self._pool.submit(self._write, epoch, step, snapshot, num_layers))
 
-    def _write(self, epoch: int, step: int, snapshot: list[tuple[int, dict]],
-               num_layers: int) -> None:
+    def _write(
+        self, epoch: int, step: int, snapshot: list[tuple[int, dict]], num_layers: int
+    ) -> None:
         try:
             if _order(self.store.get(keys.latest_checkpoint()))[0] > epoch:
                 return  # a restore rolled training back since: these steps will be redone
@@ -159,8 +164,10 @@ class Checkpointer:
         while True:
             raw = self.store.get(keys.complete_checkpoints())
             steps = [s for s in (json.loads(raw) if raw else []) if s != step] + [step]
-            kept, dropped = steps[-self.keep:], steps[:-self.keep]
-            if self.store.compare_and_set(keys.complete_checkpoints(), raw, json.dumps(kept).encode()):
+            kept, dropped = steps[-self.keep :], steps[: -self.keep]
+            if self.store.compare_and_set(
+                keys.complete_checkpoints(), raw, json.dumps(kept).encode()
+            ):
                 break
         latest = latest_checkpoint(self.store)
         for old in dropped:
@@ -197,7 +204,9 @@ class Checkpointer:
             raw = self.store.get(keys.complete_checkpoints())
             steps = json.loads(raw) if raw else []
             kept = [s for s in steps if s != step]
-            if self.store.compare_and_set(keys.complete_checkpoints(), raw, json.dumps(kept).encode()):
+            if self.store.compare_and_set(
+                keys.complete_checkpoints(), raw, json.dumps(kept).encode()
+            ):
                 break
         fallback = max((s for s in kept if s < step), default=-1)
         while True:
@@ -207,8 +216,11 @@ class Checkpointer:
             epoch = _order(raw)[0]
             value = json.dumps({"epoch": epoch, "step": fallback}).encode()
             if self.store.compare_and_set(keys.latest_checkpoint(), raw, value):
-                LOG.warning("checkpoint of step %d is corrupt; the latest is now %s", step,
-                            f"step {fallback}" if fallback >= 0 else "the initial weights")
+                LOG.warning(
+                    "checkpoint of step %d is corrupt; the latest is now %s",
+                    step,
+                    f"step {fallback}" if fallback >= 0 else "the initial weights",
+                )
                 break
         return None if fallback < 0 else fallback
 

@@ -34,14 +34,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NoReturn, cast
 
 import torch
 import torch.distributed as dist
 
-_DTYPES = (torch.float32, torch.int64, torch.float16, torch.bfloat16, torch.float64, torch.int32,
-           torch.uint8)
+_DTYPES = (
+    torch.float32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int32,
+    torch.uint8,
+)
 _HEADER = 8
 
 
@@ -81,8 +88,9 @@ def _park(groups: Groups, keep_s: float) -> None:
     by an abort ends by itself at its timeout, and destroying the groups before would block the
     dropping thread (a gloo group joins its worker threads). A daemon thread's references are
     never released at interpreter exit, so neither does a process ending meanwhile wait."""
-    threading.Thread(target=_hold, args=(groups, keep_s), name="liveput-parked-groups",
-                     daemon=True).start()
+    threading.Thread(
+        target=_hold, args=(groups, keep_s), name="liveput-parked-groups", daemon=True
+    ).start()
 
 
 def _hold(groups: Groups, keep_s: float) -> None:
@@ -114,8 +122,15 @@ def _serve(calls: queue.SimpleQueue) -> None:
         call.run()
 
 
-def _make_group(store: dist.Store, prefix: str, rank: int, size: int,
-                wire: torch.device, timeout_s: float, host: str | None) -> dist.ProcessGroup:
+def _make_group(
+    store: dist.Store,
+    prefix: str,
+    rank: int,
+    size: int,
+    wire: torch.device,
+    timeout_s: float,
+    host: str | None,
+) -> dist.ProcessGroup:
     """A group whose messages are tensors on ``wire``: NCCL on a GPU, gloo on the CPU."""
     timeout = datetime.timedelta(seconds=timeout_s)
     scoped = dist.PrefixStore(prefix, store)
@@ -159,28 +174,49 @@ class Groups:
         self._calls: queue.SimpleQueue | None = None
 
     @classmethod
-    def build(cls, store: dist.Store, generation: int, rank: int, world_size: int,
-              stage_ranks: list[int] | None, device: torch.device,
-              timeout_s: float = 60.0, host: str | None = None,
-              pipeline_ranks: list[int] | None = None, shared_gpu: bool = False) -> Groups:
+    def build(
+        cls,
+        store: dist.Store,
+        generation: int,
+        rank: int,
+        world_size: int,
+        stage_ranks: list[int] | None,
+        device: torch.device,
+        timeout_s: float = 60.0,
+        host: str | None = None,
+        pipeline_ranks: list[int] | None = None,
+        shared_gpu: bool = False,
+    ) -> Groups:
         """``stage_ranks``: world ranks holding this rank's stage (its replicas, itself included);
         ``host``: the address to bind (None: gloo's default); ``pipeline_ranks``: world ranks of
         this rank's pipeline, when a step needs the stages to reduce together; ``shared_gpu``:
         other ranks may compute on the same GPU (gloo through CPU memory instead of NCCL)."""
         wire = torch.device("cpu") if shared_gpu or device.type != "cuda" else device
-        world = _make_group(store, f"g{generation}/world/", rank, world_size, wire, timeout_s,
-                            host)
+        world = _make_group(store, f"g{generation}/world/", rank, world_size, wire, timeout_s, host)
         stage = None
         if stage_ranks is not None and len(stage_ranks) > 1:
             name = "-".join(map(str, stage_ranks))
-            stage = _make_group(store, f"g{generation}/stage/{name}/", stage_ranks.index(rank),
-                                len(stage_ranks), wire, timeout_s, host)
+            stage = _make_group(
+                store,
+                f"g{generation}/stage/{name}/",
+                stage_ranks.index(rank),
+                len(stage_ranks),
+                wire,
+                timeout_s,
+                host,
+            )
         pipeline = None
         if pipeline_ranks is not None and len(pipeline_ranks) > 1:
             name = "-".join(map(str, pipeline_ranks))
-            pipeline = _make_group(store, f"g{generation}/pipeline/{name}/",
-                                   pipeline_ranks.index(rank), len(pipeline_ranks), wire,
-                                   timeout_s, host)
+            pipeline = _make_group(
+                store,
+                f"g{generation}/pipeline/{name}/",
+                pipeline_ranks.index(rank),
+                len(pipeline_ranks),
+                wire,
+                timeout_s,
+                host,
+            )
         return cls(world, rank, stage, device, timeout_s, pipeline, wire)
 
     # --- abortable calls --------------------------------------------------------------------
@@ -193,8 +229,12 @@ class Groups:
                 raise CommAborted("communication aborted")
             if self._calls is None:
                 self._calls = queue.SimpleQueue()
-                threading.Thread(target=_serve, args=(self._calls,), daemon=True,
-                                 name=f"liveput-comm-{self.rank}").start()
+                threading.Thread(
+                    target=_serve,
+                    args=(self._calls,),
+                    daemon=True,
+                    name=f"liveput-comm-{self.rank}",
+                ).start()
             self._pending.add(call)
             self._calls.put(call)
         call.wake.wait()
@@ -231,10 +271,12 @@ class Groups:
         header = torch.zeros(_HEADER, dtype=torch.int64)
         header[0] = _DTYPES.index(tensor.dtype)
         header[1] = tensor.dim()
-        header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+        header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
         wire_header = header.to(self.wire)
-        return [self.issue(lambda: self.world.send([wire_header], peer, 2 * tag)),
-                self.issue(lambda: self.world.send([tensor], peer, 2 * tag + 1))]
+        return [
+            self.issue(lambda: self.world.send([wire_header], peer, 2 * tag)),
+            self.issue(lambda: self.world.send([tensor], peer, 2 * tag + 1)),
+        ]
 
     def recv_tensor(self, peer: int, tag: int) -> torch.Tensor:
         """The tensor ``peer`` sent, on this rank's ``device``."""
@@ -244,7 +286,7 @@ class Groups:
         header = torch.zeros(_HEADER, dtype=torch.int64, device=self.wire)
         self.wait(self.issue(lambda: self.world.recv([header], peer, 2 * tag)))
         header = header.cpu()
-        shape = [int(x) for x in header[2:2 + int(header[1])]]
+        shape = [int(x) for x in header[2 : 2 + int(header[1])]]
         tensor = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=self.wire)
         self.wait(self.issue(lambda: self.world.recv([tensor], peer, 2 * tag + 1)))
         return tensor

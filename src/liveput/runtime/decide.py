@@ -126,17 +126,26 @@ class CoordinatorConfig:
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.num_micro_batches < 1:
             raise LiveputError("coordinator: num_steps and num_micro_batches must be >= 1")
-        times = (self.interval_s, self.tick_s, self.heartbeat_timeout_s, self.policy_interval_s,
-                 self.suspect_after_s, self.failure_wait_s, self.arrival_timeout_s,
-                 self.stall_warning_s)
+        times = (
+            self.interval_s,
+            self.tick_s,
+            self.heartbeat_timeout_s,
+            self.policy_interval_s,
+            self.suspect_after_s,
+            self.failure_wait_s,
+            self.arrival_timeout_s,
+            self.stall_warning_s,
+        )
         if min(times) <= 0 or self.finish_wait_s < 0:
             raise LiveputError("coordinator: intervals and timeouts must be positive")
         if self.notice_settle_s < 0 or self.start_grace_s < 0 or self.notice_margin_s < 0:
-            raise LiveputError("coordinator: notice settle, notice margin and start grace must "
-                               "be >= 0")
+            raise LiveputError(
+                "coordinator: notice settle, notice margin and start grace must be >= 0"
+            )
         if self.capacity < 1 or self.initial_workers < 1 or self.restore_after_failures < 1:
-            raise LiveputError("coordinator: capacity, initial_workers and "
-                               "restore_after_failures must be >= 1")
+            raise LiveputError(
+                "coordinator: capacity, initial_workers and restore_after_failures must be >= 1"
+            )
 
 
 @dataclass(frozen=True)
@@ -176,8 +185,11 @@ class Member:
 
     def past_announced_end(self) -> bool:
         """Its notice gave a lead and that lead is spent."""
-        return (self.noticed and self.notice_lead_s is not None
-                and self.notice_age_s >= self.notice_lead_s)
+        return (
+            self.noticed
+            and self.notice_lead_s is not None
+            and self.notice_age_s >= self.notice_lead_s
+        )
 
     def moves_after_s(self, margin_s: float) -> float:
         """Seconds after its notice at which the job moves off it."""
@@ -281,25 +293,40 @@ def _suspects(view: CoordinatorView, config: CoordinatorConfig) -> frozenset[int
     for instance in plan.slots:
         member = members.get(instance)
         silent = member is not None and member.heartbeat_age_s > config.suspect_after_s
-        if member is None or member.left or member.heartbeat_age_s > config.heartbeat_timeout_s \
-                or (silent and member.past_announced_end()):
+        if (
+            member is None
+            or member.left
+            or member.heartbeat_age_s > config.heartbeat_timeout_s
+            or (silent and member.past_announced_end())
+        ):
             suspects.add(instance)
             continue
         unreported = instance not in view.failures and member.reported < plan.generation
         if instance in named and unreported:
             suspects.add(instance)  # a peer saw its connection close: it is gone or cut off
-        elif view.failures and unreported and (
-                silent or view.failure_age_s > config.failure_wait_s):
+        elif (
+            view.failures and unreported and (silent or view.failure_age_s > config.failure_wait_s)
+        ):
             suspects.add(instance)
-        elif not view.all_arrived and not member.arrived and (
-                silent or view.plan_age_s > config.arrival_timeout_s):
+        elif (
+            not view.all_arrived
+            and not member.arrived
+            and (silent or view.plan_age_s > config.arrival_timeout_s)
+        ):
             suspects.add(instance)
     return frozenset(suspects)
 
 
-def _replan(view: CoordinatorView, config: CoordinatorConfig, choose: Choose, reason: str,
-            suspects: frozenset[int], lost_slots: tuple[tuple[int, int], ...],
-            event: str, target: Configuration | None = None) -> Action:
+def _replan(
+    view: CoordinatorView,
+    config: CoordinatorConfig,
+    choose: Choose,
+    reason: str,
+    suspects: frozenset[int],
+    lost_slots: tuple[tuple[int, int], ...],
+    event: str,
+    target: Configuration | None = None,
+) -> Action:
     plan = view.plan
     epoch = plan.epoch if plan is not None else 0
     alive = _alive(view, config, suspects)
@@ -310,24 +337,48 @@ def _replan(view: CoordinatorView, config: CoordinatorConfig, choose: Choose, re
     noticed_workers: tuple[int, ...] = ()
     if not workers and senders:  # Rule 6: only going instances are up; train while they last
         workers, senders, noticed_workers = senders, (), senders
-    holdings = {i: alive[i].layers for i in workers + senders
-                if alive[i].layers and (alive[i].held_epoch, alive[i].held_step)
-                == (epoch, view.committed)}
+    holdings = {
+        i: alive[i].layers
+        for i in workers + senders
+        if alive[i].layers and (alive[i].held_epoch, alive[i].held_step) == (epoch, view.committed)
+    }
     if not workers:  # Rule 6
-        return Action(ActionKind.WAIT, "waiting for instances (none available; the next plan "
-                      f"restores from {_checkpoint_name(view)})", suspects=suspects)
+        return Action(
+            ActionKind.WAIT,
+            "waiting for instances (none available; the next plan "
+            f"restores from {_checkpoint_name(view)})",
+            suspects=suspects,
+        )
     target = target or choose(len(workers), event, lost_slots)
     if target is None:
-        return Action(ActionKind.WAIT, f"waiting for instances: no configuration runs on "
-                      f"{len(workers)}", suspects=suspects)
+        return Action(
+            ActionKind.WAIT,
+            f"waiting for instances: no configuration runs on {len(workers)}",
+            suspects=suspects,
+        )
     restore = view.failed_in_row >= config.restore_after_failures
-    status = (f"restoring from {_checkpoint_name(view)} to {target}" if restore
-              else f"migrating to {target}")
+    status = (
+        f"restoring from {_checkpoint_name(view)} to {target}"
+        if restore
+        else f"migrating to {target}"
+    )
     if noticed_workers:
-        status += (f" on {len(noticed_workers)} instance(s) with a preemption notice (no other "
-                   "is up)")
-    return Action(ActionKind.REPLAN, status, reason, target, workers, senders,
-                  holdings, restore, suspects, lost_slots, noticed_workers)
+        status += (
+            f" on {len(noticed_workers)} instance(s) with a preemption notice (no other is up)"
+        )
+    return Action(
+        ActionKind.REPLAN,
+        status,
+        reason,
+        target,
+        workers,
+        senders,
+        holdings,
+        restore,
+        suspects,
+        lost_slots,
+        noticed_workers,
+    )
 
 
 def _short(reason: str) -> str:
@@ -336,13 +387,17 @@ def _short(reason: str) -> str:
     return reason.split(". ", 1)[0][:120]
 
 
-def _alive(view: CoordinatorView, config: CoordinatorConfig,
-           suspects: frozenset[int] = frozenset()) -> dict[int, Member]:
+def _alive(
+    view: CoordinatorView, config: CoordinatorConfig, suspects: frozenset[int] = frozenset()
+) -> dict[int, Member]:
     """Members that may take part in a plan. A silent instance takes no part, member of the plan
     or not: a dead one left out of the last plan would otherwise be back in the next until its
     heartbeat times out."""
-    return {i: m for i, m in view.members.items()
-            if not m.left and m.heartbeat_age_s <= config.suspect_after_s and i not in suspects}
+    return {
+        i: m
+        for i, m in view.members.items()
+        if not m.left and m.heartbeat_age_s <= config.suspect_after_s and i not in suspects
+    }
 
 
 def _checkpoint_name(view: CoordinatorView) -> str:
@@ -362,15 +417,25 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         # Rule 6 (in _replan): going instances are planned on when no other is up.
         if alive and (len(alive) >= config.initial_workers or view.now_s >= config.start_grace_s):
             return _replan(view, config, choose, "start", frozenset(), (), "interval")
-        noticed = (f"; {num_going} with a preemption notice, used from "
-                   f"{config.start_grace_s:g} s if no other comes" if num_going else "")
-        return Action(ActionKind.WAIT, f"waiting for instances: {len(up)} of "
-                      f"{config.initial_workers} up{noticed}")
+        noticed = (
+            f"; {num_going} with a preemption notice, used from "
+            f"{config.start_grace_s:g} s if no other comes"
+            if num_going
+            else ""
+        )
+        return Action(
+            ActionKind.WAIT,
+            f"waiting for instances: {len(up)} of {config.initial_workers} up{noticed}",
+        )
     if view.committed + 1 >= config.num_steps:  # Rule 2
-        workers_done = all(members[i].done for i, slot in plan.slots.items()
-                           if slot is not None and i in _alive(view, config))
-        if (view.last_step_recorded and workers_done) or \
-                view.finish_age_s > config.heartbeat_timeout_s:
+        workers_done = all(
+            members[i].done
+            for i, slot in plan.slots.items()
+            if slot is not None and i in _alive(view, config)
+        )
+        if (
+            view.last_step_recorded and workers_done
+        ) or view.finish_age_s > config.heartbeat_timeout_s:
             return Action(ActionKind.FINISH, "finished")
         return Action(ActionKind.NONE, "finishing")
     suspects = _suspects(view, config)  # Rule 3
@@ -379,32 +444,43 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
     lost = working & (suspects | going)
     stranded = bool(suspects) and not view.all_arrived
     if lost and lost <= going and not (view.failures or view.fenced or stranded):
-        if any(members[i].notice_age_s - members[i].moves_after_s(margin)
-               < config.notice_settle_s for i in going & working):
+        if any(
+            members[i].notice_age_s - members[i].moves_after_s(margin) < config.notice_settle_s
+            for i in going & working
+        ):
             return Action(ActionKind.WAIT, f"gathering notices ({len(going)} so far)")
     # After a failure report, wait until every member is accounted for (reported, or silent:
     # gone) so that one plan leaves out everything lost at once.
-    accounted = all(i in view.failures or members[i].reported >= plan.generation
-                    for i in plan.slots if i in members and i not in suspects)
+    accounted = all(
+        i in view.failures or members[i].reported >= plan.generation
+        for i in plan.slots
+        if i in members and i not in suspects
+    )
     if view.failures and not (accounted or view.failure_age_s > config.failure_wait_s):
-        return Action(ActionKind.WAIT, f"plan {plan.generation} failed "
-                      f"({_short(next(iter(view.failures.values())).reason)}); "
-                      "finding the lost peers")
+        return Action(
+            ActionKind.WAIT,
+            f"plan {plan.generation} failed "
+            f"({_short(next(iter(view.failures.values())).reason)}); "
+            "finding the lost peers",
+        )
     if lost or stranded or view.fenced or view.failures:
         lost_slots = tuple(sorted(slot for i in lost if (slot := plan.slots[i]) is not None))
         reason = "loss" if lost else "failure" if view.failures else "recovery"
         return _replan(view, config, choose, reason, suspects, lost_slots, "preemption")
     if not view.all_arrived:
-        return Action(ActionKind.WAIT, f"plan {plan.generation}: waiting for "
-                      f"{sum(not members[i].arrived for i in plan.slots if i in members)} "
-                      "instances to arrive")
-    if plan.noticed and any(i not in working and not m.going(margin)
-                            for i, m in _alive(view, config).items()):  # Rule 6
+        return Action(
+            ActionKind.WAIT,
+            f"plan {plan.generation}: waiting for "
+            f"{sum(not members[i].arrived for i in plan.slots if i in members)} "
+            "instances to arrive",
+        )
+    if plan.noticed and any(
+        i not in working and not m.going(margin) for i, m in _alive(view, config).items()
+    ):  # Rule 6
         return _replan(view, config, choose, "arrival", frozenset(), (), "interval")
     if view.interval_due:  # Rule 7
         available = sum(not m.going(margin) for m in _alive(view, config).values())
         target = choose(available, "interval", ())
-        if target is not None and target != Configuration(plan.data_parallel,
-                                                          plan.pipeline_stages):
+        if target is not None and target != Configuration(plan.data_parallel, plan.pipeline_stages):
             return _replan(view, config, choose, "interval", frozenset(), (), "interval", target)
     return Action(ActionKind.NONE, f"training {plan.data_parallel}x{plan.pipeline_stages}")

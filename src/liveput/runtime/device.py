@@ -44,8 +44,10 @@ def resolve_device(request: str, where: str, instance: int | None = None) -> str
     if request == "auto" and not available:
         return "cpu"
     if not available:
-        raise LiveputError(f"{where}: --device {request} requested but this machine has no "
-                           f"CUDA device (torch {torch.__version__} sees none)")
+        raise LiveputError(
+            f"{where}: --device {request} requested but this machine has no "
+            f"CUDA device (torch {torch.__version__} sees none)"
+        )
     count = torch.cuda.device_count()
     if ":" in request:
         index = int(request.split(":")[1])
@@ -84,9 +86,13 @@ def idle_gpus_message(instance_type: str, gpus: int, gpu: str, device: str) -> s
         return None
     model = f"{gpu} " if gpu else ""
     if device == "cpu":
-        return (f"{instance_type} has {gpus} {model}GPU(s) but the job trains on the CPU: "
-                "they are billed and stay idle (ask for --device cuda where the agents run "
-                "on a GPU)")
-    return (f"{instance_type} has {gpus} {model}GPUs: liveput runs one agent per instance, "
-            f"which trains on one of them; {unused} are billed and stay idle (an instance type "
-            "with one GPU costs less for the same work)")
+        return (
+            f"{instance_type} has {gpus} {model}GPU(s) but the job trains on the CPU: "
+            "they are billed and stay idle (ask for --device cuda where the agents run "
+            "on a GPU)"
+        )
+    return (
+        f"{instance_type} has {gpus} {model}GPUs: liveput runs one agent per instance, "
+        f"which trains on one of them; {unused} are billed and stay idle (an instance type "
+        "with one GPU costs less for the same work)"
+    )

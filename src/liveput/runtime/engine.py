@@ -22,15 +22,20 @@ import torch
 import torch.distributed as dist
 
 from liveput.errors import LiveputError
-from liveput.runtime import keys, protocol
 from liveput.models.job import Job
+from liveput.runtime import keys, protocol
 from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
 from liveput.runtime.comm import CommAborted, Groups
 from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
 from liveput.runtime.optimizer_step import OptimizerStep
 from liveput.runtime.protocol import LedgerRecord, RuntimePlan
-from liveput.runtime.schedule import (StagePosition, compute_gradients, discard_gradients,
-                                      flat_gradients, unflatten_gradients)
+from liveput.runtime.schedule import (
+    StagePosition,
+    compute_gradients,
+    discard_gradients,
+    flat_gradients,
+    unflatten_gradients,
+)
 from liveput.runtime.step_times import StepTimer
 from liveput.runtime.store import Store
 
@@ -52,8 +57,14 @@ class _Watchdog(threading.Thread):
     peer (or in a collective whose other members already gave up) would wait, in C++, for the
     whole communication timeout. The abort ends that wait at once (:meth:`Groups.abort`)."""
 
-    def __init__(self, store: Store, generation: int, groups: Groups, instance: int,
-                 current_step: Callable[[], int | None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        generation: int,
+        groups: Groups,
+        instance: int,
+        current_step: Callable[[], int | None],
+    ) -> None:
         super().__init__(name=f"liveput-watch-{generation}", daemon=True)
         self.store = store
         self.generation = generation
@@ -70,8 +81,10 @@ class _Watchdog(threading.Thread):
         if self.store.get(keys.failed(self.generation)) is not None:
             return "failed elsewhere"
         step = self.current_step()
-        if step is not None and \
-                protocol.step_outcome(self.store, self.generation, step) == protocol.ABORTED:
+        if (
+            step is not None
+            and protocol.step_outcome(self.store, self.generation, step) == protocol.ABORTED
+        ):
             return f"was fenced at step {step}"
         return "was superseded" if protocol.superseded(self.store, self.generation) else ""
 
@@ -83,8 +96,12 @@ class _Watchdog(threading.Thread):
                 continue  # the store is restarting; look again
             if reason and not self.done.is_set():
                 self.reason = reason
-                LOG.info("instance %d: generation %d %s; aborting its communication",
-                         self.instance, self.generation, reason)
+                LOG.info(
+                    "instance %d: generation %d %s; aborting its communication",
+                    self.instance,
+                    self.generation,
+                    reason,
+                )
                 self.groups.abort()
                 return
 
@@ -144,16 +161,22 @@ def checkpoint_share(layers: list[LayerState], position: StagePosition) -> list[
     of the model is written exactly once, and the writing (serializing, signing, the disk) is
     spread over the D replicas instead of falling on pipeline 0 alone, whose peers would
     wait for it at the next all-reduce."""
-    return [layer for layer in layers
-            if layer.index % position.data_parallel == position.pipeline]
+    return [layer for layer in layers if layer.index % position.data_parallel == position.pipeline]
 
 
 class Engine:
     """Trains the layers one instance holds, generation after generation."""
 
-    def __init__(self, job: Job, instance: int, store: Store, rendezvous: Rendezvous,
-                 checkpointer: Checkpointer | None, config: EngineConfig | None = None,
-                 token: bytes | None = None) -> None:
+    def __init__(
+        self,
+        job: Job,
+        instance: int,
+        store: Store,
+        rendezvous: Rendezvous,
+        checkpointer: Checkpointer | None,
+        config: EngineConfig | None = None,
+        token: bytes | None = None,
+    ) -> None:
         self.job = job
         self.instance = instance
         self.store = store
@@ -175,8 +198,9 @@ class Engine:
 
     def _report(self, generation: int, ending: str = "") -> None:
         """Tell the coordinator what this instance holds (it plans from this, nothing else)."""
-        holding = protocol.Holding(generation, self.epoch, self.last_applied,
-                                   tuple(sorted(self.layers)), ending)
+        holding = protocol.Holding(
+            generation, self.epoch, self.last_applied, tuple(sorted(self.layers)), ending
+        )
         try:
             protocol.report_holding(self.store, self.instance, holding)
         except LiveputError:
@@ -189,18 +213,23 @@ class Engine:
             layer = fresh_layer(self.job, index, self.device)
             if plan.restore_step is not None and plan.restore_step != protocol.FRESH_START:
                 if self.checkpointer is None:
-                    raise LiveputError("plan restores from a checkpoint but no checkpoint dir is set")
+                    raise LiveputError(
+                        "plan restores from a checkpoint but no checkpoint dir is set"
+                    )
                 try:
                     state = self.checkpointer.load_layer(plan.restore_step, index)
                 except (CorruptCheckpoint, FileNotFoundError) as error:
                     # Detected by its signature, or deleted: the next plan restores the one
                     # before (a transient read error below is tried again instead).
                     self.checkpointer.discard(plan.restore_step)
-                    raise LiveputError(f"checkpoint of step {plan.restore_step}, layer "
-                                       f"{index}: {error}") from None
+                    raise LiveputError(
+                        f"checkpoint of step {plan.restore_step}, layer {index}: {error}"
+                    ) from None
                 except OSError as error:  # gone or unreadable: this plan fails, the job goes on
-                    raise LiveputError(f"checkpoint of step {plan.restore_step} has no readable "
-                                       f"layer {index}: {error}") from None
+                    raise LiveputError(
+                        f"checkpoint of step {plan.restore_step} has no readable "
+                        f"layer {index}: {error}"
+                    ) from None
                 layer.load_state_dict(state)
             layers[index] = layer
         self.layers = layers
@@ -215,17 +244,22 @@ class Engine:
         received: dict[int, LayerState] = {}
         if plan.transfers:
             if groups is None:
-                raise LiveputError(f"plan {plan.generation} moves layers between instances but "
-                                   "builds no process groups")
+                raise LiveputError(
+                    f"plan {plan.generation} moves layers between instances but "
+                    "builds no process groups"
+                )
             for tag, transfer in enumerate(plan.transfers):
                 if transfer.source == self.instance:
                     if transfer.layer not in self.layers:
-                        raise LiveputError(f"instance {self.instance} holds no layer "
-                                           f"{transfer.layer} at step {plan.start_step - 1} "
-                                           f"(epoch {plan.epoch})")
+                        raise LiveputError(
+                            f"instance {self.instance} holds no layer "
+                            f"{transfer.layer} at step {plan.start_step - 1} "
+                            f"(epoch {plan.epoch})"
+                        )
                     data = encode_state(self.layers[transfer.layer].state_dict(), self.token)
-                    works, buffer = groups.isend_bytes(data, plan.rank_of(transfer.destination),
-                                                       _TRANSFER_TAG + tag)
+                    works, buffer = groups.isend_bytes(
+                        data, plan.rank_of(transfer.destination), _TRANSFER_TAG + tag
+                    )
                     sends += works
                     buffers.append(buffer)
             for tag, transfer in enumerate(plan.transfers):
@@ -233,16 +267,18 @@ class Engine:
                     self._peer = transfer.source
                     data = groups.recv_bytes(plan.rank_of(transfer.source), _TRANSFER_TAG + tag)
                     layer = fresh_layer(self.job, transfer.layer, self.device)
-                    layer.load_state_dict(decode_state(data, self.token,
-                                                       f"instance {transfer.source}"))
+                    layer.load_state_dict(
+                        decode_state(data, self.token, f"instance {transfer.source}")
+                    )
                     received[transfer.layer] = layer
             self._peer = None
             for work in sends:
                 groups.wait(work)
         missing = [i for i in needed if i not in self.layers and i not in received]
         if missing:
-            raise LiveputError(f"plan {plan.generation} leaves instance {self.instance} "
-                               f"without layers {missing}")
+            raise LiveputError(
+                f"plan {plan.generation} leaves instance {self.instance} without layers {missing}"
+            )
         # Layers this slot does not need are kept until the generation's first step: if the
         # plan fails before, they are still current and may be sent by the next plan.
         self.layers.update(received)
@@ -250,8 +286,12 @@ class Engine:
         self.last_applied = plan.start_step - 1
 
     # --- one generation ---------------------------------------------------------------------
-    def run_generation(self, plan: RuntimePlan, keep_going: Callable[[], bool] = lambda: True,
-                       on_training: Callable[[], None] = lambda: None) -> GenerationResult:
+    def run_generation(
+        self,
+        plan: RuntimePlan,
+        keep_going: Callable[[], bool] = lambda: True,
+        on_training: Callable[[], None] = lambda: None,
+    ) -> GenerationResult:
         """Execute ``plan`` for this instance; ``on_training`` is called once its state is in
         place, before the first step."""
         started = time.perf_counter()
@@ -260,11 +300,15 @@ class Engine:
         rank = world.index(self.instance)
         stage_ranks = pipeline_ranks = None
         if slot is not None:
-            stage_ranks = sorted(plan.rank_of(i) for i, s in plan.slots.items()
-                                 if s is not None and s[1] == slot[1])
+            stage_ranks = sorted(
+                plan.rank_of(i) for i, s in plan.slots.items() if s is not None and s[1] == slot[1]
+            )
             if self.job.training.global_norm_needed:
-                pipeline_ranks = sorted(plan.rank_of(i) for i, s in plan.slots.items()
-                                        if s is not None and s[0] == slot[0])
+                pipeline_ranks = sorted(
+                    plan.rank_of(i)
+                    for i, s in plan.slots.items()
+                    if s is not None and s[0] == slot[0]
+                )
         needed = plan.layers_of(slot[1]) if slot is not None else range(0)
         groups = None
         watchdog = None
@@ -275,12 +319,21 @@ class Engine:
                 protocol.arrive(self.store, plan, self.instance)  # the plan has met
             else:
                 self._await_peers(plan)
-                groups = Groups.build(self.rendezvous(plan, rank), plan.generation, rank,
-                                      len(world), stage_ranks, self.device,
-                                      self.config.comm_timeout_s, plan.hosts.get(self.instance),
-                                      pipeline_ranks, shared_gpu=self.config.shared_gpu)
-                watchdog = _Watchdog(self.store, plan.generation, groups, self.instance,
-                                     lambda: self._step)
+                groups = Groups.build(
+                    self.rendezvous(plan, rank),
+                    plan.generation,
+                    rank,
+                    len(world),
+                    stage_ranks,
+                    self.device,
+                    self.config.comm_timeout_s,
+                    plan.hosts.get(self.instance),
+                    pipeline_ranks,
+                    shared_gpu=self.config.shared_gpu,
+                )
+                watchdog = _Watchdog(
+                    self.store, plan.generation, groups, self.instance, lambda: self._step
+                )
                 watchdog.start()
             if plan.restore_step is not None:
                 self._restore(plan, needed)
@@ -292,17 +345,23 @@ class Engine:
             if slot is None:
                 self.layers = {}
                 self._report(plan.generation, Ending.SPARE.value)
-                return GenerationResult(Ending.SPARE, self.last_applied,
-                                        time.perf_counter() - started)
+                return GenerationResult(
+                    Ending.SPARE, self.last_applied, time.perf_counter() - started
+                )
             self.last_applied = plan.start_step - 1
             self._report(plan.generation)
             position = StagePosition(
-                pipeline=slot[0], stage=slot[1], data_parallel=plan.data_parallel,
+                pipeline=slot[0],
+                stage=slot[1],
+                data_parallel=plan.data_parallel,
                 pipeline_stages=plan.pipeline_stages,
                 previous_rank=plan.rank_of(plan.instance_at(slot[0], slot[1] - 1))
-                if slot[1] > 0 else None,
+                if slot[1] > 0
+                else None,
                 next_rank=plan.rank_of(plan.instance_at(slot[0], slot[1] + 1))
-                if slot[1] < plan.pipeline_stages - 1 else None)
+                if slot[1] < plan.pipeline_stages - 1
+                else None,
+            )
             on_training()
             result = self._train(plan, groups, position, keep_going, started, needed)
             self._report(plan.generation, result.ending.value)
@@ -319,11 +378,16 @@ class Engine:
             assert watchdog is not None
             if watchdog.reason == "ended with the job":
                 discard_gradients(list(self.layers.values()))
-                raise (protocol.job_error(self.store)
-                       or protocol.JobFailure("the job failed")) from None
-            LOG.warning("instance %d: generation %d %s; left its communication at step %s",
-                        self.instance, plan.generation, watchdog.reason,
-                        "-" if self._step is None else self._step)
+                raise (
+                    protocol.job_error(self.store) or protocol.JobFailure("the job failed")
+                ) from None
+            LOG.warning(
+                "instance %d: generation %d %s; left its communication at step %s",
+                self.instance,
+                plan.generation,
+                watchdog.reason,
+                "-" if self._step is None else self._step,
+            )
             discard_gradients(list(self.layers.values()))
             ending = Ending.FAILED if watchdog.reason == "failed elsewhere" else Ending.FENCED
             self._report(plan.generation, ending.value)
@@ -331,18 +395,22 @@ class Engine:
         except (RuntimeError, dist.DistBackendError, LiveputError) as error:
             # A peer died or never came (rendezvous timed out): the generation is over for us.
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            LOG.warning("instance %d: generation %d failed: %s", self.instance, plan.generation,
-                        reason)
+            LOG.warning(
+                "instance %d: generation %d failed: %s", self.instance, plan.generation, reason
+            )
             discard_gradients(list(self.layers.values()))
             peers = () if self._peer is None else (self._peer,)
             try:
-                protocol.report_failure(self.store, plan.generation, self.instance,
-                                        protocol.FailureReport(reason[:300], peers))
+                protocol.report_failure(
+                    self.store,
+                    plan.generation,
+                    self.instance,
+                    protocol.FailureReport(reason[:300], peers),
+                )
             except LiveputError:
                 pass  # the store is down too; heartbeats will tell the coordinator
             self._report(plan.generation, Ending.FAILED.value)
-            return GenerationResult(Ending.FAILED, self.last_applied,
-                                    time.perf_counter() - started)
+            return GenerationResult(Ending.FAILED, self.last_applied, time.perf_counter() - started)
         finally:
             if watchdog is not None:
                 watchdog.done.set()
@@ -370,20 +438,29 @@ class Engine:
             except LiveputError:
                 newer = False
             if newer:
-                raise LiveputError(f"plan {plan.generation} was superseded before all "
-                                   f"{len(plan.world)} instances arrived")
+                raise LiveputError(
+                    f"plan {plan.generation} was superseded before all "
+                    f"{len(plan.world)} instances arrived"
+                )
             if time.monotonic() > deadline:
-                raise LiveputError(f"not all {len(plan.world)} instances of plan "
-                                   f"{plan.generation} arrived in {self.config.comm_timeout_s:g} s")
+                raise LiveputError(
+                    f"not all {len(plan.world)} instances of plan "
+                    f"{plan.generation} arrived in {self.config.comm_timeout_s:g} s"
+                )
 
-    def _train(self, plan: RuntimePlan, groups: Groups | None, position: StagePosition,
-               keep_going: Callable[[], bool], started: float,
-               needed: range) -> GenerationResult:
+    def _train(
+        self,
+        plan: RuntimePlan,
+        groups: Groups | None,
+        position: StagePosition,
+        keep_going: Callable[[], bool],
+        started: float,
+        needed: range,
+    ) -> GenerationResult:
         layers = [self.layers[i] for i in needed]
         result = GenerationResult(Ending.FINISHED, self.last_applied)
         step = plan.start_step
-        timer = StepTimer(self.store, plan) if position.pipeline == 0 and position.is_last \
-            else None
+        timer = StepTimer(self.store, plan) if position.pipeline == 0 and position.is_last else None
         while step < plan.end_step:
             if protocol.step_outcome(self.store, plan.generation, step) == protocol.ABORTED:
                 result.ending = Ending.FENCED
@@ -397,8 +474,9 @@ class Engine:
             begin = time.perf_counter()
             if timer is not None:
                 timer.step_started(begin)
-            loss = compute_gradients(self.job, layers, position, groups, step,
-                                     self.update.loss_scale)
+            loss = compute_gradients(
+                self.job, layers, position, groups, step, self.update.loss_scale
+            )
             computed = time.perf_counter()
             if groups is not None and groups.stage is not None:
                 flat, parameters = flat_gradients(layers, loss)
@@ -407,12 +485,17 @@ class Engine:
             nonfinite = position.is_last and not math.isfinite(loss)
             if nonfinite and self.job.training.on_nonfinite_loss == "stop":
                 # Never voted for, so never committed: no instance applies this step.
-                raise protocol.JobFailure(f"the loss is {loss} at step {step}; the step was "
-                                          "not committed")
+                raise protocol.JobFailure(
+                    f"the loss is {loss} at step {step}; the step was not committed"
+                )
             decision = self.update.decide(layers, self.job.num_layers, groups, nonfinite)
             if nonfinite:
-                LOG.warning("instance %d: the loss is %s at step %d; its update is skipped",
-                            self.instance, loss, step)
+                LOG.warning(
+                    "instance %d: the loss is %s at step %d; its update is skipped",
+                    self.instance,
+                    loss,
+                    step,
+                )
             reduced = time.perf_counter()
             if len(self.layers) > len(needed):
                 # The generation is about to commit its first step: the layers kept in case it
@@ -424,9 +507,14 @@ class Engine:
             except LiveputError:
                 # The store failed mid-vote: whether our add counted is unknown. Ask the
                 # coordinator to fence the step; the fence's atomic add then decides for all.
-                self._retry(lambda: protocol.report_failure(
-                    self.store, plan.generation, self.instance,
-                    protocol.FailureReport("the store failed during the commit vote")))
+                self._retry(
+                    lambda: protocol.report_failure(
+                        self.store,
+                        plan.generation,
+                        self.instance,
+                        protocol.FailureReport("the store failed during the commit vote"),
+                    )
+                )
             if self._wait_outcome(plan.generation, step) != protocol.COMMITTED:
                 discard_gradients(layers)
                 result.ending = Ending.FENCED
@@ -434,19 +522,28 @@ class Engine:
             committed = time.perf_counter()
             self.update.apply(layers, step, decision)
             self.last_applied = step
-            LOG.debug("instance %d step %d: compute %.3f s, reduce %.3f s, commit %.3f s, "
-                      "apply %.3f s", self.instance, step, computed - begin, reduced - computed,
-                      committed - reduced, time.perf_counter() - committed)
+            LOG.debug(
+                "instance %d step %d: compute %.3f s, reduce %.3f s, commit %.3f s, apply %.3f s",
+                self.instance,
+                step,
+                computed - begin,
+                reduced - computed,
+                committed - reduced,
+                time.perf_counter() - committed,
+            )
             if position.is_last:
                 result.losses[step] = loss
                 record = LedgerRecord(
-                    step=step, generation=plan.generation,
+                    step=step,
+                    generation=plan.generation,
                     first_sample=step * self.job.global_batch_size,
-                    num_samples=self.job.global_batch_size, loss=loss,
-                    data_parallel=plan.data_parallel, pipeline_stages=plan.pipeline_stages,
-                    committed_unix_s=time.time())
-                self._retry(functools.partial(protocol.record_step, self.store, plan.epoch,
-                                              record))
+                    num_samples=self.job.global_batch_size,
+                    loss=loss,
+                    data_parallel=plan.data_parallel,
+                    pipeline_stages=plan.pipeline_stages,
+                    committed_unix_s=time.time(),
+                )
+                self._retry(functools.partial(protocol.record_step, self.store, plan.epoch, record))
             every = self.config.checkpoint_every
             if every and (step + 1) % every == 0 and self.checkpointer:
                 share = checkpoint_share(layers, position)

@@ -58,31 +58,57 @@ class ThreadCluster:
 
     def engine(self, instance: int) -> Engine:
         if instance not in self.engines:
-            rendezvous = StoreRendezvous(self.store, "127.0.0.1") if self.tcp_rendezvous \
+            rendezvous = (
+                StoreRendezvous(self.store, "127.0.0.1")
+                if self.tcp_rendezvous
                 else (lambda plan, rank: self.c10d)
-            self.engines[instance] = Engine(self.job, instance, self.store, rendezvous,
-                                            self.checkpointer, self.engine_config,
-                                            token=self.token)
+            )
+            self.engines[instance] = Engine(
+                self.job,
+                instance,
+                self.store,
+                rendezvous,
+                self.checkpointer,
+                self.engine_config,
+                token=self.token,
+            )
         return self.engines[instance]
 
-    def migrate(self, target: Configuration, preempted: set[int], allocated: list[int],
-                run_until: int) -> dict[int, GenerationResult]:
+    def migrate(
+        self, target: Configuration, preempted: set[int], allocated: list[int], run_until: int
+    ) -> dict[int, GenerationResult]:
         """Plan from the running plan to ``target`` and run it until step ``run_until``."""
         previous = self.plan
         start = self.last_applied + 1
         self.checkpointer.flush()
         epoch = 0 if previous is None else previous.epoch
-        workers = [i for i in ([] if previous is None else previous.world)
-                   if i not in preempted] + list(allocated)
-        holdings = {i: tuple(self.engines[i].layers) for i in workers if i in self.engines
-                    and (self.engines[i].epoch, self.engines[i].last_applied) == (epoch, start - 1)}
+        workers = [
+            i for i in ([] if previous is None else previous.world) if i not in preempted
+        ] + list(allocated)
+        holdings = {
+            i: tuple(self.engines[i].layers)
+            for i in workers
+            if i in self.engines
+            and (self.engines[i].epoch, self.engines[i].last_applied) == (epoch, start - 1)
+        }
         context = PlanContext(
             generation=0 if previous is None else previous.generation + 1,
-            epoch=epoch, start_step=start,
-            end_step=self.end_step, hosts={}, latest_checkpoint=latest_checkpoint(self.store),
-            stages_before=0 if previous is None else previous.pipeline_stages)
-        plan = plan_generation(self.profile, MigrationCostModel(), target, context, workers,
-                               holdings, previous=previous)
+            epoch=epoch,
+            start_step=start,
+            end_step=self.end_step,
+            hosts={},
+            latest_checkpoint=latest_checkpoint(self.store),
+            stages_before=0 if previous is None else previous.pipeline_stages,
+        )
+        plan = plan_generation(
+            self.profile,
+            MigrationCostModel(),
+            target,
+            context,
+            workers,
+            holdings,
+            previous=previous,
+        )
         if plan.epoch != context.epoch:
             assert plan.restore_step is not None  # a plan of a new epoch restores a checkpoint
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)

@@ -97,7 +97,7 @@ class Family:
 
     def instance_of(self, key: str) -> int | None:
         """The instance id ``key`` names, for a key ``<prefix><id>`` of this family; else None."""
-        rest = key[len(self.prefix):] if key.startswith(self.prefix) else ""
+        rest = key[len(self.prefix) :] if key.startswith(self.prefix) else ""
         return int(rest) if rest.isdigit() else None
 
 
@@ -129,10 +129,32 @@ STATUS = Family("status/", Scope.JOB, Pruned.NEVER)
 CLOUD_NOTICE = Family("notices/", Scope.CLOUD_INSTANCE, Pruned.NEVER)
 
 FAMILIES: tuple[Family, ...] = (
-    MEMBER, HEARTBEAT, STATE, HOLDING, NOTICE, LOST,
-    COMMIT, DONE, ARRIVED, STARTED, FAILURE, FAILED, PLAN,
-    CHECKPOINT, LEDGER, RESTORE, LEDGER_SUMMARY,
-    JOB, IDS, COORDINATOR, EVENT, STATS, RENDEZVOUS, STEP_TIMES, STATUS, CLOUD_NOTICE,
+    MEMBER,
+    HEARTBEAT,
+    STATE,
+    HOLDING,
+    NOTICE,
+    LOST,
+    COMMIT,
+    DONE,
+    ARRIVED,
+    STARTED,
+    FAILURE,
+    FAILED,
+    PLAN,
+    CHECKPOINT,
+    LEDGER,
+    RESTORE,
+    LEDGER_SUMMARY,
+    JOB,
+    IDS,
+    COORDINATOR,
+    EVENT,
+    STATS,
+    RENDEZVOUS,
+    STEP_TIMES,
+    STATUS,
+    CLOUD_NOTICE,
 )
 """Every family of keys, per-instance families first, a forgotten instance's registration
 (``members/``) first of all."""

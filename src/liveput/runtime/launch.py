@@ -23,16 +23,21 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from liveput.errors import LiveputError
-from liveput.runtime import keys
 from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
+from liveput.runtime import keys
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.device import check_device_request, describe_device, resolve_device
 from liveput.runtime.engine import Engine, EngineConfig
 from liveput.runtime.instance_env import INSTANCE_ID_ENV, MARKET_ENV, NOTICE_FILE_ENV
-from liveput.runtime.notices import (AwsNoticeWatcher, EmulatorNoticeWatcher, GcpNoticeWatcher,
-                                     NoticeWatcher, SignalNoticeWatcher)
+from liveput.runtime.notices import (
+    AwsNoticeWatcher,
+    EmulatorNoticeWatcher,
+    GcpNoticeWatcher,
+    NoticeWatcher,
+    SignalNoticeWatcher,
+)
 from liveput.runtime.rendezvous import StoreRendezvous
 from liveput.runtime.store import Store, open_store
 
@@ -103,12 +108,16 @@ def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:
     """Watchers for the named notice sources (``emulator`` only when the emulator set us up)."""
     unknown = set(sources) - set(NOTICE_SOURCES)
     if unknown:
-        raise LiveputError(f"unknown notice source(s) {', '.join(sorted(unknown))}; "
-                           f"known: {', '.join(NOTICE_SOURCES)}")
+        raise LiveputError(
+            f"unknown notice source(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(NOTICE_SOURCES)}"
+        )
     watchers: list[NoticeWatcher] = []
     factories: dict[str, Callable[[], NoticeWatcher]] = {
-        "aws": AwsNoticeWatcher, "gcp": GcpNoticeWatcher,
-        "sigterm": lambda: SignalNoticeWatcher((signal.SIGTERM,))}
+        "aws": AwsNoticeWatcher,
+        "gcp": GcpNoticeWatcher,
+        "sigterm": lambda: SignalNoticeWatcher((signal.SIGTERM,)),
+    }
     for source in sources:
         if source == "emulator":
             notice_file = os.environ.get(NOTICE_FILE_ENV)
@@ -119,9 +128,16 @@ def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:
     return watchers
 
 
-def run_agent(store_url: str, token: str, instance: int | None = None, host: str = "127.0.0.1",
-              notices: list[str] | None = None, timeout_s: float = 30.0,
-              connect_timeout_s: float | None = None, device: str | None = None) -> AgentState:
+def run_agent(
+    store_url: str,
+    token: str,
+    instance: int | None = None,
+    host: str = "127.0.0.1",
+    notices: list[str] | None = None,
+    timeout_s: float = 30.0,
+    connect_timeout_s: float | None = None,
+    device: str | None = None,
+) -> AgentState:
     """Run this instance's agent until the job is done or the instance leaves.
 
     ``timeout_s`` bounds every store call (an outage is ridden out that long);
@@ -147,31 +163,60 @@ def run_agent(store_url: str, token: str, instance: int | None = None, host: str
             job = dataclasses.replace(job, training=TrainingConfig.from_dict(spec.training))
         # Before the agent joins: a CUDA request without CUDA ends it with one line, and the
         # job never plans with it.
-        device = resolve_device(device or spec.device, f"agent {instance}",
-                                instance if spec.shared_gpu else None)
+        device = resolve_device(
+            device or spec.device, f"agent {instance}", instance if spec.shared_gpu else None
+        )
         LOG.info("agent %d trains on %s", instance, describe_device(device))
         if device != "cpu" and not spec.shared_gpu and torch.cuda.device_count() > 1:
-            LOG.warning("agent %d: this instance has %d GPUs; it trains on %s only (one agent "
-                        "per instance)", instance, torch.cuda.device_count(), device)
-        engine = Engine(job, instance, store, StoreRendezvous(store, host, timeout_s),
-                        Checkpointer(store, spec.checkpoint_dir, keep=spec.keep_checkpoints,
-                                     token=token.encode()),
-                        EngineConfig(checkpoint_every=spec.checkpoint_every, device=device,
-                                     shared_gpu=spec.shared_gpu and device != "cpu"),
-                        token=token.encode())
-        agent = Agent(AgentConfig(instance=instance, host=host, device=describe_device(device),
-                                  market=os.environ.get(MARKET_ENV) or "spot",
-                                  store_outage_s=spec.store_outage_s,
-                                  notice_margin_s=spec.notice_margin_s, exit_on_store_loss=True),
-                      store, engine, watchers)
+            LOG.warning(
+                "agent %d: this instance has %d GPUs; it trains on %s only (one agent "
+                "per instance)",
+                instance,
+                torch.cuda.device_count(),
+                device,
+            )
+        engine = Engine(
+            job,
+            instance,
+            store,
+            StoreRendezvous(store, host, timeout_s),
+            Checkpointer(
+                store, spec.checkpoint_dir, keep=spec.keep_checkpoints, token=token.encode()
+            ),
+            EngineConfig(
+                checkpoint_every=spec.checkpoint_every,
+                device=device,
+                shared_gpu=spec.shared_gpu and device != "cpu",
+            ),
+            token=token.encode(),
+        )
+        agent = Agent(
+            AgentConfig(
+                instance=instance,
+                host=host,
+                device=describe_device(device),
+                market=os.environ.get(MARKET_ENV) or "spot",
+                store_outage_s=spec.store_outage_s,
+                notice_margin_s=spec.notice_margin_s,
+                exit_on_store_loss=True,
+            ),
+            store,
+            engine,
+            watchers,
+        )
         return agent.run()
     finally:
         store.close()
 
 
-def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
-                    profile: ModelProfile | None = None, deadline: DeadlineContext | None = None,
-                    market: MarketView | None = None) -> Coordinator:
+def run_coordinator(
+    store: Store,
+    spec: JobSpec,
+    config: CoordinatorConfig,
+    profile: ModelProfile | None = None,
+    deadline: DeadlineContext | None = None,
+    market: MarketView | None = None,
+) -> Coordinator:
     """Publish the job and run the control loop until the job is done.
 
     A restarted coordinator may find its store down (an etcd restarting): it waits for it as
@@ -188,20 +233,32 @@ def run_coordinator(store: Store, spec: JobSpec, config: CoordinatorConfig,
         # without CUDA (the agents' instances have it) measures on its CPU, and says so.
         device = resolve_device("cpu" if spec.device == "cpu" else "auto", "coordinator")
         if device == "cpu" and spec.device != "cpu":
-            LOG.warning("the job asks for %s but this machine has no CUDA: its profile is "
-                        "measured on this CPU, and the plans use CPU timings", spec.device)
-        precision = None if spec.training is None else \
-            TrainingConfig.from_dict(spec.training).precision
-        profile = through_outage(lambda: job_profile(store, spec.job, spec.data, device,
-                                                     precision), spec.store_outage_s)
-    coordinator = through_outage(lambda: Coordinator(store, profile, config, **deciding),
-                                 spec.store_outage_s)
+            LOG.warning(
+                "the job asks for %s but this machine has no CUDA: its profile is "
+                "measured on this CPU, and the plans use CPU timings",
+                spec.device,
+            )
+        precision = (
+            None if spec.training is None else TrainingConfig.from_dict(spec.training).precision
+        )
+        profile = through_outage(
+            lambda: job_profile(store, spec.job, spec.data, device, precision), spec.store_outage_s
+        )
+    coordinator = through_outage(
+        lambda: Coordinator(store, profile, config, deadline=deadline, market=market),
+        spec.store_outage_s,
+    )
     coordinator.run()
     return coordinator
 
 
-def job_profile(store: Store, job_name: str, data: str | None = None,
-                device: str = "cpu", precision: str | None = None) -> ModelProfile:
+def job_profile(
+    store: Store,
+    job_name: str,
+    data: str | None = None,
+    device: str = "cpu",
+    precision: str | None = None,
+) -> ModelProfile:
     """The profile of job ``job_name`` (on ``data``) measured on ``device`` (``cpu`` or
     ``cuda:K``) in ``precision`` (None: the job's own): the one in the store, else a fresh
     one, kept there."""
@@ -211,14 +268,19 @@ def job_profile(store: Store, job_name: str, data: str | None = None,
     raw = store.get(keys.job_profile())
     if raw is not None:
         kept = json.loads(raw)
-        if kept.get("job") == job_name and kept.get("data") == data and \
-                kept.get("device", "cpu") == device and kept.get("precision") == precision:
+        if (
+            kept.get("job") == job_name
+            and kept.get("data") == data
+            and kept.get("device", "cpu") == device
+            and kept.get("precision") == precision
+        ):
             LOG.info("the job's profile from the store (measured by an earlier coordinator)")
             return profile_from_dict(kept["profile"])
     job = resolve_job(job_name, data)
     if precision is not None:
-        job = dataclasses.replace(job, training=dataclasses.replace(job.training,
-                                                                    precision=precision))
+        job = dataclasses.replace(
+            job, training=dataclasses.replace(job.training, precision=precision)
+        )
     profile = profile_job(job, device=device)
     kept = {"job": job_name, "data": data, "profile": profile_to_dict(profile)}
     # A CPU profile in the job's own precision is kept as it always was.

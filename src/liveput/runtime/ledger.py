@@ -53,8 +53,13 @@ class LedgerSummary:
     @classmethod
     def from_json(cls, raw: bytes) -> LedgerSummary:
         data = json.loads(raw)
-        return cls(int(data["epoch"]), int(data["through_step"]), str(data["chain"]),
-                   int(data.get("restores", 0)), int(data.get("steps_rolled_back", 0)))
+        return cls(
+            int(data["epoch"]),
+            int(data["through_step"]),
+            str(data["chain"]),
+            int(data.get("restores", 0)),
+            int(data.get("steps_rolled_back", 0)),
+        )
 
 
 def chain_records(chain: str, records: list[dict]) -> str:
@@ -109,8 +114,9 @@ def _key_parts(key: str) -> tuple[int, int] | None:
     return int(parts[1]), int(parts[2])
 
 
-def read_ledger(store: Store) -> tuple[LedgerSummary | None, dict[int, dict[int, dict]],
-                                       dict[int, dict]]:
+def read_ledger(
+    store: Store,
+) -> tuple[LedgerSummary | None, dict[int, dict[int, dict]], dict[int, dict]]:
     """(summary, epoch -> step -> record, epoch -> restore record) as stored."""
     raw = store.get(keys.ledger_summary())
     summary = None if raw is None else LedgerSummary.from_json(raw)
@@ -119,14 +125,20 @@ def read_ledger(store: Store) -> tuple[LedgerSummary | None, dict[int, dict[int,
         parts = _key_parts(key)
         if parts is not None:
             epochs.setdefault(parts[0], {})[parts[1]] = json.loads(value)
-    restores = {int(key.split("/")[1]): json.loads(value)
-                for key, value in store.get_prefix(keys.RESTORE.prefix).items()
-                if key.split("/")[1].isdigit()}
+    restores = {
+        int(key.split("/")[1]): json.loads(value)
+        for key, value in store.get_prefix(keys.RESTORE.prefix).items()
+        if key.split("/")[1].isdigit()
+    }
     return summary, epochs, restores
 
 
-def replay(summary: LedgerSummary | None, epochs: dict[int, dict[int, dict]],
-           restores: dict[int, dict], global_batch_size: int) -> Replay:
+def replay(
+    summary: LedgerSummary | None,
+    epochs: dict[int, dict[int, dict]],
+    restores: dict[int, dict],
+    global_batch_size: int,
+) -> Replay:
     """Replay the epochs after ``summary`` (records it covers, still awaiting deletion, are
     skipped): the steps applied in the final lineage and what is wrong with it."""
     problems: list[str] = []
@@ -145,12 +157,17 @@ def replay(summary: LedgerSummary | None, epochs: dict[int, dict[int, dict]],
             restored_to = restores[epoch]["restored_to"]
             rolled_back += max(0, restores[epoch]["committed"] - restored_to)
             if restored_to < folded:
-                problems.append(f"restore epoch {epoch} rolls back to step {restored_to}, "
-                                f"below the summarized step {folded}")
+                problems.append(
+                    f"restore epoch {epoch} rolls back to step {restored_to}, "
+                    f"below the summarized step {folded}"
+                )
             applied = {s: r for s, r in applied.items() if s <= restored_to}
             first = restored_to + 1
-        steps = sorted(s for s in epochs.get(epoch, {}) if s > folded or epoch != first_epoch
-                       or summary is None)
+        steps = sorted(
+            s
+            for s in epochs.get(epoch, {})
+            if s > folded or epoch != first_epoch or summary is None
+        )
         if steps and steps != list(range(first, steps[-1] + 1)):
             problems.append(f"epoch {epoch}: steps {steps[:3]}... do not follow on from {first}")
         for step in steps:
@@ -158,7 +175,9 @@ def replay(summary: LedgerSummary | None, epochs: dict[int, dict[int, dict]],
             if step in applied or step <= folded:
                 problems.append(f"step {step} applied twice")
             if (record.get("first_sample"), record.get("num_samples")) != (
-                    step * global_batch_size, global_batch_size):
+                step * global_batch_size,
+                global_batch_size,
+            ):
                 problems.append(f"step {step} applied samples of another step")
             applied[step] = record
     return Replay(applied, folded, rolled_back, restore_count, problems)
@@ -175,13 +194,18 @@ def verify_ledger(store: Store, global_batch_size: int, num_steps: int) -> Ledge
     if missing:
         problems.append(f"steps never applied: {missing[:5]}")
     return LedgerReport(
-        exactly_once=not problems, steps_rolled_back=result.steps_rolled_back,
-        restores=result.restores, records=[result.applied[s] for s in sorted(result.applied)],
-        problems=problems, summarized_steps=result.folded_through + 1)
+        exactly_once=not problems,
+        steps_rolled_back=result.steps_rolled_back,
+        restores=result.restores,
+        records=[result.applied[s] for s in sorted(result.applied)],
+        problems=problems,
+        summarized_steps=result.folded_through + 1,
+    )
 
 
-def fold_epoch(summary: LedgerSummary | None, restores: dict[int, dict], epoch: int,
-               through: int) -> int:
+def fold_epoch(
+    summary: LedgerSummary | None, restores: dict[int, dict], epoch: int, through: int
+) -> int:
     """The epoch to fold steps ``0..through`` at, when ``epoch`` is in force: the newest one, at
     most ``epoch``, that restored to ``through`` or below (or the summary's, or 0).
 
@@ -205,9 +229,14 @@ class Fold:
     dead_keys: list[str]
 
 
-def fold(summary: LedgerSummary | None, epochs: dict[int, dict[int, dict]],
-         restores: dict[int, dict], epoch: int, checkpoint_step: int,
-         global_batch_size: int) -> Fold | None:
+def fold(
+    summary: LedgerSummary | None,
+    epochs: dict[int, dict[int, dict]],
+    restores: dict[int, dict],
+    epoch: int,
+    checkpoint_step: int,
+    global_batch_size: int,
+) -> Fold | None:
     """Fold the steps up to ``checkpoint_step`` (no restore can undo them any more) of the
     lineage of restore epoch ``epoch`` (:func:`fold_epoch`) into a new summary; None when there
     is nothing new to fold or the part to fold does not prove exactly-once (its records are then
@@ -221,14 +250,23 @@ def fold(summary: LedgerSummary | None, epochs: dict[int, dict[int, dict]],
     if through <= folded or (summary is not None and epoch < summary.epoch):
         return None
     known = {e: dict(steps) for e, steps in epochs.items() if e <= epoch}
-    result = replay(summary, known, {e: r for e, r in restores.items() if e <= epoch},
-                    global_batch_size)
+    result = replay(
+        summary, known, {e: r for e, r in restores.items() if e <= epoch}, global_batch_size
+    )
     if result.problems or any(s not in result.applied for s in range(folded + 1, through + 1)):
         return None
-    chain = chain_records(_CHAIN_SEED if summary is None else summary.chain,
-                          [result.applied[s] for s in range(folded + 1, through + 1)])
-    dead = [keys.ledger_record(e, s) for e, steps in epochs.items() for s in steps
-            if e < epoch or (e == epoch and s <= through)]
+    chain = chain_records(
+        _CHAIN_SEED if summary is None else summary.chain,
+        [result.applied[s] for s in range(folded + 1, through + 1)],
+    )
+    dead = [
+        keys.ledger_record(e, s)
+        for e, steps in epochs.items()
+        for s in steps
+        if e < epoch or (e == epoch and s <= through)
+    ]
     dead += [keys.restore(e) for e in restores if e <= epoch]
-    return Fold(LedgerSummary(epoch, through, chain, result.restores, result.steps_rolled_back),
-                sorted(dead))
+    return Fold(
+        LedgerSummary(epoch, through, chain, result.restores, result.steps_rolled_back),
+        sorted(dead),
+    )

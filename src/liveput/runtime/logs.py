@@ -20,9 +20,13 @@ class RepeatFilter:
     of it. Safe to call from several threads.
     """
 
-    def __init__(self, logger: logging.Logger, level: int = logging.WARNING,
-                 report_every_s: float = 30.0,
-                 now_s: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        level: int = logging.WARNING,
+        report_every_s: float = 30.0,
+        now_s: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger = logger
         self.level = level
         self.report_every_s = report_every_s

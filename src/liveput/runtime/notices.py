@@ -158,7 +158,9 @@ class AwsNoticeWatcher(NoticeWatcher):
             self._imds_v1 = True
             return None
         if status != 200 or not body:
-            raise LiveputError(f"metadata service {request.full_url} refused a session token (HTTP {status})")
+            raise LiveputError(
+                f"metadata service {request.full_url} refused a session token (HTTP {status})"
+            )
         self._token = body.strip()
         self._token_expires_s = self._clock.now_s() + self._token_ttl_s / 2
         return self._token
@@ -177,13 +179,17 @@ class AwsNoticeWatcher(NoticeWatcher):
         if status == 404:
             return None
         if status != 200:
-            raise LiveputError(f"metadata service {self.endpoint}: spot/instance-action answered HTTP {status}")
+            raise LiveputError(
+                f"metadata service {self.endpoint}: spot/instance-action answered HTTP {status}"
+            )
         try:
             data = json.loads(body)
             action = str(data["action"])
             end = datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00")).timestamp()
         except (ValueError, KeyError, TypeError) as exc:
-            raise LiveputError(f"metadata service {self.endpoint}: malformed instance-action {body[:80]!r}: {exc}") from None
+            raise LiveputError(
+                f"metadata service {self.endpoint}: malformed instance-action {body[:80]!r}: {exc}"
+            ) from None
         self._notice = Notice("aws", action, max(0.0, end - self._now_unix_s()), body.strip())
         return self._notice
 
@@ -200,7 +206,9 @@ class GcpNoticeWatcher(NoticeWatcher):
         if self._notice is not None:
             return self._notice
         url = self.endpoint + "/computeMetadata/v1/instance/preempted"
-        status, body = _http(urllib.request.Request(url, headers={"Metadata-Flavor": "Google"}), self._timeout_s)
+        status, body = _http(
+            urllib.request.Request(url, headers={"Metadata-Flavor": "Google"}), self._timeout_s
+        )
         if status != 200:
             raise LiveputError(f"metadata service {url} answered HTTP {status}")
         if body.strip().upper() != "TRUE":
@@ -213,7 +221,9 @@ class SignalNoticeWatcher(NoticeWatcher):
     """A notice is a signal (SIGTERM by default). Installs handlers: construct it in the main
     thread."""
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGTERM,), *, lead_s: float | None = None) -> None:
+    def __init__(
+        self, signals: Sequence[int] = (signal.SIGTERM,), *, lead_s: float | None = None
+    ) -> None:
         self._lead_s = lead_s
         self._received: int | None = None
         self._previous: dict[int, Any] = {}
@@ -301,7 +311,9 @@ class EmulatorNoticeWatcher(NoticeWatcher):
         if notice is None and self._store is not None and self._store_key:
             raw = self._store.get(self._store_key)
             if raw is not None:
-                notice = Notice.from_json(raw.decode("utf-8", "replace"), f"store key {self._store_key!r}")
+                notice = Notice.from_json(
+                    raw.decode("utf-8", "replace"), f"store key {self._store_key!r}"
+                )
         self._notice = notice
         return notice
 
@@ -358,7 +370,12 @@ class NoticeMonitor:
             notice = self.poll_once()
             if notice is not None:
                 self.notice = notice
-                log.info("preemption notice from %s: %s (lead %s s)", notice.source, notice.action, notice.lead_s)
+                log.info(
+                    "preemption notice from %s: %s (lead %s s)",
+                    notice.source,
+                    notice.action,
+                    notice.lead_s,
+                )
                 self.on_notice(notice)
                 return
             self._wake.wait(self.interval_s)

@@ -82,8 +82,13 @@ class OptimizerStep:
             layer.training = self.state_dict()
 
     # --- the step ---------------------------------------------------------------------------
-    def decide(self, layers: list[LayerState], num_layers: int,
-               groups: Groups | None = None, nonfinite_loss: bool = False) -> StepDecision:
+    def decide(
+        self,
+        layers: list[LayerState],
+        num_layers: int,
+        groups: Groups | None = None,
+        nonfinite_loss: bool = False,
+    ) -> StepDecision:
         """Unscale the gradients and decide the update; with ``groups``, the stages of this
         pipeline exchange their squared norms (a collective: every stage calls it).
         ``nonfinite_loss``: the last stage saw a NaN or infinite loss (its norm entry is made
@@ -97,8 +102,11 @@ class OptimizerStep:
             return StepDecision(None, 1.0, False)
         squares = torch.zeros(num_layers, dtype=torch.float64)
         for layer in layers:
-            norms = [p.grad.detach().float().norm(2) for p in layer.module.parameters()
-                     if p.grad is not None]
+            norms = [
+                p.grad.detach().float().norm(2)
+                for p in layer.module.parameters()
+                if p.grad is not None
+            ]
             if norms:
                 squares[layer.index] = float(torch.stack(norms).double().pow(2).sum())
         if nonfinite_loss and layers:
@@ -107,8 +115,11 @@ class OptimizerStep:
             squares = groups.allreduce_pipeline(squares)
         norm = math.sqrt(float(squares.sum()))
         if not math.isfinite(norm):
-            return StepDecision(norm, 1.0, self.config.precision == "fp16"
-                                or self.config.on_nonfinite_loss == "skip")
+            return StepDecision(
+                norm,
+                1.0,
+                self.config.precision == "fp16" or self.config.on_nonfinite_loss == "skip",
+            )
         coefficient = 1.0
         if self.config.clip_grad_norm is not None:
             coefficient = min(1.0, self.config.clip_grad_norm / (norm + 1e-6))

@@ -19,8 +19,7 @@ from liveput.perf.configuration import Configuration
 from liveput.perf.partition import partition_layers
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.plan.costs import CostModel
-from liveput.plan.migration import (CHECKPOINT, Assignment, MigrationPlan, Slot,
-                                    plan_from_holdings)
+from liveput.plan.migration import CHECKPOINT, Assignment, MigrationPlan, Slot, plan_from_holdings
 from liveput.runtime.protocol import FRESH_START, RuntimePlan, Transfer
 
 
@@ -48,15 +47,24 @@ def assignment_of(plan: RuntimePlan | None) -> Assignment:
     """The planner's view of a running plan (an empty one before the first)."""
     if plan is None:
         return Assignment({}, 0)
-    return Assignment({i: Slot(*s) if s is not None else None for i, s in plan.slots.items()},
-                      plan.pipeline_stages)
+    return Assignment(
+        {i: Slot(*s) if s is not None else None for i, s in plan.slots.items()},
+        plan.pipeline_stages,
+    )
 
 
-def plan_generation(profile: ModelProfile, costs: CostModel, target: Configuration,
-                    context: PlanContext, workers: Sequence[int],
-                    holdings: Mapping[int, Collection[int]],
-                    senders: Sequence[int] = (), previous: RuntimePlan | None = None,
-                    restore: bool = False, on_demand: Collection[int] = ()) -> RuntimePlan:
+def plan_generation(
+    profile: ModelProfile,
+    costs: CostModel,
+    target: Configuration,
+    context: PlanContext,
+    workers: Sequence[int],
+    holdings: Mapping[int, Collection[int]],
+    senders: Sequence[int] = (),
+    previous: RuntimePlan | None = None,
+    restore: bool = False,
+    on_demand: Collection[int] = (),
+) -> RuntimePlan:
     """The plan of generation ``context.generation``: the coordinator's and the in-process
     cluster's one planning function.
 
@@ -68,10 +76,16 @@ def plan_generation(profile: ModelProfile, costs: CostModel, target: Configurati
     held = {i: tuple(holdings.get(i, ())) for i in workers}
     ran = {} if previous is None else previous.slots
     migration = plan_from_holdings(
-        profile, costs, held, target, assignment_of(previous),
+        profile,
+        costs,
+        held,
+        target,
+        assignment_of(previous),
         0 if previous is None else previous.pipeline_stages,
-        preempted=set(ran) - set(workers), allocated=[i for i in workers if i not in ran],
-        on_demand=on_demand)
+        preempted=set(ran) - set(workers),
+        allocated=[i for i in workers if i not in ran],
+        on_demand=on_demand,
+    )
     noticed_holders: dict[int, list[int]] = {}
     for instance in senders:
         for layer in holdings.get(instance, ()):
@@ -79,9 +93,13 @@ def plan_generation(profile: ModelProfile, costs: CostModel, target: Configurati
     return to_runtime_plan(profile, migration, context, noticed_holders, restore)
 
 
-def to_runtime_plan(profile: ModelProfile, migration: MigrationPlan, context: PlanContext,
-                    noticed_holders: dict[int, list[int]] | None = None,
-                    restore: bool = False) -> RuntimePlan:
+def to_runtime_plan(
+    profile: ModelProfile,
+    migration: MigrationPlan,
+    context: PlanContext,
+    noticed_holders: dict[int, list[int]] | None = None,
+    restore: bool = False,
+) -> RuntimePlan:
     """``noticed_holders``: layer -> noticed (still alive) instances holding it; ``restore``:
     every layer from the checkpoint whatever the instances hold."""
     noticed_holders = noticed_holders or {}
@@ -99,8 +117,11 @@ def to_runtime_plan(profile: ModelProfile, migration: MigrationPlan, context: Pl
     start_step = context.start_step
     epoch = context.epoch
     if needs_checkpoint or restore or context.stages_before == 0:
-        restore_step = FRESH_START if context.latest_checkpoint is None \
+        restore_step = (
+            FRESH_START
+            if context.latest_checkpoint is None
             else min(context.latest_checkpoint, context.start_step - 1)
+        )
         kind = "checkpoint-restore"
         if restore_step == FRESH_START and context.start_step == 0:
             kind = "start"
@@ -112,17 +133,26 @@ def to_runtime_plan(profile: ModelProfile, migration: MigrationPlan, context: Pl
         # Every lost layer is still held by a noticed instance: a peer-to-peer migration.
         same_depth = context.stages_before == migration.target.pipeline_stages
         kind = "inter-stage" if same_depth else "pipeline"
-    slots = {i: (s.pipeline, s.stage) if s is not None else None
-             for i, s in migration.assignment.slots.items()}
+    slots = {
+        i: (s.pipeline, s.stage) if s is not None else None
+        for i, s in migration.assignment.slots.items()
+    }
     for instance in {t.source for t in transfers} - set(slots):
         slots[instance] = None  # a noticed instance joins only to send its layers
     return RuntimePlan(
-        generation=context.generation, epoch=epoch, start_step=start_step,
-        end_step=context.end_step, data_parallel=migration.target.data_parallel,
+        generation=context.generation,
+        epoch=epoch,
+        start_step=start_step,
+        end_step=context.end_step,
+        data_parallel=migration.target.data_parallel,
         pipeline_stages=migration.target.pipeline_stages,
         boundaries=[int(b) for b in partition_layers(profile, migration.target.pipeline_stages)],
-        slots=slots, hosts={i: context.hosts.get(i, "127.0.0.1") for i in slots},
-        transfers=transfers, kind=kind, restore_step=restore_step)
+        slots=slots,
+        hosts={i: context.hosts.get(i, "127.0.0.1") for i in slots},
+        transfers=transfers,
+        kind=kind,
+        restore_step=restore_step,
+    )
 
 
 def profile_job(job: Job, repeats: int = 2, device: str = "cpu") -> ModelProfile:
@@ -130,12 +160,19 @@ def profile_job(job: Job, repeats: int = 2, device: str = "cpu") -> ModelProfile
     optimizer and planner need); the profile's instance type names that device."""
     from liveput.perf.profiler import job_target, profile_model
 
-    profile = profile_model(job_target(job), micro_batch_size=job.micro_batch_size,
-                            device=device, repeats=repeats, precision=job.training.precision)
+    profile = profile_model(
+        job_target(job),
+        micro_batch_size=job.micro_batch_size,
+        device=device,
+        repeats=repeats,
+        precision=job.training.precision,
+    )
     # The layers are measured without recomputation; the estimator adds it (and its memory
     # saving) when the job checkpoints activations.
-    return dataclasses.replace(profile, activation_checkpointing=(
-        "layer" if job.training.activation_checkpointing else "none"))
+    return dataclasses.replace(
+        profile,
+        activation_checkpointing=("layer" if job.training.activation_checkpointing else "none"),
+    )
 
 
 def require_a_fit(table: ConfigTable, profile: ModelProfile, capacity: int) -> None:
@@ -143,14 +180,20 @@ def require_a_fit(table: ConfigTable, profile: ModelProfile, capacity: int) -> N
     memory (naming the smallest memory per instance it would need), else nothing."""
     if table.feasible.any():
         return
-    memory_only = [i for i, reason in enumerate(table.reason)
-                   if reason is not None and reason.startswith("out of memory")]
+    memory_only = [
+        i
+        for i, reason in enumerate(table.reason)
+        if reason is not None and reason.startswith("out of memory")
+    ]
     if not memory_only:
-        raise LiveputError(f"{profile.model} fits no configuration of up to {capacity} "
-                           f"instances: {table.reason[0] if table.reason else 'none exists'}")
+        raise LiveputError(
+            f"{profile.model} fits no configuration of up to {capacity} "
+            f"instances: {table.reason[0] if table.reason else 'none exists'}"
+        )
     best = min(memory_only, key=lambda i: table.memory_gb[i])
     raise LiveputError(
         f"{profile.model} fits no configuration of up to {capacity} instances of "
         f"{profile.instance_type.name} ({profile.instance_type.gpu_memory_gb:g} GB each): it needs "
         f"at least {table.memory_gb[best]:.3g} GB per instance "
-        f"(D={int(table.data_parallel[best])}, P={int(table.pipeline_stages[best])})")
+        f"(D={int(table.data_parallel[best])}, P={int(table.pipeline_stages[best])})"
+    )

@@ -121,8 +121,9 @@ class RuntimePlan:
     @classmethod
     def from_json(cls, raw: bytes) -> RuntimePlan:
         data = json.loads(raw)
-        data["slots"] = {int(k): tuple(v) if v is not None else None
-                         for k, v in data["slots"].items()}
+        data["slots"] = {
+            int(k): tuple(v) if v is not None else None for k, v in data["slots"].items()
+        }
         data["hosts"] = {int(k): v for k, v in data["hosts"].items()}
         data["transfers"] = [Transfer(**t) for t in data["transfers"]]
         return cls(**data)
@@ -183,8 +184,11 @@ def arrive(store: Store, plan: RuntimePlan, instance: int | None = None) -> bool
 
 def arrivals(store: Store, generation: int) -> set[int]:
     """Instances that have arrived at plan ``generation``'s start."""
-    return {int(key.rsplit("/", 1)[1]) for key in store.get_prefix(keys.arrivals(generation))
-            if key != keys.all_arrived(generation)}
+    return {
+        int(key.rsplit("/", 1)[1])
+        for key in store.get_prefix(keys.arrivals(generation))
+        if key != keys.all_arrived(generation)
+    }
 
 
 def mark_started(store: Store, generation: int) -> None:
@@ -226,8 +230,10 @@ def report_holding(store: Store, instance: int, holding: Holding) -> None:
 
 
 def holdings(store: Store) -> dict[int, Holding]:
-    return {instance: Holding.from_json(raw)
-            for instance, raw in readers.by_instance(store, keys.HOLDING).items()}
+    return {
+        instance: Holding.from_json(raw)
+        for instance, raw in readers.by_instance(store, keys.HOLDING).items()
+    }
 
 
 @dataclass(frozen=True)
@@ -258,8 +264,10 @@ def report_failure(store: Store, generation: int, instance: int, report: Failure
 
 
 def failures(store: Store, generation: int) -> dict[int, FailureReport]:
-    return {int(key.rsplit("/", 1)[1]): FailureReport.from_json(raw)
-            for key, raw in store.get_prefix(keys.failures(generation)).items()}
+    return {
+        int(key.rsplit("/", 1)[1]): FailureReport.from_json(raw)
+        for key, raw in store.get_prefix(keys.failures(generation)).items()
+    }
 
 
 def superseded(store: Store, generation: int) -> bool:
@@ -292,11 +300,14 @@ class LedgerRecord:
 
 
 def record_step(store: Store, epoch: int, record: LedgerRecord) -> None:
-    store.compare_and_set(keys.ledger_record(epoch, record.step), None,
-                          json.dumps(asdict(record)).encode())
+    store.compare_and_set(
+        keys.ledger_record(epoch, record.step), None, json.dumps(asdict(record)).encode()
+    )
 
 
 def record_restore(store: Store, epoch: int, committed: int, restored_to: int) -> None:
     """Restore epoch ``epoch`` starts: steps after ``restored_to`` up to ``committed`` are undone."""
-    store.set(keys.restore(epoch), json.dumps({"committed": committed,
-                                               "restored_to": restored_to}).encode())
+    store.set(
+        keys.restore(epoch),
+        json.dumps({"committed": committed, "restored_to": restored_to}).encode(),
+    )

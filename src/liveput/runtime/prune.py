@@ -48,8 +48,9 @@ _BY_GENERATION = (Pruned.RETIRED, Pruned.RETIRED_OR_OLD_STEP, Pruned.SUCCESSOR_R
 _INSTANCE_PREFIXES = tuple(f.prefix for f in keys.pruned_when(Pruned.FORGOTTEN))
 """The per-instance families, the registration first."""
 _STEP_PREFIXES = tuple(f.prefix for f in keys.pruned_when(Pruned.RETIRED_OR_OLD_STEP))
-_LISTED = tuple(f.prefix for f in keys.pruned_when(Pruned.FORGOTTEN, Pruned.OLDER_CHECKPOINT,
-                                                     *_BY_GENERATION))
+_LISTED = tuple(
+    f.prefix for f in keys.pruned_when(Pruned.FORGOTTEN, Pruned.OLDER_CHECKPOINT, *_BY_GENERATION)
+)
 """The prefixes a pass lists (the ledger's are the fold's: :func:`ledger.read_ledger`)."""
 
 
@@ -73,8 +74,9 @@ class PruneConfig:
 
     def __post_init__(self) -> None:
         if min(self.interval_s, self.generation_grace_s, self.forget_after_s) <= 0:
-            raise LiveputError("prune: interval_s, generation_grace_s and forget_after_s must "
-                               "be positive")
+            raise LiveputError(
+                "prune: interval_s, generation_grace_s and forget_after_s must be positive"
+            )
         if self.deletes_per_tick < 1:
             raise LiveputError(f"prune: deletes_per_tick must be >= 1, got {self.deletes_per_tick}")
 
@@ -131,7 +133,9 @@ def dead_keys(listed: Iterable[str], view: PruneView) -> list[str]:
     return sorted(key for key in listed if is_dead(key, view))
 
 
-def forgotten(silent_s: dict[int, float], in_plan: set[int], forget_after_s: float) -> frozenset[int]:
+def forgotten(
+    silent_s: dict[int, float], in_plan: set[int], forget_after_s: float
+) -> frozenset[int]:
     """Instances silent for ``forget_after_s`` (``silent_s``: seconds since each was last
     heard) that the newest plan does not name."""
     return frozenset(i for i, s in silent_s.items() if s >= forget_after_s and i not in in_plan)
@@ -142,8 +146,11 @@ def instances_named(named: Iterable[str]) -> set[int]:
     found = set()
     for key in named:
         family = keys.family_of(key)
-        instance = None if family is None or family.scope is not keys.Scope.INSTANCE \
+        instance = (
+            None
+            if family is None or family.scope is not keys.Scope.INSTANCE
             else family.instance_of(key)
+        )
         if instance is not None:
             found.add(instance)
     return found
@@ -178,8 +185,11 @@ class Pruner:
         """Generations below the newest one that has run for ``generation_grace_s``."""
         if not self._started_seen or self._started_seen[-1][0] != started:
             self._started_seen.append((started, now_s))
-        ripe = [g for g, seen_s in self._started_seen
-                if now_s - seen_s >= self.config.generation_grace_s]
+        ripe = [
+            g
+            for g, seen_s in self._started_seen
+            if now_s - seen_s >= self.config.generation_grace_s
+        ]
         if ripe:
             self._started_seen = [(g, s) for g, s in self._started_seen if g >= ripe[-1]]
         return ripe[-1] if ripe else -1
@@ -203,17 +213,21 @@ class Pruner:
         self._next_pass_s = now_s + self.config.interval_s
         dead = dead_keys(listed, view)
         floor = view.committed - 1
-        if any(k.startswith(_STEP_PREFIXES) and k.split("/")[1] == str(view.generation)
-               for k in dead):
-            self.store.set(keys.prune_floor(), json.dumps({"generation": view.generation,
-                                                           "step": floor}).encode())
-        if self.config.fold_ledger and view.checkpoint is not None and \
-                view.checkpoint[0] == epoch:
+        if any(
+            k.startswith(_STEP_PREFIXES) and k.split("/")[1] == str(view.generation) for k in dead
+        ):
+            self.store.set(
+                keys.prune_floor(),
+                json.dumps({"generation": view.generation, "step": floor}).encode(),
+            )
+        if self.config.fold_ledger and view.checkpoint is not None and view.checkpoint[0] == epoch:
             dead += self._fold(epoch, view.checkpoint[1])
         # A forgotten instance goes at once, its registration first: half deleted, it would
         # look like a new member (no heartbeat history) or be counted lost again.
-        forgotten_keys = sorted((k for k in dead if k.startswith(_INSTANCE_PREFIXES)),
-                                key=lambda k: (not k.startswith(keys.MEMBER.prefix), k))
+        forgotten_keys = sorted(
+            (k for k in dead if k.startswith(_INSTANCE_PREFIXES)),
+            key=lambda k: (not k.startswith(keys.MEMBER.prefix), k),
+        )
         for key in forgotten_keys:
             self.store.delete(key)
         self.deleted += len(forgotten_keys)
@@ -226,8 +240,9 @@ class Pruner:
     def _fold(self, epoch: int, checkpoint_step: int) -> list[str]:
         summary, epochs, restores = ledger.read_ledger(self.store)
         epoch = ledger.fold_epoch(summary, restores, epoch, checkpoint_step)
-        folded = ledger.fold(summary, epochs, restores, epoch, checkpoint_step,
-                             self.global_batch_size)
+        folded = ledger.fold(
+            summary, epochs, restores, epoch, checkpoint_step, self.global_batch_size
+        )
         if folded is None:
             if summary is None or summary.through_step < checkpoint_step:
                 LOG.debug("ledger: nothing to fold before step %d", checkpoint_step)

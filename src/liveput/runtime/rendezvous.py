@@ -37,9 +37,16 @@ class StoreRendezvous:
             port = listener.getsockname()[1]
             # Handing c10d our socket keeps the server on this address only.
             # The classic server, as the job's store.
-            server = dist.TCPStore(self.host, port, len(plan.world), True, timeout,
-                                   wait_for_workers=False, master_listen_fd=listener.detach(),
-                                   use_libuv=False)
+            server = dist.TCPStore(
+                self.host,
+                port,
+                len(plan.world),
+                True,
+                timeout,
+                wait_for_workers=False,
+                master_listen_fd=listener.detach(),
+                use_libuv=False,
+            )
             self._hosted[plan.generation] = server
             self.store.set(key, f"{self.host}:{server.port}".encode())
             return server

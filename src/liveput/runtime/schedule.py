@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
+from liveput.errors import LiveputError
 from liveput.models.job import Job, replica_micro_batches
 from liveput.runtime.comm import CommAborted, Groups
 from liveput.runtime.layer_state import LayerState
@@ -95,12 +96,15 @@ class _Tracker:
     def failure(self, index: int | None, phase: str, error: Exception) -> JobFailure:
         text = str(error).strip().splitlines()
         where = "the loss" if index is None else f"layer {index}"
-        return JobFailure(f"{where} raised in {phase} at step {self.step}: "
-                          f"{type(error).__name__}: {text[0] if text else ''}"[:400])
+        return JobFailure(
+            f"{where} raised in {phase} at step {self.step}: "
+            f"{type(error).__name__}: {text[0] if text else ''}"[:400]
+        )
 
 
-def _forward(layers: list[LayerState], x: torch.Tensor, tracker: _Tracker,
-             checkpointing: bool = False) -> torch.Tensor:
+def _forward(
+    layers: list[LayerState], x: torch.Tensor, tracker: _Tracker, checkpointing: bool = False
+) -> torch.Tensor:
     for layer in layers:
         try:
             if checkpointing and torch.is_grad_enabled():
@@ -126,8 +130,14 @@ def _backward(tracker: _Tracker, run: Callable[[], None]) -> None:
         raise tracker.failure(tracker.in_backward, "backward", error) from None
 
 
-def compute_gradients(job: Job, layers: list[LayerState], position: StagePosition,
-                      groups: Groups | None, step: int, loss_scale: float = 1.0) -> float:
+def compute_gradients(
+    job: Job,
+    layers: list[LayerState],
+    position: StagePosition,
+    groups: Groups | None,
+    step: int,
+    loss_scale: float = 1.0,
+) -> float:
     """Run forward and backward of this replica's micro-batches; gradients accumulate in the
     layers' ``.grad``, multiplied by ``loss_scale`` (fp16). Returns the replica's part of the
     step's loss, unscaled (last stage; else 0)."""
@@ -173,8 +183,9 @@ def compute_gradients(job: Job, layers: list[LayerState], position: StagePositio
         if source is not None and source.grad is not None:
             # A source is the input received from the previous stage, which there is.
             assert position.previous_rank is not None
-            sends.extend(_required(groups).isend_tensor(source.grad, position.previous_rank,
-                                                        2 * j + 1))
+            sends.extend(
+                _required(groups).isend_tensor(source.grad, position.previous_rank, 2 * j + 1)
+            )
 
     for kind, index in stage_order(len(micro), position.pipeline_stages, position.stage):
         if kind == FORWARD:
@@ -195,14 +206,30 @@ def _device_of(layers: list[LayerState]) -> torch.device:
     return torch.device("cpu")
 
 
+def _required(groups: Groups | None) -> Groups:
+    """The process groups, which a stage that talks to another stage has (a plan of more than one
+    instance builds them)."""
+    if groups is None:
+        raise LiveputError("a pipeline stage talks to another stage but has no process groups")
+    return groups
+
+
 def _one_batch_is_the_same(job: Job, layers: list[LayerState]) -> bool:
     return job.training.precision == "fp32" and not any(
         isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
-        for layer in layers for m in layer.module.modules())
+        for layer in layers
+        for m in layer.module.modules()
+    )
 
 
-def _whole_replica(job: Job, layers: list[LayerState], micro: range, device: torch.device,
-                   step: int, loss_scale: float = 1.0) -> float:
+def _whole_replica(
+    job: Job,
+    layers: list[LayerState],
+    micro: range,
+    device: torch.device,
+    step: int,
+    loss_scale: float = 1.0,
+) -> float:
     """Without a pipeline (P = 1) micro-batches buy nothing in fp32: the replica's samples go
     through in one batch (the same mean loss, up to fp32 rounding). Not when the batch's
     statistics enter the computation (BatchNorm), nor under bf16 or fp16 (a weight gradient
@@ -214,14 +241,19 @@ def _whole_replica(job: Job, layers: list[LayerState], micro: range, device: tor
     targets = torch.cat([b[1] for b in batches]).to(device)
     tracker = _Tracker(step)
     with autocast(job.training, device):
-        loss = _loss(job, _forward(layers, inputs, tracker, job.training.activation_checkpointing),
-                     targets, tracker) * (len(inputs) / job.global_batch_size)
+        loss = _loss(
+            job,
+            _forward(layers, inputs, tracker, job.training.activation_checkpointing),
+            targets,
+            tracker,
+        ) * (len(inputs) / job.global_batch_size)
     _backward(tracker, (loss * loss_scale if loss_scale != 1.0 else loss).backward)
     return float(loss.detach())
 
 
-def _loss(job: Job, outputs: torch.Tensor, targets: torch.Tensor,
-          tracker: _Tracker) -> torch.Tensor:
+def _loss(
+    job: Job, outputs: torch.Tensor, targets: torch.Tensor, tracker: _Tracker
+) -> torch.Tensor:
     try:
         return job.loss_fn(outputs, targets)
     except Exception as error:  # noqa: BLE001 - the user's code: named, then the job stops
@@ -231,8 +263,10 @@ def _loss(job: Job, outputs: torch.Tensor, targets: torch.Tensor,
 def flat_gradients(layers: list[LayerState], extra: float) -> tuple[torch.Tensor, list]:
     """All gradients of the stage in one buffer (plus ``extra`` as the last element)."""
     parameters = [p for layer in layers for p in layer.module.parameters()]
-    pieces = [p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
-              for p in parameters]
+    pieces = [
+        p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
+        for p in parameters
+    ]
     device = parameters[0].device if parameters else torch.device("cpu")
     pieces.append(torch.tensor([extra], dtype=torch.float32, device=device))
     return torch.cat([piece.float() for piece in pieces]), parameters
@@ -243,7 +277,7 @@ def unflatten_gradients(flat: torch.Tensor, parameters: list) -> float:
     offset = 0
     for parameter in parameters:
         count = parameter.numel()
-        parameter.grad = flat[offset:offset + count].view_as(parameter).to(parameter.dtype)
+        parameter.grad = flat[offset : offset + count].view_as(parameter).to(parameter.dtype)
         offset += count
     return float(flat[offset])
 

@@ -58,9 +58,12 @@ class StepTimer:
         """Publish the median of the intervals so far (the first one left out)."""
         if not self.intervals_s or not self._unpublished:
             return
-        record = {"data_parallel": self.plan.data_parallel,
-                  "pipeline_stages": self.plan.pipeline_stages,
-                  "step_s": statistics.median(self.intervals_s), "steps": self.measured}
+        record = {
+            "data_parallel": self.plan.data_parallel,
+            "pipeline_stages": self.plan.pipeline_stages,
+            "step_s": statistics.median(self.intervals_s),
+            "steps": self.measured,
+        }
         try:
             self.store.set(keys.step_times(self.plan.generation), json.dumps(record).encode())
             self._unpublished = 0
@@ -76,7 +79,12 @@ def read_measurements(store: Store) -> list[Measurement]:
         record = json.loads(raw)
         key = (int(record["data_parallel"]), int(record["pipeline_stages"]))
         total_s, steps = pooled.get(key, (0.0, 0))
-        pooled[key] = (total_s + float(record["step_s"]) * int(record["steps"]),
-                       steps + int(record["steps"]))
-    return [Measurement(d, p, total_s / steps, steps)
-            for (d, p), (total_s, steps) in sorted(pooled.items()) if steps]
+        pooled[key] = (
+            total_s + float(record["step_s"]) * int(record["steps"]),
+            steps + int(record["steps"]),
+        )
+    return [
+        Measurement(d, p, total_s / steps, steps)
+        for (d, p), (total_s, steps) in sorted(pooled.items())
+        if steps
+    ]

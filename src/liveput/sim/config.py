@@ -46,17 +46,18 @@ class SimulationConfig:
             raise LiveputError(f"simulation horizon must be >= 1, got {self.horizon}")
         if self.objective not in OBJECTIVES:
             raise LiveputError(
-                f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+                f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}"
+            )
         for name in ("spot_price_usd_per_hour", "on_demand_price_usd_per_hour"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise LiveputError(f"simulation {name} must be >= 0, got {value}")
         if not self.preemption_notice_s >= 0:
-            raise LiveputError(
-                f"preemption notice must be >= 0 s, got {self.preemption_notice_s}")
+            raise LiveputError(f"preemption notice must be >= 0 s, got {self.preemption_notice_s}")
         if not 0 <= self.launch_delay_min_s <= self.launch_delay_max_s:
             raise LiveputError(
                 f"launch delays must satisfy 0 <= min <= max, got {self.launch_delay_min_s} and "
-                f"{self.launch_delay_max_s} s")
+                f"{self.launch_delay_max_s} s"
+            )
         if self.num_on_demand < 0:
             raise LiveputError(f"on-demand instances must be >= 0, got {self.num_on_demand}")

@@ -64,29 +64,43 @@ logger = logging.getLogger(__name__)
 CAP_FACTOR = 2.0
 """The replay stops at this many times the deadline (a policy unfinished then is late)."""
 
-def make_deadline_context(trace: IntervalTrace, profile: ModelProfile, objective: JobObjective,
-                          config: SimulationConfig, check: bool = True) -> DeadlineContext:
+
+def make_deadline_context(
+    trace: IntervalTrace,
+    profile: ModelProfile,
+    objective: JobObjective,
+    config: SimulationConfig,
+    check: bool = True,
+) -> DeadlineContext:
     """What every deadline policy knows before the replay; refuses impossible objectives (a
     deadline before the fastest possible finish only when ``check``)."""
     base = make_context(trace, profile, config)
-    on_demand_max = (trace.max_count if objective.on_demand_max is None
-                     else objective.on_demand_max)
+    on_demand_max = trace.max_count if objective.on_demand_max is None else objective.on_demand_max
     base = dataclasses.replace(
-        base, table=estimate_configs(profile, max(trace.max_count + on_demand_max, 1)),
-        objective="cost")
+        base,
+        table=estimate_configs(profile, max(trace.max_count + on_demand_max, 1)),
+        objective="cost",
+    )
     objective.check_budget(min(base.spot_price_usd_per_hour, base.on_demand_price_usd_per_hour))
-    context = DeadlineContext(base, objective, objective.samples(profile.global_batch_size),
-                              on_demand_max, config.launch_delay_max_s)
+    context = DeadlineContext(
+        base,
+        objective,
+        objective.samples(profile.global_batch_size),
+        on_demand_max,
+        config.launch_delay_max_s,
+    )
     fastest_s = fastest_finish_s(context, config)
     if math.isinf(fastest_s):
         raise LiveputError(
             f"no configuration of {profile.model} fits the {on_demand_max} on-demand instances "
-            "allowed: no deadline can be promised (raise the on-demand maximum)")
+            "allowed: no deadline can be promised (raise the on-demand maximum)"
+        )
     if check and objective.deadline_s < fastest_s:
         raise LiveputError(
             f"deadline {objective.deadline_hours:g} h is shorter than the fastest possible "
             f"finish: {fastest_s / 3600:.2f} h for {context.target_samples:,.0f} samples on "
-            f"the largest allowed on-demand cluster ({on_demand_max} instances)")
+            f"the largest allowed on-demand cluster ({on_demand_max} instances)"
+        )
     return context
 
 
@@ -97,12 +111,16 @@ def fastest_finish_s(context: DeadlineContext, config: SimulationConfig) -> floa
     best = lookup.best_for(context.on_demand_max)
     if best is None:
         return math.inf
-    return (config.launch_delay_min_s + restart_s(context.policy, best)
-            + context.target_samples / lookup.throughput(best))
+    return (
+        config.launch_delay_min_s
+        + restart_s(context.policy, best)
+        + context.target_samples / lookup.throughput(best)
+    )
 
 
-def all_on_demand_hours(trace: IntervalTrace, profile: ModelProfile, objective: JobObjective,
-                        config: SimulationConfig) -> float:
+def all_on_demand_hours(
+    trace: IntervalTrace, profile: ModelProfile, objective: JobObjective, config: SimulationConfig
+) -> float:
     """Hours the objective's work takes on the largest allowed on-demand cluster (the unit of
     the sweep's deadlines)."""
     context = make_deadline_context(trace, profile, objective, config, check=False)
@@ -115,10 +133,14 @@ def _extended(trace: IntervalTrace, num_intervals: int) -> IntervalTrace:
     if extra <= 0:
         return trace
     zeros = np.zeros(extra, dtype=np.int64)
-    return IntervalTrace(trace.name, trace.interval_s,
-                         np.concatenate([trace.count, np.full(extra, trace.end_count)]),
-                         np.concatenate([trace.preempted, zeros]),
-                         np.concatenate([trace.allocated, zeros]), trace.price_usd_per_hour)
+    return IntervalTrace(
+        trace.name,
+        trace.interval_s,
+        np.concatenate([trace.count, np.full(extra, trace.end_count)]),
+        np.concatenate([trace.preempted, zeros]),
+        np.concatenate([trace.allocated, zeros]),
+        trace.price_usd_per_hour,
+    )
 
 
 class _Cloud:
@@ -157,9 +179,11 @@ class _Cloud:
 
     def seconds(self, now_s: float) -> float:
         """On-demand instance-seconds billed up to ``now_s``."""
-        return (sum(release - grant for grant, release in self.ledger)
-                + sum(now_s - grant for grant in self.held)
-                + sum(now_s - grant for grant in self.pending if grant <= now_s))
+        return (
+            sum(release - grant for grant, release in self.ledger)
+            + sum(now_s - grant for grant in self.held)
+            + sum(now_s - grant for grant in self.pending if grant <= now_s)
+        )
 
 
 def _delays(config: SimulationConfig) -> Callable[[int], float]:
@@ -169,8 +193,12 @@ def _delays(config: SimulationConfig) -> Callable[[int], float]:
     def delay(index: int) -> float:
         if index < len(table):
             return float(table[index])
-        return float(np.random.default_rng([config.seed, 0x0D, index]).uniform(
-            config.launch_delay_min_s, config.launch_delay_max_s))
+        return float(
+            np.random.default_rng([config.seed, 0x0D, index]).uniform(
+                config.launch_delay_min_s, config.launch_delay_max_s
+            )
+        )
+
     return delay
 
 
@@ -206,20 +234,24 @@ class Deadline(Objective):
         job.num_on_demand = len(self.cloud.held)
 
     def _spent_usd(self, now_s: float) -> float:
-        return (self.spot_s * self.spot_usd_per_s
-                + self.cloud.seconds(now_s) * self.on_demand_usd_per_s)
+        return (
+            self.spot_s * self.spot_usd_per_s + self.cloud.seconds(now_s) * self.on_demand_usd_per_s
+        )
 
     def observed(self, job: SimulatedJob, interval: Interval) -> dict[str, Any]:
-        return {"samples_done": job.samples,
-                "samples_remaining": max(self.target_samples - job.samples, 0.0),
-                "seconds_to_deadline": self.deadline_s - interval.start_s,
-                "on_demand_pending": len(self.cloud.pending),
-                "usd_spent": self._spent_usd(interval.start_s)}
+        return {
+            "samples_done": job.samples,
+            "samples_remaining": max(self.target_samples - job.samples, 0.0),
+            "seconds_to_deadline": self.deadline_s - interval.start_s,
+            "on_demand_pending": len(self.cloud.pending),
+            "usd_spent": self._spent_usd(interval.start_s),
+        }
 
     def adopt(self, job: SimulatedJob, decision: Decision, interval: Interval) -> None:
         cloud = self.cloud
         provisioning = decision.provisioning or Provisioning(
-            interval.available, len(cloud.held) + len(cloud.pending))
+            interval.available, len(cloud.held) + len(cloud.pending)
+        )
         cloud.target(min(provisioning.on_demand, self.deadline.on_demand_max), interval.start_s)
         kept = min(provisioning.spot, interval.available)
         job.num_on_demand = len(cloud.held)
@@ -229,11 +261,14 @@ class Deadline(Objective):
     def event_fields(self) -> dict[str, Any]:
         return {"on_demand_pending": len(self.cloud.pending)}
 
-    def recover(self, job: SimulatedJob, decision: Decision, num_available: int,
-                time_s: float) -> None:
-        job.apply(dataclasses.replace(decision, provisioning=None,
-                                      num_on_demand=len(self.cloud.held)),
-                  num_available, time_s)
+    def recover(
+        self, job: SimulatedJob, decision: Decision, num_available: int, time_s: float
+    ) -> None:
+        job.apply(
+            dataclasses.replace(decision, provisioning=None, num_on_demand=len(self.cloud.held)),
+            num_available,
+            time_s,
+        )
 
     def _end_s(self, interval: Interval) -> float:
         return interval.interval_s if interval.done_s is None else interval.done_s
@@ -241,8 +276,9 @@ class Deadline(Objective):
     def close(self, job: SimulatedJob, interval: Interval) -> bool:
         end_s, hit_s = self._end_s(interval), interval.hit_s
         kept = interval.held
-        self.spot_s += (kept * min(hit_s, end_s)
-                        + (kept - interval.lost_held) * max(end_s - hit_s, 0.0))
+        self.spot_s += kept * min(hit_s, end_s) + (kept - interval.lost_held) * max(
+            end_s - hit_s, 0.0
+        )
         if interval.done_s is not None:
             self.finish_s = interval.start_s + interval.done_s
             self.cloud.end(self.finish_s)
@@ -251,8 +287,9 @@ class Deadline(Objective):
     def paid_usd(self, job: SimulatedJob, interval: Interval) -> float:
         return self._spent_usd(interval.start_s + self._end_s(interval))
 
-    def outcome(self, job: SimulatedJob, trace: IntervalTrace,
-                intervals_replayed: int) -> dict[str, Any]:
+    def outcome(
+        self, job: SimulatedJob, trace: IntervalTrace, intervals_replayed: int
+    ) -> dict[str, Any]:
         finish_s = self.finish_s
         end_s = finish_s if finish_s is not None else len(trace) * self.context.interval_s
         self.cloud.end(end_s)
@@ -260,9 +297,13 @@ class Deadline(Objective):
         on_demand_s = self.cloud.seconds(end_s)
         usd_on_demand = on_demand_s * self.on_demand_usd_per_s
         late_s = end_s - self.deadline_s
-        logger.info("%s on %s: %s, $%.2f", self.policy_name, trace.name,
-                    "unfinished" if finish_s is None else f"done at {finish_s / 3600:.2f} h",
-                    usd_spot + usd_on_demand)
+        logger.info(
+            "%s on %s: %s, $%.2f",
+            self.policy_name,
+            trace.name,
+            "unfinished" if finish_s is None else f"done at {finish_s / 3600:.2f} h",
+            usd_spot + usd_on_demand,
+        )
         return {
             "cost_usd": float(usd_spot + usd_on_demand),
             "deadline_met": bool(finish_s is not None and late_s <= 1e-6),
@@ -275,17 +316,26 @@ class Deadline(Objective):
         }
 
 
-def simulate_deadline_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
-                             context: DeadlineContext, config: SimulationConfig,
-                             on_step: Callable[[int], None] | None = None) -> PolicyRun:
+def simulate_deadline_policy(
+    trace: IntervalTrace,
+    profile: ModelProfile,
+    policy: str,
+    context: DeadlineContext,
+    config: SimulationConfig,
+    on_step: Callable[[int], None] | None = None,
+) -> PolicyRun:
     """Replay ``trace`` with one deadline policy until its work is done (module docstring)."""
     return execute(Deadline(policy, context, config), trace, config.seed, on_step)
 
 
-def simulate_deadline(trace: IntervalTrace, profile: ModelProfile, objective: JobObjective,
-                      policies: Sequence[str] = DEADLINE_POLICY_NAMES,
-                      config: SimulationConfig | None = None,
-                      on_step: Callable[[str, int], None] | None = None) -> SimulationResult:
+def simulate_deadline(
+    trace: IntervalTrace,
+    profile: ModelProfile,
+    objective: JobObjective,
+    policies: Sequence[str] = DEADLINE_POLICY_NAMES,
+    config: SimulationConfig | None = None,
+    on_step: Callable[[str, int], None] | None = None,
+) -> SimulationResult:
     """Replay ``trace`` with every deadline policy on the same job."""
     config = config or SimulationConfig()
     if not policies:
@@ -298,7 +348,13 @@ def simulate_deadline(trace: IntervalTrace, profile: ModelProfile, objective: Jo
         step = None if on_step is None else (lambda t, name=name: on_step(name, t))
         runs[name] = simulate_deadline_policy(trace, profile, name, context, config, step)
     return SimulationResult(
-        trace=trace.name, model=profile.model, interval_s=config.interval_s, hours=trace.hours,
-        runs=runs, deadline_hours=objective.deadline_hours,
-        target_samples=context.target_samples, on_demand_max=context.on_demand_max,
-        fastest_hours=fastest_finish_s(context, config) / 3600.0)
+        trace=trace.name,
+        model=profile.model,
+        interval_s=config.interval_s,
+        hours=trace.hours,
+        runs=runs,
+        deadline_hours=objective.deadline_hours,
+        target_samples=context.target_samples,
+        on_demand_max=context.on_demand_max,
+        fastest_hours=fastest_finish_s(context, config) / 3600.0,
+    )

@@ -60,10 +60,10 @@ import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf import MigrationCostModel, estimate_configs
+from liveput.perf.configuration import Configuration, ObservationEvent
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.plan.liveput import on_demand_per_stage
 from liveput.policies import POLICIES, Observation, PolicyContext
-from liveput.perf.configuration import Configuration, ObservationEvent
 from liveput.sim.config import SimulationConfig
 from liveput.sim.job import InvariantError, SimulatedJob
 from liveput.sim.objective import Interval, Objective, OnlineCalibration, Throughput
@@ -72,8 +72,15 @@ from liveput.traces import IntervalTrace, generate_trace
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_POLICIES = ("liveput", "liveput-oracle", "reactive", "bamboo", "checkpoint", "on-demand",
-                    "ideal")
+DEFAULT_POLICIES = (
+    "liveput",
+    "liveput-oracle",
+    "reactive",
+    "bamboo",
+    "checkpoint",
+    "on-demand",
+    "ideal",
+)
 DEFAULT_MODEL = "gpt-1.5b"
 DEFAULT_TRACE_NODES = 32
 DEFAULT_TRACE_HOURS = 12.0
@@ -109,23 +116,31 @@ def _check_trace(trace: IntervalTrace, config: SimulationConfig) -> None:
     if abs(trace.interval_s - config.interval_s) > 1e-9:
         raise LiveputError(
             f"trace {trace.name} has {trace.interval_s:g}-s intervals but the simulation uses "
-            f"{config.interval_s:g}-s ones (resample it)")
+            f"{config.interval_s:g}-s ones (resample it)"
+        )
     if trace.max_count + config.num_on_demand == 0:
         raise LiveputError(f"trace {trace.name} never has an instance: nothing to simulate")
 
 
-def make_context(trace: IntervalTrace, profile: ModelProfile,
-                 config: SimulationConfig) -> PolicyContext:
+def make_context(
+    trace: IntervalTrace, profile: ModelProfile, config: SimulationConfig
+) -> PolicyContext:
     """What every policy knows before the replay: model, configurations, costs and prices."""
     _check_trace(trace, config)
     capacity = trace.max_count
     instance = profile.instance_type
-    spot_price = (config.spot_price_usd_per_hour if config.spot_price_usd_per_hour is not None
-                  else trace.price_usd_per_hour if trace.price_usd_per_hour is not None
-                  else instance.spot_price_usd_per_hour)
-    on_demand_price = (config.on_demand_price_usd_per_hour
-                       if config.on_demand_price_usd_per_hour is not None
-                       else instance.on_demand_price_usd_per_hour)
+    spot_price = (
+        config.spot_price_usd_per_hour
+        if config.spot_price_usd_per_hour is not None
+        else trace.price_usd_per_hour
+        if trace.price_usd_per_hour is not None
+        else instance.spot_price_usd_per_hour
+    )
+    on_demand_price = (
+        config.on_demand_price_usd_per_hour
+        if config.on_demand_price_usd_per_hour is not None
+        else instance.on_demand_price_usd_per_hour
+    )
     # The on-demand policy rents what the spot job had on average: the same instance budget.
     budget = round(float(np.mean(trace.count))) + config.num_on_demand
     max_nodes = max(capacity + config.num_on_demand, budget, 1)
@@ -146,8 +161,11 @@ def make_context(trace: IntervalTrace, profile: ModelProfile,
     )
 
 
-def _lost_slots(current: Configuration | None, num_on_demand: int, lost_positions: np.ndarray,
-                ) -> tuple[tuple[tuple[int, int], ...], int]:
+def _lost_slots(
+    current: Configuration | None,
+    num_on_demand: int,
+    lost_positions: np.ndarray,
+) -> tuple[tuple[tuple[int, int], ...], int]:
     """Map lost spot positions to ``(pipeline, stage)`` slots of ``current`` and lost spares.
 
     Positions ``0..s-1`` are the spot slots of the configuration (stage by stage, the on-demand
@@ -157,8 +175,9 @@ def _lost_slots(current: Configuration | None, num_on_demand: int, lost_position
         return (), len(lost_positions)
     d, p = current.data_parallel, current.pipeline_stages
     on_demand = on_demand_per_stage(num_on_demand, d, p)
-    slots = [(pipeline, stage) for stage in range(p)
-             for pipeline in range(int(on_demand[stage]), d)]
+    slots = [
+        (pipeline, stage) for stage in range(p) for pipeline in range(int(on_demand[stage]), d)
+    ]
     lost = tuple(sorted(slots[i] for i in lost_positions if i < len(slots)))
     return lost, int(np.sum(lost_positions >= len(slots)))
 
@@ -174,15 +193,22 @@ def check_size(trace: IntervalTrace) -> None:
         raise LiveputError(
             f"simulate: {trace.name} is {len(trace):,} intervals of {trace.interval_s:g} s, more "
             f"than the {MAX_SIMULATED_INTERVALS:,} a simulation replays: use a longer --interval, "
-            "or --start-hour/--end-hour")
+            "or --start-hour/--end-hour"
+        )
 
 
-def _lose(objective: Objective, job: SimulatedJob, interval: Interval, observation: Observation,
-          draws: _Draws, market: int) -> int:
+def _lose(
+    objective: Objective,
+    job: SimulatedJob,
+    interval: Interval,
+    observation: Observation,
+    draws: _Draws,
+    market: int,
+) -> int:
     """The interval's losses fall at ``hit_s``: the policy recovers and the job trains to the
     interval's end (or its work). Returns the released spares lost (not booting again)."""
     # The losses fall among the market's instances; the job's are its first positions.
-    lost = draws.loss_order(interval.index, market)[:interval.num_lost]
+    lost = draws.loss_order(interval.index, market)[: interval.num_lost]
     mine = lost[lost < interval.pool]
     interval.lost_held = int(np.sum(lost < interval.held))
     objective.on_loss(job, interval)
@@ -190,10 +216,17 @@ def _lose(objective: Objective, job: SimulatedJob, interval: Interval, observati
     time_s = interval.start_s + interval.hit_s
     left = interval.pool - len(mine)
     event = dataclasses.replace(
-        observation, time_s=time_s, num_available=left, current=job.current,
-        num_on_demand=job.num_on_demand, event=ObservationEvent.PREEMPTION, lost_slots=slots,
-        lost_spares=spares, remaining_s=interval.interval_s - interval.hit_s,
-        **objective.event_fields())
+        observation,
+        time_s=time_s,
+        num_available=left,
+        current=job.current,
+        num_on_demand=job.num_on_demand,
+        event=ObservationEvent.PREEMPTION,
+        lost_slots=slots,
+        lost_spares=spares,
+        remaining_s=interval.interval_s - interval.hit_s,
+        **objective.event_fields(),
+    )
     objective.recover(job, objective.decide(event), left, time_s)
     rest = job.run_until(interval.interval_s - interval.hit_s, objective.target_samples)
     interval.done_s = None if rest is None else interval.hit_s + rest
@@ -224,8 +257,12 @@ class _Series:
         self.cost_usd[t] = paid_usd
 
 
-def execute(objective: Objective, trace: IntervalTrace, seed: int,
-            on_step: Callable[[int], None] | None = None) -> PolicyRun:
+def execute(
+    objective: Objective,
+    trace: IntervalTrace,
+    seed: int,
+    on_step: Callable[[int], None] | None = None,
+) -> PolicyRun:
     """Replay ``trace`` with one policy under ``objective`` (module docstring gives the model).
 
     ``on_step(interval)`` is called after each simulated interval (progress bars)."""
@@ -238,19 +275,33 @@ def execute(objective: Objective, trace: IntervalTrace, seed: int,
     replayed = 0
     for t in range(len(trace)):
         market = int(trace.count[t])
-        interval = Interval(t, t * interval_s, interval_s, max(market - gone, 0),
-                            num_lost=int(trace.preempted[t]), samples_before=job.samples)
+        interval = Interval(
+            t,
+            t * interval_s,
+            interval_s,
+            max(market - gone, 0),
+            num_lost=int(trace.preempted[t]),
+            samples_before=job.samples,
+        )
         objective.begin(job, interval)
         observation = Observation(
-            time_s=interval.start_s, interval_index=t, interval_s=interval_s,
-            history=trace.head(t + 1), num_available=interval.available, current=job.current,
-            num_on_demand=job.num_on_demand, future=trace.window(t + 1),
-            capacity=objective.context.capacity, remaining_s=interval_s,
-            **objective.observed(job, interval))
+            time_s=interval.start_s,
+            interval_index=t,
+            interval_s=interval_s,
+            history=trace.head(t + 1),
+            num_available=interval.available,
+            current=job.current,
+            num_on_demand=job.num_on_demand,
+            future=trace.window(t + 1),
+            capacity=objective.context.capacity,
+            remaining_s=interval_s,
+            **objective.observed(job, interval),
+        )
         objective.adopt(job, objective.decide(observation), interval)
         series.start(t, job, interval)
-        interval.hit_s = (float(draws.loss_fraction[t]) * interval_s if interval.num_lost
-                          else interval_s)
+        interval.hit_s = (
+            float(draws.loss_fraction[t]) * interval_s if interval.num_lost else interval_s
+        )
         interval.done_s = job.run_until(interval.hit_s, objective.target_samples)
         lost_released = 0
         if interval.done_s is None and interval.num_lost:
@@ -287,12 +338,16 @@ def execute(objective: Objective, trace: IntervalTrace, seed: int,
     )
 
 
-def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
-                    config: SimulationConfig | None = None,
-                    context: PolicyContext | None = None,
-                    on_step: Callable[[int], None] | None = None,
-                    actual: ConfigTable | None = None,
-                    learn: OnlineCalibration | None = None) -> PolicyRun:
+def simulate_policy(
+    trace: IntervalTrace,
+    profile: ModelProfile,
+    policy: str,
+    config: SimulationConfig | None = None,
+    context: PolicyContext | None = None,
+    on_step: Callable[[int], None] | None = None,
+    actual: ConfigTable | None = None,
+    learn: OnlineCalibration | None = None,
+) -> PolicyRun:
     """Replay ``trace`` with one policy for throughput (module docstring gives the model).
 
     ``actual``: the samples/s each configuration really trains at, where it differs from the
@@ -305,9 +360,13 @@ def simulate_policy(trace: IntervalTrace, profile: ModelProfile, policy: str,
     return execute(objective, trace, config.seed, on_step)
 
 
-def simulate(trace: IntervalTrace, profile: ModelProfile, policies: Sequence[str],
-             config: SimulationConfig | None = None,
-             on_step: Callable[[str, int], None] | None = None) -> SimulationResult:
+def simulate(
+    trace: IntervalTrace,
+    profile: ModelProfile,
+    policies: Sequence[str],
+    config: SimulationConfig | None = None,
+    on_step: Callable[[str, int], None] | None = None,
+) -> SimulationResult:
     """Replay ``trace`` with every policy (and ``ideal``, for the fractions, when not asked).
 
     ``on_step(policy, interval)`` is called after each simulated interval (progress bars).

@@ -3,8 +3,8 @@ work, its samples and dollars (the state every objective's replay shares)."""
 
 from __future__ import annotations
 
-from liveput.perf.types import ConfigTable, Measurement
 from liveput.perf.configuration import Configuration
+from liveput.perf.types import ConfigTable, Measurement
 from liveput.policies import Decision, PolicyContext
 
 
@@ -16,8 +16,9 @@ class SimulatedJob:
     """One policy's job in a replay: what runs, what is still owed to a move, what it trained
     and paid (``cost_usd``: through :meth:`bill`; an objective may keep its own bill)."""
 
-    def __init__(self, context: PolicyContext, num_on_demand: int,
-                 actual: ConfigTable | None = None) -> None:
+    def __init__(
+        self, context: PolicyContext, num_on_demand: int, actual: ConfigTable | None = None
+    ) -> None:
         self.grid = (actual or context.table).throughput_grid(context.max_instances)
         self.spot_usd_per_s = context.spot_price_usd_per_hour / 3600.0
         self.on_demand_usd_per_s = context.on_demand_price_usd_per_hour / 3600.0
@@ -41,16 +42,24 @@ class SimulatedJob:
         if decision.num_on_demand is not None:
             self.num_on_demand = decision.num_on_demand
         chosen = decision.configuration
-        used = (decision.num_instances_used if decision.num_instances_used is not None
-                else chosen.num_instances if chosen is not None else 0)
+        used = (
+            decision.num_instances_used
+            if decision.num_instances_used is not None
+            else chosen.num_instances
+            if chosen is not None
+            else 0
+        )
         if chosen is not None:
             if used > num_available + self.num_on_demand:
                 raise InvariantError(
                     f"configuration {chosen} uses {used} instances; only "
-                    f"{num_available} spot + {self.num_on_demand} on-demand are available")
-            if (chosen.data_parallel >= self.grid.shape[0]
-                    or chosen.pipeline_stages >= self.grid.shape[1]
-                    or self.grid[chosen.data_parallel, chosen.pipeline_stages] <= 0):
+                    f"{num_available} spot + {self.num_on_demand} on-demand are available"
+                )
+            if (
+                chosen.data_parallel >= self.grid.shape[0]
+                or chosen.pipeline_stages >= self.grid.shape[1]
+                or self.grid[chosen.data_parallel, chosen.pipeline_stages] <= 0
+            ):
                 raise InvariantError(f"configuration {chosen} is not feasible for this model")
         self.reconfigurations += int(chosen != self.current or decision.downtime_s > 0)
         if chosen is None:
@@ -99,18 +108,29 @@ class SimulatedJob:
     def bill(self, spot_instance_s: float, seconds: float) -> None:
         """Pay ``spot_instance_s`` spot instance-seconds and ``seconds`` of the on-demand
         instances held now."""
-        self.cost_usd += (spot_instance_s * self.spot_usd_per_s
-                          + self.num_on_demand * seconds * self.on_demand_usd_per_s)
+        self.cost_usd += (
+            spot_instance_s * self.spot_usd_per_s
+            + self.num_on_demand * seconds * self.on_demand_usd_per_s
+        )
 
-    def measurements(self, configurations: list[tuple[int, int]],
-                     trained_s: dict[tuple[int, int], float],
-                     global_batch_size: int) -> tuple[Measurement, ...]:
+    def measurements(
+        self,
+        configurations: list[tuple[int, int]],
+        trained_s: dict[tuple[int, int], float],
+        global_batch_size: int,
+    ) -> tuple[Measurement, ...]:
         """The step time each configuration trains at, as the runtime measures it."""
         out = []
         for d, p in configurations:
             rate = float(self.grid[d, p])
-            out.append(Measurement(d, p, global_batch_size / rate,
-                                   max(1, int(trained_s[(d, p)] * rate / global_batch_size))))
+            out.append(
+                Measurement(
+                    d,
+                    p,
+                    global_batch_size / rate,
+                    max(1, int(trained_s[(d, p)] * rate / global_batch_size)),
+                )
+            )
         return tuple(out)
 
     def spot_in_use(self) -> int:

@@ -103,8 +103,9 @@ class Objective(ABC):
         return {}
 
     @abstractmethod
-    def recover(self, job: SimulatedJob, decision: Decision, num_available: int,
-                time_s: float) -> None:
+    def recover(
+        self, job: SimulatedJob, decision: Decision, num_available: int, time_s: float
+    ) -> None:
         """Apply the decision taken after a loss."""
 
     @abstractmethod
@@ -116,8 +117,9 @@ class Objective(ABC):
         """Dollars paid by the end of the interval just closed (or the finish)."""
 
     @abstractmethod
-    def outcome(self, job: SimulatedJob, trace: IntervalTrace,
-                intervals_replayed: int) -> dict[str, Any]:
+    def outcome(
+        self, job: SimulatedJob, trace: IntervalTrace, intervals_replayed: int
+    ) -> dict[str, Any]:
         """The run's figures beyond its series: ``cost_usd`` and the objective's own."""
 
 
@@ -145,9 +147,14 @@ class Throughput(Objective):
     spares are gone for the next interval), ``num_on_demand`` on-demand ones all along (or as
     decisions set them), every instance billed per second while held."""
 
-    def __init__(self, policy: str, context: PolicyContext, num_on_demand: int,
-                 actual: ConfigTable | None = None,
-                 learn: OnlineCalibration | None = None) -> None:
+    def __init__(
+        self,
+        policy: str,
+        context: PolicyContext,
+        num_on_demand: int,
+        actual: ConfigTable | None = None,
+        learn: OnlineCalibration | None = None,
+    ) -> None:
         self.policy_name = policy
         self.context = context
         self.num_on_demand = num_on_demand
@@ -172,12 +179,16 @@ class Throughput(Objective):
         if learn is None or interval.start_s < self.next_fit_s - 1e-9:
             return
         self.next_fit_s = interval.start_s + learn.every_s
-        measured = frozenset(c for c, seconds in self.trained_s.items()
-                             if seconds >= learn.min_trained_s)
+        measured = frozenset(
+            c for c, seconds in self.trained_s.items() if seconds >= learn.min_trained_s
+        )
         if measured != self.fitted_on:
             self.fitted_on = measured
-            table = learn.fit(job.measurements(sorted(measured), self.trained_s,
-                                               self.context.profile.global_batch_size))
+            table = learn.fit(
+                job.measurements(
+                    sorted(measured), self.trained_s, self.context.profile.global_batch_size
+                )
+            )
             self.policy = self.factory(dataclasses.replace(self.context, table=table))
 
     def adopt(self, job: SimulatedJob, decision: Decision, interval: Interval) -> None:
@@ -189,11 +200,11 @@ class Throughput(Objective):
     def on_loss(self, job: SimulatedJob, interval: Interval) -> None:
         # Lost instances were held until the loss (released spares sit last in the order).
         held, hit_s = interval.held, interval.hit_s
-        job.bill(held * hit_s + (held - interval.lost_held) * (interval.interval_s - hit_s),
-                 hit_s)
+        job.bill(held * hit_s + (held - interval.lost_held) * (interval.interval_s - hit_s), hit_s)
 
-    def recover(self, job: SimulatedJob, decision: Decision, num_available: int,
-                time_s: float) -> None:
+    def recover(
+        self, job: SimulatedJob, decision: Decision, num_available: int, time_s: float
+    ) -> None:
         job.apply(decision, num_available, time_s)
 
     def close(self, job: SimulatedJob, interval: Interval) -> bool:
@@ -204,14 +215,17 @@ class Throughput(Objective):
         if job.current is not None and job.samples > interval.samples_before:
             key = (job.current.data_parallel, job.current.pipeline_stages)
             self.trained_s[key] = self.trained_s.get(key, 0.0) + (
-                job.samples - interval.samples_before) / float(job.grid[key])
+                job.samples - interval.samples_before
+            ) / float(job.grid[key])
         return False
 
     def paid_usd(self, job: SimulatedJob, interval: Interval) -> float:
         return job.cost_usd
 
-    def outcome(self, job: SimulatedJob, trace: IntervalTrace,
-                intervals_replayed: int) -> dict[str, Any]:
-        logger.info("%s on %s: %.0f samples, $%.2f", self.policy_name, trace.name, job.samples,
-                    job.cost_usd)
+    def outcome(
+        self, job: SimulatedJob, trace: IntervalTrace, intervals_replayed: int
+    ) -> dict[str, Any]:
+        logger.info(
+            "%s on %s: %.0f samples, $%.2f", self.policy_name, trace.name, job.samples, job.cost_usd
+        )
         return {"cost_usd": float(job.cost_usd)}

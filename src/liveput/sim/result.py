@@ -86,8 +86,7 @@ class PolicyRun:
             "usd_per_1k_samples": self.usd_per_1k_samples,
             "reconfigurations": self.reconfigurations,
             "downtime_s": self.downtime_s,
-            "fraction_of_ideal": (self.samples / ideal_samples
-                                  if ideal_samples else None),
+            "fraction_of_ideal": (self.samples / ideal_samples if ideal_samples else None),
         }
 
 

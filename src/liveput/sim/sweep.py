@@ -45,13 +45,21 @@ class SweepRow:
 
 def default_sweep_traces(interval_s: float = 60.0, hours: float = 12.0) -> list[IntervalTrace]:
     """The project's own generated traces of the sweep: one per market regime."""
-    return [generate_trace(16 if regime == "v100-like" else 32, hours, seed=index, regime=regime)
-            .resample(interval_s) for index, regime in enumerate(SWEEP_REGIMES)]
+    return [
+        generate_trace(
+            16 if regime == "v100-like" else 32, hours, seed=index, regime=regime
+        ).resample(interval_s)
+        for index, regime in enumerate(SWEEP_REGIMES)
+    ]
 
 
-def sweep(models: Sequence[str], traces: Sequence[IntervalTrace], policies: Sequence[str],
-          config: SimulationConfig | None = None,
-          on_cell: Callable[[str, str], None] | None = None) -> list[SweepRow]:
+def sweep(
+    models: Sequence[str],
+    traces: Sequence[IntervalTrace],
+    policies: Sequence[str],
+    config: SimulationConfig | None = None,
+    on_cell: Callable[[str, str], None] | None = None,
+) -> list[SweepRow]:
     """Simulate every policy for every model on every trace."""
     config = config or SimulationConfig()
     profiles = {model: load_profile(model) for model in models}
@@ -61,11 +69,17 @@ def sweep(models: Sequence[str], traces: Sequence[IntervalTrace], policies: Sequ
             result = simulate(trace, profile, list(policies), config)
             reactive = result.runs["reactive"].samples if "reactive" in result.runs else 0.0
             for name, run in result.runs.items():
-                rows.append(SweepRow(
-                    model=model, trace=trace.name, policy=name, samples=run.samples,
-                    cost_usd=run.cost_usd,
-                    vs_reactive=run.samples / reactive if reactive > 0 else None,
-                    vs_ideal=result.fraction_of_ideal(name)))
+                rows.append(
+                    SweepRow(
+                        model=model,
+                        trace=trace.name,
+                        policy=name,
+                        samples=run.samples,
+                        cost_usd=run.cost_usd,
+                        vs_reactive=run.samples / reactive if reactive > 0 else None,
+                        vs_ideal=result.fraction_of_ideal(name),
+                    )
+                )
             if on_cell is not None:
                 on_cell(model, trace.name)
     return rows
@@ -99,22 +113,35 @@ class DeadlineSweepRow:
     """Of which on-demand."""
 
     @classmethod
-    def of(cls, trace: str, factor: float, deadline_hours: float, seed: int,
-           run: PolicyRun) -> DeadlineSweepRow:
+    def of(
+        cls, trace: str, factor: float, deadline_hours: float, seed: int, run: PolicyRun
+    ) -> DeadlineSweepRow:
         """The row of a deadline job's run (one whose deadline fields are filled)."""
         if run.deadline_met is None or run.hours_late is None or run.usd_on_demand is None:
             raise ValueError(f"{run.policy}: not a deadline job's run")
-        return cls(trace=trace, factor=factor, deadline_hours=deadline_hours, seed=seed,
-                   policy=run.policy, deadline_met=run.deadline_met, hours_late=run.hours_late,
-                   usd=run.cost_usd, usd_on_demand=run.usd_on_demand)
+        return cls(
+            trace=trace,
+            factor=factor,
+            deadline_hours=deadline_hours,
+            seed=seed,
+            policy=run.policy,
+            deadline_met=run.deadline_met,
+            hours_late=run.hours_late,
+            usd=run.cost_usd,
+            usd_on_demand=run.usd_on_demand,
+        )
 
 
-def deadline_sweep(traces: Sequence[IntervalTrace], profile: ModelProfile, objective: JobObjective,
-                   factors: Sequence[float] = SWEEP_FACTORS, seeds: Sequence[int] = (0,),
-                   policies: Sequence[str] = DEADLINE_POLICY_NAMES,
-                   config: SimulationConfig | None = None,
-                   on_cell: Callable[[str, float, int], None] | None = None,
-                   ) -> list[DeadlineSweepRow]:
+def deadline_sweep(
+    traces: Sequence[IntervalTrace],
+    profile: ModelProfile,
+    objective: JobObjective,
+    factors: Sequence[float] = SWEEP_FACTORS,
+    seeds: Sequence[int] = (0,),
+    policies: Sequence[str] = DEADLINE_POLICY_NAMES,
+    config: SimulationConfig | None = None,
+    on_cell: Callable[[str, float, int], None] | None = None,
+) -> list[DeadlineSweepRow]:
     """Every policy on every trace, deadline (``factor x`` the all-on-demand time) and seed; the
     objective gives the work, budget and on-demand cap (its deadline is replaced)."""
     config = config or SimulationConfig()
@@ -124,10 +151,13 @@ def deadline_sweep(traces: Sequence[IntervalTrace], profile: ModelProfile, objec
         for factor in factors:
             job = dataclasses.replace(objective, deadline_hours=factor * base_hours)
             for seed in seeds:
-                result = simulate_deadline(trace, profile, job, policies,
-                                           dataclasses.replace(config, seed=seed))
-                rows += [DeadlineSweepRow.of(trace.name, factor, job.deadline_hours, seed, run)
-                         for run in result.runs.values()]
+                result = simulate_deadline(
+                    trace, profile, job, policies, dataclasses.replace(config, seed=seed)
+                )
+                rows += [
+                    DeadlineSweepRow.of(trace.name, factor, job.deadline_hours, seed, run)
+                    for run in result.runs.values()
+                ]
                 if on_cell is not None:
                     on_cell(trace.name, factor, seed)
     return rows

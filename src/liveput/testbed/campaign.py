@@ -81,8 +81,9 @@ class CampaignConfig:
         if self.faults < 1 or self.faults_per_run < 1 or self.lanes < 1 or self.workers < 2:
             raise ValueError("CampaignConfig: faults, faults_per_run, lanes >= 1 and workers >= 2")
         if self.steps_per_fault < 1 or self.extra_steps < 0 or self.run_timeout_s <= 0:
-            raise ValueError("CampaignConfig: steps_per_fault >= 1, extra_steps >= 0, "
-                             "run_timeout_s > 0")
+            raise ValueError(
+                "CampaignConfig: steps_per_fault >= 1, extra_steps >= 0, run_timeout_s > 0"
+            )
 
 
 @dataclass
@@ -120,7 +121,8 @@ class CampaignResult:
             finite = [v for v in values if v == v]
             downtime_by_kind[kind] = {
                 "median": round(float(np.median(finite)), 3) if finite else None,
-                "p95": round(float(np.percentile(finite, 95)), 3) if finite else None}
+                "p95": round(float(np.percentile(finite, 95)), 3) if finite else None,
+            }
         return {
             "faults": len(done),
             "by_kind": {kind: len(values) for kind, values in sorted(by_kind.items())},
@@ -139,12 +141,17 @@ class _Tmpfs:
 
     def __init__(self, size_mib: int = 24) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="liveput-chaos-ckpt-"))
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs",
-                                 str(self.path)], capture_output=True, text=True, timeout=20)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(self.path)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         if result.returncode != 0:
             self.path.rmdir()
-            raise TestbedError(f"cannot mount a tmpfs for the checkpoints (root needed): "
-                               f"{result.stderr.strip()}")
+            raise TestbedError(
+                f"cannot mount a tmpfs for the checkpoints (root needed): {result.stderr.strip()}"
+            )
 
     def close(self) -> None:
         subprocess.run(["umount", str(self.path)], capture_output=True, timeout=20)
@@ -156,8 +163,7 @@ def _committed_after(cluster: ChaosCluster, time_s: float) -> Callable[[], bool]
     return lambda: any(c > time_s for c in cluster.commit_times())
 
 
-def _ledger_counts(store: Store, global_batch_size: int,
-                   steps: int) -> tuple[int, int, list[str]]:
+def _ledger_counts(store: Store, global_batch_size: int, steps: int) -> tuple[int, int, list[str]]:
     """(lost, doubled, problems) of a run's ledger."""
     report = verify_ledger(store, global_batch_size, steps)
     # Steps folded into the ledger's summary were proven applied once when folded.
@@ -181,8 +187,9 @@ class _Lane:
     tmpfs: Path
 
 
-def _job_and_reference(references: dict, lock: threading.Lock,
-                       steps: int) -> tuple[Job, list[dict[str, torch.Tensor]]]:
+def _job_and_reference(
+    references: dict, lock: threading.Lock, steps: int
+) -> tuple[Job, list[dict[str, torch.Tensor]]]:
     """The campaign's job and its fault-free parameters after ``steps`` steps. Under the lock:
     building a job seeds torch's global generator (a lane building one while another lane's was
     being initialized changed both), and lanes ask for the same step counts."""
@@ -193,17 +200,29 @@ def _job_and_reference(references: dict, lock: threading.Lock,
         return job, references[steps]
 
 
-def _run(index: int, plan: RunPlan, config: CampaignConfig, lane: _Lane, references: dict,
-         lock: threading.Lock) -> RunOutcome:
+def _run(
+    index: int,
+    plan: RunPlan,
+    config: CampaignConfig,
+    lane: _Lane,
+    references: dict,
+    lock: threading.Lock,
+) -> RunOutcome:
     steps = config.steps_per_fault * len(plan.faults) + config.extra_steps
     job, reference = _job_and_reference(references, lock, steps)
     started = time.monotonic()
     rng = random.Random(plan.seed)
     with tempfile.TemporaryDirectory(prefix="liveput-chaos-") as directory:
         checkpoints = lane.tmpfs / f"run-{index}"
-        cluster = ChaosCluster(ClusterConfig(steps=steps, workers=config.workers,
-                                             capacity=config.workers + 2, store=plan.store),
-                               lane.hosts, Path(directory), checkpoints, lane.etcd)
+        cluster = ChaosCluster(
+            ClusterConfig(
+                steps=steps, workers=config.workers, capacity=config.workers + 2, store=plan.store
+            ),
+            lane.hosts,
+            Path(directory),
+            checkpoints,
+            lane.etcd,
+        )
         done: list[tuple[str, float]] = []
         downtimes: list[float] = []
         skipped: list[str] = []
@@ -231,18 +250,21 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, lane: _Lane, referen
             code = cluster.wait_done(config.run_timeout_s - (time.monotonic() - started))
             if code != 0:
                 raise TestbedError(f"the coordinator exited with code {code}")
-            lost, doubled, problems = _ledger_counts(cluster.started_store(),
-                                                     job.global_batch_size, steps)
-            mismatches = parameter_mismatches(final_parameters(checkpoints, job.num_layers),
-                                              reference)
+            lost, doubled, problems = _ledger_counts(
+                cluster.started_store(), job.global_batch_size, steps
+            )
+            mismatches = parameter_mismatches(
+                final_parameters(checkpoints, job.num_layers), reference
+            )
             equal = not mismatches
             if problems or mismatches:
                 error = f"ledger: {problems[:3]}; parameters differ: {mismatches[:3]}"
         except (TestbedError, OSError, RuntimeError) as failure:
             error = str(failure)[:300]
             try:
-                lost, doubled, _ = _ledger_counts(cluster.started_store(),
-                                                  job.global_batch_size, steps)
+                lost, doubled, _ = _ledger_counts(
+                    cluster.started_store(), job.global_batch_size, steps
+                )
             except Exception:  # noqa: BLE001 - the store may be what failed
                 lost = steps
         finally:
@@ -252,15 +274,26 @@ def _run(index: int, plan: RunPlan, config: CampaignConfig, lane: _Lane, referen
                 kept = Path(config.kept_logs) / f"seed{config.seed}-run{index}"
                 shutil.rmtree(kept, ignore_errors=True)
                 shutil.copytree(cluster.logs, kept)
-                (kept / "faults.txt").write_text("".join(
-                    f"{kind} at unix {began:.3f}\n" for kind, began in done) + f"error: {error}\n")
+                (kept / "faults.txt").write_text(
+                    "".join(f"{kind} at unix {began:.3f}\n" for kind, began in done)
+                    + f"error: {error}\n"
+                )
                 error += f" (logs kept in {kept})"
             shutil.rmtree(checkpoints, ignore_errors=True)
     # A fault the run ended during (no wait finished) is timed from what the store held last.
-    downtimes += [_downtime(began, commits) for _, began in done[len(downtimes):]]
+    downtimes += [_downtime(began, commits) for _, began in done[len(downtimes) :]]
     downtimes = [d if d == d else _downtime(b, commits) for d, (_, b) in zip(downtimes, done)]
-    return RunOutcome(index, plan.store, [(kind, d) for (kind, _), d in zip(done, downtimes)],
-                      skipped, lost, doubled, equal, time.monotonic() - started, error)
+    return RunOutcome(
+        index,
+        plan.store,
+        [(kind, d) for (kind, _), d in zip(done, downtimes)],
+        skipped,
+        lost,
+        doubled,
+        equal,
+        time.monotonic() - started,
+        error,
+    )
 
 
 def _commit_times(cluster: ChaosCluster) -> list[float]:
@@ -278,8 +311,9 @@ def _lane_subnet(config: CampaignConfig, lane: int) -> str:
     return f"10.{80 + pid % 100}.{(pid // 100 + lane) % 250}"
 
 
-def run_campaign(config: CampaignConfig,
-                 on_run: Callable[[RunOutcome], None] | None = None) -> CampaignResult:
+def run_campaign(
+    config: CampaignConfig, on_run: Callable[[RunOutcome], None] | None = None
+) -> CampaignResult:
     """Run runs until ``config.faults`` faults are done; ``on_run(outcome)`` after each (from
     the lane that ran it, one call at a time)."""
     started = time.monotonic()
@@ -292,11 +326,12 @@ def run_campaign(config: CampaignConfig,
         for number in range(config.lanes):
             tmpfs = _Tmpfs()
             stack.callback(tmpfs.close)
-            hosts = stack.enter_context(NetnsHosts(config.workers + 4,
-                                                   subnet=_lane_subnet(config, number),
-                                                   gateway=True))
-            etcd_dir = stack.enter_context(tempfile.TemporaryDirectory(
-                prefix="liveput-chaos-etcd-"))
+            hosts = stack.enter_context(
+                NetnsHosts(config.workers + 4, subnet=_lane_subnet(config, number), gateway=True)
+            )
+            etcd_dir = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="liveput-chaos-etcd-")
+            )
             etcd = EtcdServer(Path(etcd_dir) / "data", host=hosts.gateway_address)
             etcd.start()
             stack.callback(etcd.stop)
@@ -311,8 +346,17 @@ def run_campaign(config: CampaignConfig,
                         outcome = _run(index, plan, config, lane, references, lock)
                     except Exception as failure:  # noqa: BLE001 - a lane must not stop the rest
                         LOG.exception("run %d failed outside its checks", index)
-                        outcome = RunOutcome(index, plan.store, [], list(plan.faults), 0, 0,
-                                             False, 0.0, f"{type(failure).__name__}: {failure}")
+                        outcome = RunOutcome(
+                            index,
+                            plan.store,
+                            [],
+                            list(plan.faults),
+                            0,
+                            0,
+                            False,
+                            0.0,
+                            f"{type(failure).__name__}: {failure}",
+                        )
                     with lock:
                         result.runs.append(outcome)
                         if on_run is not None:
@@ -321,15 +365,18 @@ def run_campaign(config: CampaignConfig,
                     todo.task_done()
             todo.task_done()
 
-        threads = [threading.Thread(target=work, args=(lane,), name=f"lane-{n}", daemon=True)
-                   for n, lane in enumerate(lanes)]
+        threads = [
+            threading.Thread(target=work, args=(lane,), name=f"lane-{n}", daemon=True)
+            for n, lane in enumerate(lanes)
+        ]
         for thread in threads:
             thread.start()
         try:
             round_seed, dealt = config.seed, 0
             while (done := sum(len(r.faults) for r in result.runs)) < config.faults:
-                for plan in draw_campaign(config.faults - done, round_seed,
-                                          config.faults_per_run, config.kinds):
+                for plan in draw_campaign(
+                    config.faults - done, round_seed, config.faults_per_run, config.kinds
+                ):
                     todo.put((dealt, plan))
                     dealt += 1
                 todo.join()

@@ -161,8 +161,12 @@ class ChaosCluster:
             self.start_agent()
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "LIVEPUT_TOKEN": TOKEN, "TORCH_CPP_LOG_LEVEL": "FATAL",
-                **dict(self.config.environment)}
+        return {
+            **os.environ,
+            "LIVEPUT_TOKEN": TOKEN,
+            "TORCH_CPP_LOG_LEVEL": "FATAL",
+            **dict(self.config.environment),
+        }
 
     def start_coordinator(self) -> None:
         if self.coordinator is not None and self.coordinator.poll() is None:
@@ -170,13 +174,40 @@ class ChaosCluster:
         c = self.config
         with open(self.logs / "coordinator.log", "ab") as log:
             self.coordinator = subprocess.Popen(
-                [sys.executable, "-m", "liveput.cli.main", "-v", "coordinator", "--store",
-                 self.url, "--model", c.job, "--steps", str(c.steps), "--workers",
-                 str(c.workers), "--capacity", str(c.capacity), "--checkpoint-dir",
-                 str(self.checkpoint_dir), "--checkpoint-every", str(c.checkpoint_every),
-                 "--interval", str(c.interval_s), "--heartbeat-timeout",
-                 str(c.heartbeat_timeout_s), "--start-grace", "60", "--policy", c.policy],
-                env=self._env(), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+                [
+                    sys.executable,
+                    "-m",
+                    "liveput.cli.main",
+                    "-v",
+                    "coordinator",
+                    "--store",
+                    self.url,
+                    "--model",
+                    c.job,
+                    "--steps",
+                    str(c.steps),
+                    "--workers",
+                    str(c.workers),
+                    "--capacity",
+                    str(c.capacity),
+                    "--checkpoint-dir",
+                    str(self.checkpoint_dir),
+                    "--checkpoint-every",
+                    str(c.checkpoint_every),
+                    "--interval",
+                    str(c.interval_s),
+                    "--heartbeat-timeout",
+                    str(c.heartbeat_timeout_s),
+                    "--start-grace",
+                    "60",
+                    "--policy",
+                    c.policy,
+                ],
+                env=self._env(),
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
 
     def kill_coordinator(self) -> None:
         """SIGKILL the coordinator (it keeps nothing but what the store holds)."""
@@ -197,10 +228,26 @@ class ChaosCluster:
         self._next_instance += 1
         host = self.free_host()
         with open(self.logs / f"agent-{instance}.log", "ab") as log:
-            process = self.hosts.popen(host, [
-                sys.executable, "-m", "liveput.runtime", "--store", self.url, "--instance",
-                str(instance), "--notices", "sigterm", "--host", self.hosts.address(host)],
-                env=self._env(), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            process = self.hosts.popen(
+                host,
+                [
+                    sys.executable,
+                    "-m",
+                    "liveput.runtime",
+                    "--store",
+                    self.url,
+                    "--instance",
+                    str(instance),
+                    "--notices",
+                    "sigterm",
+                    "--host",
+                    self.hosts.address(host),
+                ],
+                env=self._env(),
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
         self.agents[instance] = AgentProcess(instance, host, process)
         return instance
 
@@ -276,11 +323,14 @@ class ChaosCluster:
 
     def commit_times(self) -> list[float]:
         """Unix times of every step committed, every epoch."""
-        return sorted(json.loads(raw)["committed_unix_s"]
-                      for raw in self.store.get_prefix(keys.LEDGER.prefix).values())
+        return sorted(
+            json.loads(raw)["committed_unix_s"]
+            for raw in self.store.get_prefix(keys.LEDGER.prefix).values()
+        )
 
-    def wait_until(self, condition: Callable[[], bool], timeout_s: float,
-                   poll_s: float = 0.05) -> bool:
+    def wait_until(
+        self, condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.05
+    ) -> bool:
         """Whether ``condition()`` held within ``timeout_s`` (False too once the job ended)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

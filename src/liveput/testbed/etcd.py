@@ -58,9 +58,17 @@ class EtcdServer:
     def _local(self) -> LocalEtcd:
         # The coordinator's own way of running etcd (liveput.runtime.store.etcd_server), killed
         # with the thread that started it: a test run killed hard leaves no etcd on a shared machine.
-        return LocalEtcd(EtcdConfig(self.data_dir, host=self.host, client_port=self.client_port,
-                                    peer_port=self.peer_port, name="liveput-test",
-                                    start_timeout_s=ETCD_START_TIMEOUT_S, die_with_parent=True))
+        return LocalEtcd(
+            EtcdConfig(
+                self.data_dir,
+                host=self.host,
+                client_port=self.client_port,
+                peer_port=self.peer_port,
+                name="liveput-test",
+                start_timeout_s=ETCD_START_TIMEOUT_S,
+                die_with_parent=True,
+            )
+        )
 
     def start(self) -> None:
         """Start etcd (same ports, same data) and wait until it answers; fails loudly if not."""
@@ -94,7 +102,9 @@ class EtcdServer:
     def wipe(self) -> None:
         """Delete every key (etcd must be running)."""
         body = b'{"key": "AA==", "range_end": "AA=="}'  # "\0".."\0": the whole keyspace
-        request = urllib.request.Request(self.http_url + "/v3/kv/deleterange", data=body, method="POST")
+        request = urllib.request.Request(
+            self.http_url + "/v3/kv/deleterange", data=body, method="POST"
+        )
         with urllib.request.urlopen(request, timeout=5) as resp:
             if resp.status != 200:
                 raise TestbedError(f"etcd wipe answered HTTP {resp.status}")

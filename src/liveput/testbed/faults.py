@@ -44,8 +44,8 @@ FAULT_KINDS: dict[str, str] = {
     "store-outage": "etcd down for 10-60 s",
     "disk-full": "the checkpoint tmpfs full for two checkpoint intervals",
     "corrupt-checkpoint": "a layer file of the newest checkpoint truncated or bit-flipped, then "
-                          "every instance SIGKILLed (the restore must refuse it by its "
-                          "signature and use the one before)",
+    "every instance SIGKILLed (the restore must refuse it by its "
+    "signature and use the one before)",
     "late-joiner": "a new instance starts during the migration away from a noticed one",
     "notice-for-gone": "a preemption notice for an instance already SIGKILLed",
 }
@@ -68,8 +68,9 @@ class RunPlan:
     """Seeds this run's choices (victims, durations)."""
 
 
-def draw_campaign(num_faults: int, seed: int, faults_per_run: int = 8,
-                  kinds: tuple[str, ...] = tuple(FAULT_KINDS)) -> list[RunPlan]:
+def draw_campaign(
+    num_faults: int, seed: int, faults_per_run: int = 8, kinds: tuple[str, ...] = tuple(FAULT_KINDS)
+) -> list[RunPlan]:
     """``num_faults`` faults of ``kinds`` dealt into runs of about ``faults_per_run``, half TCP,
     half etcd."""
     if num_faults < 1 or faults_per_run < 1:
@@ -95,8 +96,9 @@ def draw_campaign(num_faults: int, seed: int, faults_per_run: int = 8,
         min(runs, key=len).append(kind)
     for faults in runs:
         rng.shuffle(faults)
-    return [RunPlan(stores[i], tuple(runs[i]), rng.randrange(2**31)) for i in range(num_runs)
-            if runs[i]]
+    return [
+        RunPlan(stores[i], tuple(runs[i]), rng.randrange(2**31)) for i in range(num_runs) if runs[i]
+    ]
 
 
 class Injector:
@@ -118,8 +120,11 @@ class Injector:
         if plan is None:
             return []
         alive = set(self.cluster.alive())
-        return sorted(i for i, s in plan.slots.items() if s is not None and i in alive
-                      and not self.cluster.agents[i].stopped)
+        return sorted(
+            i
+            for i, s in plan.slots.items()
+            if s is not None and i in alive and not self.cluster.agents[i].stopped
+        )
 
     def _victim(self) -> int | None:
         working = self._working()
@@ -183,7 +188,8 @@ class Injector:
         return began
 
     def _notice_and_wait_plan(
-            self, timeout_s: float = 15.0) -> tuple[float, int, RuntimePlan | None] | None:
+        self, timeout_s: float = 15.0
+    ) -> tuple[float, int, RuntimePlan | None] | None:
         """Notice a working agent; (notice time, the plan that follows) or None."""
         plan = self.cluster.plan()
         victim = self._victim()
@@ -210,8 +216,9 @@ class Injector:
             return None
         began, victim, plan = noticed
         if plan is not None:
-            moving = sorted({t.source for t in plan.transfers} | {t.destination
-                                                                 for t in plan.transfers})
+            moving = sorted(
+                {t.source for t in plan.transfers} | {t.destination for t in plan.transfers}
+            )
             candidates = [i for i in (moving or plan.world) if i in self.cluster.alive()]
             if candidates:
                 target = self.rng.choice(candidates)
@@ -229,14 +236,21 @@ class Injector:
         every = self.cluster.config.checkpoint_every
         start = self.cluster.committed()
         target = (start // every + 1) * every - 1  # the next step that checkpoints
-        if not self.cluster.wait_until(lambda: self.cluster.committed() >= target, 30.0,
-                                       poll_s=0.005):
+        if not self.cluster.wait_until(
+            lambda: self.cluster.committed() >= target, 30.0, poll_s=0.005
+        ):
             return None
         plan = self.cluster.plan()
         if plan is None:
             return None
-        savers = [i for i, s in plan.slots.items() if s is not None and s[0] == 0
-                  and i in self.cluster.alive() and not self.cluster.agents[i].stopped]
+        savers = [
+            i
+            for i, s in plan.slots.items()
+            if s is not None
+            and s[0] == 0
+            and i in self.cluster.alive()
+            and not self.cluster.agents[i].stopped
+        ]
         if not savers:
             return None
         began = time.time()
@@ -308,7 +322,8 @@ class Injector:
         start = self.cluster.committed()
         self.cluster.wait_until(
             lambda: self.cluster.committed() >= start + 2 * self.cluster.config.checkpoint_every,
-            20.0)
+            20.0,
+        )
         filler.unlink()
         return began
 
@@ -317,14 +332,17 @@ class Injector:
             step = latest_checkpoint(self.cluster.started_store())
         except Exception:  # noqa: BLE001 - the store is restarting: nothing to aim at
             return None
-        files = [] if step is None else \
-            sorted((self.cluster.checkpoint_dir / f"step-{step}").glob("layer-*.pt"))
+        files = (
+            []
+            if step is None
+            else sorted((self.cluster.checkpoint_dir / f"step-{step}").glob("layer-*.pt"))
+        )
         if not files:
             return None
         victim = self.rng.choice(files)
         data = bytearray(victim.read_bytes())
         if self.rng.random() < 0.5:
-            data = data[:self.rng.randrange(len(data))]  # truncated
+            data = data[: self.rng.randrange(len(data))]  # truncated
         else:
             data[self.rng.randrange(len(data))] ^= 1 << self.rng.randrange(8)  # one bit flipped
         victim.write_bytes(bytes(data))
@@ -356,4 +374,3 @@ class Injector:
             LOG.warning("notice for gone instance %d not written", victim)
         self._replace()
         return began
-

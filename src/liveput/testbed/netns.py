@@ -29,7 +29,9 @@ _netns_serial = itertools.count()
 def _ip(*args: str) -> None:
     binary = shutil.which("ip")
     if not binary:
-        raise TestbedError("`ip` is not installed: run `make system-deps` (Debian package iproute2)")
+        raise TestbedError(
+            "`ip` is not installed: run `make system-deps` (Debian package iproute2)"
+        )
     result = subprocess.run([binary, *args], capture_output=True, text=True, timeout=20)
     if result.returncode != 0:
         raise TestbedError(f"ip {' '.join(args)}: {result.stderr.strip()}")
@@ -56,7 +58,9 @@ class NetnsHosts:
             raise ValueError(f"NetnsHosts count must be in [1, 200], got {self.count}")
         octets = self.subnet.split(".")
         if len(octets) != 3 or not all(o.isdigit() and int(o) < 256 for o in octets):
-            raise ValueError(f"NetnsHosts subnet must be three octets (10.77.0), got {self.subnet!r}")
+            raise ValueError(
+                f"NetnsHosts subnet must be three octets (10.77.0), got {self.subnet!r}"
+            )
 
     def address(self, index: int) -> str:
         """Host ``index``'s address; reachable only from inside the hosts' namespaces (and from
@@ -81,7 +85,20 @@ class NetnsHosts:
                 _ip("netns", "add", name)
                 self.names.append(name)
                 port = f"port{index}"
-                _ip("link", "add", "eth0", "netns", name, "type", "veth", "peer", "name", port, "netns", self.switch)
+                _ip(
+                    "link",
+                    "add",
+                    "eth0",
+                    "netns",
+                    name,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    port,
+                    "netns",
+                    self.switch,
+                )
                 _ip("-n", self.switch, "link", "set", port, "master", "br0")
                 _ip("-n", self.switch, "link", "set", port, "up")
                 _ip("-n", name, "addr", "add", f"{self.address(index)}/24", "dev", "eth0")
@@ -89,7 +106,18 @@ class NetnsHosts:
                 _ip("-n", name, "link", "set", "lo", "up")
             if self.gateway:
                 # Root-side end named after the tag: deleting the switch namespace deletes it.
-                _ip("link", "add", f"{tag}gw", "type", "veth", "peer", "name", "gw", "netns", self.switch)
+                _ip(
+                    "link",
+                    "add",
+                    f"{tag}gw",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "gw",
+                    "netns",
+                    self.switch,
+                )
                 _ip("-n", self.switch, "link", "set", "gw", "master", "br0")
                 _ip("-n", self.switch, "link", "set", "gw", "up")
                 _ip("addr", "add", f"{self.gateway_address}/24", "dev", f"{tag}gw")
@@ -104,13 +132,19 @@ class NetnsHosts:
         binary = shutil.which("ip") or "ip"
         return [binary, "netns", "exec", self.names[index], *command]
 
-    def popen(self, index: int, command: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
+    def popen(
+        self, index: int, command: Sequence[str], **kwargs: object
+    ) -> subprocess.Popen[bytes]:
         """Start ``command`` inside host ``index``'s namespace."""
         return subprocess.Popen(self.argv(index, command), **kwargs)  # type: ignore[call-overload]
 
-    def run(self, index: int, command: Sequence[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, index: int, command: Sequence[str], *, timeout_s: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``command`` in host ``index``'s namespace to completion; output captured as text."""
-        return subprocess.run(self.argv(index, command), capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(
+            self.argv(index, command), capture_output=True, text=True, timeout=timeout_s
+        )
 
     def set_link(self, index: int, up: bool) -> None:
         """Take host ``index``'s network link down (a partition: it reaches nobody, nobody

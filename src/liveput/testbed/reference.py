@@ -19,8 +19,14 @@ from liveput.runtime.layer_state import LayerState, fresh_layer
 from liveput.runtime.optimizer_step import OptimizerStep
 from liveput.runtime.schedule import StagePosition, compute_gradients
 
-__all__ = ["RTOL", "ATOL", "reference_layers", "reference_parameters", "final_parameters",
-           "parameter_mismatches"]
+__all__ = [
+    "RTOL",
+    "ATOL",
+    "reference_layers",
+    "reference_parameters",
+    "final_parameters",
+    "parameter_mismatches",
+]
 
 RTOL = 1e-4
 """Relative tolerance of a parameter against the reference (``torch.allclose``)."""
@@ -35,10 +41,14 @@ def reference_layers(job: Job, steps: int, device: str = "cpu") -> list[LayerSta
     layers = [fresh_layer(job, i, torch.device(device)) for i in range(job.num_layers)]
     update = OptimizerStep(job.training)
     for step in range(steps):
-        loss = compute_gradients(job, layers, StagePosition(0, 0, 1, 1, None, None), None, step,
-                                 update.loss_scale)
-        update.apply(layers, step, update.decide(layers, job.num_layers,
-                                                 nonfinite_loss=not math.isfinite(loss)))
+        loss = compute_gradients(
+            job, layers, StagePosition(0, 0, 1, 1, None, None), None, step, update.loss_scale
+        )
+        update.apply(
+            layers,
+            step,
+            update.decide(layers, job.num_layers, nonfinite_loss=not math.isfinite(loss)),
+        )
     return layers
 
 
@@ -54,12 +64,17 @@ def final_parameters(checkpoint_dir: str | Path, num_layers: int) -> list[dict[s
     return [reader.load_layer_file(f"final/layer-{i}.pt")["module"] for i in range(num_layers)]
 
 
-def parameter_mismatches(got: list[dict[str, torch.Tensor]],
-                         want: list[dict[str, torch.Tensor]]) -> list[str]:
+def parameter_mismatches(
+    got: list[dict[str, torch.Tensor]], want: list[dict[str, torch.Tensor]]
+) -> list[str]:
     """``layer.name`` of every parameter of ``got`` not allclose to ``want`` (empty: equal)."""
     if len(got) != len(want):
         return [f"{len(got)} layers, not {len(want)}"]
-    return [f"{index}.{name}" for index, (layer_got, layer_want) in enumerate(zip(got, want))
-            for name, value in layer_want.items()
-            if name not in layer_got or layer_got[name].shape != value.shape
-            or not torch.allclose(layer_got[name], value, rtol=RTOL, atol=ATOL)]
+    return [
+        f"{index}.{name}"
+        for index, (layer_got, layer_want) in enumerate(zip(got, want))
+        for name, value in layer_want.items()
+        if name not in layer_got
+        or layer_got[name].shape != value.shape
+        or not torch.allclose(layer_got[name], value, rtol=RTOL, atol=ATOL)
+    ]

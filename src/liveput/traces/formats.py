@@ -72,9 +72,11 @@ def read_trace(path: str | Path, fmt: str | None = None) -> Trace:
         raise LiveputError(f"{path}: empty trace file")
     trace = _READERS[fmt](text, str(path))
     if trace.end_s > MAX_SPAN_S:
-        raise LiveputError(f"{path}: the trace spans {trace.end_s / 86_400:.4g} days, more than "
-                           f"the {MAX_SPAN_S / 86_400:.0f} a trace may (a timestamp in the wrong "
-                           "unit, or a stray digit?)")
+        raise LiveputError(
+            f"{path}: the trace spans {trace.end_s / 86_400:.4g} days, more than "
+            f"the {MAX_SPAN_S / 86_400:.0f} a trace may (a timestamp in the wrong "
+            "unit, or a stray digit?)"
+        )
     return trace
 
 
@@ -139,10 +141,15 @@ def _parse_json(text: str, path: str) -> Trace:
         raise LiveputError(f"{path}:1: count JSON needs a `data` list")
     metadata = document.get("metadata") or {}
     gap = metadata.get("gap_seconds", 0) if isinstance(metadata, dict) else 0
-    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) \
-            or not 0 < gap <= MAX_SPAN_S:
-        raise LiveputError(f"{path}:1: count JSON needs metadata.gap_seconds, a number of "
-                           f"seconds > 0, got {gap!r}")
+    if (
+        isinstance(gap, bool)
+        or not isinstance(gap, (int, float))
+        or not math.isfinite(gap)
+        or not 0 < gap <= MAX_SPAN_S
+    ):
+        raise LiveputError(
+            f"{path}:1: count JSON needs metadata.gap_seconds, a number of seconds > 0, got {gap!r}"
+        )
     gap_s = float(gap)
     data = document["data"]
     if not isinstance(data, list) or not data:
@@ -153,8 +160,10 @@ def _parse_json(text: str, path: str) -> Trace:
     prices = document.get("prices")
     price = None
     if isinstance(prices, list) and prices:
-        if not all(isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p)
-                   and p >= 0 for p in prices):
+        if not all(
+            isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p >= 0
+            for p in prices
+        ):
             raise LiveputError(f"{path}: `prices` must be finite numbers >= 0")
         price = float(np.mean(prices))
     times = np.arange(len(data)) * gap_s
@@ -281,7 +290,9 @@ def _json_text(trace: Trace, gap_s: float) -> str:
     return json.dumps(document) + "\n"
 
 
-def write_trace(trace: Trace, path: str | Path, fmt: str | None = None, gap_s: float = 60.0) -> None:
+def write_trace(
+    trace: Trace, path: str | Path, fmt: str | None = None, gap_s: float = 60.0
+) -> None:
     """Write ``trace`` atomically (temp file then rename): a failure never corrupts ``path``.
 
     ``fmt`` defaults to ``json`` for a ``.json`` path, else ``events``. The count JSON samples the

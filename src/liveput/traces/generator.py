@@ -76,7 +76,12 @@ class Regime:
     """Capacity the regime was fitted at, instances: one zone (larger capacities are zones)."""
 
     def __post_init__(self) -> None:
-        probabilities = (self.preempt_prob, self.wipeout_prob, self.alloc_max_prob, self.refill_prob)
+        probabilities = (
+            self.preempt_prob,
+            self.wipeout_prob,
+            self.alloc_max_prob,
+            self.refill_prob,
+        )
         if any(not 0 <= p <= 1 for p in probabilities) or not 0 <= self.start_fraction <= 1:
             raise LiveputError("generator regime: probabilities must be within [0, 1]")
         if min(self.preempt_burst_mean, self.alloc_burst_mean) < 1 or self.volatile_factor < 1:
@@ -88,12 +93,11 @@ class Regime:
 
 
 REGIMES: Registry[Regime] = Registry("trace regime")
-REGIMES.register("p3-like")(
-    Regime(0.09, 2.1, 0.0, 0.5, 0.6, 2.0, 0.0, 2.0, 1.0)
-)
+REGIMES.register("p3-like")(Regime(0.09, 2.1, 0.0, 0.5, 0.6, 2.0, 0.0, 2.0, 1.0))
 REGIMES.register("v100-like")(
-    Regime(0.012, 4.0, 0.55, 0.008, 0.05, 6.0, 0.6, 1.5, 24.0, start_fraction=0.0,
-           reference_nodes=16)
+    Regime(
+        0.012, 4.0, 0.55, 0.008, 0.05, 6.0, 0.6, 1.5, 24.0, start_fraction=0.0, reference_nodes=16
+    )
 )
 REGIMES.register("calm")(Regime(0.03, 1.5, 0.0, 0.4, 0.5, 1.5, 0.0, 1.5, 2.0, 0.9))
 REGIMES.register("volatile")(Regime(0.2, 2.5, 0.01, 0.8, 0.7, 2.5, 0.05, 2.5, 0.5))
@@ -117,8 +121,9 @@ class _Events:
     added: list[int] = field(default_factory=list)
     removed: list[int] = field(default_factory=list)
 
-    def record(self, rng: np.random.Generator, step: int, interval_s: float, gained: int,
-               lost: int) -> None:
+    def record(
+        self, rng: np.random.Generator, step: int, interval_s: float, gained: int, lost: int
+    ) -> None:
         for change_added, change_removed in ((0, lost), (gained, 0)):
             if change_added or change_removed:
                 self.times.append((step + rng.uniform(0.01, 0.99)) * interval_s)
@@ -126,8 +131,9 @@ class _Events:
                 self.removed.append(change_removed)
 
 
-def _market(rng: np.random.Generator, params: Regime, num_intervals: int,
-            switch_prob: float) -> Iterator[tuple[int, float]]:
+def _market(
+    rng: np.random.Generator, params: Regime, num_intervals: int, switch_prob: float
+) -> Iterator[tuple[int, float]]:
     """(interval, preemption-rate factor) under the calm / volatile market state."""
     volatile = bool(rng.random() < 0.5)
     for step in range(num_intervals):
@@ -140,9 +146,15 @@ Steps = tuple[int, _Events]
 """(initial count, changes) of a generated trace."""
 
 
-def _one_zone(rng: np.random.Generator, params: Regime, nodes: int, num_intervals: int,
-              interval_s: float, per_interval: Callable[[float | np.ndarray], float | np.ndarray],
-              switch_prob: float) -> Steps:
+def _one_zone(
+    rng: np.random.Generator,
+    params: Regime,
+    nodes: int,
+    num_intervals: int,
+    interval_s: float,
+    per_interval: Callable[[float | np.ndarray], float | np.ndarray],
+    switch_prob: float,
+) -> Steps:
     """The calibrated model at or below its reference size: one zone, scalar draws."""
     count = int(round(params.start_fraction * nodes))
     initial = count
@@ -163,9 +175,15 @@ def _one_zone(rng: np.random.Generator, params: Regime, nodes: int, num_interval
     return initial, events
 
 
-def _many_zones(rng: np.random.Generator, params: Regime, nodes: int, num_intervals: int,
-                interval_s: float, per_interval: Callable[[float | np.ndarray], float | np.ndarray],
-                switch_prob: float) -> Steps:
+def _many_zones(
+    rng: np.random.Generator,
+    params: Regime,
+    nodes: int,
+    num_intervals: int,
+    interval_s: float,
+    per_interval: Callable[[float | np.ndarray], float | np.ndarray],
+    switch_prob: float,
+) -> Steps:
     """Above the reference size: zones of ``reference_nodes`` drawn side by side (vectorized),
     sharing the market state; each interval's losses, and its allocations, are one event."""
     zone = params.reference_nodes
@@ -206,8 +224,10 @@ def generate_trace(
     rng = np.random.default_rng(seed)
     num_intervals = max(1, int(round(hours * 3600 / interval_s)))
     if num_intervals > MAX_INTERVALS:
-        raise LiveputError(f"trace generator: {hours:g} h in {interval_s:g}-s intervals is "
-                           f"{num_intervals:,} intervals, more than {MAX_INTERVALS:,}")
+        raise LiveputError(
+            f"trace generator: {hours:g} h in {interval_s:g}-s intervals is "
+            f"{num_intervals:,} intervals, more than {MAX_INTERVALS:,}"
+        )
     scale = interval_s / 60.0  # rates are calibrated per 60-s interval
 
     def per_interval(p: float | np.ndarray) -> float | np.ndarray:
@@ -219,10 +239,10 @@ def generate_trace(
         raise LiveputError(
             f"trace generator: {nodes:,} nodes over {hours:g} h is {zones:,} zones x "
             f"{num_intervals:,} intervals, more than {MAX_ZONE_INTERVALS:,} zone-intervals "
-            "(fewer --nodes or --hours)")
+            "(fewer --nodes or --hours)"
+        )
     draw = _one_zone if zones == 1 else _many_zones
-    initial, events = draw(rng, params, nodes, num_intervals, interval_s, per_interval,
-                           switch_prob)
+    initial, events = draw(rng, params, nodes, num_intervals, interval_s, per_interval, switch_prob)
     times, added, removed = events.times, events.added, events.removed
     order = np.argsort(times, kind="stable")
     merged_times = np.array(times)[order]

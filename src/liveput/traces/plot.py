@@ -20,15 +20,35 @@ def plot_trace(trace: Trace, path: str | Path) -> Path:
     starts, counts = trace.step_function()
     hours = list(starts / 3600.0) + [trace.hours]
     figure, axis = plt.subplots(figsize=(10, 3.6), dpi=110)
-    axis.step(hours, list(counts) + [counts[-1]], where="post", color="#1f5f9e", lw=1.4,
-              label="available instances")
+    axis.step(
+        hours,
+        list(counts) + [counts[-1]],
+        where="post",
+        color="#1f5f9e",
+        lw=1.4,
+        label="available instances",
+    )
     after = trace.counts
     lost = trace.removed > 0
     gained = trace.added > 0
-    axis.scatter(trace.times_s[lost] / 3600.0, after[lost], marker="v", color="#c0392b", s=14,
-                 label="preemption", zorder=3)
-    axis.scatter(trace.times_s[gained] / 3600.0, after[gained], marker="^", color="#27ae60", s=14,
-                 label="allocation", zorder=3)
+    axis.scatter(
+        trace.times_s[lost] / 3600.0,
+        after[lost],
+        marker="v",
+        color="#c0392b",
+        s=14,
+        label="preemption",
+        zorder=3,
+    )
+    axis.scatter(
+        trace.times_s[gained] / 3600.0,
+        after[gained],
+        marker="^",
+        color="#27ae60",
+        s=14,
+        label="allocation",
+        zorder=3,
+    )
     axis.set_xlabel("time (hours)")
     axis.set_ylabel("instances")
     axis.set_title(trace.name)

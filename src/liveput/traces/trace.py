@@ -164,12 +164,21 @@ class Trace:
         # t - s is taken with a tolerance: for t = a + s, (a + s) - s may round below a, and
         # the instance that came at a would then never be ready.
         by_now = cumulative[np.searchsorted(added_at, times, side="right") - 1]
-        before = np.searchsorted(added_at, times - startup_s + 1e-9 * np.maximum(times, 1.0),
-                                 side="right") - 1
+        before = (
+            np.searchsorted(
+                added_at, times - startup_s + 1e-9 * np.maximum(times, 1.0), side="right"
+            )
+            - 1
+        )
         by_then = np.where(before >= 0, cumulative[np.maximum(before, 0)], 0)
         ready = np.maximum(self.count_at(times) - (by_now - by_then), 0)
-        shifted = Trace.from_counts(f"{self.name} (ready {startup_s:g} s after)", times, ready,
-                                    self.end_s, self.price_usd_per_hour)
+        shifted = Trace.from_counts(
+            f"{self.name} (ready {startup_s:g} s after)",
+            times,
+            ready,
+            self.end_s,
+            self.price_usd_per_hour,
+        )
         return shifted
 
     def resample(self, interval_s: float = DEFAULT_INTERVAL_S) -> IntervalTrace:
@@ -181,7 +190,8 @@ class Trace:
             raise LiveputError(
                 f"{self.name}: {self.hours:.4g} h in {interval_s:g}-s intervals is "
                 f"{num_intervals:,} intervals, more than {MAX_INTERVALS:,}: use a longer "
-                "--interval, or --start-hour/--end-hour")
+                "--interval, or --start-hour/--end-hour"
+            )
         # Interval i covers (i*I, (i+1)*I]; a change at exactly 0 is part of the initial state.
         which = np.ceil(self.times_s / interval_s - 1e-9).astype(np.int64) - 1
         which = np.clip(which, 0, num_intervals - 1)

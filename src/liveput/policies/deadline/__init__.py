@@ -5,12 +5,6 @@ Built in, registered in :data:`DEADLINE_POLICIES` by the names the simulator rep
 (each module documents its model and source).
 """
 
-from liveput.policies.deadline.base import (
-    DEADLINE_POLICIES,
-    DeadlineContext,
-    DeadlinePolicy,
-    make_deadline_policy,
-)
 # Registration of the built-in deadline policies (after the names above: they import them).
 from liveput.policies.deadline import (  # noqa: E402,F401,I001
     greedy,
@@ -20,9 +14,21 @@ from liveput.policies.deadline import (  # noqa: E402,F401,I001
     spot_only,
     uniform_progress,
 )
+from liveput.policies.deadline.base import (
+    DEADLINE_POLICIES,
+    DeadlineContext,
+    DeadlinePolicy,
+    make_deadline_policy,
+)
 
-DEADLINE_POLICY_NAMES = ("liveput", "uniform-progress", "greedy", "on-demand", "spot-only",
-                         "omniscient")
+DEADLINE_POLICY_NAMES = (
+    "liveput",
+    "uniform-progress",
+    "greedy",
+    "on-demand",
+    "spot-only",
+    "omniscient",
+)
 """The deadline policies the simulator compares by default, in its table's order."""
 
 __all__ = [

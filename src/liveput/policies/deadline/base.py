@@ -80,8 +80,11 @@ class DeadlinePolicy(ABC):
         base = context.policy
         self.lookup = ConfigurationLookup(base)
         self.optimizer = LiveputOptimizer(
-            base.profile, base.table, base.costs,
-            OptimizerConfig(horizon=base.horizon, interval_s=base.interval_s))
+            base.profile,
+            base.table,
+            base.costs,
+            OptimizerConfig(horizon=base.horizon, interval_s=base.interval_s),
+        )
         sizes = range(self.lookup.max_instances + 1)
         best = [self.lookup.best_for(size) for size in sizes]
         self.rate_by_size = np.array([self.lookup.throughput(c) for c in best])
@@ -94,15 +97,22 @@ class DeadlinePolicy(ABC):
     def provision(self, observation: Observation) -> Provisioning:
         """Spot instances to hold and on-demand instances to hold next (before the caps)."""
 
-    def configure(self, observation: Observation, num_spot: int, num_on_demand: int,
-                  ) -> tuple[Configuration | None, str, float, float]:
+    def configure(
+        self,
+        observation: Observation,
+        num_spot: int,
+        num_on_demand: int,
+    ) -> tuple[Configuration | None, str, float, float]:
         """(D, P) on ``num_spot`` spot and ``num_on_demand`` running on-demand instances:
         the configuration, its migration kind and seconds, and its expected samples."""
         room = num_spot + num_on_demand
         current = observation.current
         best = self.lookup.best_for(room)
-        if (current is not None and current.num_instances <= room
-                and self.lookup.throughput(current) >= self.lookup.throughput(best)):
+        if (
+            current is not None
+            and current.num_instances <= room
+            and self.lookup.throughput(current) >= self.lookup.throughput(best)
+        ):
             best = current
         return self._move(current, best, room, observation.remaining_s)
 
@@ -114,13 +124,17 @@ class DeadlinePolicy(ABC):
         spot = min(wanted.spot, observation.num_available)
         on_demand = min(wanted.on_demand, self.on_demand_cap(observation, spot))
         usable_on_demand = min(observation.num_on_demand, on_demand)
-        chosen, migration, seconds, expected = self.configure(observation, spot,
-                                                              usable_on_demand)
+        chosen, migration, seconds, expected = self.configure(observation, spot, usable_on_demand)
         if chosen is not None:
             spot = min(spot, max(chosen.num_instances - usable_on_demand, 0))
-        return Decision(chosen, migration=migration, downtime_s=seconds,
-                        expected_samples=expected, release=observation.num_available - spot,
-                        provisioning=Provisioning(spot, on_demand))
+        return Decision(
+            chosen,
+            migration=migration,
+            downtime_s=seconds,
+            expected_samples=expected,
+            release=observation.num_available - spot,
+            provisioning=Provisioning(spot, on_demand),
+        )
 
     def on_demand_cap(self, observation: Observation, num_spot: int | None = None) -> int:
         """Most on-demand instances now: ``on_demand_max`` and what the budget leaves beside
@@ -149,8 +163,9 @@ class DeadlinePolicy(ABC):
         best = self.lookup.best_for(num_instances)
         return 0.0 if best is None else restart_s(self.context.policy, best)
 
-    def fewest_on_demand(self, samples: float, seconds: float, num_spot: int = 0,
-                         cap: int | None = None) -> int | None:
+    def fewest_on_demand(
+        self, samples: float, seconds: float, num_spot: int = 0, cap: int | None = None
+    ) -> int | None:
         """The fewest on-demand instances (with ``num_spot`` spot ones) that train ``samples``
         in ``seconds``, a launch included; None when even ``cap`` do not."""
         cap = self.context.on_demand_max if cap is None else cap
@@ -169,26 +184,42 @@ class DeadlinePolicy(ABC):
             return math.inf
         return self.context.lead_s + self.launch_s(cap) + samples / rate
 
-    def _move(self, current: Configuration | None, target: Configuration | None, room: int,
-              remaining_s: float) -> tuple[Configuration | None, str, float, float]:
+    def _move(
+        self,
+        current: Configuration | None,
+        target: Configuration | None,
+        room: int,
+        remaining_s: float,
+    ) -> tuple[Configuration | None, str, float, float]:
         # The spares are released: the move involves the instances the target uses.
-        seconds = (self.optimizer.migration_s(current, target, target.num_instances)
-                   if target else 0.0)
+        seconds = (
+            self.optimizer.migration_s(current, target, target.num_instances) if target else 0.0
+        )
         kind = migration_kind(
             0 if current is None else current.data_parallel,
             0 if current is None else current.pipeline_stages,
             0 if target is None else target.data_parallel,
-            0 if target is None else target.pipeline_stages)
+            0 if target is None else target.pipeline_stages,
+        )
         expected = self.lookup.throughput(target) * max(remaining_s - seconds, 0.0)
         return target, kind, seconds, expected
 
     def _recover(self, observation: Observation) -> Decision:
         """Regroup the survivors, fail over or restart (the liveput optimizer's recovery)."""
         start, salvage = recovery_start(self.context.policy, observation)
-        plan = self.optimizer.recover(start, observation.num_available, observation.remaining_s,
-                                      observation.num_on_demand, salvage_stages=salvage)
-        return Decision(plan.configuration, migration=plan.migration, downtime_s=plan.migration_s,
-                        expected_samples=plan.expected_samples)
+        plan = self.optimizer.recover(
+            start,
+            observation.num_available,
+            observation.remaining_s,
+            observation.num_on_demand,
+            salvage_stages=salvage,
+        )
+        return Decision(
+            plan.configuration,
+            migration=plan.migration,
+            downtime_s=plan.migration_s,
+            expected_samples=plan.expected_samples,
+        )
 
 
 DEADLINE_POLICIES: Registry[type[DeadlinePolicy]] = Registry("deadline policy")

@@ -89,16 +89,18 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         efficiency = self.efficiency(observation)
         # An executor's history may hold more than the capacity the context was made for (a
         # runtime counts the instances that joined): the forecast's support must cover it.
-        capacity = max(base.capacity, observation.num_available,
-                       int(observation.history.count.max(initial=0)))
+        capacity = max(
+            base.capacity, observation.num_available, int(observation.history.count.max(initial=0))
+        )
         forecast = self.predictor.forecast(observation.history, base.horizon, capacity)
         self.forecast = forecast
         remaining = observation.samples_remaining
         lag = max(int(round(self.context.lead_s / interval_s)), 1)
         # Plan to be done a reaction early: the lead time of on-demand and one more interval.
         reserve_s = self.context.lead_s + interval_s
-        intervals = max(int(math.floor((observation.seconds_to_deadline - reserve_s)
-                                       / interval_s + 1e-9)), 1)
+        intervals = max(
+            int(math.floor((observation.seconds_to_deadline - reserve_s) / interval_s + 1e-9)), 1
+        )
         cap = self.on_demand_cap(observation)
         # Rows: distributions of n_j and how many intervals each stands for.
         counts = np.clip(observation.history.count, 0, capacity)
@@ -123,8 +125,9 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         # Choices: spot cap m = 0..capacity (no on-demand), then top-up to M = 1..capacity + cap
         # (spot first, on-demand for the rest, at most cap).
         caps = np.concatenate([np.arange(capacity + 1), np.arange(1, capacity + cap + 1)])
-        topup = np.concatenate([np.zeros(capacity + 1, dtype=bool),
-                                np.ones(capacity + cap, dtype=bool)])
+        topup = np.concatenate(
+            [np.zeros(capacity + 1, dtype=bool), np.ones(capacity + cap, dtype=bool)]
+        )
         spot = np.minimum(np.arange(capacity + 1)[None, :], caps[:, None])  # (A, n)
         wants = np.where(topup[:, None], np.minimum(caps[:, None] - spot, cap), 0)  # (A, n)
         # Releasing is at once, adding takes the lead time.
@@ -134,25 +137,39 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         size = np.minimum(spot[:, None, :] + on_demand, len(self.rate_by_size) - 1)
         rate = self.rate_by_size[size]  # (A, rows, n)
         spot_used = np.minimum(self.used_by_size[size], spot[:, None, :])
-        dollars = (spot_used * base.spot_price_usd_per_hour
-                   + on_demand * base.on_demand_price_usd_per_hour)
+        dollars = (
+            spot_used * base.spot_price_usd_per_hour + on_demand * base.on_demand_price_usd_per_hour
+        )
         samples = efficiency * interval_s * np.einsum("arn,rn,r->a", rate, rows, weights)
         cost = interval_s / 3600.0 * np.einsum("arn,rn,r->a", dollars, rows, weights)
         feasible = samples >= (1.0 + MARGIN) * remaining
-        choice = (int(np.argmin(np.where(feasible, cost, np.inf))) if feasible.any()
-                  else int(np.argmax(samples)))
+        choice = (
+            int(np.argmin(np.where(feasible, cost, np.inf)))
+            if feasible.any()
+            else int(np.argmax(samples))
+        )
         spot_cap = int(caps[choice])
         now_spot = min(observation.num_available, capacity)
         wanted = int(wants[choice, now_spot])
-        wanted = self._hard_deadline(observation, rows, lag, wanted, cap, efficiency,
-                                     intervals, capacity)
+        wanted = self._hard_deadline(
+            observation, rows, lag, wanted, cap, efficiency, intervals, capacity
+        )
         if wanted > int(wants[choice, now_spot]):
             spot_cap = capacity
         self.spot_cap = spot_cap
         return Provisioning(spot=min(spot_cap, observation.num_available), on_demand=wanted)
 
-    def _hard_deadline(self, observation: Observation, rows: np.ndarray, lag: int, wanted: int,
-                       cap: int, efficiency: float, intervals: int, capacity: int) -> int:
+    def _hard_deadline(
+        self,
+        observation: Observation,
+        rows: np.ndarray,
+        lag: int,
+        wanted: int,
+        cap: int,
+        efficiency: float,
+        intervals: int,
+        capacity: int,
+    ) -> int:
         """The fewest on-demand instances >= ``wanted`` that still finish if spot falls to its
         low quantile (constraint 3)."""
         interval_s = self.context.policy.interval_s
@@ -160,23 +177,28 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         low[0] = observation.num_available
         ahead = len(rows) - 2
         # n_j of every interval to the deadline: row j for j <= ahead, the long run after.
-        per_interval = np.concatenate([low[: ahead + 1],
-                                       np.full(max(intervals - 1 - ahead, 0), low[-1])])
+        per_interval = np.concatenate(
+            [low[: ahead + 1], np.full(max(intervals - 1 - ahead, 0), low[-1])]
+        )
         launched = observation.num_on_demand + observation.on_demand_pending
         on_demand = np.full(len(per_interval), cap)
         on_demand[0] = observation.num_on_demand
         on_demand[1:lag] = launched
         top = len(self.rate_by_size) - 1
         for count in range(wanted, cap + 1):
-            on_demand[lag: lag + 1] = count
+            on_demand[lag : lag + 1] = count
             sizes = np.minimum(per_interval + on_demand, top)
             trained = efficiency * interval_s * self.rate_by_size[sizes].sum()
             if trained >= observation.samples_remaining:
                 return count
         return cap
 
-    def configure(self, observation: Observation, num_spot: int, num_on_demand: int,
-                  ) -> tuple[Configuration | None, str, float, float]:
+    def configure(
+        self,
+        observation: Observation,
+        num_spot: int,
+        num_on_demand: int,
+    ) -> tuple[Configuration | None, str, float, float]:
         forecast = self._capped(self.forecast, self.spot_cap) if self.forecast else None
         if forecast is None:
             return super().configure(observation, num_spot, num_on_demand)
@@ -184,9 +206,14 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         room = num_spot + num_on_demand
         chosen = plan.configuration
         if chosen is not None and chosen.num_instances > room:
-            chosen = next((a.configuration for a in plan.alternatives
-                           if a.configuration is None or a.configuration.num_instances <= room),
-                          None)
+            chosen = next(
+                (
+                    a.configuration
+                    for a in plan.alternatives
+                    if a.configuration is None or a.configuration.num_instances <= room
+                ),
+                None,
+            )
         result = self._move(observation.current, chosen, room, observation.remaining_s)
         self.last_rate = self.lookup.throughput(chosen)
         return result
@@ -196,7 +223,12 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         """The forecast of the spot instances the job keeps: counts above the cap are the cap."""
         pmf = forecast.pmf.copy()
         if spot_cap < pmf.shape[1] - 1:
-            pmf[:, spot_cap] += pmf[:, spot_cap + 1:].sum(axis=1)
-            pmf[:, spot_cap + 1:] = 0.0
-        return Forecast(np.minimum(forecast.point, spot_cap), pmf, forecast.expected_preempted,
-                        forecast.expected_allocated, forecast.method)
+            pmf[:, spot_cap] += pmf[:, spot_cap + 1 :].sum(axis=1)
+            pmf[:, spot_cap + 1 :] = 0.0
+        return Forecast(
+            np.minimum(forecast.point, spot_cap),
+            pmf,
+            forecast.expected_preempted,
+            forecast.expected_allocated,
+            forecast.method,
+        )

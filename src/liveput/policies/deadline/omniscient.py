@@ -62,8 +62,11 @@ class OmniscientPolicy(DeadlinePolicy):
         counts = counts - lost
         # Done a reaction early (the on-demand lead time), as the liveput policy plans: the
         # executed run pays migrations the program does not see, and makes them up then.
-        num_intervals = int(math.floor(
-            (self.context.objective.deadline_s - self.context.lead_s) / interval_s + 1e-9))
+        num_intervals = int(
+            math.floor(
+                (self.context.objective.deadline_s - self.context.lead_s) / interval_s + 1e-9
+            )
+        )
         if len(counts) < num_intervals:
             counts = np.concatenate([counts, np.full(num_intervals - len(counts), counts[-1])])
         self.counts = np.maximum(counts, 0)
@@ -77,11 +80,15 @@ class OmniscientPolicy(DeadlinePolicy):
         used = self.used_by_size[sizes]
         spot = np.minimum(used[None, :], window[:, None])
         on_demand = used[None, :] - spot
-        allowed = (sizes[None, :] <= window[:, None] + cap)
+        allowed = sizes[None, :] <= window[:, None] + cap
         samples = np.where(allowed, self.rate_by_size[None, :] * interval_s, 0.0)
-        costs = np.where(allowed, interval_s / 3600.0 * (
-            spot * base.spot_price_usd_per_hour + on_demand * base.on_demand_price_usd_per_hour),
-            1e18)  # a size beyond what can be rented: never chosen
+        costs = np.where(
+            allowed,
+            interval_s
+            / 3600.0
+            * (spot * base.spot_price_usd_per_hour + on_demand * base.on_demand_price_usd_per_hour),
+            1e18,
+        )  # a size beyond what can be rented: never chosen
         # One choice per block of intervals (the last block may be shorter).
         blocks = np.arange(0, len(window), BLOCK_INTERVALS)
         samples = np.add.reduceat(samples, blocks, axis=0)
@@ -113,7 +120,8 @@ class OmniscientPolicy(DeadlinePolicy):
             if choice is None:
                 break
             count = int(self.counts[min(t + ahead, len(self.counts) - 1)])
-            wanted = max(wanted, int(self.used_by_size[choice]) - min(
-                int(self.used_by_size[choice]), count))
+            wanted = max(
+                wanted, int(self.used_by_size[choice]) - min(int(self.used_by_size[choice]), count)
+            )
         spot = min(int(self.used_by_size[now]), observation.num_available)
         return Provisioning(spot=spot, on_demand=min(wanted, cap))

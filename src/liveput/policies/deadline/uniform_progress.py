@@ -39,7 +39,8 @@ class UniformProgressPolicy(DeadlinePolicy):
             overhead_s = self.context.policy.interval_s + self.launch_s(self.cluster)
             if slack_s < overhead_s:
                 fewest = self.fewest_on_demand(
-                    remaining, observation.seconds_to_deadline - self.context.lead_s)
+                    remaining, observation.seconds_to_deadline - self.context.lead_s
+                )
                 self.safety = self.context.on_demand_max if fewest is None else fewest
         if self.safety is not None:
             return self._on_demand(observation, max(self.safety, self.cluster))

@@ -11,9 +11,19 @@
 """
 
 from liveput.runtime.coordinator.loop import Coordinator
-from liveput.runtime.coordinator.objective import (DeadlineObjective, MarketView, Objective,
-                                                   ThroughputObjective)
+from liveput.runtime.coordinator.objective import (
+    DeadlineObjective,
+    MarketView,
+    Objective,
+    ThroughputObjective,
+)
 from liveput.runtime.decide import CoordinatorConfig
 
-__all__ = ["Coordinator", "CoordinatorConfig", "DeadlineObjective", "MarketView", "Objective",
-           "ThroughputObjective"]
+__all__ = [
+    "Coordinator",
+    "CoordinatorConfig",
+    "DeadlineObjective",
+    "MarketView",
+    "Objective",
+    "ThroughputObjective",
+]

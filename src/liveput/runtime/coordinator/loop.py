@@ -35,9 +35,16 @@ class Coordinator:
     store. ``objective``: what the policy plans for (by default the throughput objective, or a
     deadline job's for ``deadline``, whose provisioning ``market`` carries out)."""
 
-    def __init__(self, store: Store, profile: ModelProfile, config: CoordinatorConfig,
-                 clock: Clock | None = None, deadline: DeadlineContext | None = None,
-                 market: MarketView | None = None, objective: Objective | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        profile: ModelProfile,
+        config: CoordinatorConfig,
+        clock: Clock | None = None,
+        deadline: DeadlineContext | None = None,
+        market: MarketView | None = None,
+        objective: Objective | None = None,
+    ) -> None:
         self.store = store
         self.profile = profile
         self.config = config
@@ -92,11 +99,13 @@ class Coordinator:
             raise LiveputError(failure.decode())
         view = self.observe()
         self.available = available(view, self.config)
-        answer = step(self._inputs(view), self.config, self.profile, self.planning,
-                      self.objective)
+        answer = step(self._inputs(view), self.config, self.profile, self.planning, self.objective)
         if answer.policy_error is not None:
-            LOG.warning("policy %s failed (%s); keeping the fastest fit", self.config.policy,
-                        answer.policy_error)
+            LOG.warning(
+                "policy %s failed (%s); keeping the fastest fit",
+                self.config.policy,
+                answer.policy_error,
+            )
         if answer.provisioning is not None:
             self.provisioning = answer.provisioning
             self.objective.provision(answer.provisioning)
@@ -115,8 +124,7 @@ class Coordinator:
         return True
 
     def _prune(self) -> None:
-        upkeep.prune(self.pruner, self.store, self.observer, self.progress, self.config,
-                     self.clock)
+        upkeep.prune(self.pruner, self.store, self.observer, self.progress, self.config, self.clock)
 
     def run(self) -> None:
         """Tick until the job is done, then see the agents off."""

@@ -88,8 +88,9 @@ class Objective(ABC):
         """Whether the table is re-fitted to the step times the agents measure."""
         return False
 
-    def refitted(self, profile: ModelProfile, config: CoordinatorConfig,
-                 calibration: Calibration) -> Planning:
+    def refitted(
+        self, profile: ModelProfile, config: CoordinatorConfig, calibration: Calibration
+    ) -> Planning:
         """The table and policy once the estimator is re-fitted to ``calibration`` (asked only
         when :meth:`refits`)."""
         raise NotImplementedError(f"{type(self).__name__} does not re-fit its table")
@@ -98,9 +99,14 @@ class Objective(ABC):
         """What the market holds now (None: no market)."""
         return None
 
-    def observation(self, observation: Observation, view: CoordinatorView,
-                    market: MarketReading | None, profile: ModelProfile,
-                    config: CoordinatorConfig) -> Observation:
+    def observation(
+        self,
+        observation: Observation,
+        view: CoordinatorView,
+        market: MarketReading | None,
+        profile: ModelProfile,
+        config: CoordinatorConfig,
+    ) -> Observation:
         """What the policy sees (the control loop's ``observation``, with this objective's own
         fields)."""
         return observation
@@ -121,14 +127,27 @@ class ThroughputObjective(Objective):
     def refits(self, config: CoordinatorConfig) -> bool:
         return config.online_calibration
 
-    def refitted(self, profile: ModelProfile, config: CoordinatorConfig,
-                 calibration: Calibration) -> Planning:
+    def refitted(
+        self, profile: ModelProfile, config: CoordinatorConfig, calibration: Calibration
+    ) -> Planning:
         """Every configuration scored with ``calibration``; a policy that plans with the table."""
         table = estimate_configs(profile, config.capacity, calibration)
-        return Planning(calibration, table, make_policy(config.policy, PolicyContext(
-            profile=profile, table=table, costs=config.costs,
-            interval_s=config.policy_interval_s, horizon=config.horizon,
-            capacity=config.capacity, predictor=config.predictor)))
+        return Planning(
+            calibration,
+            table,
+            make_policy(
+                config.policy,
+                PolicyContext(
+                    profile=profile,
+                    table=table,
+                    costs=config.costs,
+                    interval_s=config.policy_interval_s,
+                    horizon=config.horizon,
+                    capacity=config.capacity,
+                    predictor=config.predictor,
+                ),
+            ),
+        )
 
 
 class DeadlineObjective(Objective):
@@ -143,38 +162,58 @@ class DeadlineObjective(Objective):
         self.market = market
 
     def start(self, profile: ModelProfile, config: CoordinatorConfig) -> Planning:
-        return Planning(calibration_for(profile.model), self.context.policy.table,
-                        make_deadline_policy(config.policy, self.context))
+        return Planning(
+            calibration_for(profile.model),
+            self.context.policy.table,
+            make_deadline_policy(config.policy, self.context),
+        )
 
     def read_market(self) -> MarketReading | None:
         if self.market is None:
             return None
         return MarketReading(self.market.on_demand_pending(), self.market.usd_spent())
 
-    def observation(self, observation: Observation, view: CoordinatorView,
-                    market: MarketReading | None, profile: ModelProfile,
-                    config: CoordinatorConfig) -> Observation:
+    def observation(
+        self,
+        observation: Observation,
+        view: CoordinatorView,
+        market: MarketReading | None,
+        profile: ModelProfile,
+        config: CoordinatorConfig,
+    ) -> Observation:
         """Besides: spot and on-demand apart, the work done and left, the time to the deadline
         (policy seconds since this coordinator started), what the market holds."""
         available = observation.num_available
-        on_demand = min(available, sum(
-            1 for m in view.members.values() if m.on_demand and not (m.noticed or m.left)
-            and m.heartbeat_age_s <= config.heartbeat_timeout_s))
+        on_demand = min(
+            available,
+            sum(
+                1
+                for m in view.members.values()
+                if m.on_demand
+                and not (m.noticed or m.left)
+                and m.heartbeat_age_s <= config.heartbeat_timeout_s
+            ),
+        )
         done = float(max(view.committed + 1, 0) * profile.global_batch_size)
         market = market or MarketReading()
         return dataclasses.replace(
-            observation, num_available=available - on_demand, num_on_demand=on_demand,
+            observation,
+            num_available=available - on_demand,
+            num_on_demand=on_demand,
             samples_done=done,
             samples_remaining=max(self.context.target_samples - done, 0.0),
             seconds_to_deadline=self.context.objective.deadline_s - observation.time_s,
-            on_demand_pending=market.on_demand_pending, usd_spent=market.usd_spent)
+            on_demand_pending=market.on_demand_pending,
+            usd_spent=market.usd_spent,
+        )
 
     def provision(self, provisioning: Provisioning) -> None:
         if self.market is not None:
             self.market.provision(provisioning)
 
 
-def objective_for(deadline: DeadlineContext | None = None,
-                  market: MarketView | None = None) -> Objective:
+def objective_for(
+    deadline: DeadlineContext | None = None, market: MarketView | None = None
+) -> Objective:
     """The objective of a job with ``deadline`` (None: the throughput objective)."""
     return ThroughputObjective() if deadline is None else DeadlineObjective(deadline, market)

@@ -57,8 +57,9 @@ class Observer:
     """Reads the store into views; remembers what the store does not say (when a heartbeat
     last moved, when a notice, a failure or a plan was first seen) and the plans it read."""
 
-    def __init__(self, store: Store, config: CoordinatorConfig, clock: Clock,
-                 started_s: float) -> None:
+    def __init__(
+        self, store: Store, config: CoordinatorConfig, clock: Clock, started_s: float
+    ) -> None:
         self.store = store
         self.config = config
         self.clock = clock
@@ -85,11 +86,15 @@ class Observer:
             # Steps below the floor committed; their keys may have been pruned.
             floor = read_floor(self.store, plan.generation)
             progress.committed = protocol.last_committed(
-                self.store, plan.generation, max(plan.start_step, floor or 0))
+                self.store, plan.generation, max(plan.start_step, floor or 0)
+            )
             # Recovered: learn who is alive (a heartbeat timeout) before deciding anything new.
             self.next_interval_s = self.started_s + self.config.heartbeat_timeout_s
-            LOG.info("coordinator recovered: generation %d, committed step %d",
-                     plan.generation, progress.committed)
+            LOG.info(
+                "coordinator recovered: generation %d, committed step %d",
+                plan.generation,
+                progress.committed,
+            )
         return progress
 
     def load(self, generation: int) -> protocol.RuntimePlan | None:
@@ -157,14 +162,17 @@ class Observer:
                 host=registration.get("host", "127.0.0.1"),
                 on_demand=registration.get("market") == "on-demand",
                 heartbeat_age_s=now - self.seen.setdefault(instance, now),
-                noticed=instance in notices, left=states.get(instance) == b"left",
+                noticed=instance in notices,
+                left=states.get(instance) == b"left",
                 done=states.get(instance) == b"done",
-                layers=() if holding is None else holding.layers, held_epoch=epoch,
+                layers=() if holding is None else holding.layers,
+                held_epoch=epoch,
                 held_step=step,
                 reported=-1 if holding is None or not holding.ending else holding.generation,
                 arrived=instance in arrived,
-                notice_age_s=self.since(f"notice/{instance}", now) if instance in notices
-                else 0.0, notice_lead_s=_notice_lead_s(notices.get(instance)))
+                notice_age_s=self.since(f"notice/{instance}", now) if instance in notices else 0.0,
+                notice_lead_s=_notice_lead_s(notices.get(instance)),
+            )
         return members
 
     @staticmethod
@@ -186,8 +194,9 @@ class Observer:
         now = self.clock.now_s()
         plan = progress.plan
         if plan is not None:  # first: members' holdings are read at this step
-            committed = protocol.last_committed(self.store, plan.generation,
-                                                max(progress.committed + 1, plan.start_step))
+            committed = protocol.last_committed(
+                self.store, plan.generation, max(progress.committed + 1, plan.start_step)
+            )
             if committed > progress.committed:
                 progress.last_commit_s = now
             progress.committed = committed
@@ -196,28 +205,44 @@ class Observer:
         if interval_due:
             self.next_interval_s = now + self.config.interval_s
         if plan is None:
-            return Observed(CoordinatorView(now - self.started_s, members, None, None, -1,
-                                            interval_due=interval_due))
+            return Observed(
+                CoordinatorView(
+                    now - self.started_s, members, None, None, -1, interval_due=interval_due
+                )
+            )
         committed = progress.committed
         all_arrived = self.store.get(protocol.all_arrived_key(plan.generation)) is not None
-        newly_started = all_arrived and committed >= plan.start_step and (
-            progress.started is None or progress.started.generation < plan.generation)
+        newly_started = (
+            all_arrived
+            and committed >= plan.start_step
+            and (progress.started is None or progress.started.generation < plan.generation)
+        )
         if newly_started:
             progress.started = plan
         outcome = protocol.step_outcome(self.store, plan.generation, committed + 1)
         fenced = outcome == protocol.ABORTED and progress.fence != (plan.generation, committed + 1)
         failures = protocol.failures(self.store, plan.generation)
         finishing = committed + 1 >= self.config.num_steps
-        return Observed(CoordinatorView(
-            now_s=now - self.started_s, members=members, plan=plan, started=progress.started,
-            committed=committed, fenced=fenced, all_arrived=all_arrived,
-            plan_age_s=self.since(f"plan/{plan.generation}", now), failures=failures,
-            failure_age_s=self.since(f"fail/{plan.generation}", now) if failures else 0.0,
-            failed_in_row=self.failed_in_row(progress, bool(failures)),
-            latest_checkpoint=latest_checkpoint(self.store),
-            last_step_recorded=finishing and self.recorded(plan.epoch, committed),
-            finish_age_s=self.since("finish", now) if finishing else 0.0,
-            interval_due=interval_due), newly_started)
+        return Observed(
+            CoordinatorView(
+                now_s=now - self.started_s,
+                members=members,
+                plan=plan,
+                started=progress.started,
+                committed=committed,
+                fenced=fenced,
+                all_arrived=all_arrived,
+                plan_age_s=self.since(f"plan/{plan.generation}", now),
+                failures=failures,
+                failure_age_s=self.since(f"fail/{plan.generation}", now) if failures else 0.0,
+                failed_in_row=self.failed_in_row(progress, bool(failures)),
+                latest_checkpoint=latest_checkpoint(self.store),
+                last_step_recorded=finishing and self.recorded(plan.epoch, committed),
+                finish_age_s=self.since("finish", now) if finishing else 0.0,
+                interval_due=interval_due,
+            ),
+            newly_started,
+        )
 
     def recorded(self, epoch: int, step: int) -> bool:
         """Whether the ledger has step ``step`` of epoch ``epoch`` (as a record, or folded)."""
@@ -235,10 +260,16 @@ class Observer:
         """Live instances that have not yet said they are done or left."""
         now = self.clock.now_s()
         self.refresh_heartbeats(now)
-        ended = {int(k.split("/")[1]) for k, v in self.store.get_prefix("state/").items()
-                 if v in (b"done", b"left")}
-        return sorted(i for i, seen_s in self.seen.items() if i not in ended
-                      and now - seen_s <= self.config.heartbeat_timeout_s)
+        ended = {
+            int(k.split("/")[1])
+            for k, v in self.store.get_prefix("state/").items()
+            if v in (b"done", b"left")
+        }
+        return sorted(
+            i
+            for i, seen_s in self.seen.items()
+            if i not in ended and now - seen_s <= self.config.heartbeat_timeout_s
+        )
 
 
 def _notice_lead_s(raw: bytes | None) -> float | None:

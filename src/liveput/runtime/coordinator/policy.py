@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from liveput.errors import LiveputError
-from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.perf.configuration import Configuration
+from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.policies import Decision, Observation, Provisioning
 from liveput.runtime.coordinator.objective import MarketReading, Objective, Planning
 from liveput.runtime.decide import Action, ActionKind, CoordinatorConfig, CoordinatorView, decide
@@ -65,9 +65,13 @@ class Answer:
 
 def available(view: CoordinatorView, config: CoordinatorConfig) -> list[int]:
     """Instances available (alive and not going), in order."""
-    return sorted(i for i, m in view.members.items() if not m.left
-                  and not m.going(config.notice_margin_s)
-                  and m.heartbeat_age_s <= config.heartbeat_timeout_s)
+    return sorted(
+        i
+        for i, m in view.members.items()
+        if not m.left
+        and not m.going(config.notice_margin_s)
+        and m.heartbeat_age_s <= config.heartbeat_timeout_s
+    )
 
 
 def asks_policy(view: CoordinatorView, config: CoordinatorConfig, objective: Objective) -> bool:
@@ -76,14 +80,18 @@ def asks_policy(view: CoordinatorView, config: CoordinatorConfig, objective: Obj
     and decide whether they want one before it is known, so a rehearsal tells."""
     wanted: list[int] = []
 
-    def rehearse(num_available: int, event: str,
-                 lost_slots: tuple[tuple[int, int], ...]) -> Configuration | None:
+    def rehearse(
+        num_available: int, event: str, lost_slots: tuple[tuple[int, int], ...]
+    ) -> Configuration | None:
         wanted.append(num_available)
         return None
 
     action = decide(view, config, rehearse)
-    return bool(wanted) or (objective.provisions_every_interval and view.interval_due
-                            and action.kind is not ActionKind.FINISH)
+    return bool(wanted) or (
+        objective.provisions_every_interval
+        and view.interval_due
+        and action.kind is not ActionKind.FINISH
+    )
 
 
 def history_trace(counts: tuple[int, ...], available: int, interval_s: float) -> IntervalTrace:
@@ -93,12 +101,18 @@ def history_trace(counts: tuple[int, ...], available: int, interval_s: float) ->
     instance of two)."""
     count = np.array(list(counts) or [available], dtype=np.int64)
     change = np.append(np.diff(count), 0)
-    return IntervalTrace("runtime", interval_s, count, np.maximum(-change, 0),
-                         np.maximum(change, 0))
+    return IntervalTrace(
+        "runtime", interval_s, count, np.maximum(-change, 0), np.maximum(change, 0)
+    )
 
 
-def fit(wanted: Configuration | None, num_instances: int, table: ConfigTable,
-        profile: ModelProfile, config: CoordinatorConfig) -> Configuration | None:
+def fit(
+    wanted: Configuration | None,
+    num_instances: int,
+    table: ConfigTable,
+    profile: ModelProfile,
+    config: CoordinatorConfig,
+) -> Configuration | None:
     """``wanted`` if it runs on ``num_instances``, else the fastest configuration that does."""
     limit = config.num_micro_batches
 
@@ -108,34 +122,56 @@ def fit(wanted: Configuration | None, num_instances: int, table: ConfigTable,
     if wanted is not None and runs(wanted.data_parallel, wanted.pipeline_stages):
         return wanted
     best, best_rate = None, 0.0
-    for d, p, rate, ok in zip(table.data_parallel, table.pipeline_stages,
-                              table.samples_per_s, table.feasible, strict=True):
+    for d, p, rate, ok in zip(
+        table.data_parallel, table.pipeline_stages, table.samples_per_s, table.feasible, strict=True
+    ):
         if ok and runs(int(d), int(p)) and rate > best_rate:
             best, best_rate = Configuration(int(d), int(p)), float(rate)
     return best
 
 
-def step(inputs: PolicyInputs, config: CoordinatorConfig, profile: ModelProfile,
-         planning: Planning, objective: Objective) -> Answer:
+def step(
+    inputs: PolicyInputs,
+    config: CoordinatorConfig,
+    profile: ModelProfile,
+    planning: Planning,
+    objective: Objective,
+) -> Answer:
     """The rules' action, with the policy asked when a configuration is wanted (module
     docstring)."""
     view = inputs.view
     decisions: list[Decision | None] = []  # the policy's answer, when asked (None: it failed)
     errors: list[str] = []
 
-    def ask(num_available: int, event: str,
-            lost_slots: tuple[tuple[int, int], ...]) -> Configuration | None:
+    def ask(
+        num_available: int, event: str, lost_slots: tuple[tuple[int, int], ...]
+    ) -> Configuration | None:
         history = history_trace(inputs.history, num_available, config.policy_interval_s)
-        current = None if view.plan is None else Configuration(view.plan.data_parallel,
-                                                               view.plan.pipeline_stages)
+        current = (
+            None
+            if view.plan is None
+            else Configuration(view.plan.data_parallel, view.plan.pipeline_stages)
+        )
         # Policies get time in policy seconds, as intervals are: one unit for both.
         scale = config.policy_interval_s / config.interval_s
-        observation = objective.observation(Observation(
-            time_s=view.now_s * scale, interval_index=len(history.count) - 1,
-            interval_s=config.policy_interval_s, history=history,
-            num_available=num_available, current=current, capacity=config.capacity,
-            event=event, lost_slots=lost_slots, remaining_s=config.policy_interval_s),
-            view, inputs.market, profile, config)
+        observation = objective.observation(
+            Observation(
+                time_s=view.now_s * scale,
+                interval_index=len(history.count) - 1,
+                interval_s=config.policy_interval_s,
+                history=history,
+                num_available=num_available,
+                current=current,
+                capacity=config.capacity,
+                event=event,
+                lost_slots=lost_slots,
+                remaining_s=config.policy_interval_s,
+            ),
+            view,
+            inputs.market,
+            profile,
+            config,
+        )
         try:
             decision = planning.policy.decide(observation)
         except LiveputError as error:
@@ -143,17 +179,26 @@ def step(inputs: PolicyInputs, config: CoordinatorConfig, profile: ModelProfile,
             errors.append(str(error))
             return fit(current, num_available, planning.table, profile, config)
         decisions.append(decision)
-        return fit(decision.configuration or current, num_available, planning.table, profile,
-                   config)
+        return fit(
+            decision.configuration or current, num_available, planning.table, profile, config
+        )
 
     action = decide(view, config, ask)
-    restart = bool(decisions) and decisions[0] is not None and \
-        decisions[0].migration == "restart"
+    restart = bool(decisions) and decisions[0] is not None and decisions[0].migration == "restart"
     if action.kind is ActionKind.REPLAN and restart and not action.restore:
         action = dataclasses.replace(action, restore=True)
-    if not decisions and objective.provisions_every_interval and view.interval_due \
-            and action.kind is not ActionKind.FINISH:
+    if (
+        not decisions
+        and objective.provisions_every_interval
+        and view.interval_due
+        and action.kind is not ActionKind.FINISH
+    ):
         ask(len(available(view, config)), "interval", ())
     decision = decisions[0] if decisions else None
-    return Answer(action, None if decision is None else decision.provisioning, restart,
-                  bool(decisions), errors[0] if errors else None)
+    return Answer(
+        action,
+        None if decision is None else decision.provisioning,
+        restart,
+        bool(decisions),
+        errors[0] if errors else None,
+    )

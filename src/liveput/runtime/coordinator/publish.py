@@ -27,8 +27,14 @@ LOG = logging.getLogger(__name__)
 class Publisher:
     """Writes the coordinator's records and plans to the store."""
 
-    def __init__(self, store: Store, profile: ModelProfile, config: CoordinatorConfig,
-                 clock: Clock, started_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        profile: ModelProfile,
+        config: CoordinatorConfig,
+        clock: Clock,
+        started_s: float,
+    ) -> None:
         self.store = store
         self.profile = profile
         self.config = config
@@ -45,13 +51,22 @@ class Publisher:
         for instance, member in view.members.items():
             gone = member.left or member.heartbeat_age_s > timeout_s
             if (gone or member.noticed) and self.store.compare_and_set(
-                    f"lost/{instance}", None, b"1"):
+                f"lost/{instance}", None, b"1"
+            ):
                 self.store.add("stats/preemptions", 1)
         if view.interval_due and view.plan is not None:
             # The history is the spot market's (what forecasts are about): on-demand left out.
             counts = json.loads(self.store.get("coord/history") or b"[]")
-            counts.append(sum(1 for m in view.members.values() if not m.left and not m.noticed
-                              and not m.on_demand and m.heartbeat_age_s <= timeout_s))
+            counts.append(
+                sum(
+                    1
+                    for m in view.members.values()
+                    if not m.left
+                    and not m.noticed
+                    and not m.on_demand
+                    and m.heartbeat_age_s <= timeout_s
+                )
+            )
             self.store.set("coord/history", json.dumps(counts).encode())
         if observed.newly_started and view.plan is not None:
             protocol.mark_started(self.store, view.plan.generation)
@@ -61,48 +76,69 @@ class Publisher:
         """Mark the job done after step ``committed``."""
         self.store.set("job/done", str(committed).encode())
 
-    def publish(self, action: Action, view: CoordinatorView, progress: Progress,
-                observer: Observer) -> protocol.RuntimePlan:
+    def publish(
+        self, action: Action, view: CoordinatorView, progress: Progress, observer: Observer
+    ) -> protocol.RuntimePlan:
         """Fence the running generation, plan ``action`` and publish it; ``progress`` follows
         (the new plan, the step it starts after)."""
         previous = progress.plan
         start = 0
         if previous is not None:
-            start = protocol.fence(self.store, previous.generation, progress.committed + 1,
-                                   previous.num_working)
+            start = protocol.fence(
+                self.store, previous.generation, progress.committed + 1, previous.num_working
+            )
             progress.fence = (previous.generation, start)
             progress.committed = start - 1
         started = progress.started
         hosts = {i: m.host for i, m in view.members.items()}
         context = PlanContext(
             generation=0 if previous is None else previous.generation + 1,
-            epoch=0 if previous is None else previous.epoch, start_step=start,
-            end_step=self.config.num_steps, hosts=hosts,
+            epoch=0 if previous is None else previous.epoch,
+            start_step=start,
+            end_step=self.config.num_steps,
+            hosts=hosts,
             latest_checkpoint=latest_checkpoint(self.store),
-            stages_before=0 if started is None else started.pipeline_stages)
+            stages_before=0 if started is None else started.pipeline_stages,
+        )
         assert action.target is not None
         # Steps may have committed between the observation and the fence: holdings are read
         # again at the fenced step (a training instance's follow it; an ended one's may not).
         point = (context.epoch, start - 1)
-        holdings = {i: held.layers for i in (*action.workers, *action.senders)
-                    if (held := observer.holdings.get(i)) is not None and held.layers
-                    and observer.held_point(held, progress) == point}
+        holdings = {
+            i: held.layers
+            for i in (*action.workers, *action.senders)
+            if (held := observer.holdings.get(i)) is not None
+            and held.layers
+            and observer.held_point(held, progress) == point
+        }
         on_demand = [i for i in action.workers if (m := view.members.get(i)) and m.on_demand]
-        plan = plan_generation(self.profile, self.config.costs, action.target, context,
-                               action.workers, holdings, action.senders, started,
-                               action.restore, on_demand)
+        plan = plan_generation(
+            self.profile,
+            self.config.costs,
+            action.target,
+            context,
+            action.workers,
+            holdings,
+            action.senders,
+            started,
+            action.restore,
+            on_demand,
+        )
         if action.noticed_workers:
             plan = dataclasses.replace(plan, noticed=list(action.noticed_workers))
         if plan.restore_step is not None and previous is not None:
             held_layers = {layer for layers in holdings.values() for layer in layers}
-            LOG.info("plan %d restores from %s: %s", plan.generation,
-                     "the initial weights" if plan.restore_step < 0 else
-                     f"step {plan.restore_step}",
-                     "forced after plans that failed" if action.restore else
-                     f"no current holder of layers "
-                     f"{sorted(set(range(self.profile.num_layers)) - held_layers)} "
-                     f"at step {start - 1} "
-                     f"(reported: { {i: m.held_step for i, m in view.members.items()} })")
+            LOG.info(
+                "plan %d restores from %s: %s",
+                plan.generation,
+                "the initial weights" if plan.restore_step < 0 else f"step {plan.restore_step}",
+                "forced after plans that failed"
+                if action.restore
+                else f"no current holder of layers "
+                f"{sorted(set(range(self.profile.num_layers)) - held_layers)} "
+                f"at step {start - 1} "
+                f"(reported: { {i: m.held_step for i, m in view.members.items()} })",
+            )
         if plan.epoch != context.epoch:
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
             reset_latest(self.store, plan.epoch, plan.restore_step)
@@ -110,13 +146,30 @@ class Publisher:
         self.store.add(f"stats/migrations/{plan.kind}", 1)
         protocol.publish_plan(self.store, plan)
         observer.remember(plan)
-        self.store.set(f"events/{plan.generation}", json.dumps({
-            "time_s": round(self.clock.now_s() - self.started_s, 3), "reason": action.reason,
-            "kind": plan.kind, "configuration": f"{plan.data_parallel}x{plan.pipeline_stages}",
-            "start_step": plan.start_step, "instances": len(plan.slots),
-            "suspects": sorted(action.suspects), "restore_forced": action.restore}).encode())
-        LOG.info("plan %d (%s): %s %dx%d from step %d%s", plan.generation, action.reason,
-                 plan.kind, plan.data_parallel, plan.pipeline_stages, plan.start_step,
-                 f" without {sorted(action.suspects)}" if action.suspects else "")
+        self.store.set(
+            f"events/{plan.generation}",
+            json.dumps(
+                {
+                    "time_s": round(self.clock.now_s() - self.started_s, 3),
+                    "reason": action.reason,
+                    "kind": plan.kind,
+                    "configuration": f"{plan.data_parallel}x{plan.pipeline_stages}",
+                    "start_step": plan.start_step,
+                    "instances": len(plan.slots),
+                    "suspects": sorted(action.suspects),
+                    "restore_forced": action.restore,
+                }
+            ).encode(),
+        )
+        LOG.info(
+            "plan %d (%s): %s %dx%d from step %d%s",
+            plan.generation,
+            action.reason,
+            plan.kind,
+            plan.data_parallel,
+            plan.pipeline_stages,
+            plan.start_step,
+            f" without {sorted(action.suspects)}" if action.suspects else "",
+        )
         progress.plan = plan
         return plan

@@ -20,8 +20,7 @@ from liveput.runtime import protocol
 from liveput.runtime.clock import Clock
 from liveput.runtime.coordinator.observe import Observer, Progress
 from liveput.runtime.decide import CoordinatorConfig
-from liveput.runtime.prune import (PruneView, Pruner, checkpoint_point, forgotten,
-                                   instances_named)
+from liveput.runtime.prune import Pruner, PruneView, checkpoint_point, forgotten, instances_named
 from liveput.runtime.step_times import read_measurements
 from liveput.runtime.store import Store
 
@@ -30,26 +29,42 @@ REFIT_CHANGE = 0.05
 """The online fit runs again once a configuration is new or its step time moved this much."""
 
 
-def refitted(store: Store, profile: ModelProfile, fitted: tuple[Measurement, ...]
-             ) -> tuple[tuple[Measurement, ...], Calibration] | None:
+def refitted(
+    store: Store, profile: ModelProfile, fitted: tuple[Measurement, ...]
+) -> tuple[tuple[Measurement, ...], Calibration] | None:
     """The step times measured now and the estimator's constants fitted to them; None when
     nothing is new since ``fitted`` (the same configurations, each within 5 %)."""
     measurements = tuple(read_measurements(store))
     before = {(m.data_parallel, m.pipeline_stages): m.iteration_s for m in fitted}
-    if not measurements or (len(before) == len(measurements) and all(
+    if not measurements or (
+        len(before) == len(measurements)
+        and all(
             abs(m.iteration_s / before.get((m.data_parallel, m.pipeline_stages), 0.0) - 1)
-            <= REFIT_CHANGE for m in measurements)):
+            <= REFIT_CHANGE
+            for m in measurements
+        )
+    ):
         return None
     calibration = refit(profile, measurements)
-    LOG.info("performance model re-fitted to %d measured configurations (%s): %s",
-             len(measurements), ", ".join(f"{m.data_parallel}x{m.pipeline_stages} "
-                                          f"{m.iteration_s:.3f} s" for m in measurements),
-             calibration)
+    LOG.info(
+        "performance model re-fitted to %d measured configurations (%s): %s",
+        len(measurements),
+        ", ".join(
+            f"{m.data_parallel}x{m.pipeline_stages} {m.iteration_s:.3f} s" for m in measurements
+        ),
+        calibration,
+    )
     return measurements, calibration
 
 
-def prune(pruner: Pruner, store: Store, observer: Observer, progress: Progress,
-          config: CoordinatorConfig, clock: Clock) -> None:
+def prune(
+    pruner: Pruner,
+    store: Store,
+    observer: Observer,
+    progress: Progress,
+    config: CoordinatorConfig,
+    clock: Clock,
+) -> None:
     """Delete a few dead keys; once per ``prune.interval_s``, find the dead keys."""
     pruner.delete_some()
     now = clock.now_s()
@@ -60,9 +75,16 @@ def prune(pruner: Pruner, store: Store, observer: Observer, progress: Progress,
     silent_s = {i: now - observer.seen.setdefault(i, now) for i in instances_named(keys)}
     gone = forgotten(silent_s, set(plan.slots), config.prune.forget_after_s)
     retire_before = pruner.retire_before(
-        -1 if progress.started is None else progress.started.generation, now)
-    pruner.plan_pass(PruneView(plan.generation, progress.committed, retire_before,
-                               checkpoint_point(store), gone), keys, plan.epoch, now)
+        -1 if progress.started is None else progress.started.generation, now
+    )
+    pruner.plan_pass(
+        PruneView(
+            plan.generation, progress.committed, retire_before, checkpoint_point(store), gone
+        ),
+        keys,
+        plan.epoch,
+        now,
+    )
     # The observer's own records of what is pruned go too (they would grow as the keys did).
     observer.forget(gone, retire_before)
 
@@ -87,12 +109,22 @@ class StallWatch:
         newest = -1 if progress.plan is None else progress.plan.generation
         for generation in range(max(0, newest - 2), newest + 1):
             plan = observer.load(generation)
-            reasons = {i: r.reason
-                       for i, r in protocol.failures(observer.store, generation).items()}
+            reasons = {
+                i: r.reason for i, r in protocol.failures(observer.store, generation).items()
+            }
             if plan is not None:
-                lines.append(f"plan {generation} ({plan.kind} {plan.data_parallel}x"
-                             f"{plan.pipeline_stages} from step {plan.start_step}): "
-                             + ("; ".join(f"instance {i}: {r}" for i, r in sorted(reasons.items()))
-                                or "no failure reported"))
-        LOG.warning("no step committed for %.0f s (last committed %d; %s). %s", stalled_s,
-                    progress.committed, status, " | ".join(lines))
+                lines.append(
+                    f"plan {generation} ({plan.kind} {plan.data_parallel}x"
+                    f"{plan.pipeline_stages} from step {plan.start_step}): "
+                    + (
+                        "; ".join(f"instance {i}: {r}" for i, r in sorted(reasons.items()))
+                        or "no failure reported"
+                    )
+                )
+        LOG.warning(
+            "no step committed for %.0f s (last committed %d; %s). %s",
+            stalled_s,
+            progress.committed,
+            status,
+            " | ".join(lines),
+        )

@@ -11,6 +11,7 @@ from liveput.errors import LiveputError
 CAS_MAX_ROUNDS = 10_000
 """Most read-then-swap rounds a backend tries before it gives up on a contended key."""
 
+
 class Store(ABC):
     """A key-value store with compare-and-set, shared by the coordinator and the agents.
 
@@ -83,7 +84,9 @@ def check_value(value: bytes) -> bytes:
 
 
 def format_url(scheme: str, host_name: str, port: int) -> str:
-    return f"{scheme}://[{host_name}]:{port}" if ":" in host_name else f"{scheme}://{host_name}:{port}"
+    return (
+        f"{scheme}://[{host_name}]:{port}" if ":" in host_name else f"{scheme}://{host_name}:{port}"
+    )
 
 
 def first_line(exc: BaseException) -> str:
@@ -102,7 +105,9 @@ def wait_by_polling(store: Store, key: str, timeout_s: float) -> bytes:
             return value
         left = deadline - time.monotonic()
         if left <= 0:
-            raise LiveputError(f"timed out after {timeout_s:g} s waiting for key {key!r} in {store.url}")
+            raise LiveputError(
+                f"timed out after {timeout_s:g} s waiting for key {key!r} in {store.url}"
+            )
         time.sleep(min(pause_s, left))
         pause_s = min(pause_s * 2, 0.05)
 
@@ -113,5 +118,6 @@ def parse_counter(key: str, raw: bytes | None) -> int:
     try:
         return int(raw.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
-        raise LiveputError(f"store key {key!r} holds {raw[:32]!r}, not an integer counter") from None
-
+        raise LiveputError(
+            f"store key {key!r} holds {raw[:32]!r}, not an integer counter"
+        ) from None

@@ -10,8 +10,16 @@ import uuid
 from typing import Any
 
 from liveput.errors import LiveputError
-from liveput.runtime.store.base import (CAS_MAX_ROUNDS, Store, check_key, check_value, first_line,
-                                        format_url, parse_counter, wait_by_polling)
+from liveput.runtime.store.base import (
+    CAS_MAX_ROUNDS,
+    Store,
+    check_key,
+    check_value,
+    first_line,
+    format_url,
+    parse_counter,
+    wait_by_polling,
+)
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +139,15 @@ class EtcdStore(Store):
             settled = self._settled[:_SETTLED_PER_TXN]
             del self._settled[:_SETTLED_PER_TXN]
         cleanup = [{"request_delete_range": {"key": _b64(old)}} for old in settled]
-        success = [{"request_put": {"key": _b64(key), "value": _b64(value)}},
-                   {"request_put": {"key": _b64(marker), "value": "",
-                                    "lease": self._marker_lease()}}, *cleanup]
+        success = [
+            {"request_put": {"key": _b64(key), "value": _b64(value)}},
+            {"request_put": {"key": _b64(marker), "value": "", "lease": self._marker_lease()}},
+            *cleanup,
+        ]
         try:
             result, attempts = self._post_counting(
-                "kv/txn", {"compare": [compare], "success": success, "failure": cleanup})
+                "kv/txn", {"compare": [compare], "success": success, "failure": cleanup}
+            )
             if result.get("succeeded", False):  # the gateway omits false fields
                 return True
             # Retried: the first attempt may have been applied, its reply lost.
@@ -192,8 +203,9 @@ class EtcdStore(Store):
 
     def key_count(self) -> int:
         """Keys etcd holds, transaction markers included (for measurements)."""
-        reply = self._post("kv/range", {"key": _b64(b"\x00"), "range_end": _b64(b"\x00"),
-                                        "count_only": True})
+        reply = self._post(
+            "kv/range", {"key": _b64(b"\x00"), "range_end": _b64(b"\x00"), "count_only": True}
+        )
         return int(reply.get("count", 0))
 
     def status(self) -> dict[str, Any]:

@@ -160,17 +160,22 @@ class LocalEtcd:
         pid = self._running_pid()
         if pid is not None:
             if not self._wait_healthy(None):
-                raise LiveputError(f"an etcd (pid {pid}) already runs on {self.data_dir} but does "
-                                   f"not answer at {self.http_url}; stop it (kill {pid}) or give "
-                                   "its address")
+                raise LiveputError(
+                    f"an etcd (pid {pid}) already runs on {self.data_dir} but does "
+                    f"not answer at {self.http_url}; stop it (kill {pid}) or give "
+                    "its address"
+                )
             self.pid, self.adopted = pid, True
-            LOG.info("adopted the running etcd (pid %d) at %s, data in %s", pid, self.url,
-                     self.data_dir)
+            LOG.info(
+                "adopted the running etcd (pid %d) at %s, data in %s", pid, self.url, self.data_dir
+            )
             return
         binary = shutil.which(self.config.binary)
         if binary is None:
-            raise LiveputError("etcd is not installed: install the Debian package etcd-server "
-                               "(apt-get install etcd-server), or pass --store URL")
+            raise LiveputError(
+                "etcd is not installed: install the Debian package etcd-server "
+                "(apt-get install etcd-server), or pass --store URL"
+            )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         client = self.http_url
         argv = [
@@ -183,17 +188,23 @@ class LocalEtcd:
         ]  # fmt: skip
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=not self.config.die_with_parent,
-                preexec_fn=_die_with_parent if self.config.die_with_parent else None)
+                preexec_fn=_die_with_parent if self.config.die_with_parent else None,
+            )
         self.pid = self.process.pid
         self.pid_file.write_text(f"{self.pid}\n")
         if not self._wait_healthy(self.process):
             tail = self.log_file.read_text(errors="replace").strip().splitlines()[-1:]
             self.stop()
-            raise LiveputError(f"etcd did not start at {client} in "
-                               f"{self.config.start_timeout_s:g} s (data {self.data_dir}): "
-                               f"{tail[0] if tail else 'no log'}")
+            raise LiveputError(
+                f"etcd did not start at {client} in "
+                f"{self.config.start_timeout_s:g} s (data {self.data_dir}): "
+                f"{tail[0] if tail else 'no log'}"
+            )
         LOG.info("started etcd (pid %d) at %s, data in %s", self.pid, self.url, self.data_dir)
 
     def _wait_healthy(self, process: subprocess.Popen[bytes] | None) -> bool:

@@ -77,7 +77,9 @@ class MemoryStore(Store):
                     return self._data[key]
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise LiveputError(f"timed out after {timeout_s:g} s waiting for key {key!r} in {self.url}")
+                    raise LiveputError(
+                        f"timed out after {timeout_s:g} s waiting for key {key!r} in {self.url}"
+                    )
                 self._cond.wait(left)
 
     @property

@@ -56,7 +56,9 @@ _OPENERS: dict[str, Callable[[str, bool, float], Store]] = {
 }
 
 
-def open_store(url: str, *, host: bool = False, token: str | None = None, timeout_s: float = 30.0) -> Store:
+def open_store(
+    url: str, *, host: bool = False, token: str | None = None, timeout_s: float = 30.0
+) -> Store:
     """Open the store at ``url``: ``tcp://HOST:PORT``, ``etcd://HOST:PORT`` or ``memory://[NAME]``.
 
     ``host=True`` with ``tcp://`` starts the TCPStore server in this process (the coordinator;
@@ -69,7 +71,9 @@ def open_store(url: str, *, host: bool = False, token: str | None = None, timeou
     scheme, sep, _ = url.partition("://")
     opener = _OPENERS.get(scheme) if sep else None
     if opener is None:
-        raise LiveputError(f"store URL {url!r}: unknown scheme; use tcp://HOST:PORT, etcd://HOST:PORT or memory://")
+        raise LiveputError(
+            f"store URL {url!r}: unknown scheme; use tcp://HOST:PORT, etcd://HOST:PORT or memory://"
+        )
     if timeout_s <= 0:
         raise LiveputError(f"store timeout_s must be positive, got {timeout_s}")
     store = opener(url, host, timeout_s)

@@ -34,7 +34,7 @@ def events(store: Store) -> list[dict]:
     """Why each plan was made (``events/<g>``), oldest plan first."""
     found = []
     for key, raw in store.get_prefix(keys.EVENT.prefix).items():
-        generation = key[len(keys.EVENT.prefix):]
+        generation = key[len(keys.EVENT.prefix) :]
         if generation.isdigit():
             found.append((int(generation), json.loads(raw)))
     return [event for _, event in sorted(found, key=lambda pair: pair[0])]
@@ -43,5 +43,4 @@ def events(store: Store) -> list[dict]:
 def migrations(store: Store) -> dict[str, int]:
     """Migration kind -> how many plans of that kind were published."""
     prefix = keys.migrations_prefix()
-    return {key.removeprefix(prefix): int(value)
-            for key, value in store.get_prefix(prefix).items()}
+    return {key.removeprefix(prefix): int(value) for key, value in store.get_prefix(prefix).items()}

@@ -41,10 +41,14 @@ class SignedStore(Store):
     def _verify(self, key: str, raw: bytes) -> bytes:
         head = len(_SIGNED_MAGIC) + _MAC_BYTES
         if raw[: len(_SIGNED_MAGIC)] != _SIGNED_MAGIC or len(raw) < head:
-            raise LiveputError(f"refused: value of store key {key!r} is not signed with the job token")
+            raise LiveputError(
+                f"refused: value of store key {key!r} is not signed with the job token"
+            )
         value = raw[head:]
         if not hmac.compare_digest(raw[len(_SIGNED_MAGIC) : head], self._mac(key, value)):
-            raise LiveputError(f"refused: value of store key {key!r} has a bad signature (wrong job token?)")
+            raise LiveputError(
+                f"refused: value of store key {key!r} has a bad signature (wrong job token?)"
+            )
         return value
 
     def get(self, key: str) -> bytes | None:
@@ -57,7 +61,9 @@ class SignedStore(Store):
     def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
         check_key(key)
         signed_expected = None if expected is None else self._sign(key, bytes(expected))
-        return self._inner.compare_and_set(key, signed_expected, self._sign(key, check_value(value)))
+        return self._inner.compare_and_set(
+            key, signed_expected, self._sign(key, check_value(value))
+        )
 
     def delete(self, key: str) -> None:
         self._inner.delete(key)

@@ -11,8 +11,16 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from liveput.errors import LiveputError
-from liveput.runtime.store.base import (CAS_MAX_ROUNDS, Store, check_key, check_value, first_line,
-                                        format_url, parse_counter, wait_by_polling)
+from liveput.runtime.store.base import (
+    CAS_MAX_ROUNDS,
+    Store,
+    check_key,
+    check_value,
+    first_line,
+    format_url,
+    parse_counter,
+    wait_by_polling,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +79,9 @@ class TCPStoreBackend(Store):
     are given up after ``_HOLE_PATIENCE_S`` (a writer takes microseconds between its two calls).
     """
 
-    def __init__(self, host_name: str, port: int, *, host: bool = False, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, host_name: str, port: int, *, host: bool = False, timeout_s: float = 30.0
+    ) -> None:
         import torch.distributed as dist
 
         self._timeout_s = float(timeout_s)
@@ -125,14 +135,17 @@ class TCPStoreBackend(Store):
                 if time.monotonic() + 0.2 >= deadline:
                     raise LiveputError(
                         f"store {self.url} unreachable after {self._timeout_s:g} s: "
-                        f"{exc.strerror or exc}") from None
+                        f"{exc.strerror or exc}"
+                    ) from None
             time.sleep(0.2)  # refused: the server may still be starting
 
     def _listen(self, host_name: str, port: int) -> tuple[int, int]:
         # The TCPStore server binds every interface by default; handing it our own socket keeps it on
         # the address asked for.
         try:
-            family, _, _, _, address = socket.getaddrinfo(host_name, port, type=socket.SOCK_STREAM)[0]
+            family, _, _, _, address = socket.getaddrinfo(host_name, port, type=socket.SOCK_STREAM)[
+                0
+            ]
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:
             raise LiveputError(f"store {self.url}: cannot listen: {exc}") from None
