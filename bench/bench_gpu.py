@@ -135,11 +135,12 @@ def _figures(name: str, part: dict) -> str:
         )
     if name == "overhead":
         return (
-            f"{part['model']} bf16: engine {part['engine_samples_per_s']} / plain "
+            f"{part['model']} bf16, batch {part['global_batch']} as one micro-batch: engine "
+            f"{part['engine_one_micro_batch_samples_per_s']} / plain "
             f"{part['plain_samples_per_s']} samples/s = {part['ratio']} (target >= "
-            f"{part['target']}: {'PASS' if part['passed'] else 'FAIL'}); against the "
-            f"plain loop of the same {part['micro_batches']} micro-batches "
-            f"{part['ratio_to_accumulating']}"
+            f"{part['target']}: {'PASS' if part['passed'] else 'FAIL'}); in the job's "
+            f"{part['micro_batches']} micro-batches: engine {part['engine_samples_per_s']}, "
+            f"{part['ratio_to_accumulating']}x a plain loop of the same micro-batches"
         )
     if name == "runtime":
         scripted, train = part.get("scripted", {}), part.get("train", {})

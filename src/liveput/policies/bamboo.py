@@ -124,10 +124,9 @@ class BambooPolicy(LookupPolicy):
         migration: MigrationKind,
         downtime_s: float,
         remaining_s: float,
-        slowdown: float = 1.0,
-        num_instances_used: int | None = None,
+        **extra: object,
     ) -> Decision:
-        factor = self._speed(target) * slowdown
+        factor = self._speed(target) * float(extra.pop("slowdown", 1.0))
         return Decision(
             target,
             migration=migration,
@@ -136,7 +135,7 @@ class BambooPolicy(LookupPolicy):
             expected_samples=self.lookup.throughput(target)
             * factor
             * max(remaining_s - downtime_s, 0.0),
-            num_instances_used=num_instances_used,
+            **extra,
         )
 
     def decide(self, observation: Observation) -> Decision:

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn, cast
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -137,10 +137,14 @@ def _make_group(
     if wire.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-        backend = dist.ProcessGroupGloo(scoped, rank, size, options)
-    # torch's stubs declare send, recv and allreduce on ProcessGroup only; its backends have them.
-    return cast(dist.ProcessGroup, backend)
+        return dist.ProcessGroupNCCL(scoped, rank, size, options)
+    if host is None:
+        return dist.ProcessGroupGloo(scoped, rank, size, timeout)
+    # Bind gloo to the instance's own address, not whatever the machine's hostname resolves to.
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    return dist.ProcessGroupGloo(scoped, rank, size, options)
 
 
 @dataclass

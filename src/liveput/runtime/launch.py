@@ -43,8 +43,7 @@ from liveput.runtime.store import Store, open_store
 
 if TYPE_CHECKING:
     from liveput.perf.types import ModelProfile
-    from liveput.policies.deadline import DeadlineContext
-    from liveput.runtime.coordinator import Coordinator, CoordinatorConfig, MarketView
+    from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 
 LOG = logging.getLogger(__name__)
 NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
@@ -113,7 +112,7 @@ def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:
             f"known: {', '.join(NOTICE_SOURCES)}"
         )
     watchers: list[NoticeWatcher] = []
-    factories: dict[str, Callable[[], NoticeWatcher]] = {
+    factories = {
         "aws": AwsNoticeWatcher,
         "gcp": GcpNoticeWatcher,
         "sigterm": lambda: SignalNoticeWatcher((signal.SIGTERM,)),
@@ -214,15 +213,14 @@ def run_coordinator(
     spec: JobSpec,
     config: CoordinatorConfig,
     profile: ModelProfile | None = None,
-    deadline: DeadlineContext | None = None,
-    market: MarketView | None = None,
+    **deciding: object,
 ) -> Coordinator:
     """Publish the job and run the control loop until the job is done.
 
     A restarted coordinator may find its store down (an etcd restarting): it waits for it as
     the agents do, ``spec.store_outage_s``. The job's profile is kept in the store
     (``job/profile``), so a restart plans with the same one instead of profiling again.
-    ``deadline`` and ``market``: a deadline job's (see the coordinator)."""
+    ``deciding``: a deadline job's ``deadline`` and ``market`` (see the coordinator)."""
     # Imported here: agents import this module and need none of the deciding code.
     from liveput.runtime.coordinator import Coordinator
 
@@ -245,8 +243,7 @@ def run_coordinator(
             lambda: job_profile(store, spec.job, spec.data, device, precision), spec.store_outage_s
         )
     coordinator = through_outage(
-        lambda: Coordinator(store, profile, config, deadline=deadline, market=market),
-        spec.store_outage_s,
+        lambda: Coordinator(store, profile, config, **deciding), spec.store_outage_s
     )
     coordinator.run()
     return coordinator

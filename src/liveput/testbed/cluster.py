@@ -18,19 +18,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from liveput.runtime import keys, protocol
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
 from liveput.testbed.errors import TestbedError
 from liveput.testbed.etcd import EtcdServer
 from liveput.testbed.netns import NetnsHosts
-
-if TYPE_CHECKING:
-    from liveput.runtime.job import Job
 
 __all__ = ["ClusterConfig", "ChaosCluster", "CHAOS_JOB", "chaos_job", "TOKEN"]
 
@@ -43,7 +38,7 @@ SAMPLE_DELAY_S = 0.01
 to land inside it, as a real model's would."""
 
 
-def chaos_job() -> Job:
+def chaos_job():  # noqa: ANN201 - a liveput.Job
     """tiny-gpt-small whose samples take ``SAMPLE_DELAY_S`` each to load."""
     import torch
 
@@ -51,14 +46,12 @@ def chaos_job() -> Job:
 
     job = resolve_job("tiny-gpt-small")
     inner = job.dataset
-    assert isinstance(inner, Sized)  # tiny-gpt-small's windows
-    num_windows = len(inner)
 
     class SlowWindows(torch.utils.data.Dataset):
         def __len__(self) -> int:
-            return num_windows
+            return len(inner)
 
-        def __getitem__(self, index: int) -> Any:
+        def __getitem__(self, index: int):  # noqa: ANN204
             time.sleep(SAMPLE_DELAY_S)
             return inner[index]
 
@@ -292,16 +285,10 @@ class ChaosCluster:
         if self.store is not None:
             self.store.close()
 
-    def started_store(self) -> Store:
-        """The job's store; a TestbedError before :meth:`start` opened it."""
-        if self.store is None:
-            raise TestbedError("the cluster's store is not open (start the cluster first)")
-        return self.store
-
     # --- observation (None while the store is away) ---------------------------------------------
     def plan(self) -> protocol.RuntimePlan | None:
         try:
-            return protocol.current_plan(self.started_store())
+            return protocol.current_plan(self.store)
         except Exception:  # noqa: BLE001 - the store may be down: a fault
             return None
 
@@ -328,9 +315,7 @@ class ChaosCluster:
             for raw in self.store.get_prefix(keys.LEDGER.prefix).values()
         )
 
-    def wait_until(
-        self, condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.05
-    ) -> bool:
+    def wait_until(self, condition, timeout_s: float, poll_s: float = 0.05) -> bool:  # noqa: ANN001
         """Whether ``condition()`` held within ``timeout_s`` (False too once the job ended)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
