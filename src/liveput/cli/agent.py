@@ -15,8 +15,8 @@ from liveput.errors import LiveputError
 
 if TYPE_CHECKING:
     from liveput.cloud.holding import InstanceHolder
+    from liveput.models.job import Job
     from liveput.policies.deadline import DeadlineContext
-    from liveput.runtime.job import Job
 
 
 def _token(token: str | None) -> str:

@@ -81,7 +81,7 @@ def _cost_figure(rows: Sequence[DeadlineSweepRow]) -> Figure:
     return figure
 
 
-def _mix_figure(result: SimulationResult) -> plt.Figure:
+def _mix_figure(result: SimulationResult) -> Figure:
     names = list(result.runs)
     figure, axes = plt.subplots(
         len(names), 1, figsize=(10, 1.4 * len(names) + 0.8), dpi=110, sharex=True, squeeze=False

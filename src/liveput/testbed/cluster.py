@@ -30,7 +30,7 @@ from liveput.testbed.etcd import EtcdServer
 from liveput.testbed.netns import NetnsHosts
 
 if TYPE_CHECKING:
-    from liveput.runtime.job import Job
+    from liveput.models.job import Job
 
 __all__ = ["ClusterConfig", "ChaosCluster", "CHAOS_JOB", "chaos_job", "TOKEN"]
 
@@ -308,7 +308,7 @@ class ChaosCluster:
     def committed(self) -> int:
         """The newest committed step of the newest restore epoch (-1 before any)."""
         try:
-            records = self.store.get_prefix(keys.LEDGER.prefix)
+            records = self.started_store().get_prefix(keys.LEDGER.prefix)
         except Exception:  # noqa: BLE001 - the store may be down: a fault
             return -1
         points = [tuple(int(p) for p in key.split("/")[1:]) for key in records]
@@ -316,7 +316,7 @@ class ChaosCluster:
 
     def state(self, instance: int) -> str | None:
         try:
-            raw = self.store.get(keys.state(instance))
+            raw = self.started_store().get(keys.state(instance))
         except Exception:  # noqa: BLE001
             return None
         return None if raw is None else raw.decode()
@@ -325,7 +325,7 @@ class ChaosCluster:
         """Unix times of every step committed, every epoch."""
         return sorted(
             json.loads(raw)["committed_unix_s"]
-            for raw in self.store.get_prefix(keys.LEDGER.prefix).values()
+            for raw in self.started_store().get_prefix(keys.LEDGER.prefix).values()
         )
 
     def wait_until(

@@ -369,7 +369,7 @@ class Injector:
         # What its notice watcher would have reported, had it lived to see the notice.
         notice = Notice("emulator", "terminate", 0.0, f"i-{victim:04d}")
         try:
-            self.cluster.store.set(keys.notice(victim), notice.to_json().encode())
+            self.cluster.started_store().set(keys.notice(victim), notice.to_json().encode())
         except Exception:  # noqa: BLE001 - a store outage: the notice is lost, as a real one
             LOG.warning("notice for gone instance %d not written", victim)
         self._replace()
