@@ -2,10 +2,10 @@
 
 A real :class:`~liveput.runtime.coordinator.Coordinator` (with its pruning) runs against a signed
 store, on the TCPStore (hosted in a child process, as a coordinator hosts it) and on a real etcd
-server (:class:`~liveput.runtime.store.etcd_server.LocalEtcd`). Instead of training, obedient agents
-write what the engine and the agent write, through the same protocol functions: heartbeats, arrivals,
-holdings reports, commit votes and outcomes, ledger records, checkpoint counters and the latest
-checkpoint. An instance is lost (no notice) and a new one joins at 2,500 and 7,500 steps, and
+server (:class:`~liveput.runtime.store.etcd_server.LocalEtcd`). Instead of training, obedient
+agents write what the engine and the agent write, through the same protocol functions: heartbeats,
+arrivals, holdings reports, commit votes and outcomes, ledger records, checkpoint counters and the
+latest checkpoint. An instance is lost (no notice) and a new one joins at 2,500 and 7,500 steps, and
 at 5,005 steps all three are replaced, so generations end, a plan restores from the checkpoint
 and instances are forgotten as in a long job. Time is a manual
 clock: one step is 0.2 s, the coordinator ticks (and agents beat) every 4 steps.

@@ -1,8 +1,8 @@
 """The peers benchmark's output: the table, the ``--json`` document and the plot.
 
 ``--json`` writes ``{"traces": [{"trace": name, "systems": {system: {"samples": n, ...}},
-"simulated": {"liveput": n, "liveput-restart": n}}]}`` (field names fixed for scripts); a system that
-could not run has ``"samples": null`` and an ``"error"``. ``"bound_samples"``: what no system
+"simulated": {"liveput": n, "liveput-restart": n}}]}`` (field names fixed for scripts); a system
+that could not run has ``"samples": null`` and an ``"error"``. ``"bound_samples"``: what no system
 trains more than on the trace here (``peers_sim.upper_bound``), when the rates were measured.
 """
 

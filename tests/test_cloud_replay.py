@@ -321,8 +321,8 @@ def test_background_replay_in_real_time(tmp_path: Path, clouds: list[EmulatedPro
     seen: list[ProviderEventKind] = []
     trace = make_trace(1, [(60.0, 0, 1), (120.0, 2, 0)], end_s=180.0)
     cloud = replaying(
-        trace, SLEEPER, MonotonicClock(), tmp_path, time_scale=600, notice_lead_s=30, notice_signal=None,
-        on_event=lambda e: seen.append(e.kind),
+        trace, SLEEPER, MonotonicClock(), tmp_path, time_scale=600, notice_lead_s=30,
+        notice_signal=None, on_event=lambda e: seen.append(e.kind),
     )  # fmt: skip
     clouds.append(cloud)
     started = time.monotonic()
@@ -347,7 +347,13 @@ def test_background_replay_in_real_time(tmp_path: Path, clouds: list[EmulatedPro
 @pytest.mark.process
 def test_launcher_fills_template_and_environment(tmp_path: Path) -> None:
     launcher = command_launcher(
-        [sys.executable, "-c", "import os,sys; print(sys.argv[1], os.environ['LIVEPUT_INSTANCE_ID'], os.environ['LIVEPUT_NOTICE_FILE'])", "{instance_id}:{notice_file}"],
+        [
+            sys.executable,
+            "-c",
+            "import os,sys; print(sys.argv[1], os.environ['LIVEPUT_INSTANCE_ID'],"
+            " os.environ['LIVEPUT_NOTICE_FILE'])",
+            "{instance_id}:{notice_file}",
+        ],
         log_dir=tmp_path,
     )  # fmt: skip
     spec = LaunchSpec("i-0042", tmp_path / "n.json")

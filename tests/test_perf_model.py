@@ -43,9 +43,9 @@ def _fit(model: str) -> tuple[float, int, int]:
     return mape, misses, len(counts)
 
 
-# The model's accuracy targets: MAPE <= 15% and every instance count's pick within 5% of the measured
-# best. Where a model misses them the bound is the figure achieved: BERT-large's two misses are
-# single measured dips ((6, 3) and (8, 2) run at half their neighbours); ResNet-152's table is
+# The model's accuracy targets: MAPE <= 15% and every instance count's pick within 5% of the
+# measured best. Where a model misses them the bound is the figure achieved: BERT-large's two misses
+# are single measured dips ((6, 3) and (8, 2) run at half their neighbours); ResNet-152's table is
 # beyond any partition (test below: no cut and no constants of the formula get under 18%).
 @pytest.mark.parametrize(
     "model, max_mape, max_misses",

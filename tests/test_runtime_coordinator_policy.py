@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 from liveput.errors import LiveputError
+from liveput.models.jobs import resolve_job
+from liveput.perf.configuration import Configuration
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.estimator import estimate_configs
-from liveput.policies import Configuration, Decision, Observation, PolicyContext, Provisioning
+from liveput.policies import Decision, Observation, PolicyContext, Provisioning
 from liveput.policies.deadline import DeadlineContext, make_deadline_policy
 from liveput.policies.objective import JobObjective
 from liveput.runtime.coordinator import DeadlineObjective, ThroughputObjective
@@ -23,7 +25,6 @@ from liveput.runtime.coordinator.policy import (
     step,
 )
 from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView, Member
-from liveput.runtime.job import resolve_job
 from liveput.runtime.planning import profile_job
 from liveput.runtime.protocol import RuntimePlan
 

@@ -54,7 +54,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     opened.close()
 
 
-# -- the contract --------------------------------------------------------------------------------------
+# -- the contract ----------------------------------------------------------------------------------
 
 
 def test_get_set_roundtrip_binary_and_empty_values(store: Store) -> None:
@@ -222,7 +222,7 @@ def test_random_operations_match_the_reference_model(store: Store) -> None:
             assert store.get(key) == model.get(key), where
 
 
-# -- opening by URL ------------------------------------------------------------------------------------
+# -- opening by URL --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -293,7 +293,7 @@ def test_tcp_clients_share_the_hosted_state(tcp_host: TCPStoreBackend) -> None:
         client.get("plan")  # the coordinator hosting the store is gone
 
 
-# -- etcd restart --------------------------------------------------------------------------------------
+# -- etcd restart ----------------------------------------------------------------------------------
 
 
 def test_etcd_restart_keeps_data_and_clients_reconnect(
@@ -378,7 +378,7 @@ def test_etcd_outage_longer_than_timeout_is_a_one_line_error(
     assert store.get("k") is None
 
 
-# -- signatures ----------------------------------------------------------------------------------------
+# -- signatures ------------------------------------------------------------------------------------
 
 
 def test_signed_store_roundtrip_and_refusals(store: Store) -> None:
@@ -430,7 +430,7 @@ def test_signed_store_with_wrong_token_is_refused(store: Store) -> None:
         SignedStore(inner, "")
 
 
-# -- across network namespaces -------------------------------------------------------------------------
+# -- across network namespaces ---------------------------------------------------------------------
 
 _NETNS_HOST = textwrap.dedent(
     """

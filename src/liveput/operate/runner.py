@@ -34,9 +34,9 @@ from liveput.runtime.store import Store, open_store
 from liveput.runtime.store.etcd_server import pid_alive
 
 if TYPE_CHECKING:
+    from liveput.models.job import Job
     from liveput.operate.metrics import TensorBoardScalars
     from liveput.runtime.coordinator import Coordinator
-    from liveput.runtime.job import Job
 
 LOG = logging.getLogger(__name__)
 JOB_JSON = "job.json"

@@ -112,7 +112,8 @@ def to_runtime_plan(
         if source == CHECKPOINT:
             needs_checkpoint = True
         transfers.append(Transfer(transfer.layer, int(source), transfer.destination))
-    kind = migration.kind
+    # The plan's kind on the wire: a migration kind, or "start" for a job's first plan.
+    kind: str = migration.kind
     restore_step = None
     start_step = context.start_step
     epoch = context.epoch

@@ -20,7 +20,8 @@ rule means:
   ``generation_grace_s``: a straggler of it has long read its fence): its ``commit``, ``done``,
   ``arrived``, ``started``, ``fail`` and ``failed`` keys; its ``plan`` once the generation after
   it is retired too (holding reports name their generation's successor's start).
-- ``ckpt/<e>/<s>`` counters of checkpoints older than the oldest one a restore may use (:func:`checkpoint_point`).
+- ``ckpt/<e>/<s>`` counters of checkpoints older than the oldest one a restore may use
+  (:func:`checkpoint_point`).
 - ``members``, ``hb``, ``state``, ``holds``, ``notice``, ``lost`` of an instance silent for
   ``forget_after_s`` and not in the newest plan (an agent that comes back re-registers when its
   heartbeat counter starts again from 1).
@@ -67,8 +68,8 @@ class PruneConfig:
     forget_after_s: float = 300.0
     """An instance silent this long, and not in the newest plan, is forgotten, seconds."""
     fold_ledger: bool = True
-    """Fold the ledger records up to the oldest checkpoint a restore may use into the summary (``liveput
-    train`` keeps them all: it writes the per-step log from them at the end)."""
+    """Fold the ledger records up to the oldest checkpoint a restore may use into the summary
+    (``liveput train`` keeps them all: it writes the per-step log from them at the end)."""
     enabled: bool = True
     """Prune at all."""
 

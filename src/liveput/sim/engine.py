@@ -1,5 +1,6 @@
 """The simulator: one executor of policy decisions on a replayed availability trace, run for an
-objective (:mod:`liveput.sim.objective`: throughput here, a deadline in :mod:`liveput.sim.deadline`).
+objective (:mod:`liveput.sim.objective`: throughput here, a deadline in
+:mod:`liveput.sim.deadline`).
 
 The objective is a strategy the executor is handed: it says which spot instances the job holds,
 how instances are paid for and when the replay stops; the executor owns what follows.
@@ -35,12 +36,13 @@ preempted[t]`` lost and ``a = allocated[t]`` granted during it, ``o`` on-demand 
 *The end.* The replay stops at the trace's end, or as soon as the job's samples reach the
 objective's work (``target_samples``; inf for throughput).
 
-*Online calibration* (optional, :class:`~liveput.sim.objective.OnlineCalibration`): the runtime's coordinator re-fits its
-throughput table to the step times it measured (``perf.online``) and plans with the new table
-from then on. With ``learn``, every ``every_s`` the configurations the job has trained on for
-at least ``min_trained_s`` count as measured, at the step time they really train at (the job's
-table: ``actual`` when given); when that set changed, the policy is made anew with the table
-``learn.fit`` returns for them, as the coordinator makes a new policy at each re-fit.
+*Online calibration* (optional, :class:`~liveput.sim.objective.OnlineCalibration`): the
+runtime's coordinator re-fits its throughput table to the step times it measured
+(``perf.online``) and plans with the new table from then on. With ``learn``, every ``every_s``
+the configurations the job has trained on for at least ``min_trained_s`` count as measured, at the
+step time they really train at (the job's table: ``actual`` when given); when that set changed,
+the policy is made anew with the table ``learn.fit`` returns for them, as the coordinator makes a
+new policy at each re-fit.
 
 The draws (u and the loss order of each interval) come from ``seed`` and the interval index
 only, so every policy meets the same losses at the same times (common random numbers). The

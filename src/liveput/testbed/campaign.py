@@ -43,7 +43,7 @@ from liveput.testbed.reference import final_parameters, parameter_mismatches, re
 if TYPE_CHECKING:
     import torch
 
-    from liveput.runtime.job import Job
+    from liveput.models.job import Job
     from liveput.runtime.store import Store
 
 LOG = logging.getLogger(__name__)

@@ -57,7 +57,8 @@ class EtcdServer:
 
     def _local(self) -> LocalEtcd:
         # The coordinator's own way of running etcd (liveput.runtime.store.etcd_server), killed
-        # with the thread that started it: a test run killed hard leaves no etcd on a shared machine.
+        # with the thread that started it: a test run killed hard leaves no etcd on a shared
+        # machine.
         return LocalEtcd(
             EtcdConfig(
                 self.data_dir,

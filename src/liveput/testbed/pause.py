@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from liveput.runtime.job import Job
+    from liveput.models.job import Job
 
 __all__ = ["PAUSE_DIR_ENV", "PAUSING_JOB", "pausing_job", "read_paused"]
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from liveput.errors import LiveputError
-from liveput.perf.configuration import Configuration, ObservationEvent
+from liveput.perf.configuration import Configuration, MigrationKind, ObservationEvent
 from liveput.plan.costs import migration_kind
 from liveput.policies.base import Decision, Observation, PolicyContext, Provisioning
 from liveput.policies.common import ConfigurationLookup, recovery_start, restart_s
@@ -102,7 +102,7 @@ class DeadlinePolicy(ABC):
         observation: Observation,
         num_spot: int,
         num_on_demand: int,
-    ) -> tuple[Configuration | None, str, float, float]:
+    ) -> tuple[Configuration | None, MigrationKind, float, float]:
         """(D, P) on ``num_spot`` spot and ``num_on_demand`` running on-demand instances:
         the configuration, its migration kind and seconds, and its expected samples."""
         room = num_spot + num_on_demand
@@ -190,7 +190,7 @@ class DeadlinePolicy(ABC):
         target: Configuration | None,
         room: int,
         remaining_s: float,
-    ) -> tuple[Configuration | None, str, float, float]:
+    ) -> tuple[Configuration | None, MigrationKind, float, float]:
         # The spares are released: the move involves the instances the target uses.
         seconds = (
             self.optimizer.migration_s(current, target, target.num_instances) if target else 0.0

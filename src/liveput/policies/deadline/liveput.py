@@ -45,7 +45,7 @@ import numpy as np
 
 from liveput.forecast import make_predictor
 from liveput.forecast.base import Forecast
-from liveput.perf.configuration import Configuration
+from liveput.perf.configuration import Configuration, MigrationKind
 from liveput.policies.base import Observation, Provisioning
 from liveput.policies.deadline.base import DEADLINE_POLICIES, DeadlineContext, DeadlinePolicy
 
@@ -198,7 +198,7 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         observation: Observation,
         num_spot: int,
         num_on_demand: int,
-    ) -> tuple[Configuration | None, str, float, float]:
+    ) -> tuple[Configuration | None, MigrationKind, float, float]:
         forecast = self._capped(self.forecast, self.spot_cap) if self.forecast else None
         if forecast is None:
             return super().configure(observation, num_spot, num_on_demand)

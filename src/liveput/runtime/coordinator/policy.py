@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from liveput.errors import LiveputError
-from liveput.perf.configuration import Configuration
+from liveput.perf.configuration import Configuration, ObservationEvent
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.policies import Decision, Observation, Provisioning
 from liveput.runtime.coordinator.objective import MarketReading, Objective, Planning
@@ -163,7 +163,7 @@ def step(
                 num_available=num_available,
                 current=current,
                 capacity=config.capacity,
-                event=event,
+                event=ObservationEvent(event),  # the rules name it as a plain string
                 lost_slots=lost_slots,
                 remaining_s=config.policy_interval_s,
             ),

@@ -140,6 +140,10 @@ class Publisher:
                 f"(reported: { {i: m.held_step for i, m in view.members.items()} })",
             )
         if plan.epoch != context.epoch:
+            # The planner opens a new epoch only when the plan restores from a checkpoint.
+            assert plan.restore_step is not None, (
+                f"plan {plan.generation} opens epoch {plan.epoch} without a restore step"
+            )
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
             reset_latest(self.store, plan.epoch, plan.restore_step)
             progress.committed = plan.start_step - 1

@@ -20,7 +20,8 @@ class Store(ABC):
     """
 
     url: str = "memory://"
-    """Where the store is (``tcp://HOST:PORT``, ``etcd://HOST:PORT``, ``memory://``), for messages."""
+    """Where the store is (``tcp://HOST:PORT``, ``etcd://HOST:PORT``, ``memory://``), for
+    messages."""
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:
@@ -54,7 +55,8 @@ class Store(ABC):
 
     @abstractmethod
     def wait_for(self, key: str, timeout_s: float) -> bytes:
-        """Block until ``key`` exists and return its value; :class:`LiveputError` after ``timeout_s``."""
+        """Block until ``key`` exists and return its value; :class:`LiveputError` after
+        ``timeout_s``."""
 
     @abstractmethod
     def close(self) -> None:
@@ -95,7 +97,8 @@ def first_line(exc: BaseException) -> str:
 
 
 def wait_by_polling(store: Store, key: str, timeout_s: float) -> bytes:
-    """``store.get(key)`` with a growing pause (5 ms to 50 ms) until the key exists or time is up."""
+    """``store.get(key)`` with a growing pause (5 ms to 50 ms) until the key exists or time is
+    up."""
     check_key(key)
     deadline = time.monotonic() + timeout_s
     pause_s = 0.005

@@ -17,7 +17,8 @@ _MEMORY_LOCK = threading.Lock()
 
 
 def parse_host_port(url: str) -> tuple[str, int]:
-    """``HOST:PORT`` from a ``scheme://HOST:PORT`` URL (``[v6]:PORT`` allowed); LiveputError if bad."""
+    """``HOST:PORT`` from a ``scheme://HOST:PORT`` URL (``[v6]:PORT`` allowed); LiveputError if
+    bad."""
     rest = url.partition("://")[2].rstrip("/")
     host_name, sep, port_text = rest.rpartition(":")
     host_name = host_name.strip("[]")

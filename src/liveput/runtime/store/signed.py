@@ -1,4 +1,5 @@
-"""The signing wrapper: every value of a wrapped store carries an HMAC-SHA256 under the job token."""
+"""The signing wrapper: every value of a wrapped store carries an HMAC-SHA256 under the job
+token."""
 
 from __future__ import annotations
 

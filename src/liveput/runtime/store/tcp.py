@@ -26,11 +26,11 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")  # what a wrapped backend call returns
 
-# Stored form of a value: b"v" + 8-byte nonce + value. The TCPStore's own compare_set answers with the
-# value it holds afterwards, which cannot tell "I swapped" from "someone else already wrote what I
-# wanted" unless every write is unique, hence the nonce. A stored value is never empty, so the empty
-# string can mean "absent" in compare_set, and a marker that no value can equal lets compare_set act
-# as a non-blocking read (TCPStore.get blocks until the key exists).
+# Stored form of a value: b"v" + 8-byte nonce + value. The TCPStore's own compare_set answers with
+# the value it holds afterwards, which cannot tell "I swapped" from "someone else already wrote what
+# I wanted" unless every write is unique, hence the nonce. A stored value is never empty, so the
+# empty string can mean "absent" in compare_set, and a marker that no value can equal lets
+# compare_set act as a non-blocking read (TCPStore.get blocks until the key exists).
 _TCP_TAG = b"v"
 _TCP_NONCE_BYTES = 8
 _TCP_ABSENT = b"\x00liveput-absent\x00"
@@ -140,8 +140,8 @@ class TCPStoreBackend(Store):
             time.sleep(0.2)  # refused: the server may still be starting
 
     def _listen(self, host_name: str, port: int) -> tuple[int, int]:
-        # The TCPStore server binds every interface by default; handing it our own socket keeps it on
-        # the address asked for.
+        # The TCPStore server binds every interface by default; handing it our own socket keeps it
+        # on the address asked for.
         try:
             family, _, _, _, address = socket.getaddrinfo(host_name, port, type=socket.SOCK_STREAM)[
                 0
@@ -230,7 +230,7 @@ class TCPStoreBackend(Store):
         # Marker first, key last: a write of the key after its deletion then re-indexes it.
         self._call(lambda s: s.delete_key(f"{_TCP_INDEX}seen/{key}"))
         for entry in sorted(self._entries.pop(key, ())):
-            self._call(lambda s, e=entry: s.delete_key(f"{_TCP_INDEX}{e}"))
+            self._delete_index_entry(entry)
         self._call(lambda s: s.delete_key(key))
 
     def key_count(self) -> int:
@@ -261,6 +261,9 @@ class TCPStoreBackend(Store):
                     self._forget(key)
             self._sweep_at = max(_SWEEP_MIN_ENTRIES, 2 * len(self._entries))
 
+    def _delete_index_entry(self, entry: int) -> None:
+        self._call(lambda s: s.delete_key(f"{_TCP_INDEX}{entry}"))
+
     def _forget(self, key: str) -> None:
         """``key`` is not there: if its marker is gone too it was deleted: drop it here (a new
         write indexes it again) and its index entries (a writer's ``set`` is one-way, so a
@@ -270,7 +273,7 @@ class TCPStoreBackend(Store):
             return
         entries = self._entries.pop(key, set())
         for entry in sorted(entries):
-            self._call(lambda s, e=entry: s.delete_key(f"{_TCP_INDEX}{e}"))
+            self._delete_index_entry(entry)
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         self._read_index()
