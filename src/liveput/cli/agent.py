@@ -5,11 +5,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from liveput.cli import params
 from liveput.errors import LiveputError
+
+if TYPE_CHECKING:
+    from liveput.cloud.holding import InstanceHolder
+    from liveput.models.job import Job
+    from liveput.policies.deadline import DeadlineContext
 
 
 def _token(token: str | None) -> str:
@@ -291,7 +298,7 @@ def coordinator(
         etcd.start()
         typer.echo(f"store: {etcd.url} (etcd pid {etcd.pid}, data in {etcd.data_dir})", err=True)
     try:
-        url = store or (f"tcp://{listen}" if embedded else etcd.url)
+        url = store or (etcd.url if etcd is not None else f"tcp://{listen}")
         if embedded:
             handle = open_store(url, host=True, token=token)
         else:
@@ -387,8 +394,8 @@ def _holder(
     token: str,
     image_id: str | None,
     trace: str | None,
-    work_dir: object,
-):  # noqa: ANN202 - an InstanceHolder or None
+    work_dir: Path,
+) -> InstanceHolder | None:
     """The provider and what it holds, checked before anything starts (one-line errors)."""
     if name is None:
         if spot_max or on_demand_max or instance_types:
@@ -422,20 +429,18 @@ def _holder(
 
 
 def _deadline(
-    holder,
-    job,
+    holder: InstanceHolder,
+    job: Job,
     steps: int,
     spot_max: int,
-    on_demand_max: int,  # noqa: ANN001, ANN202
+    on_demand_max: int,
     deadline_hours: float,
     policy: str,
     trace_path: str | None,
     interval_s: float,
-):
+) -> tuple[DeadlineContext, float]:
     """(the deadline policy's context, the monotonic time the deadline counts from), checked
     before anything starts: the provider's prices, the spot it holds (or its trace)."""
-    from pathlib import Path
-
     import numpy as np
 
     from liveput.launch.deadline import DeadlineJob, deadline_context

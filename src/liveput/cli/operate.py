@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.live import Live
@@ -18,8 +19,13 @@ from liveput.cli.output import console, device_counts, err_console, print_json
 from liveput.errors import LiveputError
 from liveput.runtime import keys
 
+if TYPE_CHECKING:
+    from liveput.operate.jobfile import JobFile
+    from liveput.operate.runner import JobPlace
+    from liveput.runtime.store import Store
 
-def _job(path: Path):  # noqa: ANN202 - a JobFile
+
+def _job(path: Path) -> JobFile:
     from liveput.operate.jobfile import load_job_file
 
     return load_job_file(path)
@@ -81,9 +87,9 @@ def resume(
     _run(job, resume=True, as_json=as_json)
 
 
-def _run(job, resume: bool, as_json: bool) -> None:  # noqa: ANN001
+def _run(job: JobFile, resume: bool, as_json: bool) -> None:
     from liveput.cli.train import _summary_table
-    from liveput.operate.runner import JobPlace, run_job
+    from liveput.operate.runner import run_job
 
     def ready(place: JobPlace) -> None:
         watch = f"liveput status --store {place.store} --token-file {place.token_file}"
@@ -102,7 +108,7 @@ def _run(job, resume: bool, as_json: bool) -> None:  # noqa: ANN001
         err_console.print(f"model: {summary['model']}", soft_wrap=True)
 
 
-def _keep_job_file(job, place) -> None:  # noqa: ANN001
+def _keep_job_file(job: JobFile, place: JobPlace) -> None:
     """The job file in the store, so that ``resume --store`` needs nothing else."""
     from liveput.runtime.store import open_store
 
@@ -122,7 +128,7 @@ def _keep_job_file(job, place) -> None:  # noqa: ANN001
         )
 
 
-def _detach(job_file: Path, job, as_json: bool) -> None:  # noqa: ANN001
+def _detach(job_file: Path, job: JobFile, as_json: bool) -> None:
     from liveput.operate.runner import read_place
     from liveput.runtime.store import open_store
 
@@ -193,7 +199,7 @@ def _token(token: str | None, token_file: Path | None, fallback: str | None) -> 
 
 def _open(
     store: str | None, token_file: Path | None, token: str | None, job_file: Path | None = None
-):  # noqa: ANN202 - a Store
+) -> Store:
     from liveput.operate.runner import read_place
     from liveput.runtime.store import open_store
 

@@ -210,7 +210,7 @@ def run_local_training(
         else:
             url = config.store_url
             store = open_store(url, host=url.startswith("tcp://"), token=token)
-        cloud = None
+        cloud: LocalCloud | None = None
         finished = False
         try:
             interval_s = 60.0 / config.time_scale

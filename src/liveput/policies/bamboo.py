@@ -124,9 +124,10 @@ class BambooPolicy(LookupPolicy):
         migration: MigrationKind,
         downtime_s: float,
         remaining_s: float,
-        **extra: object,
+        slowdown: float = 1.0,
+        num_instances_used: int | None = None,
     ) -> Decision:
-        factor = self._speed(target) * float(extra.pop("slowdown", 1.0))
+        factor = self._speed(target) * slowdown
         return Decision(
             target,
             migration=migration,
@@ -135,7 +136,7 @@ class BambooPolicy(LookupPolicy):
             expected_samples=self.lookup.throughput(target)
             * factor
             * max(remaining_s - downtime_s, 0.0),
-            **extra,
+            num_instances_used=num_instances_used,
         )
 
     def decide(self, observation: Observation) -> Decision:

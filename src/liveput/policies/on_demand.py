@@ -30,7 +30,7 @@ class OnDemandPolicy(LookupPolicy):
         return Decision(
             target,
             migration=MigrationKind.CHECKPOINT_RESTORE if launch else MigrationKind.NONE,
-            downtime_s=restart_s(self.context, target) if launch else 0.0,
+            downtime_s=restart_s(self.context, target) if launch and target is not None else 0.0,
             release=observation.num_available,
             num_on_demand=0 if target is None else target.num_instances,
             expected_samples=self.lookup.throughput(target) * observation.remaining_s,

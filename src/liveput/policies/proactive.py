@@ -87,8 +87,10 @@ class LiveputPolicy(Policy):
                 ),
                 None,
             )
-            chosen = None if fitting is None else fitting.configuration
-            migration = MigrationKind.NONE if chosen is None else fitting.migration
+            if fitting is None or fitting.configuration is None:
+                chosen, migration = None, MigrationKind.NONE
+            else:
+                chosen, migration = fitting.configuration, fitting.migration
             seconds = self.optimizer.migration_s(observation.current, chosen, room)
         return Decision(
             chosen,

@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from liveput.files import write_bytes_atomic, write_text_atomic  # noqa: E402
 from liveput.report.html import STYLE  # noqa: E402
@@ -59,7 +60,7 @@ def deadline_rows(result: SimulationResult) -> list[list[str]]:
     return rows
 
 
-def _cost_figure(rows: Sequence[DeadlineSweepRow]) -> plt.Figure:
+def _cost_figure(rows: Sequence[DeadlineSweepRow]) -> Figure:
     figure, axis = plt.subplots(figsize=(10, 4), dpi=110)
     for name in dict.fromkeys(row.policy for row in rows):
         mine = sorted((row for row in rows if row.policy == name), key=lambda r: r.deadline_hours)
@@ -80,7 +81,7 @@ def _cost_figure(rows: Sequence[DeadlineSweepRow]) -> plt.Figure:
     return figure
 
 
-def _mix_figure(result: SimulationResult) -> plt.Figure:
+def _mix_figure(result: SimulationResult) -> Figure:
     names = list(result.runs)
     figure, axes = plt.subplots(
         len(names), 1, figsize=(10, 1.4 * len(names) + 0.8), dpi=110, sharex=True, squeeze=False

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import torch
 import torch.distributed as dist
@@ -134,17 +134,22 @@ def _make_group(
     """A group whose messages are tensors on ``wire``: NCCL on a GPU, gloo on the CPU."""
     timeout = datetime.timedelta(seconds=timeout_s)
     scoped = dist.PrefixStore(prefix, store)
+    backend: object
     if wire.type == "cuda":
-        options = dist.ProcessGroupNCCL.Options()
+        nccl_options = dist.ProcessGroupNCCL.Options()
+        nccl_options._timeout = timeout
+        backend = dist.ProcessGroupNCCL(scoped, rank, size, nccl_options)
+    elif host is None:
+        backend = dist.ProcessGroupGloo(scoped, rank, size, timeout)
+    else:
+        # Bind gloo to the instance's own address, not whatever the machine's hostname resolves to.
+        # torch's stub names the binding's options class Options; the binding itself, _Options.
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(scoped, rank, size, options)
-    if host is None:
-        return dist.ProcessGroupGloo(scoped, rank, size, timeout)
-    # Bind gloo to the instance's own address, not whatever the machine's hostname resolves to.
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    return dist.ProcessGroupGloo(scoped, rank, size, options)
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        backend = dist.ProcessGroupGloo(scoped, rank, size, options)
+    # torch's stubs declare send, recv and allreduce on ProcessGroup only; its backends have them.
+    return cast(dist.ProcessGroup, backend)
 
 
 @dataclass

@@ -43,7 +43,8 @@ from liveput.runtime.store import Store, open_store
 
 if TYPE_CHECKING:
     from liveput.perf.types import ModelProfile
-    from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+    from liveput.policies.deadline import DeadlineContext
+    from liveput.runtime.coordinator import Coordinator, CoordinatorConfig, MarketView
 
 LOG = logging.getLogger(__name__)
 NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
@@ -112,7 +113,7 @@ def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:
             f"known: {', '.join(NOTICE_SOURCES)}"
         )
     watchers: list[NoticeWatcher] = []
-    factories = {
+    factories: dict[str, Callable[[], NoticeWatcher]] = {
         "aws": AwsNoticeWatcher,
         "gcp": GcpNoticeWatcher,
         "sigterm": lambda: SignalNoticeWatcher((signal.SIGTERM,)),
@@ -213,14 +214,15 @@ def run_coordinator(
     spec: JobSpec,
     config: CoordinatorConfig,
     profile: ModelProfile | None = None,
-    **deciding: object,
+    deadline: DeadlineContext | None = None,
+    market: MarketView | None = None,
 ) -> Coordinator:
     """Publish the job and run the control loop until the job is done.
 
     A restarted coordinator may find its store down (an etcd restarting): it waits for it as
     the agents do, ``spec.store_outage_s``. The job's profile is kept in the store
     (``job/profile``), so a restart plans with the same one instead of profiling again.
-    ``deciding``: a deadline job's ``deadline`` and ``market`` (see the coordinator)."""
+    ``deadline`` and ``market``: a deadline job's (see the coordinator)."""
     # Imported here: agents import this module and need none of the deciding code.
     from liveput.runtime.coordinator import Coordinator
 
@@ -243,7 +245,8 @@ def run_coordinator(
             lambda: job_profile(store, spec.job, spec.data, device, precision), spec.store_outage_s
         )
     coordinator = through_outage(
-        lambda: Coordinator(store, profile, config, **deciding), spec.store_outage_s
+        lambda: Coordinator(store, profile, config, deadline=deadline, market=market),
+        spec.store_outage_s,
     )
     coordinator.run()
     return coordinator

@@ -306,7 +306,8 @@ def record_step(store: Store, epoch: int, record: LedgerRecord) -> None:
 
 
 def record_restore(store: Store, epoch: int, committed: int, restored_to: int) -> None:
-    """Restore epoch ``epoch`` starts: steps after ``restored_to`` up to ``committed`` are undone."""
+    """Restore epoch ``epoch`` starts: steps after ``restored_to`` up to ``committed`` are
+    undone."""
     store.set(
         keys.restore(epoch),
         json.dumps({"committed": committed, "restored_to": restored_to}).encode(),

@@ -28,8 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.utils.checkpoint
 
+from liveput.errors import LiveputError
 from liveput.models.job import Job, replica_micro_batches
 from liveput.runtime.comm import CommAborted, Groups
 from liveput.runtime.layer_state import LayerState
@@ -147,16 +149,16 @@ def compute_gradients(
     scale = job.micro_batch_size / job.global_batch_size
     tracker = _Tracker(step)
     in_flight: deque[tuple[int, torch.Tensor | None, torch.Tensor]] = deque()
-    sends = []
+    sends: list[dist.Work] = []
     loss_sum = 0.0
 
     def forward(j: int) -> None:
         nonlocal loss_sum
-        if position.is_first:
+        if position.previous_rank is None:
             x = job.micro_batch(step, j)[0].to(device)
             source = None
         else:
-            x = groups.recv_tensor(position.previous_rank, 2 * j)
+            x = _required(groups).recv_tensor(position.previous_rank, 2 * j)
             if x.is_floating_point():
                 x.requires_grad_(True)
             source = x
@@ -164,22 +166,26 @@ def compute_gradients(
             y = _forward(layers, x, tracker, checkpointing)
             if position.is_last:
                 loss = _loss(job, y, job.micro_batch(step, j)[1].to(device), tracker) * scale
-        if position.is_last:
+        if position.next_rank is None:
             loss_sum += float(loss.detach())
             in_flight.append((j, source, loss * loss_scale if loss_scale != 1.0 else loss))
         else:
-            sends.extend(groups.isend_tensor(y, position.next_rank, 2 * j))
+            sends.extend(_required(groups).isend_tensor(y, position.next_rank, 2 * j))
             in_flight.append((j, source, y))
 
     def backward() -> None:
         j, source, output = in_flight.popleft()
-        if position.is_last:
+        if position.next_rank is None:
             _backward(tracker, output.backward)
         else:
-            gradient = groups.recv_tensor(position.next_rank, 2 * j + 1)
+            gradient = _required(groups).recv_tensor(position.next_rank, 2 * j + 1)
             _backward(tracker, lambda: output.backward(gradient))
         if source is not None and source.grad is not None:
-            sends.extend(groups.isend_tensor(source.grad, position.previous_rank, 2 * j + 1))
+            # A source is the input received from the previous stage, which there is.
+            assert position.previous_rank is not None, "a received input has a previous stage"
+            sends.extend(
+                _required(groups).isend_tensor(source.grad, position.previous_rank, 2 * j + 1)
+            )
 
     for kind, index in stage_order(len(micro), position.pipeline_stages, position.stage):
         if kind == FORWARD:
@@ -187,7 +193,7 @@ def compute_gradients(
         else:
             backward()
     for work in sends:
-        groups.wait(work)
+        _required(groups).wait(work)
     return loss_sum
 
 
@@ -198,6 +204,14 @@ def _device_of(layers: list[LayerState]) -> torch.device:
         for tensor in (*layer.module.parameters(), *layer.module.buffers()):
             return tensor.device
     return torch.device("cpu")
+
+
+def _required(groups: Groups | None) -> Groups:
+    """The process groups, which a stage that talks to another stage has (a plan of more than one
+    instance builds them)."""
+    if groups is None:
+        raise LiveputError("a pipeline stage talks to another stage but has no process groups")
+    return groups
 
 
 def _one_batch_is_the_same(job: Job, layers: list[LayerState]) -> bool:

@@ -18,14 +18,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from liveput.runtime import keys, protocol
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
 from liveput.testbed.errors import TestbedError
 from liveput.testbed.etcd import EtcdServer
 from liveput.testbed.netns import NetnsHosts
+
+if TYPE_CHECKING:
+    from liveput.models.job import Job
 
 __all__ = ["ClusterConfig", "ChaosCluster", "CHAOS_JOB", "chaos_job", "TOKEN"]
 
@@ -38,7 +43,7 @@ SAMPLE_DELAY_S = 0.01
 to land inside it, as a real model's would."""
 
 
-def chaos_job():  # noqa: ANN201 - a liveput.Job
+def chaos_job() -> Job:
     """tiny-gpt-small whose samples take ``SAMPLE_DELAY_S`` each to load."""
     import torch
 
@@ -46,12 +51,14 @@ def chaos_job():  # noqa: ANN201 - a liveput.Job
 
     job = resolve_job("tiny-gpt-small")
     inner = job.dataset
+    assert isinstance(inner, Sized)  # tiny-gpt-small's windows
+    num_windows = len(inner)
 
     class SlowWindows(torch.utils.data.Dataset):
         def __len__(self) -> int:
-            return len(inner)
+            return num_windows
 
-        def __getitem__(self, index: int):  # noqa: ANN204
+        def __getitem__(self, index: int) -> Any:
             time.sleep(SAMPLE_DELAY_S)
             return inner[index]
 
@@ -285,17 +292,23 @@ class ChaosCluster:
         if self.store is not None:
             self.store.close()
 
+    def started_store(self) -> Store:
+        """The job's store; a TestbedError before :meth:`start` opened it."""
+        if self.store is None:
+            raise TestbedError("the cluster's store is not open (start the cluster first)")
+        return self.store
+
     # --- observation (None while the store is away) ---------------------------------------------
     def plan(self) -> protocol.RuntimePlan | None:
         try:
-            return protocol.current_plan(self.store)
+            return protocol.current_plan(self.started_store())
         except Exception:  # noqa: BLE001 - the store may be down: a fault
             return None
 
     def committed(self) -> int:
         """The newest committed step of the newest restore epoch (-1 before any)."""
         try:
-            records = self.store.get_prefix(keys.LEDGER.prefix)
+            records = self.started_store().get_prefix(keys.LEDGER.prefix)
         except Exception:  # noqa: BLE001 - the store may be down: a fault
             return -1
         points = [tuple(int(p) for p in key.split("/")[1:]) for key in records]
@@ -303,7 +316,7 @@ class ChaosCluster:
 
     def state(self, instance: int) -> str | None:
         try:
-            raw = self.store.get(keys.state(instance))
+            raw = self.started_store().get(keys.state(instance))
         except Exception:  # noqa: BLE001
             return None
         return None if raw is None else raw.decode()
@@ -312,10 +325,12 @@ class ChaosCluster:
         """Unix times of every step committed, every epoch."""
         return sorted(
             json.loads(raw)["committed_unix_s"]
-            for raw in self.store.get_prefix(keys.LEDGER.prefix).values()
+            for raw in self.started_store().get_prefix(keys.LEDGER.prefix).values()
         )
 
-    def wait_until(self, condition, timeout_s: float, poll_s: float = 0.05) -> bool:  # noqa: ANN001
+    def wait_until(
+        self, condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.05
+    ) -> bool:
         """Whether ``condition()`` held within ``timeout_s`` (False too once the job ended)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

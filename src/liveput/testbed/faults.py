@@ -15,11 +15,15 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from liveput.runtime import keys
 from liveput.runtime.checkpoint import latest_checkpoint
 from liveput.runtime.notices import Notice
 from liveput.testbed.cluster import ChaosCluster
+
+if TYPE_CHECKING:
+    from liveput.runtime.protocol import RuntimePlan
 
 LOG = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ def draw_campaign(
     if unknown or not kinds:
         raise ValueError(f"draw_campaign: unknown fault kinds {sorted(unknown)}")
     rng = random.Random(seed)
-    kinds = sorted(kinds)
+    kinds = tuple(sorted(kinds))
     # Proportional to the weights, rounded, then topped up by weighted draws to num_faults.
     total = sum(WEIGHTS.get(k, 1.0) for k in kinds)
     deck = [k for k in kinds for _ in range(int(num_faults * WEIGHTS.get(k, 1.0) / total))]
@@ -98,7 +102,7 @@ def draw_campaign(
 
 
 class Injector:
-    """Does faults to ``cluster``; ``checkpoint_fs`` is the (tmpfs) filesystem of its checkpoints."""
+    """Does faults to ``cluster``; ``checkpoint_fs``: the (tmpfs) filesystem of its checkpoints."""
 
     def __init__(self, cluster: ChaosCluster, rng: random.Random, checkpoint_fs: Path) -> None:
         self.cluster = cluster
@@ -162,7 +166,9 @@ class Injector:
             return None
         by_stage: dict[int, list[int]] = {}
         for instance in working:
-            by_stage.setdefault(plan.slots[instance][1], []).append(instance)
+            slot = plan.slots[instance]
+            assert slot is not None, f"working instance {instance} has no slot in the plan"
+            by_stage.setdefault(slot[1], []).append(instance)
         pairs = [holders for holders in by_stage.values() if len(holders) >= 2]
         if not pairs:
             return None
@@ -181,7 +187,9 @@ class Injector:
         self._replace(self.cluster.config.workers)
         return began
 
-    def _notice_and_wait_plan(self, timeout_s: float = 15.0):  # noqa: ANN202
+    def _notice_and_wait_plan(
+        self, timeout_s: float = 15.0
+    ) -> tuple[float, int, RuntimePlan | None] | None:
         """Notice a working agent; (notice time, the plan that follows) or None."""
         plan = self.cluster.plan()
         victim = self._victim()
@@ -189,7 +197,7 @@ class Injector:
             return None
         began = time.time()
         self.cluster.signal(victim, signal.SIGTERM)
-        newer = {}
+        newer: dict[str, RuntimePlan] = {}
 
         def published() -> bool:
             current = self.cluster.plan()
@@ -321,7 +329,7 @@ class Injector:
 
     def _corrupt_checkpoint(self) -> float | None:
         try:
-            step = latest_checkpoint(self.cluster.store)
+            step = latest_checkpoint(self.cluster.started_store())
         except Exception:  # noqa: BLE001 - the store is restarting: nothing to aim at
             return None
         files = (
@@ -361,7 +369,7 @@ class Injector:
         # What its notice watcher would have reported, had it lived to see the notice.
         notice = Notice("emulator", "terminate", 0.0, f"i-{victim:04d}")
         try:
-            self.cluster.store.set(keys.notice(victim), notice.to_json().encode())
+            self.cluster.started_store().set(keys.notice(victim), notice.to_json().encode())
         except Exception:  # noqa: BLE001 - a store outage: the notice is lost, as a real one
             LOG.warning("notice for gone instance %d not written", victim)
         self._replace()
