@@ -156,7 +156,9 @@ def test_liveput_train_terminated_stops_its_agents(tmp_path):
         err = err_path.read_text(errors="replace")
         assert train.returncode == 130, err[-2000:]
         assert f"logs in {logs}" in err and sorted(p.name for p in logs.iterdir())
-        pids = [int(p) for p in re.findall(r"cloud launch i-\d+ .*\(pid (\d+)\)", err)]
+        pids = [
+            int(p) for p in re.findall(r"emulated launch at [\d.]+ s: i-\d+ .*\(pid (\d+)\)", err)
+        ]
         assert pids
         for pid in pids:
             try:
