@@ -12,9 +12,9 @@
 
 from liveput.runtime.coordinator.loop import Coordinator
 from liveput.runtime.coordinator.objective import (
+    CoordinatorObjective,
     DeadlineObjective,
     MarketView,
-    Objective,
     ThroughputObjective,
 )
 from liveput.runtime.decide import CoordinatorConfig
@@ -24,6 +24,6 @@ __all__ = [
     "CoordinatorConfig",
     "DeadlineObjective",
     "MarketView",
-    "Objective",
+    "CoordinatorObjective",
     "ThroughputObjective",
 ]

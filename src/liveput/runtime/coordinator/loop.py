@@ -19,7 +19,7 @@ from liveput.policies.deadline import DeadlineContext
 from liveput.runtime import protocol
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.coordinator import upkeep
-from liveput.runtime.coordinator.objective import MarketView, Objective, objective_for
+from liveput.runtime.coordinator.objective import CoordinatorObjective, MarketView, objective_for
 from liveput.runtime.coordinator.observe import Observer
 from liveput.runtime.coordinator.policy import PolicyInputs, asks_policy, available, step
 from liveput.runtime.coordinator.publish import Publisher
@@ -43,7 +43,7 @@ class Coordinator:
         clock: Clock | None = None,
         deadline: DeadlineContext | None = None,
         market: MarketView | None = None,
-        objective: Objective | None = None,
+        objective: CoordinatorObjective | None = None,
     ) -> None:
         self.store = store
         self.profile = profile

@@ -70,7 +70,7 @@ class MarketView(Protocol):
         """Hold what the policy wants from now on."""
 
 
-class Objective(ABC):
+class CoordinatorObjective(ABC):
     """What the policy plans for; the defaults are an objective that neither provisions nor
     reads the market."""
 
@@ -115,7 +115,7 @@ class Objective(ABC):
         """Carry out the policy's provisioning."""
 
 
-class ThroughputObjective(Objective):
+class ThroughputObjective(CoordinatorObjective):
     """The most samples per second (module docstring)."""
 
     def start(self, profile: ModelProfile, config: CoordinatorConfig) -> Planning:
@@ -150,7 +150,7 @@ class ThroughputObjective(Objective):
         )
 
 
-class DeadlineObjective(Objective):
+class DeadlineObjective(CoordinatorObjective):
     """The job's work by its deadline at the least cost (module docstring); ``config.policy``
     names a deadline policy; ``market`` (None: no provider) carries out its provisioning."""
 
@@ -214,6 +214,6 @@ class DeadlineObjective(Objective):
 
 def objective_for(
     deadline: DeadlineContext | None = None, market: MarketView | None = None
-) -> Objective:
+) -> CoordinatorObjective:
     """The objective of a job with ``deadline`` (None: the throughput objective)."""
     return ThroughputObjective() if deadline is None else DeadlineObjective(deadline, market)

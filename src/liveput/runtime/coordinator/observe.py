@@ -5,7 +5,7 @@ arrivals, the committed step, the newest plan and the newest that ran. It writes
 observation leaves in the store (losses counted, the interval's instance count, a plan marked
 started) is :mod:`.publish`'s.
 
-The :class:`Progress` is what the coordinator knows of the job's progress. The store holds all of
+The :class:`JobProgress` is what the coordinator knows of the job's progress. The store holds all of
 it, so a restarted coordinator reads it back (:meth:`Observer.recover`) and carries on.
 """
 
@@ -29,7 +29,7 @@ LOG = logging.getLogger(__name__)
 
 
 @dataclass
-class Progress:
+class JobProgress:
     """What the coordinator knows of the job's progress (the store has all of it)."""
 
     plan: protocol.RuntimePlan | None
@@ -76,9 +76,9 @@ class Observer:
         self.holdings: dict[int, protocol.Holding] = {}
         """What each instance reported holding at the last observation."""
 
-    def recover(self) -> Progress:
+    def recover(self) -> JobProgress:
         """The job's progress as the store has it (a restarted coordinator carries on)."""
-        progress = Progress(protocol.current_plan(self.store), last_commit_s=self.started_s)
+        progress = JobProgress(protocol.current_plan(self.store), last_commit_s=self.started_s)
         plan = progress.plan
         if plan is not None:
             raw = self.store.get("coord/started")
@@ -125,7 +125,7 @@ class Observer:
     def since(self, key: str, now: float) -> float:
         return now - self.first_seen.setdefault(key, now)
 
-    def held_point(self, holding: protocol.Holding, progress: Progress) -> tuple[int, int]:
+    def held_point(self, holding: protocol.Holding, progress: JobProgress) -> tuple[int, int]:
         """(epoch, step) of a holding report's layers now: a report written while its
         generation trains follows every step that generation commits."""
         if holding.ending:
@@ -145,7 +145,7 @@ class Observer:
                 self.beats[instance] = raw
                 self.seen[instance] = now
 
-    def members(self, now: float, progress: Progress) -> dict[int, Member]:
+    def members(self, now: float, progress: JobProgress) -> dict[int, Member]:
         self.refresh_heartbeats(now)
         states = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("state/").items()}
         notices = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("notice/").items()}
@@ -176,7 +176,7 @@ class Observer:
         return members
 
     @staticmethod
-    def failed_in_row(progress: Progress, plan_failed: bool) -> int:
+    def failed_in_row(progress: JobProgress, plan_failed: bool) -> int:
         """Plans in a row, the newest last, that did not run (``plan_failed``: the newest has
         failure reports)."""
         plan = progress.plan
@@ -188,7 +188,7 @@ class Observer:
             count += 1
         return max(0, count)
 
-    def observe(self, progress: Progress) -> Observed:
+    def observe(self, progress: JobProgress) -> Observed:
         """What the decision needs, read from the store; ``progress`` follows what it read (the
         committed step, the plan that started)."""
         now = self.clock.now_s()

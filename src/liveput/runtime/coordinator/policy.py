@@ -28,7 +28,7 @@ from liveput.errors import LiveputError
 from liveput.perf.configuration import Configuration, ObservationEvent
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.policies import Decision, Observation, Provisioning
-from liveput.runtime.coordinator.objective import MarketReading, Objective, Planning
+from liveput.runtime.coordinator.objective import CoordinatorObjective, MarketReading, Planning
 from liveput.runtime.decide import Action, ActionKind, CoordinatorConfig, CoordinatorView, decide
 from liveput.traces.trace import IntervalTrace
 
@@ -74,7 +74,9 @@ def available(view: CoordinatorView, config: CoordinatorConfig) -> list[int]:
     )
 
 
-def asks_policy(view: CoordinatorView, config: CoordinatorConfig, objective: Objective) -> bool:
+def asks_policy(
+    view: CoordinatorView, config: CoordinatorConfig, objective: CoordinatorObjective
+) -> bool:
     """Whether :func:`step` asks the policy on ``view`` (what it needs besides, a store read and
     perhaps a cloud's list of instances, is then read). The rules want at most one configuration
     and decide whether they want one before it is known, so a rehearsal tells."""
@@ -135,7 +137,7 @@ def step(
     config: CoordinatorConfig,
     profile: ModelProfile,
     planning: Planning,
-    objective: Objective,
+    objective: CoordinatorObjective,
 ) -> Answer:
     """The rules' action, with the policy asked when a configuration is wanted (module
     docstring)."""

@@ -16,7 +16,7 @@ from liveput.perf.types import ModelProfile
 from liveput.runtime import protocol
 from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock
-from liveput.runtime.coordinator.observe import Observed, Observer, Progress
+from liveput.runtime.coordinator.observe import JobProgress, Observed, Observer
 from liveput.runtime.decide import Action, CoordinatorConfig, CoordinatorView
 from liveput.runtime.planning import PlanContext, plan_generation
 from liveput.runtime.store import Store
@@ -77,7 +77,7 @@ class Publisher:
         self.store.set("job/done", str(committed).encode())
 
     def publish(
-        self, action: Action, view: CoordinatorView, progress: Progress, observer: Observer
+        self, action: Action, view: CoordinatorView, progress: JobProgress, observer: Observer
     ) -> protocol.RuntimePlan:
         """Fence the running generation, plan ``action`` and publish it; ``progress`` follows
         (the new plan, the step it starts after)."""

@@ -18,7 +18,7 @@ from liveput.perf.online import refit
 from liveput.perf.types import Measurement, ModelProfile
 from liveput.runtime import protocol
 from liveput.runtime.clock import Clock
-from liveput.runtime.coordinator.observe import Observer, Progress
+from liveput.runtime.coordinator.observe import JobProgress, Observer
 from liveput.runtime.decide import CoordinatorConfig
 from liveput.runtime.prune import Pruner, PruneView, checkpoint_point, forgotten, instances_named
 from liveput.runtime.step_times import read_measurements
@@ -61,7 +61,7 @@ def prune(
     pruner: Pruner,
     store: Store,
     observer: Observer,
-    progress: Progress,
+    progress: JobProgress,
     config: CoordinatorConfig,
     clock: Clock,
 ) -> None:
@@ -97,7 +97,7 @@ class StallWatch:
         self.warned_s: float | None = None
         """Clock time of the last warning (None: none since a step committed)."""
 
-    def watch(self, now: float, progress: Progress, status: str, observer: Observer) -> None:
+    def watch(self, now: float, progress: JobProgress, status: str, observer: Observer) -> None:
         stalled_s = now - progress.last_commit_s
         if stalled_s < self.warning_s:
             self.warned_s = None
