@@ -25,9 +25,6 @@ from dataclasses import asdict, dataclass, field
 from liveput.runtime import keys
 from liveput.runtime.store import Store
 
-SUMMARY_KEY = keys.ledger_summary()
-"""Key of the :class:`LedgerSummary` (:func:`keys.ledger_summary`; this name is the
-coordinator's)."""
 _CHAIN_SEED = "0" * 64
 
 

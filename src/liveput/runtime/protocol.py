@@ -30,10 +30,6 @@ FRESH_START = -1
 """``restore_step`` of a plan that starts from the job's initial weights."""
 
 
-JOB_ERROR_KEY = keys.job_error()
-"""Why the job cannot go on (:func:`keys.job_error`; this name is the coordinator's)."""
-
-
 class JobFailure(LiveputError):
     """The job itself is wrong (a layer raised, the loss is not finite): no plan can fix it."""
 
@@ -165,10 +161,6 @@ def fence(store: Store, generation: int, step: int, num_working: int) -> int:
             continue
         store.compare_and_set(keys.done(generation, step), None, ABORTED)
         return step
-
-
-all_arrived_key = keys.all_arrived
-"""The coordinator's name for :func:`keys.all_arrived`."""
 
 
 def arrive(store: Store, plan: RuntimePlan, instance: int | None = None) -> bool:

@@ -16,7 +16,7 @@ from liveput.errors import LiveputError
 from liveput.perf.types import ModelProfile
 from liveput.policies import Provisioning
 from liveput.policies.deadline import DeadlineContext
-from liveput.runtime import protocol
+from liveput.runtime import keys
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.coordinator import upkeep
 from liveput.runtime.coordinator.objective import CoordinatorObjective, MarketView, objective_for
@@ -92,9 +92,9 @@ class Coordinator:
 
     def tick(self) -> bool:
         """One observation and, if needed, one action; False once the job is done."""
-        if self.store.get("job/done") is not None:
+        if self.store.get(keys.job_done()) is not None:
             return False
-        failure = self.store.get(protocol.JOB_ERROR_KEY)
+        failure = self.store.get(keys.job_error())
         if failure is not None:
             raise LiveputError(failure.decode())
         view = self.observe()

@@ -17,13 +17,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from liveput.errors import LiveputError
-from liveput.runtime import ledger, protocol
+from liveput.runtime import keys, ledger, protocol
 from liveput.runtime.checkpoint import latest_checkpoint
 from liveput.runtime.clock import Clock
 from liveput.runtime.decide import CoordinatorConfig, CoordinatorView, Member
 from liveput.runtime.notices import Notice
 from liveput.runtime.prune import read_floor
-from liveput.runtime.store import Store
+from liveput.runtime.store import Store, readers
 
 LOG = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Observer:
         progress = JobProgress(protocol.current_plan(self.store), last_commit_s=self.started_s)
         plan = progress.plan
         if plan is not None:
-            raw = self.store.get("coord/started")
+            raw = self.store.get(keys.coordinator_started())
             progress.started = None if raw is None else self.load(int(raw))
             # Steps below the floor committed; their keys may have been pruned.
             floor = read_floor(self.store, plan.generation)
@@ -116,11 +116,11 @@ class Observer:
         for instance in instances:
             self.seen.pop(instance, None)
             self.beats.pop(instance, None)
-            self.first_seen.pop(f"notice/{instance}", None)
+            self.first_seen.pop(keys.notice(instance), None)
         for generation in [g for g in self.plans if g < retire_before - 1]:
             del self.plans[generation]
-            self.first_seen.pop(f"plan/{generation}", None)
-            self.first_seen.pop(f"fail/{generation}", None)
+            self.first_seen.pop(keys.plan(generation), None)
+            self.first_seen.pop(keys.failures(generation), None)
 
     def since(self, key: str, now: float) -> float:
         return now - self.first_seen.setdefault(key, now)
@@ -139,22 +139,20 @@ class Observer:
         return holding.epoch, max(holding.step, successor.start_step - 1)
 
     def refresh_heartbeats(self, now: float) -> None:
-        for key, raw in self.store.get_prefix("hb/").items():
-            instance = int(key.split("/")[1])
+        for instance, raw in readers.by_instance(self.store, keys.HEARTBEAT).items():
             if self.beats.get(instance) != raw:
                 self.beats[instance] = raw
                 self.seen[instance] = now
 
     def members(self, now: float, progress: JobProgress) -> dict[int, Member]:
         self.refresh_heartbeats(now)
-        states = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("state/").items()}
-        notices = {int(k.split("/")[1]): v for k, v in self.store.get_prefix("notice/").items()}
+        states = readers.by_instance(self.store, keys.STATE)
+        notices = readers.by_instance(self.store, keys.NOTICE)
         holdings = self.holdings = protocol.holdings(self.store)
         plan = progress.plan
         arrived = set() if plan is None else protocol.arrivals(self.store, plan.generation)
         members = {}
-        for key, raw in self.store.get_prefix("members/").items():
-            instance = int(key.split("/")[1])
+        for instance, raw in readers.by_instance(self.store, keys.MEMBER).items():
             holding = holdings.get(instance)
             epoch, step = (-1, -2) if holding is None else self.held_point(holding, progress)
             registration = json.loads(raw)
@@ -170,7 +168,7 @@ class Observer:
                 held_step=step,
                 reported=-1 if holding is None or not holding.ending else holding.generation,
                 arrived=instance in arrived,
-                notice_age_s=self.since(f"notice/{instance}", now) if instance in notices else 0.0,
+                notice_age_s=self.since(keys.notice(instance), now) if instance in notices else 0.0,
                 notice_lead_s=_notice_lead_s(notices.get(instance)),
             )
         return members
@@ -211,7 +209,7 @@ class Observer:
                 )
             )
         committed = progress.committed
-        all_arrived = self.store.get(protocol.all_arrived_key(plan.generation)) is not None
+        all_arrived = self.store.get(keys.all_arrived(plan.generation)) is not None
         newly_started = (
             all_arrived
             and committed >= plan.start_step
@@ -232,9 +230,9 @@ class Observer:
                 committed=committed,
                 fenced=fenced,
                 all_arrived=all_arrived,
-                plan_age_s=self.since(f"plan/{plan.generation}", now),
+                plan_age_s=self.since(keys.plan(plan.generation), now),
                 failures=failures,
-                failure_age_s=self.since(f"fail/{plan.generation}", now) if failures else 0.0,
+                failure_age_s=self.since(keys.failures(plan.generation), now) if failures else 0.0,
                 failed_in_row=self.failed_in_row(progress, bool(failures)),
                 latest_checkpoint=latest_checkpoint(self.store),
                 last_step_recorded=finishing and self.recorded(plan.epoch, committed),
@@ -246,24 +244,24 @@ class Observer:
 
     def recorded(self, epoch: int, step: int) -> bool:
         """Whether the ledger has step ``step`` of epoch ``epoch`` (as a record, or folded)."""
-        if self.store.get(f"ledger/{epoch}/{step}") is not None:
+        if self.store.get(keys.ledger_record(epoch, step)) is not None:
             return True
-        raw = self.store.get(ledger.SUMMARY_KEY)
+        raw = self.store.get(keys.ledger_summary())
         summary = None if raw is None else ledger.LedgerSummary.from_json(raw)
         return summary is not None and summary.epoch == epoch and summary.through_step >= step
 
     def history(self) -> list[int]:
         """The instance counts of the intervals since the job started (``coord/history``)."""
-        return json.loads(self.store.get("coord/history") or b"[]")
+        return json.loads(self.store.get(keys.coordinator_history()) or b"[]")
 
     def unfinished(self) -> list[int]:
         """Live instances that have not yet said they are done or left."""
         now = self.clock.now_s()
         self.refresh_heartbeats(now)
         ended = {
-            int(k.split("/")[1])
-            for k, v in self.store.get_prefix("state/").items()
-            if v in (b"done", b"left")
+            instance
+            for instance, value in readers.by_instance(self.store, keys.STATE).items()
+            if value in (b"done", b"left")
         }
         return sorted(
             i

@@ -13,7 +13,7 @@ import json
 import logging
 
 from liveput.perf.types import ModelProfile
-from liveput.runtime import protocol
+from liveput.runtime import keys, protocol
 from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock
 from liveput.runtime.coordinator.observe import JobProgress, Observed, Observer
@@ -51,12 +51,12 @@ class Publisher:
         for instance, member in view.members.items():
             gone = member.left or member.heartbeat_age_s > timeout_s
             if (gone or member.noticed) and self.store.compare_and_set(
-                f"lost/{instance}", None, b"1"
+                keys.lost(instance), None, b"1"
             ):
-                self.store.add("stats/preemptions", 1)
+                self.store.add(keys.preemptions(), 1)
         if view.interval_due and view.plan is not None:
             # The history is the spot market's (what forecasts are about): on-demand left out.
-            counts = json.loads(self.store.get("coord/history") or b"[]")
+            counts = json.loads(self.store.get(keys.coordinator_history()) or b"[]")
             counts.append(
                 sum(
                     1
@@ -67,14 +67,14 @@ class Publisher:
                     and m.heartbeat_age_s <= timeout_s
                 )
             )
-            self.store.set("coord/history", json.dumps(counts).encode())
+            self.store.set(keys.coordinator_history(), json.dumps(counts).encode())
         if observed.newly_started and view.plan is not None:
             protocol.mark_started(self.store, view.plan.generation)
-            self.store.set("coord/started", str(view.plan.generation).encode())
+            self.store.set(keys.coordinator_started(), str(view.plan.generation).encode())
 
     def finish(self, committed: int) -> None:
         """Mark the job done after step ``committed``."""
-        self.store.set("job/done", str(committed).encode())
+        self.store.set(keys.job_done(), str(committed).encode())
 
     def publish(
         self, action: Action, view: CoordinatorView, progress: JobProgress, observer: Observer
@@ -147,11 +147,11 @@ class Publisher:
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
             reset_latest(self.store, plan.epoch, plan.restore_step)
             progress.committed = plan.start_step - 1
-        self.store.add(f"stats/migrations/{plan.kind}", 1)
+        self.store.add(keys.migrations(plan.kind), 1)
         protocol.publish_plan(self.store, plan)
         observer.remember(plan)
         self.store.set(
-            f"events/{plan.generation}",
+            keys.event(plan.generation),
             json.dumps(
                 {
                     "time_s": round(self.clock.now_s() - self.started_s, 3),
