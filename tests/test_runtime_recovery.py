@@ -24,6 +24,7 @@ from liveput.models.jobs import resolve_job
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.store import open_store
 from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
+from liveput.testbed import free_port_pair
 
 STEPS = 100
 
@@ -178,7 +179,7 @@ def test_a_coordinator_owning_its_etcd_crashes_with_it_and_a_restart_resumes_the
     """The coordinator's machine crashes (coordinator and etcd SIGKILLed); the coordinator
     restarted on the same --etcd-dir starts etcd again from its data and finishes the job."""
     steps = 30
-    port, etcd_dir = free_port(), tmp_path / "etcd"
+    port, etcd_dir = free_port_pair(), tmp_path / "etcd"
     url = f"etcd://127.0.0.1:{port}"
     log = tmp_path / "coordinator.log"
     coordinator = start_owning_coordinator(

@@ -30,6 +30,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago with the port after it: ``liveput
+    coordinator --listen HOST:PORT`` runs its etcd's peer listener on PORT + 1, which another
+    process may hold when only PORT was checked."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
+            first.bind((host, 0))
+            port = int(first.getsockname()[1])
+            if port == 65535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
+                try:
+                    second.bind((host, port + 1))
+                except OSError:
+                    continue
+                return port
+
+
 @dataclass
 class EtcdServer:
     """One etcd member on loopback, with its own data directory."""
