@@ -5,7 +5,7 @@ deadline simulator does; the policy's :class:`~liveput.policies.base.Provisionin
 by an :class:`~liveput.cloud.holding.InstanceHolder` (through the market adapter,
 :class:`~liveput.cloud.market.HolderMarket`) over an
 :class:`~liveput.cloud.emulated.EmulatedProvider` that starts one agent process per running
-instance (:class:`~liveput.launch.local.LocalCloud`): spot instances as the trace allows (a
+instance (:class:`~liveput.launch.cloud.LocalCloud`): spot instances as the trace allows (a
 preempted one is asked for again), on-demand ones after their launch delay, never preempted,
 registered as on-demand (the planner spreads them over the stages). Times are the trace's
 (cloud) seconds: the deadline, the bill and ``finished_hours`` are in them, ``time_scale`` of

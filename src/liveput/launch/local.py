@@ -21,17 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
-from liveput.cloud.holding import InstanceHolder
-from liveput.cloud.market import HolderMarket
-from liveput.cloud.processes import Launcher, command_launcher
+from liveput.cloud.processes import command_launcher
 from liveput.errors import LiveputError
+from liveput.launch.cloud import LocalCloud
 from liveput.launch.deadline import DeadlineJob, deadline_context
 from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
-from liveput.policies.base import Provisioning
 from liveput.runtime import keys
-from liveput.runtime.clock import Clock, MonotonicClock
+from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.device import (
     check_device_request,
@@ -364,99 +361,6 @@ def run_local_training(
                 else:  # interrupted or failed: stop every agent now, not after a grace
                     cloud.close()
             store.close()
-
-
-class LocalCloud:
-    """The emulated provider of ``liveput train``, with the surface it reads (instances,
-    preemptions, allocations, close).
-
-    Without an ``instance_type`` it replays the trace as the job's instances
-    (:attr:`SpotModel.REPLAY`). With one (a deadline job) the trace is the spot capacity and a
-    holder carries out the policy's provisioning (:attr:`market`): it asks for ``workers`` spot
-    instances all along, and for the on-demand instances the policy wants."""
-
-    def __init__(
-        self,
-        trace: Trace | IntervalTrace,
-        launcher: Launcher,
-        clock: Clock,
-        notice_dir: Path,
-        *,
-        workers: int,
-        time_scale: float,
-        notice_lead_s: float,
-        seed: int,
-        instance_type: str | None = None,
-    ) -> None:
-        self.workers = workers
-        self.provider = EmulatedProvider(
-            trace,
-            clock,
-            EmulatedProviderConfig(
-                instance_types=() if instance_type is None else (instance_type,),
-                time_scale=time_scale,
-                notice_lead_s=notice_lead_s,
-                seed=seed,
-                spot=SpotModel.REPLAY if instance_type is None else SpotModel.CAPACITY,
-            ),
-            launcher=launcher,
-            notice_dir=notice_dir,
-        )
-        self.holder = (
-            None
-            if instance_type is None
-            else InstanceHolder(self.provider, Provisioning(workers, 0), [instance_type])
-        )
-        self.market = None if self.holder is None else HolderMarket(self.holder, workers)
-        """The coordinator's view of the market (None: the trace decides the instances)."""
-        self.finished_s: float | None = None
-        """Cloud seconds at which the job's last step committed (set by :meth:`finish`)."""
-
-    def start_background(self, interval_s: float) -> None:
-        """Start the provider's thread (and the holder's, reconciling every ``interval_s``)."""
-        if self.holder is not None:
-            self.holder.reconcile()
-        self.provider.start_background()
-        if self.holder is not None:
-            self.holder.start_background(interval_s)
-
-    def finish(self) -> None:
-        """The job is done: hold nothing more (agents already ending finish by themselves)."""
-        self.finished_s = self.provider.now_s()
-        if self.holder is not None:
-            self.holder.target = Provisioning(0, 0)
-            self.holder.reconcile()
-
-    @property
-    def instances(self) -> dict[str, int]:
-        return self.provider.pids()
-
-    @property
-    def preemptions(self) -> int:
-        return self.provider.preemptions
-
-    @property
-    def allocations(self) -> int:
-        return self.provider.allocations
-
-    def close(self) -> None:
-        if self.holder is not None:
-            self.holder.close()
-        self.provider.close()
-
-    def summary(self, deadline_hours: float) -> dict:
-        """The deadline fields of the ``--json`` document (cloud hours, dollars)."""
-        bill = self.provider.bill()
-        finished_s = self.provider.now_s() if self.finished_s is None else self.finished_s
-        return {
-            "deadline_hours": deadline_hours,
-            "finished_hours": round(finished_s / 3600.0, 4),
-            "deadline_met": finished_s <= deadline_hours * 3600.0,
-            "usd": round(bill.usd, 4),
-            "usd_spot": round(bill.usd_spot, 4),
-            "usd_on_demand": round(bill.usd_on_demand, 4),
-            "on_demand_hours": round(bill.on_demand_hours, 4),
-        }
 
 
 def warn_idle_gpus(instance_type: str, device: str) -> None:
