@@ -20,8 +20,9 @@ __all__ = ["HolderMarket"]
 
 class HolderMarket:
     """A deadline job's view of any provider (a :class:`~liveput.runtime.coordinator.MarketView`):
-    the holder asks for ``spot`` instances all along (the runtime does not release idle spot
-    spares) and for the on-demand instances the policy wants."""
+    the holder asks for the spot instances the policy holds (``spot_hold``, at most ``spot``;
+    the spares above it are given back, and asked for again when the policy holds more) and
+    for the on-demand instances the policy wants."""
 
     def __init__(self, holder: InstanceHolder, spot: int) -> None:
         self.holder = holder
@@ -38,7 +39,8 @@ class HolderMarket:
         return self.holder.provider.bill().usd
 
     def provision(self, provisioning: Provisioning) -> None:
-        target = Provisioning(self.spot, provisioning.on_demand)
+        hold = self.spot if provisioning.spot_hold is None else provisioning.spot_hold
+        target = Provisioning(min(hold, self.spot), provisioning.on_demand)
         if target != self.holder.target:
             LOG.info(
                 "provisioning: %d spot and %d on-demand instances (was %s)",

@@ -88,12 +88,17 @@ class Provisioning:
     on_demand: int
     """On-demand instances to hold from the next interval on: more are requested now (usable
     after their launch delay), fewer are released now (pending launches first)."""
+    spot_hold: int | None = None
+    """Most spot instances worth holding, the spares the policy expects to use within its
+    horizon included: a provider's holder asks for more up to it and gives back those above it
+    (a released spare is a new request later). None: as many as the market offers. The
+    simulator, whose market is the trace itself, holds ``spot`` and ignores this."""
 
     def __post_init__(self) -> None:
-        if self.spot < 0 or self.on_demand < 0:
+        if self.spot < 0 or self.on_demand < 0 or (self.spot_hold or 0) < 0:
             raise LiveputError(
-                f"provisioning: spot ({self.spot}) and on-demand ({self.on_demand}) counts must "
-                "be >= 0"
+                f"provisioning: spot ({self.spot}), on-demand ({self.on_demand}) and spot to "
+                f"hold ({self.spot_hold}) counts must be >= 0"
             )
 
 

@@ -127,13 +127,16 @@ class DeadlinePolicy(ABC):
         chosen, migration, seconds, expected = self.configure(observation, spot, usable_on_demand)
         if chosen is not None:
             spot = min(spot, max(chosen.num_instances - usable_on_demand, 0))
+        hold = wanted.spot_hold
         return Decision(
             chosen,
             migration=migration,
             downtime_s=seconds,
             expected_samples=expected,
             release=observation.num_available - spot,
-            provisioning=Provisioning(spot, on_demand),
+            provisioning=Provisioning(
+                spot, on_demand, spot_hold=None if hold is None else max(hold, spot)
+            ),
         )
 
     def on_demand_cap(self, observation: Observation, num_spot: int | None = None) -> int:

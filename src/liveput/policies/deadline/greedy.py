@@ -34,4 +34,8 @@ class GreedyPolicy(DeadlinePolicy):
             self.switched = self.context.on_demand_max if fewest is None else fewest
         # Spot keeps training until the on-demand cluster is up, then goes.
         up = observation.num_on_demand >= self.switched
-        return Provisioning(spot=0 if up else observation.num_available, on_demand=self.switched)
+        return Provisioning(
+            spot=0 if up else observation.num_available,
+            on_demand=self.switched,
+            spot_hold=0 if up else None,
+        )

@@ -157,7 +157,11 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
         if wanted > int(wants[choice, now_spot]):
             spot_cap = capacity
         self.spot_cap = spot_cap
-        return Provisioning(spot=min(spot_cap, observation.num_available), on_demand=wanted)
+        return Provisioning(
+            spot=min(spot_cap, observation.num_available),
+            on_demand=wanted,
+            spot_hold=None if spot_cap >= capacity else spot_cap,
+        )
 
     def _hard_deadline(
         self,

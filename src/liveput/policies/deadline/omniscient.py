@@ -124,4 +124,6 @@ class OmniscientPolicy(DeadlinePolicy):
                 wanted, int(self.used_by_size[choice]) - min(int(self.used_by_size[choice]), count)
             )
         spot = min(int(self.used_by_size[now]), observation.num_available)
-        return Provisioning(spot=spot, on_demand=min(wanted, cap))
+        return Provisioning(
+            spot=spot, on_demand=min(wanted, cap), spot_hold=int(self.used_by_size[now])
+        )

@@ -26,4 +26,4 @@ class OnDemandDeadlinePolicy(DeadlinePolicy):
             seconds = observation.seconds_to_deadline - self.context.lead_s
             fewest = self.fewest_on_demand(observation.samples_remaining, seconds)
             self.count = self.context.on_demand_max if fewest is None else fewest
-        return Provisioning(spot=0, on_demand=self.count)
+        return Provisioning(spot=0, on_demand=self.count, spot_hold=0)

@@ -58,4 +58,8 @@ class UniformProgressPolicy(DeadlinePolicy):
     @staticmethod
     def _on_demand(observation: Observation, count: int) -> Provisioning:
         up = observation.num_on_demand >= count
-        return Provisioning(spot=0 if up else observation.num_available, on_demand=count)
+        return Provisioning(
+            spot=0 if up else observation.num_available,
+            on_demand=count,
+            spot_hold=0 if up else None,
+        )
