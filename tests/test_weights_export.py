@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import pytest
 import torch
@@ -119,7 +120,9 @@ def test_export_writes_a_state_dict_and_a_dcp_folder_of_the_same_tensors(tmp_pat
     assert main([*args, "-o", str(folder), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["format"] == "dcp"
     back = {key: torch.zeros_like(value) for key, value in want.items()}
-    dcp.load(back, checkpoint_id=str(folder))
+    with warnings.catch_warnings():  # loading in one process, without a group, is meant
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(back, checkpoint_id=str(folder))
     assert all(torch.equal(back[k], want[k]) for k in want)
     # Nothing already written is overwritten by a second export there.
     assert main([*args, "-o", str(folder)]) == 2
@@ -258,3 +261,14 @@ def test_embeddings_that_training_made_differ_stay_untied_with_equal_logits(tmp_
     tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(_logits(model, tokens), trained(tokens))
+
+
+def test_train_puts_the_model_beside_its_output_or_in_a_new_folder_of_its_own(tmp_path):
+    from liveput.cli.train import model_output
+
+    assert model_output(tmp_path / "run.json") == tmp_path / "run.model.pt"
+    first, second = (model_output(None, root=tmp_path / "liveput-out") for _ in range(2))
+    assert first.name == second.name == "model.pt" and first.parent != second.parent
+    assert first.parent.is_dir() and first.parent.parent == tmp_path / "liveput-out"
+    with pytest.raises(LiveputError, match="does not exist"):
+        model_output(tmp_path / "missing" / "run.json")

@@ -253,7 +253,8 @@ def train(
     if output is not None:
         # Fail now, not after the training, if the summary cannot be written there.
         check_output_file(output)
-    config = dataclasses.replace(config, model_path=str(model_output(output)))
+    model_path = model_output(output)
+    config = dataclasses.replace(config, model_path=str(model_path))
     err_console.print(f"agents' logs: {log_dir}; model: {config.model_path}", soft_wrap=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -277,6 +278,8 @@ def train(
         raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if output is None and not any(model_path.parent.iterdir()):
+            model_path.parent.rmdir()  # the run's own folder, left empty by a failed run
     summary = result.summary()
     if output is not None:
         # The step log first: the summary that names it is written once it exists.
