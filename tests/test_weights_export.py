@@ -272,3 +272,22 @@ def test_train_puts_the_model_beside_its_output_or_in_a_new_folder_of_its_own(tm
     assert first.parent.is_dir() and first.parent.parent == tmp_path / "liveput-out"
     with pytest.raises(LiveputError, match="does not exist"):
         model_output(tmp_path / "missing" / "run.json")
+
+
+def test_a_launched_jobs_final_layers_become_model_pt_and_its_pretrained_folder(tmp_path):
+    from liveput.operate.export import export_model
+
+    job = tiny_gpt2_job()
+    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    Checkpointer(MemoryStore(), str(tmp_path / "ckpt")).save_now("final", layers)
+    out = export_model(
+        str(tmp_path / "ckpt"), job.num_layers, tmp_path / "model.pt", 0.0, job.layers
+    )
+    got = torch.load(out, weights_only=True)
+    assert all(torch.equal(got[k], v) for k, v in _unsplit(layers).state_dict().items())
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "model.hf")).eval()
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(model, tokens), _unsplit(layers)(tokens))
+    with pytest.raises(LiveputError, match="lacks layer files: the job did not finish"):
+        export_model(str(tmp_path / "nothing"), job.num_layers, tmp_path / "x.pt", 0.0)

@@ -278,8 +278,10 @@ def train(
         raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if output is None and not any(model_path.parent.iterdir()):
-            model_path.parent.rmdir()  # the run's own folder, left empty by a failed run
+        if output is None:  # the run's own folders, left empty by a failed run, go
+            for folder in (model_path.parent, model_path.parent.parent):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
     summary = result.summary()
     if output is not None:
         # The step log first: the summary that names it is written once it exists.
