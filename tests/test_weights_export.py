@@ -289,5 +289,9 @@ def test_a_launched_jobs_final_layers_become_model_pt_and_its_pretrained_folder(
     tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(_logits(model, tokens), _unsplit(layers)(tokens))
+    # The coordinator's jobs leave only final/: liveput export reads it (plain files, no token).
+    assert main(["export", str(tmp_path / "ckpt" / "final"), "-o", str(tmp_path / "f.pt")]) == 0
+    exported = torch.load(tmp_path / "f.pt", weights_only=True)
+    assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
     with pytest.raises(LiveputError, match="lacks layer files: the job did not finish"):
         export_model(str(tmp_path / "nothing"), job.num_layers, tmp_path / "x.pt", 0.0)
