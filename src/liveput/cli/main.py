@@ -10,6 +10,7 @@ import typer
 
 from liveput.cli import (
     advise,
+    export,
     models,
     operate,
     perf,
@@ -41,6 +42,7 @@ plan.register(app)
 simulate.register(app)
 train.register(app)
 operate.register(app)
+export.register(app)
 
 
 @app.callback()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+import time
 from pathlib import Path
 
 import typer
@@ -92,7 +93,8 @@ def train(
         None,
         "-o",
         "--output",
-        help="Write the summary here as JSON and the per-step log beside it (.jsonl).",
+        help="Write the summary here as JSON, the per-step log beside it (.jsonl) and the "
+        "final model (.model.pt; default: liveput-out/<run>/model.pt).",
     ),
     log_dir: Path = typer.Option(
         None,
@@ -251,7 +253,9 @@ def train(
     if output is not None:
         # Fail now, not after the training, if the summary cannot be written there.
         check_output_file(output)
-    err_console.print(f"agents' logs: {log_dir}", soft_wrap=True)
+    model_path = model_output(output)
+    config = dataclasses.replace(config, model_path=str(model_path))
+    err_console.print(f"agents' logs: {log_dir}; model: {config.model_path}", soft_wrap=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with progress(transient=False) as bar:
@@ -274,6 +278,10 @@ def train(
         raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if output is None:  # the run's own folders, left empty by a failed run, go
+            for folder in (model_path.parent, model_path.parent.parent):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
     summary = result.summary()
     if output is not None:
         # The step log first: the summary that names it is written once it exists.
@@ -285,6 +293,32 @@ def train(
         print_json(summary)
     else:
         console.print(_summary_table(summary))
+
+
+def model_output(output: Path | None, root: Path = Path("liveput-out")) -> Path:
+    """Where the run's final model goes: beside ``--output`` (``run.json`` ->
+    ``run.model.pt``), else ``model.pt`` in a new folder ``<root>/train-<time>/``, made now
+    (a bad place is refused before the training starts)."""
+    from liveput.runtime.model_files import check_model_output
+
+    if output is not None:
+        path = output.with_suffix(".model.pt")
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        folder = root / f"train-{stamp}"
+        for attempt in range(2, 1000):
+            if not folder.exists():
+                break
+            folder = root / f"train-{stamp}-{attempt}"
+        try:
+            folder.mkdir(parents=True)
+        except OSError as error:
+            raise LiveputError(
+                f"train: cannot create the output folder {folder}: {error.strerror}"
+            ) from None
+        path = folder / "model.pt"
+    check_model_output(path)
+    return path
 
 
 def training_options(
@@ -371,6 +405,7 @@ def _summary_table(summary: dict) -> Table:
         *_deadline_rows(summary),
         ("wall time", f"{summary['wall_s']:.1f} s"),
         ("agents' logs", summary["log_dir"]),
+        ("model", summary.get("model") or "-"),
     ):
         view.add_row(what, value)
     return view

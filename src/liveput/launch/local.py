@@ -38,6 +38,7 @@ from liveput.runtime.device import (
 )
 from liveput.runtime.launch import JobSpec, job_profile, publish_spec
 from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.model_files import export_final
 from liveput.runtime.prune import PruneConfig
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store, readers
 from liveput.traces import IntervalTrace, Trace
@@ -97,6 +98,9 @@ class LocalTrainingConfig:
     """What the agents train on: ``auto`` (CUDA where this machine has it), ``cpu``, ``cuda``
     or ``cuda:K``. They share this machine: on CUDA they spread over its GPUs and communicate
     over gloo through CPU memory (NCCL refuses two ranks on one GPU)."""
+    model_path: str | None = None
+    """Where the final model goes (``*.pt``: the unsplit model's state dict, plus ``*.hf/``
+    for a transformers job), written before the checkpoints go; None: nowhere."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.steps < 1:
@@ -140,6 +144,8 @@ class TrainingResult:
     """The device each instance trained on (instance id -> ``cpu``, ``cuda:0 (NVIDIA ...)``)."""
     device: str = "cpu"
     """The device the job was profiled and planned on (this machine's, as asked)."""
+    model: str | None = None
+    """The final model's state-dict file (None: not written)."""
 
     def summary(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k not in ("steps", "events", "deadline")}
@@ -331,6 +337,8 @@ def run_local_training(
             events = readers.events(store)
             losses = [r["loss"] for r in report.records]
             _record_devices(store, devices)
+            if config.model_path is not None:
+                export_final(checkpoint_dir, job.layers, Path(config.model_path))
             finished = True
             return TrainingResult(
                 steps_completed=report.steps_applied,
@@ -351,6 +359,7 @@ def run_local_training(
                 else cloud.summary(config.deadline.deadline_hours),
                 devices=dict(sorted(devices.items(), key=lambda kv: int(kv[0]))),
                 device=describe_device(device),
+                model=config.model_path,
             )
         except LiveputError as error:  # one line, saying where to look
             raise LiveputError(f"{error}; agents' logs in {log_dir}") from None

@@ -8,13 +8,16 @@ a batch without padding or cache. Weights are randomly initialized from the conf
 downloaded). Families are registered by the config's ``model_type`` in :data:`FAMILIES`.
 
 Tied input and output embeddings (GPT-2's default) are untied: the embedding and the head may
-sit in different pipeline stages, and each layer owns its parameters.
+sit in different pipeline stages, and each layer owns its parameters. The head starts as a copy of
+the embedding, as the tied model would, and :func:`to_hf_causal_lm` gives the weights back as the
+``transformers`` model, under its own key names, tied again where they still are equal.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +27,7 @@ from liveput.errors import LiveputError
 from liveput.models.extras import require
 from liveput.registry import Registry
 
+LOG = logging.getLogger(__name__)
 CutFn = Callable[[nn.Module], list[nn.Module]]
 FAMILIES: Registry[CutFn] = Registry("causal LM family")
 """``model_type`` of a config -> how to cut a ``*ForCausalLM`` of that family into layers."""
@@ -82,6 +86,10 @@ class DecoderBlock(nn.Module):
 
 class LMHead(nn.Module):
     """Final norm and projection to the vocabulary."""
+
+    tied_embeddings: bool = False
+    """Whether the original config tied the projection to the token embedding (liveput trains
+    them apart; :func:`to_hf_causal_lm` ties them again)."""
 
     def __init__(self, norm: nn.Module, projection: nn.Module) -> None:
         super().__init__()
@@ -151,6 +159,7 @@ def from_hf_causal_lm(config: Any, seed: int = 0) -> list[nn.Module]:
             f"from_hf_causal_lm: expected a transformers config, got {type(config).__name__}"
         )
     _family(config)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
     config = copy.deepcopy(config)
     config.tie_word_embeddings = False
     generator_state = torch.random.get_rng_state()
@@ -159,4 +168,51 @@ def from_hf_causal_lm(config: Any, seed: int = 0) -> list[nn.Module]:
         model = transformers.AutoModelForCausalLM.from_config(config)
     finally:
         torch.random.set_rng_state(generator_state)
-    return hf_causal_lm_layers(model.train())
+    layers = hf_causal_lm_layers(model.train())
+    if tied:
+        # The tied model's head is its embedding: both start from the same weights.
+        with torch.no_grad():
+            model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight)
+        head = layers[-1]
+        if isinstance(head, LMHead):
+            head.tied_embeddings = True
+    return layers
+
+
+def hf_config_of(layers: Sequence[nn.Module]) -> Any | None:
+    """The ``transformers`` config the layers were cut from (None: not a transformers job)."""
+    return next((layer.config for layer in layers if isinstance(layer, DecoderBlock)), None)
+
+
+def to_hf_causal_lm(layers: Sequence[nn.Module], state: Mapping[str, torch.Tensor]) -> Any:
+    """The ``*ForCausalLM`` the job's ``layers`` were cut from, holding ``state`` (the keys of
+    ``nn.Sequential(*layers)``) under its own key names: ``save_pretrained`` writes what
+    ``AutoModelForCausalLM.from_pretrained`` loads, with outputs equal to the layers'.
+
+    Embeddings the original config tied are tied again when training left the token embedding
+    and the head equal; liveput trains them apart, so once they differ tying them would change
+    the model's outputs: they stay untied (``tie_word_embeddings`` false), with a warning."""
+    transformers = require("transformers", "a transformers model's export")
+    config = hf_config_of(layers)
+    if config is None:
+        raise LiveputError("to_hf_causal_lm: the layers are not cut from a transformers model")
+    config = copy.deepcopy(config)
+    config.tie_word_embeddings = False
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    try:
+        nn.Sequential(*_family(config)(model)).load_state_dict(dict(state))
+    except RuntimeError as error:
+        raise LiveputError(
+            f"to_hf_causal_lm: the weights do not fit the model: {str(error).splitlines()[0]}"
+        ) from None
+    if getattr(layers[-1], "tied_embeddings", False):
+        embedding = model.get_input_embeddings().weight
+        if torch.equal(embedding, model.get_output_embeddings().weight):
+            model.config.tie_word_embeddings = True
+            model.tie_weights()
+        else:
+            LOG.warning(
+                "the trained token embedding and LM head differ (liveput trains them apart): "
+                "they stay untied, so that the model's outputs are the trained ones"
+            )
+    return model.eval()

@@ -3,48 +3,36 @@
 The agents of pipeline 0 write each layer's final weights under ``<checkpoints>/final/``
 (``layer-<i>.pt``: its module and optimizer state). The unsplit model is
 ``torch.nn.Sequential(*job.layers)``, whose keys are ``<i>.<name>``; this joins the layer files
-into those keys::
+into those keys (:mod:`liveput.runtime.weights`)::
 
     model = torch.nn.Sequential(*resolve_job("tiny-gpt").layers)
-    model.load_state_dict(torch.load("model.pt"))
+    model.load_state_dict(torch.load("model.pt", weights_only=True))
+
+Given the job's layers, a transformers job also gets its ``save_pretrained`` folder beside
+(``model.hf/``; :mod:`liveput.runtime.model_files`).
 """
 
 from __future__ import annotations
 
-import io
-import time
+from collections.abc import Sequence
 from pathlib import Path
 
-import fsspec
-import torch
+from torch import nn
 
-from liveput.errors import LiveputError
-from liveput.files import write_bytes_atomic
+from liveput.runtime.model_files import write_model
+from liveput.runtime.weights import final_layers_present, read_final
 
-
-def final_layers_present(checkpoint_dir: str, num_layers: int) -> bool:
-    fs, root = fsspec.core.url_to_fs(checkpoint_dir.rstrip("/"))
-    return all(fs.exists(f"{root}/final/layer-{i}.pt") for i in range(num_layers))
+__all__ = ["export_model", "final_layers_present"]
 
 
-def export_model(checkpoint_dir: str, num_layers: int, output: Path, wait_s: float = 20.0) -> Path:
+def export_model(
+    checkpoint_dir: str,
+    num_layers: int,
+    output: Path,
+    wait_s: float = 20.0,
+    layers: Sequence[nn.Module] | None = None,
+) -> Path:
     """Write the final model to ``output``; waits up to ``wait_s`` for the last agents to
     finish writing their final layer files."""
-    deadline = time.monotonic() + wait_s
-    while not final_layers_present(checkpoint_dir, num_layers):
-        if time.monotonic() > deadline:
-            raise LiveputError(
-                f"export: {checkpoint_dir}/final/ lacks layer files: the job did not finish"
-            )
-        time.sleep(0.2)
-    fs, root = fsspec.core.url_to_fs(checkpoint_dir.rstrip("/"))
-    joined: dict[str, torch.Tensor] = {}
-    for index in range(num_layers):
-        with fs.open(f"{root}/final/layer-{index}.pt", "rb") as handle:
-            state = torch.load(io.BytesIO(handle.read()), weights_only=True, map_location="cpu")
-        for name, tensor in state["module"].items():
-            joined[f"{index}.{name}"] = tensor
-    buffer = io.BytesIO()
-    torch.save(joined, buffer)
-    write_bytes_atomic(output, buffer.getvalue())
+    write_model(read_final(checkpoint_dir, num_layers, wait_s), layers, output, dcp=False)
     return output

@@ -318,7 +318,7 @@ def _train(
     try:
         result = run_local_training(config, trace, on_tick=tick)
         output = Path(job.export) if job.export else state_dir / "model.pt"
-        export_model(checkpoint_url, len(model.layers), output)
+        export_model(checkpoint_url, len(model.layers), output, layers=model.layers)
         reason = (
             f"all {num_steps} steps, exactly once: "
             f"{'yes' if result.exactly_once else 'NO'}; model in {output}"
