@@ -253,8 +253,13 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
             assert any(migration == "checkpoint-restore" for _, migration, _ in resumed_plans), (
                 resumed_plans
             )
-            assert _cli("stop", str(job_file)).returncode == 0
+            # In the foreground, resume returns when the job ends (no lingering store: the
+            # job file's linger_s is 600 s) and leaves no etcd running; status and stop then
+            # read the job's folder.
             out, err = resumed.communicate(timeout=60)
+            assert not (tmp_path / "state" / "etcd" / "etcd.pid").exists()  # etcd stopped
+            assert _status(job_file)["state"] == "finished"
+            assert _cli("stop", str(job_file)).returncode == 0
         finally:
             if resumed.poll() is None:
                 resumed.kill()

@@ -46,14 +46,16 @@ def launch(
         help="Print one JSON object: with --detach, where the job is "
         "(store, token_file, dashboard); else the run's summary.",
     ),
+    background: bool = typer.Option(False, "--background", hidden=True),
 ) -> None:
     """Start a job from its file: its store (a local etcd), coordinator, emulated provider and
-    agents, dashboard and metrics; the store stays readable after the end (linger_s)."""
+    agents, dashboard and metrics. In the foreground it returns when the job ends; detached, the
+    store stays readable after the end (linger_s). The last status stays in the job's folder."""
     job = _job(job_file)
     if detach:
-        _detach(job_file, job, as_json)
+        _detach(["launch", str(job_file)], job, as_json)
         return
-    _run(job, resume=False, as_json=as_json)
+    _run(job, resume=False, as_json=as_json, linger=background)
 
 
 def resume(
@@ -63,11 +65,21 @@ def resume(
     ),
     token_file: Path = typer.Option(None, "--token-file", help="Job token file (with --store)."),
     as_json: bool = typer.Option(
-        False, "--json", metavar=params.FLAG, help="Print the run's summary as one JSON object."
+        False,
+        "--json",
+        metavar=params.FLAG,
+        help="Print one JSON object: with --detach, where the job is; else the run's summary.",
     ),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        metavar=params.FLAG,
+        help="Return once the job runs again; it goes on in the background.",
+    ),
+    background: bool = typer.Option(False, "--background", hidden=True),
 ) -> None:
     """Continue a job whose coordinator and agents are all gone, from its store and newest
-    complete checkpoint."""
+    complete checkpoint; returns when the job ends (or, with --detach, once it runs)."""
     from liveput.operate.jobfile import parse_job_file
 
     if (job_file is None) == (store is None):
@@ -84,12 +96,25 @@ def resume(
         import dataclasses
 
         job = dataclasses.replace(job, state_dir=kept["state_dir"])
-    _run(job, resume=True, as_json=as_json)
+    if detach:
+        where = [str(job_file)] if job_file is not None else ["--store", store]
+        if token_file is not None:
+            where += ["--token-file", str(token_file)]
+        _detach(["resume", *where], job, as_json)
+        return
+    _run(job, resume=True, as_json=as_json, linger=background)
 
 
-def _run(job: JobFile, resume: bool, as_json: bool) -> None:
+def _run(job: JobFile, resume: bool, as_json: bool, linger: bool) -> None:
+    import signal
+
     from liveput.cli.train import _summary_table
     from liveput.operate.runner import run_job
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # the launcher's cleanup runs: no store or agent left behind
+
+    signal.signal(signal.SIGTERM, interrupted)
 
     def ready(place: JobPlace) -> None:
         watch = f"liveput status --store {place.store} --token-file {place.token_file}"
@@ -100,7 +125,7 @@ def _run(job: JobFile, resume: bool, as_json: bool) -> None:
         )
         _keep_job_file(job, place)
 
-    summary = run_job(job, resume=resume, on_ready=ready)
+    summary = run_job(job, resume=resume, on_ready=ready, linger=linger)
     if as_json:
         print_json(summary)
     else:
@@ -128,7 +153,7 @@ def _keep_job_file(job: JobFile, place: JobPlace) -> None:
         )
 
 
-def _detach(job_file: Path, job: JobFile, as_json: bool) -> None:
+def _detach(command: list[str], job: JobFile, as_json: bool) -> None:
     from liveput.operate.runner import read_place
     from liveput.runtime.store import open_store
 
@@ -137,7 +162,7 @@ def _detach(job_file: Path, job: JobFile, as_json: bool) -> None:
     log_path = state_dir / "launch.log"
     with open(log_path, "ab") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "liveput.cli.main", "launch", str(job_file)],
+            [sys.executable, "-m", "liveput.cli.main", *command, "--background"],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -240,9 +265,17 @@ def status(
     ),
 ) -> None:
     """How a job is doing, from its store alone: configuration, instances, speed, loss,
-    dollars, ETA and its last events with their reasons."""
+    dollars, ETA and its last events with their reasons (plans, losses and notices before
+    checkpoints). Once a job has ended and its store is gone, from the job's folder."""
     from liveput.operate.recorder import read_status
 
+    kept = _kept_status(job_file, store, events)
+    if kept is not None:
+        if as_json:
+            print_json(kept)
+        else:
+            console.print(_status_view(kept))
+        return
     with _open(store, token_file, token, job_file) as handle:
         if watch and not as_json:
             snapshot = _stale(read_status(handle, events))
@@ -257,6 +290,25 @@ def status(
             print_json(snapshot)
         else:
             console.print(_status_view(snapshot))
+
+
+def _kept_status(job_file: Path | None, store: str | None, events: int) -> dict | None:
+    """The ended job's last status from its folder, when its store no longer answers (None:
+    ask the store, which is newer while it is up: a lingering or resumed job's)."""
+    from liveput.operate.runner import read_kept_status
+
+    if job_file is None or store is not None:
+        return None
+    kept = read_kept_status(_job(job_file).state_path, events)
+    if kept is None:
+        return None
+    try:
+        with _open(None, None, None, job_file) as handle:
+            handle.get(keys.status_now())
+        return None
+    except LiveputError:
+        kept["stale_s"] = None
+        return kept
 
 
 STALE_S = 30.0
@@ -340,6 +392,9 @@ def stop(
     if job_file is not None:
         state_dir = _job(job_file).state_path
         place = read_place(state_dir)
+        if _kept_status(job_file, store, 0) is not None:
+            err_console.print("the job has ended and its store is gone: nothing to stop")
+            return
     with _open(store, token_file, token, job_file) as handle:
         ended = stop_job(handle, place, state_dir)
     err_console.print("stopped" if ended else "asked to stop; the launcher has not ended yet")

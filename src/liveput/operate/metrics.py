@@ -95,9 +95,25 @@ def prometheus_text(store: Store) -> bytes:
     return generate_latest(registry)
 
 
+def step_losses(store: Store, epoch: int, after_step: int, last_step: int) -> dict[int, float]:
+    """The loss of every committed step ``after_step + 1 .. last_step`` (0-based) of ``epoch``,
+    from the ledger's records (a step whose record is gone, folded or pruned, is left out)."""
+    import json
+
+    from liveput.runtime import keys
+
+    losses: dict[int, float] = {}
+    for step in range(max(after_step + 1, 0), last_step + 1):
+        raw = store.get(keys.ledger_record(epoch, step))
+        if raw is not None and json.loads(raw).get("loss") is not None:
+            losses[step] = float(json.loads(raw)["loss"])
+    return losses
+
+
 class TensorBoardScalars:
-    """Writes loss, samples/s, instances and dollars per committed step (TensorBoard's event
-    files, through ``torch.utils.tensorboard``) to a local directory."""
+    """Writes the loss of every committed step, and samples/s, instances and dollars as the
+    status changes (TensorBoard's event files, through ``torch.utils.tensorboard``) to a local
+    directory. TensorBoard's step is the number of steps done (0-based step ``s`` is ``s + 1``)."""
 
     def __init__(self, directory: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -110,15 +126,24 @@ class TensorBoardScalars:
             ) from None
         self.writer = SummaryWriter(log_dir=directory)
         self._step = -1
+        self.loss_step = -1
+        """The newest step (0-based) whose loss was written."""
 
-    def add(self, status: dict) -> None:
+    def add(self, status: dict, losses: dict[int, float] | None = None) -> None:
+        """The status's figures at its step, and ``losses`` (step -> loss, 0-based) of the steps
+        committed since the last call (without them, the status's loss at its step)."""
+        for step, loss in sorted((losses or {}).items()):
+            if step > self.loss_step:
+                self.writer.add_scalar("loss", loss, global_step=step + 1)
+                self.loss_step = step
         step = int(status.get("step", 0))
         if step == self._step:
+            self.writer.flush()
             return
         self._step = step
         scalars = {
             "samples_per_s": status.get("samples_per_s"),
-            "loss": status.get("loss"),
+            "loss": None if losses is not None else status.get("loss"),
             "usd/total": status.get("usd", {}).get("total"),
             "usd/savings": status.get("usd", {}).get("savings"),
         }

@@ -346,8 +346,26 @@ def read_status(store: Store, events: int = 10) -> dict:
             )
         )
     kept = _json(store.get(keys.status_events())) or []
-    snapshot["events"] = kept[-events:] if events else []
+    snapshot["events"] = choose_events(kept, events)
     return snapshot
+
+
+ROUTINE_EVENTS = frozenset({"checkpoint"})
+"""Event kinds that come often and say little (one per K steps): shown after the others."""
+
+
+def choose_events(events: list[dict], count: int) -> list[dict]:
+    """The newest ``count`` of ``events`` in time order, the plans, losses, notices and ends
+    before routine ones (a checkpoint every few steps would hide them from a short list)."""
+    if count <= 0:
+        return []
+    if len(events) <= count:
+        return list(events)
+    newest_first = list(range(len(events) - 1, -1, -1))
+    chosen = [i for i in newest_first if events[i].get("kind") not in ROUTINE_EVENTS][:count]
+    routine = [i for i in newest_first if events[i].get("kind") in ROUTINE_EVENTS]
+    chosen += routine[: count - len(chosen)]
+    return [events[i] for i in sorted(chosen)]
 
 
 def read_series(store: Store) -> dict:

@@ -4,10 +4,13 @@ A launched job lives in its state directory (``<state_dir>/``): ``etcd/`` (the s
 on disk), ``token`` (the job token, mode 0600), ``job.json`` (store URL, token file, dashboard
 URL, the launcher's pid), ``checkpoints/`` (unless the file names a URL), ``logs/`` and, once
 finished, ``model.pt``. The launcher runs the store (a local etcd), the coordinator, the
-emulated provider and its agents, the dashboard and the metrics; the store stays up
-``linger_s`` after the job ends (or until ``liveput stop``) so ``liveput status`` can say how
-it ended. Its data stays on disk after that, so ``liveput resume`` can continue a job whose
-processes are all gone: it restarts (or adopts) the etcd, forgets the instances (none is left),
+emulated provider and its agents, the dashboard and the metrics. A launcher in the background
+(``--detach``) keeps the store up ``linger_s`` after the job ends (or until ``liveput stop``);
+one in the foreground returns when the job ends and takes its store down with it: no process
+outlives the command that started it unless it was detached. Either way the job's last status
+is kept in ``status.json``, where ``liveput status`` reads it once the store is gone. The
+store's data stays on disk, so ``liveput resume`` can continue a job whose processes are all
+gone: it restarts (or adopts) the etcd, forgets the instances (none is left),
 and the coordinator recovers from the store, restoring from the newest complete checkpoint; the
 ledger, kept in the same store, proves exactly-once across the break.
 """
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger(__name__)
 JOB_JSON = "job.json"
+STATUS_JSON = "status.json"
 
 
 @dataclass(frozen=True)
@@ -144,9 +148,14 @@ def end_dead_generation(store: Store) -> int | None:
 
 
 def run_job(
-    job: JobFile, *, resume: bool = False, on_ready: Callable[[JobPlace], None] | None = None
+    job: JobFile,
+    *,
+    resume: bool = False,
+    on_ready: Callable[[JobPlace], None] | None = None,
+    linger: bool = True,
 ) -> dict:
-    """Run ``job`` to its end (or continue it with ``resume``), then linger; its summary.
+    """Run ``job`` to its end (or continue it with ``resume``), then (``linger``) keep its store
+    up ``job.linger_s``; its summary. The last status is kept in the state directory.
 
     Bad input is refused before anything of an existing job is touched."""
     from liveput.models.jobs import resolve_job
@@ -218,7 +227,9 @@ def run_job(
         raise
     finally:
         try:
-            if started:
+            if started and store is not None:
+                keep_status(store, state_dir)
+            if started and linger:
                 _linger(store, job.linger_s)
         finally:
             if dashboard is not None:
@@ -243,7 +254,7 @@ def _train(
     from liveput.launch.deadline import DeadlineJob
     from liveput.launch.local import LocalTrainingConfig, run_local_training, warn_idle_gpus
     from liveput.operate.export import export_model
-    from liveput.operate.metrics import TensorBoardScalars
+    from liveput.operate.metrics import TensorBoardScalars, step_losses
     from liveput.runtime.device import resolve_device
     from liveput.traces import generate_trace, read_trace
 
@@ -303,7 +314,13 @@ def _train(
         last["coordinator"] = coordinator
         snapshot = recorder.record(coordinator, time.monotonic())
         if snapshot is not None and board is not None:
-            board.add(snapshot)
+            plan = coordinator.plan
+            board.add(
+                snapshot,
+                {}
+                if plan is None
+                else step_losses(store, plan.epoch, board.loss_step, coordinator.committed),
+            )
         if not ready and on_ready is not None:
             ready = True
             on_ready(place)
@@ -357,6 +374,33 @@ def _final(
             board.add(snapshot)
     except LiveputError as error:  # the store is gone: nothing more to say there
         LOG.warning("could not record the end of the job: %s", error)
+
+
+def keep_status(store: Store, state_dir: Path) -> None:
+    """The job's status and every event kept, from its store into ``status.json`` (written
+    whole, then renamed: a reader never sees half of it)."""
+    from liveput.operate.recorder import read_status
+
+    try:
+        snapshot = read_status(store, events=10_000)
+    except LiveputError as error:  # the store is gone or never had a status: nothing to keep
+        LOG.warning("could not keep the job's status: %s", error)
+        return
+    partial = state_dir / (STATUS_JSON + ".partial")
+    partial.write_text(json.dumps(snapshot) + "\n")
+    partial.replace(state_dir / STATUS_JSON)
+
+
+def read_kept_status(state_dir: Path, events: int = 10) -> dict | None:
+    """The status ``keep_status`` kept (None: none), with its chosen ``events``."""
+    from liveput.operate.recorder import choose_events
+
+    try:
+        snapshot = json.loads((state_dir / STATUS_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    snapshot["events"] = choose_events(snapshot.get("events", []), events)
+    return snapshot
 
 
 def _linger(store: Store | None, linger_s: float) -> None:
