@@ -1,7 +1,8 @@
 """Peers: liveput's runtime against torchrun elastic and torchft on the same job and trace, and
 the simulator's prediction of the runtime's samples.
 
-Usage: ``python -m bench peers [--quick] [--json FILE] [--plot FILE] [--work-dir DIR]``.
+Usage: ``python -m bench peers [--quick] [--notice-lead S] [--trace FILE [--trace-start S]
+[--trace-span S]] [--json FILE] [--plot FILE] [--work-dir DIR]``.
 
 Every system trains the built-in job (``tiny-gpt``: same model, data order, global batch and
 learning rate) on the same emulated cloud (:mod:`bench.peers_run`): the trace replayed at the same
@@ -30,13 +31,14 @@ import argparse
 import dataclasses
 import json
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from bench import peers_report
 from bench.inputs import P3_TRACE, real_trace
 from bench.peers_run import RunSettings, SystemRun, run_liveput, run_torchrun, scratch
-from liveput.traces import Trace, generate_trace, read_trace
+from liveput.traces import IntervalTrace, Trace, generate_trace, read_trace
 
 WORKERS = 4
 """Instances requested (the two cores of this machine run them; one thread each)."""
@@ -46,12 +48,31 @@ STEADY_INSTANCES = 2
 
 def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trace:
     """A ``span_s`` cut of the real p3 trace (the default: its 5 minutes with the most
-    preemption events, 4), rescaled to ``workers``: the count scaled by ``workers / 32``, each
-    change keeping at least one instance so that no preemption event vanishes in the rounding."""
+    preemption events, 4), rescaled to ``workers``."""
+    return cut_trace(read_trace(real_trace(P3_TRACE)), workers, start_s, span_s, "p3-cut")
+
+
+def cut_trace(
+    full: Trace | IntervalTrace, workers: int, start_s: float, span_s: float, name: str
+) -> Trace:
+    """``span_s`` seconds of ``full`` from ``start_s``, rescaled to ``workers``: the count scaled
+    by ``workers / peak``, each change keeping at least one instance so that no preemption event
+    vanishes in the rounding."""
     import numpy as np
 
-    full = read_trace(real_trace(P3_TRACE))
-    ratio = workers / 32
+    if isinstance(full, IntervalTrace):
+        full = Trace.from_counts(
+            full.name,
+            np.arange(len(full.count)) * full.interval_s,
+            np.asarray(full.count),
+            len(full.count) * full.interval_s,
+        )
+    if not 0 <= start_s < full.end_s:
+        sys.exit(
+            f"bench peers: --trace-start {start_s:g} s is outside {full.name} "
+            f"(0 to {full.end_s:g} s)"
+        )
+    ratio = workers / max(int(full.max_count()), 1)
     count = int(np.clip(round(int(full.count_at(start_s)) * ratio), 1, workers))
     times, counts = [0.0], [count]
     inside = (full.times_s > start_s) & (full.times_s < start_s + span_s)
@@ -64,7 +85,25 @@ def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trac
             count = int(np.clip(count + step, 0, workers))
             times.append(float(time_s - start_s))
             counts.append(count)
-    return Trace.from_counts(f"p3-cut-{workers}", np.array(times), np.array(counts), span_s)
+    span_s = min(span_s, full.end_s - start_s)
+    return Trace.from_counts(f"{name}-{workers}", np.array(times), np.array(counts), span_s)
+
+
+def user_traces(paths: list[str], start_s: float, span_s: float) -> list[tuple[str, Trace]]:
+    """Traces the user names (any format the CLI reads), cut and rescaled to ``WORKERS``; a
+    missing or unreadable one ends the benchmark with a message (it never skips one)."""
+    from liveput.errors import LiveputError
+
+    chosen = []
+    for path in paths:
+        if not Path(path).is_file():
+            sys.exit(f"bench peers: --trace {path}: no such file")
+        try:
+            full = read_trace(Path(path))
+        except LiveputError as error:
+            sys.exit(f"bench peers: --trace {path}: {error}")
+        chosen.append((Path(path).stem, cut_trace(full, WORKERS, start_s, span_s, Path(path).stem)))
+    return chosen
 
 
 def traces(quick: bool, seeds: list[int]) -> list[tuple[str, Trace, int]]:
@@ -172,6 +211,21 @@ def main(argv: list[str] | None = None) -> None:
         default=RunSettings.notice_margin_s,
         help="liveput's --notice-margin, wall s (default %(default)s)",
     )
+    parser.add_argument(
+        "--notice-lead",
+        type=float,
+        default=RunSettings.notice_lead_s,
+        help="preemption notice lead for every system, trace s (0: none; default %(default)s)",
+    )
+    parser.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        help="run this trace file (any format the CLI reads) instead of the built-in ones, cut "
+        "at --trace-start for --trace-span and rescaled to the instance count; repeatable",
+    )
+    parser.add_argument("--trace-start", type=float, default=0.0, help="trace s (--trace)")
+    parser.add_argument("--trace-span", type=float, default=300.0, help="trace s (--trace)")
     parser.add_argument("--work-dir", default="", help="keep logs and checkpoints here")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulator's prediction")
     args = parser.parse_args(argv or [])
@@ -183,8 +237,21 @@ def main(argv: list[str] | None = None) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.time_scale is None:
         args.time_scale = 4.0 if args.quick else 2.0
+    if args.notice_lead < 0 or args.trace_span <= 0:
+        parser.error("--notice-lead must be >= 0 and --trace-span > 0")
+    chosen = (
+        [
+            (name, trace, seeds[0])
+            for name, trace in user_traces(args.trace, args.trace_start, args.trace_span)
+        ]
+        if args.trace
+        else traces(args.quick, seeds)
+    )
     base = RunSettings(
-        time_scale=args.time_scale, work_dir=args.work_dir, notice_margin_s=args.notice_margin
+        time_scale=args.time_scale,
+        work_dir=args.work_dir,
+        notice_margin_s=args.notice_margin,
+        notice_lead_s=args.notice_lead,
     )
     # No-preemption runs first: liveput's gives the start-up time the simulator is told.
     steady_settings = RunSettings(
@@ -193,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         window_s=45.0 if args.quick else 90.0,
         work_dir=args.work_dir,
         notice_margin_s=args.notice_margin,
+        notice_lead_s=args.notice_lead,
     )
     print(
         f"no preemption: {', '.join(systems)} ({steady_settings.window_s:.0f} s each) ...",
@@ -220,15 +288,8 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     results = []
-    for name, trace, seed in traces(args.quick, seeds):
-        settings = RunSettings(
-            job=base.job,
-            time_scale=args.time_scale,
-            window_s=trace.end_s / args.time_scale,
-            seed=seed,
-            work_dir=args.work_dir,
-            notice_margin_s=args.notice_margin,
-        )
+    for name, trace, seed in chosen:
+        settings = dataclasses.replace(base, window_s=trace.end_s / args.time_scale, seed=seed)
         runs = {}
         for system in systems:
             print(f"{name}: {system} ({settings.window_s:.0f} s window) ...", flush=True)

@@ -122,3 +122,25 @@ def test_upper_bound_against_a_count_of_each_second() -> None:
     # best of at most 4).
     assert bound == pytest.approx(expected + 100 + 60)
     assert upper_bound(trace, 2.0, {}, 2.0) == 0.0
+
+
+def test_any_trace_is_cut_and_rescaled_to_the_benchmarks_instances(tmp_path: Path) -> None:
+    import numpy as np
+
+    from bench.bench_peers import WORKERS, main, p3_cut, user_traces
+    from liveput.traces import Trace, write_trace
+
+    # The real p3 cut the benchmark runs: its 4 preemption events in 5 minutes, kept.
+    p3 = p3_cut(WORKERS)
+    assert p3.initial_count == WORKERS and list(p3.times_s) == [30.0, 150.0, 210.0, 270.0]
+    assert list(p3.removed) == [1, 1, 1, 1]
+    # A 16-instance trace of the user's: halved losses never vanish, the span is cut.
+    own = Trace.from_counts(
+        "own", np.array([0.0, 60.0, 120.0, 500.0]), np.array([16, 15, 8, 16]), 900.0
+    )
+    write_trace(own, tmp_path / "own.csv")
+    [(name, cut)] = user_traces([str(tmp_path / "own.csv")], 0.0, 300.0)
+    assert name == "own" and cut.end_s == 300.0 and cut.initial_count == WORKERS
+    assert [cut.count_at(t) for t in (30.0, 90.0, 200.0)] == [4, 3, 1]
+    with pytest.raises(SystemExit, match="--trace .*missing.csv: no such file"):
+        main(["--trace", str(tmp_path / "missing.csv")])
