@@ -106,3 +106,24 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """:func:`write_bytes_atomic` of ``text`` in UTF-8."""
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def check_writable_url(url: str, role: str) -> None:
+    """Create ``url`` (a folder or any fsspec URL) if need be, then write and remove a probe
+    file there: a one-line LiveputError, naming ``role``, if it cannot (checked before work
+    starts, so that no run trains on while each of its writes there fails)."""
+    import uuid
+
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
+        fs.makedirs(root, exist_ok=True)
+        probe = f"{root}/.liveput-probe-{uuid.uuid4().hex}"
+        with fs.open(probe, "wb") as handle:
+            handle.write(b"probe")
+        fs.rm(probe)
+    except Exception as error:  # noqa: BLE001 - any backend's failure says the same thing
+        lines = str(error).splitlines()
+        reason = getattr(error, "strerror", None) or (lines[0] if lines else type(error).__name__)
+        raise LiveputError(f"{role} {url} cannot be written: {reason}") from None

@@ -357,6 +357,8 @@ def _status_view(s: dict) -> Table:
         ("saved against on-demand", f"${usd['savings']:.2f} of ${usd['on_demand_equivalent']:.2f}"),
         ("ETA", "-" if s["eta_s"] is None else f"{s['eta_s']:.0f} s"),
     ]
+    if s.get("checkpoints_failed"):
+        rows.append(("checkpoints failed", f"{s['checkpoints_failed']} (see the events)"))
     if s.get("deadline_hours") is not None:
         slack = s.get("deadline_slack_hours")
         rows.append(

@@ -100,6 +100,8 @@ class StatusRecorder:
         self._devices: dict[str, str] = {}
         """The device each billed instance trains on (instance id -> as its agent says)."""
         self._checkpoint = _latest_checkpoint(store)
+        self.checkpoints_failed = readers.checkpoint_failures(store)[0]
+        """Checkpoint writes that failed so far (each one is an event)."""
         self._downtime: dict | None = None
         """The newest plan's event until its first step commits (its downtime is then known)."""
         self._plan_at_s = 0.0
@@ -160,6 +162,17 @@ class StatusRecorder:
         if checkpoint is not None and checkpoint != self._checkpoint:
             self._event("checkpoint", now_s, step=checkpoint, reason="complete on storage")
         self._checkpoint = checkpoint
+        failed, last = readers.checkpoint_failures(store)
+        if failed > self.checkpoints_failed and last is not None:
+            what = "the final weights" if last.get("final") else f"step {last.get('step')}"
+            self._event(
+                "checkpoint-failed",
+                now_s,
+                step=last.get("step"),
+                failed=failed,
+                reason=f"writing {what} failed: {last.get('error', '')}",
+            )
+        self.checkpoints_failed = failed
         return (len(self.events), self.events[-1] if self.events else None) != before
 
     def _instances(self, coordinator: Coordinator) -> dict[str, dict[str, int]]:
@@ -279,6 +292,7 @@ class StatusRecorder:
                 "savings": round(self.usd_equivalent - usd_total, 6),
             },
             "downtime_s": round(self.downtime_s, 3),
+            "checkpoints_failed": self.checkpoints_failed,
             "elapsed_s": round(self.elapsed_s, 3),
             "eta_s": None if eta_s is None else round(eta_s, 1),
             "time_scale": config.time_scale,

@@ -23,13 +23,13 @@ import os
 import secrets
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from liveput.errors import LiveputError
+from liveput.files import check_writable_url
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
 from liveput.runtime import keys
@@ -68,24 +68,6 @@ def read_place(state_dir: Path) -> JobPlace | None:
         return JobPlace(**json.loads((state_dir / JOB_JSON).read_text()))
     except (OSError, ValueError, TypeError):
         return None
-
-
-def check_writable(url: str) -> None:
-    """Write and remove a probe file under ``url``; one-line LiveputError if it cannot."""
-    import fsspec
-
-    try:
-        fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
-        fs.makedirs(root, exist_ok=True)
-        probe = f"{root}/.liveput-probe-{uuid.uuid4().hex}"
-        with fs.open(probe, "wb") as handle:
-            handle.write(b"probe")
-        fs.rm(probe)
-    except Exception as error:  # noqa: BLE001 - any backend's failure says the same thing
-        reason = (
-            getattr(error, "strerror", None) or str(error).splitlines()[0] or type(error).__name__
-        )
-        raise LiveputError(f"checkpoint URL {url} cannot be written: {reason}") from None
 
 
 def free_port_pair() -> int:
@@ -184,7 +166,7 @@ def run_job(
 
         dashboard = Dashboard(job.dashboard.host, job.dashboard.port)  # binds: a busy port fails
     try:
-        check_writable(checkpoint_url)
+        check_writable_url(checkpoint_url, "checkpoint URL")
         state_dir.mkdir(parents=True, exist_ok=True)
         token, token_file = _token(state_dir)
         port = job.store.port or (

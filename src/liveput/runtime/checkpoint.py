@@ -141,8 +141,25 @@ class Checkpointer:
             if self.store.add(keys.checkpoint_layers(epoch, step), len(snapshot)) == num_layers:
                 if self._mark_latest(epoch, step):
                     self._prune(step)
-        except Exception:  # noqa: BLE001 - a failed checkpoint only leaves the previous one latest
+        except Exception as error:  # noqa: BLE001 - the previous checkpoint stays the latest
             LOG.exception("checkpoint of step %d failed", step)
+            self._failed(step, error, final=False)
+
+    def _failed(self, step: int | None, error: BaseException, final: bool) -> None:
+        """Say in the store that a write failed: the job's status, summary and exit code show
+        it (a run that believed itself protected would be the costliest failure)."""
+        lines = str(error).splitlines()
+        reason = getattr(error, "strerror", None) or (lines[0] if lines else "")
+        detail = {
+            "step": step,
+            "final": final,
+            "error": f"{self.directory}: {reason or type(error).__name__}",
+        }
+        try:
+            self.store.add(keys.checkpoint_failures(), 1)
+            self.store.set(keys.checkpoint_failure(), json.dumps(detail).encode())
+        except Exception:  # noqa: BLE001 - the store is gone too: the log has said it
+            LOG.warning("could not record the failed checkpoint in the store")
 
     def _mark_latest(self, epoch: int, step: int) -> bool:
         """Make (epoch, step) the latest checkpoint unless a newer one is; whether it did."""
@@ -224,14 +241,21 @@ class Checkpointer:
                 break
         return None if fallback < 0 else fallback
 
-    def save_now(self, name: str, layers: list[LayerState]) -> None:
-        """Write ``layers`` synchronously under ``<dir>/<name>/`` (final weights)."""
-        self.fs.makedirs(f"{self.root}/{name}", exist_ok=True)
-        for layer in layers:
-            buffer = io.BytesIO()
-            torch.save(layer.state_dict(), buffer)
-            with self.fs.open(f"{self.root}/{name}/layer-{layer.index}.pt", "wb") as handle:
-                handle.write(buffer.getvalue())
+    def save_now(self, name: str, layers: list[LayerState]) -> bool:
+        """Write ``layers`` synchronously under ``<dir>/<name>/`` (final weights); whether it
+        could (a failure is recorded in the store, as a checkpoint's is)."""
+        try:
+            self.fs.makedirs(f"{self.root}/{name}", exist_ok=True)
+            for layer in layers:
+                buffer = io.BytesIO()
+                torch.save(layer.state_dict(), buffer)
+                with self.fs.open(f"{self.root}/{name}/layer-{layer.index}.pt", "wb") as handle:
+                    handle.write(buffer.getvalue())
+        except Exception as error:  # noqa: BLE001 - recorded: the run ends non-zero
+            LOG.exception("writing the %s weights failed", name)
+            self._failed(None, error, final=True)
+            return False
+        return True
 
     def flush(self) -> None:
         with self._lock:

@@ -347,6 +347,16 @@ def preemptions() -> str:
     return f"{STATS.prefix}preemptions"
 
 
+def checkpoint_failures() -> str:
+    """How many checkpoint writes failed, on any instance, the final one included (a counter)."""
+    return f"{STATS.prefix}checkpoint-failures"
+
+
+def checkpoint_failure() -> str:
+    """The newest failed checkpoint write: ``{"step", "final", "error"}`` (JSON)."""
+    return f"{STATS.prefix}checkpoint-failure"
+
+
 def migrations_prefix() -> str:
     """The prefix of :func:`migrations` counters."""
     return f"{STATS.prefix}migrations/"

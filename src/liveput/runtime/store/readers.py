@@ -40,6 +40,13 @@ def events(store: Store) -> list[dict]:
     return [event for _, event in sorted(found, key=lambda pair: pair[0])]
 
 
+def checkpoint_failures(store: Store) -> tuple[int, dict | None]:
+    """(how many checkpoint writes failed, the newest failure: ``step``, ``final``, ``error``)."""
+    count = store.get(keys.checkpoint_failures())
+    last = store.get(keys.checkpoint_failure())
+    return (0 if count is None else int(count)), (None if last is None else json.loads(last))
+
+
 def migrations(store: Store) -> dict[str, int]:
     """Migration kind -> how many plans of that kind were published."""
     prefix = keys.migrations_prefix()
