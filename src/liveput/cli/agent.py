@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import typer
 
 from liveput.cli import params
 from liveput.errors import LiveputError
+from liveput.runtime.entry import CLI_NOTICES, AgentArgs, agent_main, parse_notices
 
 if TYPE_CHECKING:
     from liveput.cloud.holding import InstanceHolder
@@ -43,9 +45,10 @@ def agent(
         "127.0.0.1", "--host", help="Address other instances reach this one at."
     ),
     notices: str = typer.Option(
-        "aws,gcp,sigterm",
+        CLI_NOTICES,
         "--notices",
-        help="Preemption notice sources: aws, gcp, sigterm, emulator.",
+        help="Preemption notice sources: aws, gcp, sigterm, emulator (the default is a cloud "
+        "instance's; python -m liveput.runtime, started by launchers here, has sigterm,emulator).",
     ),
     connect_timeout_s: float = typer.Option(
         10.0,
@@ -62,38 +65,25 @@ def agent(
     ),
 ) -> None:
     """Run this instance's agent: join the job, train, follow plans, leave on preemption."""
-    # Before torch loads: c10d's C++ errors (dozens of stack frames each time a heartbeat
-    # cannot reach the store) would drown the agent's own one-line, condensed messages.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from liveput.runtime.launch import NOTICE_SOURCES, run_agent
-
+    # The same function as python -m liveput.runtime; the notice signal has been ignored since
+    # this process started (liveput.cli's first lines).
     if (coordinator is None) == (store is None):
         raise LiveputError("give exactly one of --coordinator HOST:PORT and --store URL")
-    url = store or f"etcd://{coordinator}"
-    sources = [s.strip() for s in notices.split(",") if s.strip()]
-    unknown = sorted(set(sources) - set(NOTICE_SOURCES))
-    if unknown or not sources:
-        raise LiveputError(
-            f"--notices {notices!r}: unknown source(s) {', '.join(unknown)}; "
-            f"known: {', '.join(NOTICE_SOURCES)}"
-        )
+    parse_notices(notices)  # bad options: one line, before anything starts
+    args = AgentArgs(
+        store or f"etcd://{coordinator}",
+        _token(token),
+        instance=instance,
+        host=host,
+        notices=notices,
+        connect_timeout_s=connect_timeout_s,
+        device=device,
+        verbose=logging.getLogger().isEnabledFor(logging.INFO),  # liveput -v agent
+    )
+    code = agent_main(args)
     from liveput.runtime.comm import end_process
 
-    try:
-        state = run_agent(
-            url,
-            _token(token),
-            instance,
-            host,
-            sources,
-            connect_timeout_s=connect_timeout_s,
-            device=device,
-        )
-    except LiveputError as error:
-        typer.echo(f"error: {' '.join(str(error).split())}", err=True)
-        end_process(2)
-    typer.echo(f"agent finished: {state.value}", err=True)
-    end_process(0)
+    end_process(code)
 
 
 def coordinator(
