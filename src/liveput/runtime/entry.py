@@ -19,11 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from liveput.errors import LiveputError
+from liveput.runtime.instance_env import NOTICE_SOURCES
 
 AGENT_MODULE = "liveput.runtime"
 """The module ``python -m`` runs as a lean agent."""
-NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
-"""Where a preemption notice can come from (``--notices``)."""
 LEAN_NOTICES = "sigterm,emulator"
 """The lean entry point's ``--notices`` default: it is started by launchers on this machine
 (the emulated cloud's notice file, or SIGTERM), which never run on a cloud's instance."""
