@@ -17,17 +17,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from liveput.errors import LiveputError
-from liveput.launch.deadline import DeadlineJob, deadline_context
-from liveput.models.jobs import resolve_job
-from liveput.models.training import TrainingConfig
-from liveput.runtime.coordinator import CoordinatorConfig
-from liveput.runtime.launch import JobSpec
-from liveput.runtime.prune import PruneConfig
 
 if TYPE_CHECKING:
+    from liveput.launch.deadline import DeadlineJob
     from liveput.models.job import Job
+    from liveput.models.training import TrainingConfig
     from liveput.perf.types import ModelProfile
     from liveput.policies.deadline import DeadlineContext
+    from liveput.runtime.coordinator import CoordinatorConfig
+    from liveput.runtime.launch import JobSpec
     from liveput.traces import IntervalTrace, Trace
 
 __all__ = ["DEFAULTS", "AssembledJob", "JobDefaults", "JobRequest", "assemble_job"]
@@ -188,6 +186,13 @@ def assemble_job(
     ``profile``: the job's measured one (the coordinator's, kept in the store). A deadline job
     needs it (its policy plans with it) and the spot ``trace`` it expects; its
     ``prices_usd_per_hour`` (spot, on-demand) are a provider's quote, else the catalog's."""
+    # Imported here: the CLI imports this module for its defaults, and these import PyTorch.
+    from liveput.launch.deadline import deadline_context
+    from liveput.models.jobs import resolve_job
+    from liveput.runtime.coordinator import CoordinatorConfig
+    from liveput.runtime.launch import JobSpec
+    from liveput.runtime.prune import PruneConfig
+
     job = resolve_job(request.model, request.data)
     if request.training is not None:
         job = dataclasses.replace(job, training=request.training)
