@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -20,7 +19,6 @@ from liveput.runtime.entry import CLI_NOTICES, AgentArgs, agent_main, parse_noti
 
 if TYPE_CHECKING:
     from liveput.cloud.holding import InstanceHolder
-    from liveput.models.job import Job
     from liveput.runtime.store import Store
 
 
@@ -31,41 +29,59 @@ def _token(token: str | None) -> str:
     return token
 
 
-def agent(
-    coordinator: str = typer.Option(
-        None,
+CoordinatorAddress = Annotated[
+    str | None,
+    typer.Option(
         "--coordinator",
         help="HOST:PORT of the coordinator's etcd (its --listen); or give --store.",
     ),
-    store: str = typer.Option(None, "--store", help="Store URL (tcp://H:P or etcd://H:P)."),
-    token: str = typer.Option(None, "--token", help="Job token (or LIVEPUT_TOKEN)."),
-    instance: int = typer.Option(
-        None,
+]
+AgentStore = Annotated[
+    str | None, typer.Option("--store", help="Store URL (tcp://H:P or etcd://H:P).")
+]
+Instance = Annotated[
+    int | None,
+    typer.Option(
         "--instance",
         help="Instance id (default: from the emulator's environment, else assigned by the store).",
     ),
-    host: str = typer.Option(
-        "127.0.0.1", "--host", help="Address other instances reach this one at."
-    ),
-    notices: str = typer.Option(
-        CLI_NOTICES,
+]
+Host = Annotated[str, typer.Option("--host", help="Address other instances reach this one at.")]
+Notices = Annotated[
+    str,
+    typer.Option(
         "--notices",
         help="Preemption notice sources: aws, gcp, sigterm, emulator (the default is a cloud "
         "instance's; python -m liveput.runtime, started by launchers here, has sigterm,emulator).",
     ),
-    connect_timeout_s: float = typer.Option(
-        10.0,
+]
+ConnectTimeout = Annotated[
+    float,
+    typer.Option(
         "--connect-timeout",
         parser=params.SECONDS,
         help="Longest wait for the store and the job, seconds.",
     ),
-    device: str = typer.Option(
-        None,
+]
+AgentDevice = Annotated[
+    str | None,
+    typer.Option(
         "--device",
-        help="Train on auto (CUDA where this "
-        "instance has it), cpu, cuda or cuda:K (default: the job's "
-        "--device). One agent uses one GPU.",
+        help="Train on auto (CUDA where this instance has it), cpu, cuda or cuda:K (default: the "
+        "job's --device). One agent uses one GPU.",
     ),
+]
+
+
+def agent(
+    coordinator: CoordinatorAddress = None,
+    store: AgentStore = None,
+    token: params.Token = None,
+    instance: Instance = None,
+    host: Host = "127.0.0.1",
+    notices: Notices = CLI_NOTICES,
+    connect_timeout_s: ConnectTimeout = 10.0,
+    device: AgentDevice = None,
 ) -> None:
     """Run this instance's agent: join the job, train, follow plans, leave on preemption."""
     # The same function as python -m liveput.runtime; the notice signal has been ignored since
@@ -285,6 +301,7 @@ def coordinator(
     """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
     plans. Restarted with the same --etcd-dir, it resumes the job. With --provider, it also
     rents the instances (--spot-max, --on-demand-max) and gives them back at the end."""
+    from liveput.launch.remote import assemble_deadline_job, build_holder
     from liveput.models.jobs import resolve_job
     from liveput.runtime.device import check_device_request
 
@@ -308,7 +325,7 @@ def coordinator(
     )
     job = resolve_job(model, data)  # an unknown model: one line, before anything starts
     token = _token(token)
-    holder = _holder(
+    holder = build_holder(
         provider,
         region=region,
         instance_types=instance_types,
@@ -327,7 +344,7 @@ def coordinator(
         assembled = assemble_job(request)
     else:
         deadline = (deadline_hours, on_demand_max, deadline_policy)
-        assembled = _deadline(holder, job, request, deadline, trace_path)
+        assembled = assemble_deadline_job(holder, job, request, deadline, trace_path)
     started_s = time.monotonic()  # a deadline counts from here
     with _job_store(listen, store, etcd_dir, embedded, token, store_wait_s) as handle:
         _run_job(handle, assembled, holder, spot_max)
@@ -399,7 +416,7 @@ def _run_job(
             assembled.spec,
             assembled.config,
             deadline=assembled.deadline,
-            # A deadline job has a provider (checked by _deadline): its policy drives it.
+            # A deadline job has a provider (assemble_deadline_job checks): its policy drives it.
             market=None
             if assembled.deadline is None or holder is None
             else HolderMarket(holder, spot_max),
@@ -434,94 +451,6 @@ def _check_gpu_use(provider: str, instance_types: tuple[str, ...], device: str) 
         if not emulated:
             raise LiveputError(f"--instance-types: {message}")
         typer.echo(f"warning: {message}", err=True)
-
-
-def _holder(
-    name: str | None,
-    *,
-    region: str,
-    instance_types: str | None,
-    spot_max: int,
-    on_demand_max: int,
-    capacity: int,
-    address: str,
-    token: str,
-    image_id: str | None,
-    trace: str | None,
-    work_dir: Path,
-) -> InstanceHolder | None:
-    """The provider and what it holds, checked before anything starts (one-line errors)."""
-    if name is None:
-        if spot_max or on_demand_max or instance_types:
-            raise LiveputError(
-                "--spot-max, --on-demand-max and --instance-types need --provider (emulated or aws)"
-            )
-        return None
-    from liveput.cloud.build import ProviderSettings, build_provider
-    from liveput.cloud.holding import InstanceHolder
-    from liveput.cloud.userdata import AgentBoot
-    from liveput.policies.base import Provisioning
-
-    if spot_max + on_demand_max == 0:
-        raise LiveputError(f"--provider {name}: give --spot-max and/or --on-demand-max")
-    if spot_max + on_demand_max > capacity:
-        raise LiveputError(
-            f"--spot-max {spot_max} + --on-demand-max {on_demand_max} exceed --capacity {capacity}"
-        )
-    types = tuple(t.strip() for t in (instance_types or "").split(",") if t.strip())
-    settings = ProviderSettings(
-        instance_types=types,
-        boot=AgentBoot(address, token),
-        region=region,
-        image_id=image_id,
-        trace=trace,
-        spot_max=spot_max,
-        work_dir=work_dir,
-    )
-    provider = build_provider(name, settings)
-    return InstanceHolder(provider, Provisioning(spot_max, on_demand_max), provider.instance_types)
-
-
-def _deadline(
-    holder: InstanceHolder | None,
-    job: Job,
-    request: JobRequest,
-    deadline: tuple[float, int, str],
-    trace_path: str | None,
-) -> AssembledJob:
-    """The deadline job (``deadline``: hours, most on-demand instances, policy) assembled,
-    checked before anything starts: it needs a provider, whose first instance type, prices and
-    spot count (or trace) its policy plans with. The provider
-    then holds the spot instances; the deadline policy decides the on-demand ones."""
-    import numpy as np
-
-    from liveput.launch.deadline import DeadlineJob
-    from liveput.policies.base import Provisioning
-    from liveput.runtime.planning import profile_job
-    from liveput.traces import Trace, read_trace
-
-    if holder is None:
-        raise LiveputError(
-            "--deadline-hours needs --provider (emulated or aws): the job "
-            "rents its on-demand instances"
-        )
-    hours, on_demand_max, policy = deadline
-    types = holder.instance_types
-    quote = holder.provider.prices(types[0])[0]
-    spot_max = holder.target.spot
-    trace = (
-        read_trace(Path(trace_path))
-        if trace_path
-        else Trace.from_counts("spot-max", np.array([0.0]), np.array([spot_max]), 3600.0)
-    )
-    assembled = assemble_job(
-        dataclasses.replace(request, deadline=DeadlineJob(hours, on_demand_max, types[0], policy)),
-        profile=profile_job(job),
-        trace=trace,
-        prices_usd_per_hour=(quote.spot_usd_per_hour, quote.on_demand_usd_per_hour),
-    )
-    holder.target = Provisioning(spot_max, 0)  # on-demand: as the deadline policy decides
-    return assembled
 
 
 def register(app: typer.Typer) -> None:
