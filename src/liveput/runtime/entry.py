@@ -113,7 +113,7 @@ def agent_main(args: AgentArgs) -> int:
         sources = parse_notices(args.notices)
         token = args.token or os.environ.get("LIVEPUT_TOKEN")
         if not token:
-            raise LiveputError("a job token is required: --token or LIVEPUT_TOKEN")
+            raise LiveputError("LIVEPUT_TOKEN is not set")  # liveput agent checked its --token
         from liveput.runtime.launch import run_agent
 
         state = run_agent(
