@@ -28,6 +28,7 @@ from liveput.perf.profiler import profile_model, tiny_gpt_target
 from liveput.runtime import keys, protocol
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.engine import Engine, EngineConfig
+from liveput.runtime.entry import agent_command
 from liveput.runtime.inprocess import ThreadCluster
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.planning import profile_job
@@ -143,7 +144,7 @@ def _agents(url: str, instances: list[int], log_dir: Path) -> list[subprocess.Po
     env = {**os.environ, "LIVEPUT_TOKEN": TOKEN}
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "liveput.runtime", "--store", url, "--instance", str(i)],
+            agent_command(url, instance=i),
             env=env,
             stdout=open(log_dir / f"agent-{i}.log", "wb"),  # noqa: SIM115
             stderr=subprocess.STDOUT,

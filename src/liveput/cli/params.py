@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Annotated
 
 import typer
 
@@ -146,3 +147,25 @@ OPTIONAL_SOME_INSTANCES = optional(SOME_INSTANCES)
 """Instances >= 0, or unset."""
 FLAG = ""
 """Metavar of an on/off flag: it takes no value, so help shows none (not ``<bool>``)."""
+
+# Options that several commands share, as ``Annotated`` aliases: a command's parameter is then
+# one line (``model: params.Model = "tiny-gpt"``); the default stays in the signature.
+Model = Annotated[str, typer.Option("--model", help="Built-in job or module:function.")]
+Token = Annotated[str | None, typer.Option("--token", help="Job token (or LIVEPUT_TOKEN).")]
+NoticeMargin = Annotated[
+    float,
+    typer.Option(
+        "--notice-margin",
+        parser=NON_NEGATIVE_SECONDS,
+        help="Wall seconds before a noticed instance's announced end at which the job moves "
+        "off it (it trains until then); must cover the move.",
+    ),
+]
+DeadlinePolicy = Annotated[
+    str,
+    typer.Option(
+        "--deadline-policy",
+        help="Deadline policy (with --deadline-hours): liveput, uniform-progress, greedy, "
+        "on-demand or spot-only.",
+    ),
+]

@@ -6,7 +6,9 @@ import dataclasses
 import json
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,250 +18,329 @@ from liveput.cli import params
 from liveput.cli.output import console, device_counts, err_console, print_json, progress, to_json
 from liveput.errors import LiveputError
 from liveput.files import check_output_file, write_text_atomic
+from liveput.launch.assemble import DEFAULTS
 from liveput.models.training import TrainingConfig
 
+if TYPE_CHECKING:
+    from liveput.launch.local import LocalTrainingConfig
+    from liveput.traces import IntervalTrace, Trace
 
-def train(
-    model: str = typer.Option("tiny-gpt", "--model", help="Built-in job or module:function."),
-    data: Path = typer.Option(
-        None,
+
+DataFile = Annotated[
+    Path | None,
+    typer.Option(
         "--data",
-        help="Text, Arrow or Parquet file the job trains "
-        "on (gpt2-small, llama-tiny; default: the job's own data).",
+        help="Text, Arrow or Parquet file the job trains on (gpt2-small, llama-tiny; default: "
+        "the job's own data).",
     ),
-    workers: int = typer.Option(
-        8, "--workers", parser=params.INSTANCES, help="Instances requested."
+]
+Workers = Annotated[
+    int, typer.Option("--workers", parser=params.INSTANCES, help="Instances requested.")
+]
+TraceFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace", help="Trace file to replay (default: a generated 5-minute trace for --workers)."
     ),
-    trace_path: Path = typer.Option(
-        None,
-        "--trace",
-        help="Trace file to replay (default: a generated 5-minute trace for --workers).",
-    ),
-    time_scale: float = typer.Option(
-        2.0,
+]
+TimeScale = Annotated[
+    float,
+    typer.Option(
         "--time-scale",
         parser=params.TIME_SCALE,
         help="Trace seconds per wall second (the default spreads a 5-minute trace over the run).",
     ),
-    steps: int = typer.Option(
-        300,
+]
+Steps = Annotated[
+    int,
+    typer.Option(
         "--steps",
         parser=params.STEPS,
-        help="Steps to train (the default lasts about "
-        "as long as the default trace at the default time scale).",
+        help="Steps to train (the default lasts about as long as the default trace at the "
+        "default time scale).",
     ),
-    store: str = typer.Option(None, "--store", help="Store URL (default: a TCPStore here)."),
-    checkpoint_dir: str = typer.Option(
-        None, "--checkpoint-dir", help="Checkpoint directory or fsspec URL."
-    ),
-    checkpoint_every: int = typer.Option(
-        10,
+]
+StoreUrl = Annotated[
+    str | None, typer.Option("--store", help="Store URL (default: a TCPStore here).")
+]
+CheckpointDir = Annotated[
+    str | None, typer.Option("--checkpoint-dir", help="Checkpoint directory or fsspec URL.")
+]
+CheckpointEvery = Annotated[
+    int,
+    typer.Option(
         "--checkpoint-every",
         parser=params.CHECKPOINT_EVERY,
         help="Steps between checkpoints (0: none).",
     ),
-    notice_lead_s: float = typer.Option(
-        120.0, "--notice-lead", parser=params.NON_NEGATIVE_SECONDS, help="Notice lead, trace s."
-    ),
-    notice_margin_s: float = typer.Option(
-        20.0,
-        "--notice-margin",
-        parser=params.NON_NEGATIVE_SECONDS,
-        help="Wall seconds before a noticed instance's announced end at which the job moves "
-        "off it (it trains until then); must cover the move.",
-    ),
-    seed: int = typer.Option(
-        20,
+]
+NoticeLead = Annotated[
+    float,
+    typer.Option("--notice-lead", parser=params.NON_NEGATIVE_SECONDS, help="Notice lead, trace s."),
+]
+Seed = Annotated[
+    int,
+    typer.Option(
         "--seed",
         parser=params.SEED,
-        help="Seed of the generated trace and the victims "
-        "(20: its 5-minute trace for 6 workers has 7 preemptions and 5 "
-        "allocations; most 5-minute traces have one or two).",
+        help="Seed of the generated trace and the victims (20: its 5-minute trace for 6 workers "
+        "has 7 preemptions and 5 allocations; most 5-minute traces have one or two).",
     ),
-    heartbeat_timeout_s: float = typer.Option(
-        None,
+]
+HeartbeatTimeout = Annotated[
+    float | None,
+    typer.Option(
         "--heartbeat-timeout",
         parser=params.optional(params.SECONDS),
         help="Wall seconds of silence before an agent is taken for dead, whatever the time "
         "scale: the failure detection time (default: two decision intervals, at least 3 s).",
     ),
-    as_json: bool = typer.Option(
-        False,
+]
+AsJson = Annotated[
+    bool,
+    typer.Option(
         "--json",
         metavar=params.FLAG,
         help="Print one JSON object (the summary) instead of the table.",
     ),
-    output: Path = typer.Option(
-        None,
+]
+Output = Annotated[
+    Path | None,
+    typer.Option(
         "-o",
         "--output",
         help="Write the summary here as JSON, the per-step log beside it (.jsonl) and the "
         "final model (.model.pt; default: liveput-out/<run>/model.pt).",
     ),
-    log_dir: Path = typer.Option(
-        None,
+]
+LogDir = Annotated[
+    Path | None,
+    typer.Option(
         "--log-dir",
-        help="Where the agents' logs go, kept after "
-        "the run (default: logs/ beside --output, else ./liveput-logs).",
+        help="Where the agents' logs go, kept after the run (default: logs/ beside --output, "
+        "else ./liveput-logs).",
     ),
-    keep_checkpoints: int = typer.Option(
-        2,
+]
+KeepCheckpoints = Annotated[
+    int,
+    typer.Option(
         "--keep-checkpoints",
         parser=params.KEEP,
         help="Complete checkpoints kept on disk (the newest).",
     ),
-    deadline_hours: float = typer.Option(
-        None,
+]
+DeadlineHours = Annotated[
+    float | None,
+    typer.Option(
         "--deadline-hours",
         parser=params.OPTIONAL_HOURS,
         help="Finish the --steps by this many trace hours at the least cost: the deadline "
         "policy rents spot and on-demand instances from the emulated provider.",
     ),
-    on_demand_max: int = typer.Option(
-        None,
+]
+OnDemandMax = Annotated[
+    int | None,
+    typer.Option(
         "--on-demand-max",
         parser=params.OPTIONAL_SOME_INSTANCES,
         help="Most on-demand instances held at once (with --deadline-hours; default: the "
         "trace's peak count).",
     ),
-    instance_type: str = typer.Option(
-        "p3.2xlarge",
+]
+InstanceType = Annotated[
+    str,
+    typer.Option(
         "--instance-type",
         help="Catalog instance type rented and priced (with --deadline-hours).",
     ),
-    deadline_policy: str = typer.Option(
-        "liveput",
-        "--deadline-policy",
-        help="Deadline policy (with --deadline-hours): liveput, uniform-progress, greedy, "
-        "on-demand or spot-only.",
-    ),
-    precision: str = typer.Option(
-        None,
+]
+Precision = Annotated[
+    str | None,
+    typer.Option(
         "--precision",
-        help="fp32, bf16 (autocast) or fp16 (autocast and a loss scaler); "
-        "weights and optimizer state stay fp32 (default: the job's own).",
+        help="fp32, bf16 (autocast) or fp16 (autocast and a loss scaler); weights and optimizer "
+        "state stay fp32 (default: the job's own).",
     ),
-    clip_grad_norm: float = typer.Option(
-        None,
+]
+ClipGradNorm = Annotated[
+    float | None,
+    typer.Option(
         "--clip-grad-norm",
         parser=params.optional(params.POSITIVE),
         help="Clip gradients to this global L2 norm, over all stages.",
     ),
-    lr_schedule: str = typer.Option(
-        None,
+]
+LrSchedule = Annotated[
+    str | None,
+    typer.Option(
         "--lr-schedule",
-        help="Learning rate by global step: "
-        "constant|linear|cosine[:warmup=N][,min=F][,steps=N] (steps default: --steps).",
+        help="Learning rate by global step: constant|linear|cosine[:warmup=N][,min=F][,steps=N] "
+        "(steps default: --steps).",
     ),
-    activation_checkpointing: bool = typer.Option(
-        False,
+]
+ActivationCheckpointing = Annotated[
+    bool,
+    typer.Option(
         "--activation-checkpointing",
         metavar=params.FLAG,
         help="Recompute each layer's forward in the backward pass (less memory, more compute).",
     ),
-    on_nonfinite_loss: str = typer.Option(
-        None,
+]
+OnNonfiniteLoss = Annotated[
+    str | None,
+    typer.Option(
         "--on-nonfinite-loss",
-        help="A NaN or infinite loss: stop the job (the step is not "
-        "committed) or skip that step's update on every stage (default: the job's own, stop).",
+        help="A NaN or infinite loss: stop the job (the step is not committed) or skip that "
+        "step's update on every stage (default: the job's own, stop).",
     ),
-    device: str = typer.Option(
-        "auto",
+]
+Device = Annotated[
+    str,
+    typer.Option(
         "--device",
-        help="What the agents train on: auto (CUDA where this machine has "
-        "it), cpu, cuda or cuda:K. They share this machine: on CUDA they spread over its GPUs "
-        "and talk over gloo through CPU memory (NCCL refuses two ranks on one GPU).",
+        help="What the agents train on: auto (CUDA where this machine has it), cpu, cuda or "
+        "cuda:K. They share this machine: on CUDA they spread over its GPUs and talk over gloo "
+        "through CPU memory (NCCL refuses two ranks on one GPU).",
     ),
-    job_file: Path = typer.Option(
-        None,
+]
+JobFileOption = Annotated[
+    Path | None,
+    typer.Option(
         "--job",
-        help="Take the model, steps, checkpoints, "
-        "provider, objective and notices from this job file (the "
-        "options above are then ignored; see liveput launch).",
+        help="Take the model, steps, checkpoints, provider, objective and notices from this job "
+        "file (the options above are then ignored; see liveput launch).",
     ),
+]
+
+
+@dataclass(frozen=True)
+class _JobOptions:
+    """The options a job file (``--job``) replaces."""
+
+    model: str
+    workers: int
+    trace_path: Path | None
+    time_scale: float
+    steps: int
+    checkpoint_dir: str | None
+    checkpoint_every: int
+    notice_lead_s: float
+    notice_margin_s: float
+    seed: int
+    keep_checkpoints: int
+    deadline_hours: float | None
+    on_demand_max: int | None
+    instance_type: str
+    deadline_policy: str
+    device: str
+
+
+def train(
+    model: params.Model = "tiny-gpt",
+    data: DataFile = None,
+    workers: Workers = 8,
+    trace_path: TraceFile = None,
+    time_scale: TimeScale = 2.0,
+    steps: Steps = 300,
+    store: StoreUrl = None,
+    checkpoint_dir: CheckpointDir = None,
+    checkpoint_every: CheckpointEvery = DEFAULTS.checkpoint_every,
+    notice_lead_s: NoticeLead = 120.0,
+    notice_margin_s: params.NoticeMargin = DEFAULTS.notice_margin_s,
+    seed: Seed = 20,
+    heartbeat_timeout_s: HeartbeatTimeout = None,
+    as_json: AsJson = False,
+    output: Output = None,
+    log_dir: LogDir = None,
+    keep_checkpoints: KeepCheckpoints = DEFAULTS.keep_checkpoints,
+    deadline_hours: DeadlineHours = None,
+    on_demand_max: OnDemandMax = None,
+    instance_type: InstanceType = "p3.2xlarge",
+    deadline_policy: params.DeadlinePolicy = DEFAULTS.policy,
+    precision: Precision = None,
+    clip_grad_norm: ClipGradNorm = None,
+    lr_schedule: LrSchedule = None,
+    activation_checkpointing: ActivationCheckpointing = False,
+    on_nonfinite_loss: OnNonfiniteLoss = None,
+    device: Device = DEFAULTS.device,
+    job_file: JobFileOption = None,
 ) -> None:
     """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
-    if job_file is not None:
-        (
-            model,
-            workers,
-            trace_path,
-            time_scale,
-            steps,
-            checkpoint_dir,
-            checkpoint_every,
-            notice_lead_s,
-            seed,
-            keep_checkpoints,
-            deadline_hours,
-            on_demand_max,
-            instance_type,
-            deadline_policy,
-            device,
-        ) = _from_job_file(job_file)
+    job_options = _JobOptions(
+        model, workers, trace_path, time_scale, steps, checkpoint_dir, checkpoint_every,
+        notice_lead_s, notice_margin_s, seed, keep_checkpoints, deadline_hours, on_demand_max,
+        instance_type, deadline_policy, device,
+    )  # fmt: skip
+    options = job_options if job_file is None else _from_job_file(job_file)
     from liveput.launch.deadline import DeadlineJob
-    from liveput.launch.local import (
-        LocalTrainingConfig,
-        Progress,
-        run_local_training,
-        warn_idle_gpus,
-    )
+    from liveput.launch.local import LocalTrainingConfig, warn_idle_gpus
     from liveput.models.jobs import resolve_job
     from liveput.runtime.device import check_device_request, resolve_device
     from liveput.traces import generate_trace, read_trace
 
     # A CUDA request on a machine without CUDA: one line, before anything starts.
-    resolved = resolve_device(check_device_request(device, "train"), "train")
-    if deadline_hours is not None or job_file is not None:
-        warn_idle_gpus(instance_type, resolved)  # the instances the job is billed for
-
+    resolved = resolve_device(check_device_request(options.device, "train"), "train")
+    if options.deadline_hours is not None or job_file is not None:
+        warn_idle_gpus(options.instance_type, resolved)  # the instances the job is billed for
     data_path = None if data is None else str(data.resolve())
     # An unknown model is refused before anything starts or is printed.
-    job = resolve_job(model, data_path)
-    training = training_options(
-        job.training,
-        steps,
-        precision,
-        clip_grad_norm,
-        lr_schedule,
-        activation_checkpointing,
-        on_nonfinite_loss,
-    )
-
+    job = resolve_job(options.model, data_path)
+    flags = (precision, clip_grad_norm, lr_schedule, activation_checkpointing, on_nonfinite_loss)
+    training = training_options(job.training, options.steps, *flags)
     if log_dir is None:
         log_dir = output.parent / "logs" if output is not None else Path("liveput-logs")
     config = LocalTrainingConfig(
-        model=model,
+        model=options.model,
         data=data_path,
-        workers=workers,
-        steps=steps,
-        time_scale=time_scale,
-        notice_lead_s=notice_lead_s,
+        workers=options.workers,
+        steps=options.steps,
+        time_scale=options.time_scale,
+        notice_lead_s=options.notice_lead_s,
         store_url=store,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        seed=seed,
+        checkpoint_dir=options.checkpoint_dir,
+        checkpoint_every=options.checkpoint_every,
+        seed=options.seed,
         log_dir=str(log_dir),
-        keep_checkpoints=keep_checkpoints,
+        keep_checkpoints=options.keep_checkpoints,
         heartbeat_timeout_s=heartbeat_timeout_s,
-        notice_margin_s=notice_margin_s,
+        notice_margin_s=options.notice_margin_s,
         training=training,
-        device=device,
+        device=options.device,
         deadline=None
-        if deadline_hours is None
-        else DeadlineJob(deadline_hours, on_demand_max, instance_type, deadline_policy),
+        if options.deadline_hours is None
+        else DeadlineJob(
+            options.deadline_hours,
+            options.on_demand_max,
+            options.instance_type,
+            options.deadline_policy,
+        ),
     )
-    trace = read_trace(trace_path) if trace_path else generate_trace(workers, 5 / 60, seed)
+    path, seed = options.trace_path, options.seed
+    trace = read_trace(path) if path else generate_trace(options.workers, 5 / 60, seed)
     if output is not None:
         # Fail now, not after the training, if the summary cannot be written there.
         check_output_file(output)
-    model_path = model_output(output)
-    config = dataclasses.replace(config, model_path=str(model_path))
-    err_console.print(f"agents' logs: {log_dir}; model: {config.model_path}", soft_wrap=True)
+    config = dataclasses.replace(config, model_path=str(model_output(output)))
+    summary = _train_with_progress(config, trace, log_dir, output)
+    if as_json:
+        print_json(summary)
+    else:
+        console.print(_summary_table(summary))
+
+
+def _train_with_progress(
+    config: LocalTrainingConfig, trace: Trace | IntervalTrace, log_dir: Path, output: Path | None
+) -> dict:
+    """Run ``config`` with a progress bar (SIGTERM ends it as Ctrl-C does); write ``output``
+    and its per-step log; the summary."""
+    from liveput.launch.local import Progress, run_local_training
+
+    model_path = Path(config.model_path or "")
+    err_console.print(f"agents' logs: {log_dir}; model: {model_path}", soft_wrap=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with progress(transient=False) as bar:
-            task = bar.add_task("starting", total=steps)
+            task = bar.add_task("starting", total=config.steps)
 
             def show(update: Progress) -> None:
                 loss = "-" if update.loss is None else f"{update.loss:.3f}"
@@ -289,10 +370,7 @@ def train(
         write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in result.steps))
         write_text_atomic(output, to_json(summary) + "\n")
         err_console.print(f"wrote {output} and {log_path}")
-    if as_json:
-        print_json(summary)
-    else:
-        console.print(_summary_table(summary))
+    return summary
 
 
 def model_output(output: Path | None, root: Path = Path("liveput-out")) -> Path:
@@ -351,7 +429,7 @@ def training_options(
         raise LiveputError(f"train: {error}") from None
 
 
-def _from_job_file(path: Path) -> tuple:
+def _from_job_file(path: Path) -> _JobOptions:
     """``liveput train``'s settings from a job file (its store, dashboard and metrics are
     ``liveput launch``'s)."""
     from liveput.models.jobs import resolve_job
@@ -359,22 +437,23 @@ def _from_job_file(path: Path) -> tuple:
 
     job = load_job_file(path)
     provider, objective = job.provider, job.objective
-    return (
-        job.model,
-        provider.workers,
-        Path(provider.trace) if provider.trace else None,
-        provider.time_scale,
-        job.num_steps(resolve_job(job.model).global_batch_size),
-        job.checkpoint.url,
-        job.checkpoint.every,
-        job.notices.lead_s,
-        provider.trace_seed,
-        job.checkpoint.keep,
-        objective.deadline_hours,
-        provider.on_demand_max,
-        provider.instance_type,
-        objective.policy,
-        job.device,
+    return _JobOptions(
+        model=job.model,
+        workers=provider.workers,
+        trace_path=Path(provider.trace) if provider.trace else None,
+        time_scale=provider.time_scale,
+        steps=job.num_steps(resolve_job(job.model).global_batch_size),
+        checkpoint_dir=job.checkpoint.url,
+        checkpoint_every=job.checkpoint.every,
+        notice_lead_s=job.notices.lead_s,
+        notice_margin_s=job.notices.margin_s,
+        seed=provider.trace_seed,
+        keep_checkpoints=job.checkpoint.keep,
+        deadline_hours=objective.deadline_hours,
+        on_demand_max=provider.on_demand_max,
+        instance_type=provider.instance_type,
+        deadline_policy=objective.policy,
+        device=job.device,
     )
 
 

@@ -9,7 +9,6 @@ their agents. Without ``--provider`` the coordinator rents nothing: agents start
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from liveput.cloud.userdata import AgentBoot
 from liveput.errors import LiveputError
 from liveput.registry import Registry
 from liveput.runtime.clock import Clock, MonotonicClock
+from liveput.runtime.entry import agent_command
 
 __all__ = ["ProviderSettings", "PROVIDERS", "build_provider"]
 
@@ -76,7 +76,7 @@ def _emulated(settings: ProviderSettings, clock: Clock) -> Provider:
             f"emulated provider: cannot create {settings.work_dir}: {error.strerror}"
         ) from None
     launcher = command_launcher(
-        [sys.executable, "-m", "liveput.runtime", "--store", url, "--notices", "sigterm,emulator"],
+        agent_command(url),
         env={**os.environ, "LIVEPUT_TOKEN": boot.token},
         log_dir=logs,
     )

@@ -9,12 +9,10 @@ one trace minute, i.e. ``60 / time_scale`` wall seconds.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import secrets
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,23 +21,23 @@ from pathlib import Path
 
 from liveput.cloud.processes import command_launcher
 from liveput.errors import LiveputError
+from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble_job
 from liveput.launch.cloud import LocalCloud
-from liveput.launch.deadline import DeadlineJob, deadline_context
-from liveput.models.jobs import resolve_job
+from liveput.launch.deadline import DeadlineJob
 from liveput.models.training import TrainingConfig
 from liveput.runtime import keys
 from liveput.runtime.clock import MonotonicClock
-from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+from liveput.runtime.coordinator import Coordinator
 from liveput.runtime.device import (
     check_device_request,
     describe_device,
     idle_gpus_message,
     resolve_device,
 )
-from liveput.runtime.launch import JobSpec, job_profile, publish_spec
-from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.entry import agent_command
+from liveput.runtime.launch import job_profile, publish_spec
+from liveput.runtime.ledger import LedgerReport, verify_ledger
 from liveput.runtime.model_files import export_final
-from liveput.runtime.prune import PruneConfig
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store, readers
 from liveput.traces import IntervalTrace, Trace
 
@@ -67,7 +65,7 @@ class LocalTrainingConfig:
     """Store URL (default: a TCPStore hosted here on a free loopback port)."""
     checkpoint_dir: str | None = None
     """Checkpoint directory or fsspec URL (default: a temporary directory)."""
-    checkpoint_every: int = 10
+    checkpoint_every: int = DEFAULTS.checkpoint_every
     """K: checkpoint every K steps."""
     timeout_s: float = 900.0
     """Give up after this many wall seconds."""
@@ -75,18 +73,18 @@ class LocalTrainingConfig:
     """Seed of the emulated cloud's choice of victims."""
     log_dir: str = "liveput-logs"
     """Directory of the agents' logs (``i-<n>.log``), kept after the run."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = DEFAULTS.keep_checkpoints
     """K: only the newest K complete checkpoints stay on disk."""
     heartbeat_timeout_s: float | None = None
     """Wall seconds of silence before the coordinator takes an agent for dead, whatever the
     time scale (the failure detection time; None: two decision intervals, at least 3 s)."""
-    notice_margin_s: float = 20.0
+    notice_margin_s: float = DEFAULTS.notice_margin_s
     """A noticed instance trains until this many wall seconds before the end its notice
     announces, whatever the time scale (it must cover the move off it: a few seconds for a
     small model here, ``bench runtime``; more for big layers on a slow network)."""
     training: TrainingConfig | None = None
     """Precision, clipping, schedule, activation checkpointing (None: the job's own)."""
-    policy: str = "liveput"
+    policy: str = DEFAULTS.policy
     """Policy deciding the configuration (``liveput.policies``; ``reactive`` restarts from the
     checkpoint on every change of the instance count)."""
     deadline: DeadlineJob | None = None
@@ -94,7 +92,7 @@ class LocalTrainingConfig:
     and on-demand instances (:mod:`liveput.launch.deadline`); None: the trace's instances."""
     token: str | None = None
     """The job token (default: a fresh one; a launched job keeps its own in its state dir)."""
-    device: str = "auto"
+    device: str = DEFAULTS.device
     """What the agents train on: ``auto`` (CUDA where this machine has it), ``cpu``, ``cuda``
     or ``cuda:K``. They share this machine: on CUDA they spread over its GPUs and communicate
     over gloo through CPU memory (NCCL refuses two ranks on one GPU)."""
@@ -174,9 +172,31 @@ def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
     """(heartbeat timeout, how long agents outlive a silent store), wall seconds: the user's
     detection time, or two decision intervals (at least 3 s); the store-outage limit is never
     shorter than that default, so a short detection time does not end agents at a store hiccup."""
-    default_s = max(3.0, 2 * 60.0 / config.time_scale)
-    heartbeat_timeout_s = config.heartbeat_timeout_s or default_s
-    return heartbeat_timeout_s, max(default_s, heartbeat_timeout_s)
+    return job_request(config, config.checkpoint_dir or "").detection_times_s()
+
+
+def job_request(config: LocalTrainingConfig, checkpoint_dir: str, initial: int = 1) -> JobRequest:
+    """The job a local run asks for (:mod:`liveput.launch.assemble`): the agents share this
+    machine, and one decision interval is one trace minute."""
+    return JobRequest(
+        config.model,
+        config.steps,
+        checkpoint_dir,
+        data=config.data,
+        checkpoint_every=config.checkpoint_every,
+        keep_checkpoints=config.keep_checkpoints,
+        training=config.training,
+        device=config.device,
+        policy=config.policy,
+        capacity=config.workers,
+        initial_workers=max(1, initial),
+        time_scale=config.time_scale,
+        heartbeat_timeout_s=config.heartbeat_timeout_s,
+        notice_margin_s=config.notice_margin_s,
+        local=True,
+        deadline=config.deadline,
+        on_demand_on_top=True,
+    )
 
 
 def run_local_training(
@@ -193,101 +213,17 @@ def run_local_training(
     token = config.token or secrets.token_hex(16)
     # A CUDA request on a machine without CUDA: one line, before anything starts.
     device = resolve_device(config.device, "train")
-    job = resolve_job(config.model, config.data)
-    if config.training is not None:
-        job = dataclasses.replace(job, training=config.training)
-    log_dir = Path(config.log_dir)
-    try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise LiveputError(
-            f"train: cannot create the log directory {log_dir}: {error.strerror}"
-        ) from None
-    LOG.info("agents' logs: %s", log_dir)
+    log_dir = _log_dir(config)
     with tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch:
         checkpoint_dir = config.checkpoint_dir or str(Path(scratch) / "checkpoints")
-        if config.store_url is None:
-            hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
-            url = hosted.url
-            store: Store = SignedStore(hosted, token)
-        else:
-            url = config.store_url
-            store = open_store(url, host=url.startswith("tcp://"), token=token)
+        store, url = _open_store(config, token)
         cloud: LocalCloud | None = None
         finished = False
         try:
-            interval_s = 60.0 / config.time_scale
-            heartbeat_timeout_s, outage_s = detection_times_s(config)
-            publish_spec(
-                store,
-                JobSpec(
-                    config.model,
-                    checkpoint_dir,
-                    config.checkpoint_every,
-                    store_outage_s=outage_s,
-                    keep_checkpoints=config.keep_checkpoints,
-                    training=None if config.training is None else config.training.to_dict(),
-                    data=config.data,
-                    notice_margin_s=config.notice_margin_s,
-                    device=config.device,
-                    shared_gpu=True,
-                ),
-            )
-            # Kept in the store: a resumed job plans with the profile it started with (the
-            # layers are measured without recomputation; the job's checkpointing is its own),
-            # measured on the device the agents train on.
-            profile = dataclasses.replace(
-                job_profile(
-                    store,
-                    config.model,
-                    config.data,
-                    device,
-                    None if config.training is None else config.training.precision,
-                ),
-                activation_checkpointing=(
-                    "layer" if job.training.activation_checkpointing else "none"
-                ),
-            )
-            deadline = (
-                None
-                if config.deadline is None
-                else deadline_context(
-                    trace, profile, config.deadline, config.steps, config.time_scale
-                )
-            )
-            coordinator_config = CoordinatorConfig(
-                num_steps=config.steps,
-                num_micro_batches=job.num_micro_batches,
-                interval_s=interval_s,
-                policy_interval_s=60.0,
-                heartbeat_timeout_s=heartbeat_timeout_s,
-                capacity=config.workers,
-                notice_margin_s=config.notice_margin_s,
-                initial_workers=max(1, _initial_count(trace)),
-                start_grace_s=20.0,
-                policy=config.policy,
-                # The per-step log is written from the ledger records at the end: keep them.
-                prune=PruneConfig(fold_ledger=False),
-            )
-            if config.deadline is not None and deadline is not None:
-                coordinator_config = dataclasses.replace(
-                    coordinator_config,
-                    policy=config.deadline.policy,
-                    capacity=config.workers + deadline.on_demand_max,
-                )
-            environment = {**os.environ, "LIVEPUT_TOKEN": token}
+            request = job_request(config, checkpoint_dir, _initial_count(trace))
+            assembled = _assemble(store, request, trace, device)
             launcher = command_launcher(
-                [
-                    sys.executable,
-                    "-m",
-                    "liveput.runtime",
-                    "--store",
-                    url,
-                    "--notices",
-                    "sigterm,emulator",
-                ],
-                env=environment,
-                log_dir=log_dir,
+                agent_command(url), env={**os.environ, "LIVEPUT_TOKEN": token}, log_dir=log_dir
             )
             notice_dir = Path(scratch) / "notices"
             notice_dir.mkdir()
@@ -302,65 +238,15 @@ def run_local_training(
                 seed=config.seed,
                 instance_type=None if config.deadline is None else config.deadline.instance_type,
             )
-            if cloud.market is None:
-                cloud.start_background(interval_s)
-                cloud_started_s = time.monotonic()
-            coordinator = Coordinator(
-                store, profile, coordinator_config, deadline=deadline, market=cloud.market
-            )
-            if cloud.market is not None:
-                cloud.start_background(interval_s)
-                cloud_started_s = time.monotonic()
-            devices: dict[str, str] = {}
-            devices_read_s = 0.0
-            while coordinator.tick():
-                if time.monotonic() - devices_read_s >= 1.0:
-                    _record_devices(store, devices)
-                    devices_read_s = time.monotonic()
-                if on_progress is not None:
-                    on_progress(_progress(store, coordinator, cloud_started_s))
-                if on_tick is not None:
-                    on_tick(coordinator, False)
-                if time.monotonic() - started > config.timeout_s:
-                    raise LiveputError(
-                        f"train: not done after {config.timeout_s:g} s ({coordinator.status})"
-                    )
-                time.sleep(coordinator.config.tick_s)
-            if cloud.market is not None:
-                cloud.finish()
-            if on_progress is not None:
-                on_progress(_progress(store, coordinator, cloud_started_s))
-            if on_tick is not None:
-                on_tick(coordinator, True)
-            report = verify_ledger(store, job.global_batch_size, config.steps)
-            stats = readers.migrations(store)
-            events = readers.events(store)
-            losses = [r["loss"] for r in report.records]
-            _record_devices(store, devices)
+            run = _LocalRun(store, cloud, config, started, on_progress, on_tick)
+            run.drive(assembled)
+            report = verify_ledger(store, assembled.job.global_batch_size, config.steps)
+            result = run.result(report, assembled.job.global_batch_size, log_dir, device)
             if config.model_path is not None:
-                export_final(checkpoint_dir, job.layers, Path(config.model_path))
+                export_final(checkpoint_dir, assembled.job.layers, Path(config.model_path))
+                result.model = config.model_path
             finished = True
-            return TrainingResult(
-                steps_completed=report.steps_applied,
-                samples=report.steps_applied * job.global_batch_size,
-                initial_loss=losses[0] if losses else None,
-                final_loss=losses[-1] if losses else None,
-                preemptions=cloud.preemptions,
-                allocations=cloud.allocations,
-                migrations={kind: stats.get(kind, 0) for kind in MIGRATION_KINDS},
-                steps_rolled_back=report.steps_rolled_back,
-                exactly_once=report.exactly_once,
-                wall_s=round(time.monotonic() - started, 2),
-                log_dir=str(log_dir),
-                steps=report.records,
-                events=events,
-                deadline=None
-                if config.deadline is None
-                else cloud.summary(config.deadline.deadline_hours),
-                devices=dict(sorted(devices.items(), key=lambda kv: int(kv[0]))),
-                device=describe_device(device),
-                model=config.model_path,
-            )
+            return result
         except LiveputError as error:  # one line, saying where to look
             raise LiveputError(f"{error}; agents' logs in {log_dir}") from None
         finally:
@@ -370,6 +256,122 @@ def run_local_training(
                 else:  # interrupted or failed: stop every agent now, not after a grace
                     cloud.close()
             store.close()
+
+
+class _LocalRun:
+    """The coordinator's loop over the emulated cloud, and what it saw."""
+
+    def __init__(
+        self,
+        store: Store,
+        cloud: LocalCloud,
+        config: LocalTrainingConfig,
+        started_s: float,
+        on_progress: Callable[[Progress], None] | None,
+        on_tick: Callable[[Coordinator, bool], None] | None,
+    ) -> None:
+        self.store, self.cloud, self.config, self.started_s = store, cloud, config, started_s
+        self.on_progress, self.on_tick = on_progress, on_tick
+        self.devices: dict[str, str] = {}
+
+    def drive(self, assembled: AssembledJob) -> None:
+        """Start the cloud and run the coordinator until the job is done."""
+        cloud, store, interval_s = self.cloud, self.store, assembled.config.interval_s
+        assert assembled.profile is not None  # a local job is profiled before it is assembled
+        # A trace's instances start before the coordinator (it waits for them); a deadline
+        # job's market is the coordinator's to drive, so its cloud starts once it exists.
+        if cloud.market is None:
+            cloud.start_background(interval_s)
+        cloud_started_s = time.monotonic()
+        coordinator = Coordinator(
+            store,
+            assembled.profile,
+            assembled.config,
+            deadline=assembled.deadline,
+            market=cloud.market,
+        )
+        if cloud.market is not None:
+            cloud.start_background(interval_s)
+            cloud_started_s = time.monotonic()
+        devices_read_s = 0.0
+        while coordinator.tick():
+            if time.monotonic() - devices_read_s >= 1.0:
+                _record_devices(store, self.devices)
+                devices_read_s = time.monotonic()
+            self._tick(coordinator, cloud_started_s, False)
+            if time.monotonic() - self.started_s > self.config.timeout_s:
+                raise LiveputError(
+                    f"train: not done after {self.config.timeout_s:g} s ({coordinator.status})"
+                )
+            time.sleep(coordinator.config.tick_s)
+        if cloud.market is not None:
+            cloud.finish()
+        self._tick(coordinator, cloud_started_s, True)
+        _record_devices(store, self.devices)
+
+    def _tick(self, coordinator: Coordinator, cloud_started_s: float, done: bool) -> None:
+        if self.on_progress is not None:
+            self.on_progress(_progress(self.store, coordinator, cloud_started_s))
+        if self.on_tick is not None:
+            self.on_tick(coordinator, done)
+
+    def result(
+        self, report: LedgerReport, global_batch_size: int, log_dir: Path, device: str
+    ) -> TrainingResult:
+        stats = readers.migrations(self.store)
+        losses = [r["loss"] for r in report.records]
+        deadline = self.config.deadline
+        return TrainingResult(
+            steps_completed=report.steps_applied,
+            samples=report.steps_applied * global_batch_size,
+            initial_loss=losses[0] if losses else None,
+            final_loss=losses[-1] if losses else None,
+            preemptions=self.cloud.preemptions,
+            allocations=self.cloud.allocations,
+            migrations={kind: stats.get(kind, 0) for kind in MIGRATION_KINDS},
+            steps_rolled_back=report.steps_rolled_back,
+            exactly_once=report.exactly_once,
+            wall_s=round(time.monotonic() - self.started_s, 2),
+            log_dir=str(log_dir),
+            steps=report.records,
+            events=readers.events(self.store),
+            deadline=None if deadline is None else self.cloud.summary(deadline.deadline_hours),
+            devices=dict(sorted(self.devices.items(), key=lambda kv: int(kv[0]))),
+            device=describe_device(device),
+        )
+
+
+def _log_dir(config: LocalTrainingConfig) -> Path:
+    log_dir = Path(config.log_dir)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise LiveputError(
+            f"train: cannot create the log directory {log_dir}: {error.strerror}"
+        ) from None
+    LOG.info("agents' logs: %s", log_dir)
+    return log_dir
+
+
+def _open_store(config: LocalTrainingConfig, token: str) -> tuple[Store, str]:
+    """The job's store (a TCPStore hosted here unless ``store_url`` names another) and its URL."""
+    if config.store_url is None:
+        hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
+        return SignedStore(hosted, token), hosted.url
+    url = config.store_url
+    return open_store(url, host=url.startswith("tcp://"), token=token), url
+
+
+def _assemble(
+    store: Store, request: JobRequest, trace: Trace | IntervalTrace, device: str
+) -> AssembledJob:
+    """The job assembled and its spec published, with its profile kept in the store (a resumed
+    job plans with the profile it started with) measured on the device the agents train on."""
+    precision = None if request.training is None else request.training.precision
+    profile = job_profile(store, request.model, request.data, device, precision)
+    assembled = assemble_job(request, trace=trace, profile=profile)
+    publish_spec(store, assembled.spec)
+    return assembled
 
 
 def warn_idle_gpus(instance_type: str, device: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from liveput.errors import LiveputError
+from liveput.launch.assemble import DEFAULTS
 
 OBJECTIVES = ("throughput", "deadline")
 
@@ -119,10 +120,15 @@ class NoticeSpec:
 
     lead_s: float = 120.0
     """Notice lead, trace seconds (AWS 120, GCP 30)."""
+    margin_s: float = DEFAULTS.notice_margin_s
+    """A noticed instance trains until this many wall seconds before the end its notice
+    announces, then the job moves off it (``liveput train --notice-margin``)."""
 
     def __post_init__(self) -> None:
         if self.lead_s < 0:
             raise LiveputError("notices: lead_s must be >= 0")
+        if not self.margin_s >= 0:
+            raise LiveputError(f"notices: margin_s must be >= 0, got {self.margin_s:g}")
 
 
 @dataclass(frozen=True)

@@ -1,29 +1,21 @@
-"""``python -m liveput.runtime --store URL``: a lean agent entry point for launchers.
+"""``python -m liveput.runtime --store URL``: the lean agent entry point for launchers.
 
-The same as ``liveput agent --store URL`` (the token from ``LIVEPUT_TOKEN``), without importing
-the whole CLI: an emulated cloud starts many of these at once on a small machine.
+The same as ``liveput agent --store URL`` (:func:`liveput.runtime.entry.agent_main`; the token
+from ``LIVEPUT_TOKEN``), without importing the whole CLI: an emulated cloud starts many of these
+at once on a small machine. Its ``--notices`` default is a launcher's on this machine
+(``sigterm,emulator``); ``liveput agent``'s is a cloud instance's.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+from liveput.runtime.entry import prepare_agent_process
 
-# The emulated cloud's notice signal may come while this process still imports torch (a
-# notice due at launch): its default action would end the agent before it joins, and the job
-# would wait for nothing. Ignored until the notice watcher installs its handler; the notice
-# file, not the signal, is the notice.
-signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-# Before torch loads: c10d's C++ warnings (a store connection failing, with dozens of stack
-# frames, every heartbeat) would drown the agent's log; its own one-line messages say it.
-os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+# First thing: a notice signal that comes while torch imports must not end the agent.
+prepare_agent_process()
 
 import argparse  # noqa: E402
-import logging  # noqa: E402
-import sys  # noqa: E402
 
-from liveput.errors import LiveputError  # noqa: E402
+from liveput.runtime.entry import LEAN_NOTICES, AgentArgs, agent_main  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,34 +23,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", required=True, help="store URL")
     parser.add_argument("--host", default="127.0.0.1", help="address peers reach this one at")
     parser.add_argument("--instance", type=int, default=None, help="instance id")
-    parser.add_argument("--notices", default="sigterm,emulator", help="notice sources")
+    parser.add_argument("--notices", default=LEAN_NOTICES, help="notice sources")
     parser.add_argument(
         "--device", default=None, help="auto, cpu, cuda or cuda:K (default: the job's)"
     )
     parser.add_argument("--verbose", action="store_true", help="log every step's timings")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    from liveput.runtime.launch import run_agent
-
-    try:
-        token = os.environ.get("LIVEPUT_TOKEN")
-        if not token:
-            raise LiveputError("LIVEPUT_TOKEN is not set")
-        run_agent(
+    return agent_main(
+        AgentArgs(
             args.store,
-            token,
-            args.instance,
-            args.host,
-            [s for s in args.notices.split(",") if s],
+            None,
+            instance=args.instance,
+            host=args.host,
+            notices=args.notices,
             device=args.device,
+            verbose=args.verbose,
         )
-    except LiveputError as error:
-        sys.stderr.write(f"error: {error}\n")
-        return 2
-    return 0
+    )
 
 
 if __name__ == "__main__":

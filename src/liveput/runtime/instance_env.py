@@ -4,7 +4,7 @@ agent (:mod:`liveput.runtime.launch`) reads them."""
 
 from __future__ import annotations
 
-__all__ = ["INSTANCE_ID_ENV", "NOTICE_FILE_ENV", "MARKET_ENV"]
+__all__ = ["INSTANCE_ID_ENV", "NOTICE_FILE_ENV", "MARKET_ENV", "NOTICE_SOURCES"]
 
 INSTANCE_ID_ENV = "LIVEPUT_INSTANCE_ID"
 """Environment variable carrying a launched agent's instance id."""
@@ -12,3 +12,5 @@ NOTICE_FILE_ENV = "LIVEPUT_NOTICE_FILE"
 """Environment variable carrying the path where the emulator writes the agent's notice."""
 MARKET_ENV = "LIVEPUT_MARKET"
 """Environment variable a provider's launch sets to the instance's market (default spot)."""
+NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
+"""Where an agent's preemption notice may come from (its ``--notices``)."""

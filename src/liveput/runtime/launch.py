@@ -30,7 +30,12 @@ from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.device import check_device_request, describe_device, resolve_device
 from liveput.runtime.engine import Engine, EngineConfig
-from liveput.runtime.instance_env import INSTANCE_ID_ENV, MARKET_ENV, NOTICE_FILE_ENV
+from liveput.runtime.instance_env import (
+    INSTANCE_ID_ENV,
+    MARKET_ENV,
+    NOTICE_FILE_ENV,
+    NOTICE_SOURCES,
+)
 from liveput.runtime.notices import (
     AwsNoticeWatcher,
     EmulatorNoticeWatcher,
@@ -47,7 +52,6 @@ if TYPE_CHECKING:
     from liveput.runtime.coordinator import Coordinator, CoordinatorConfig, MarketView
 
 LOG = logging.getLogger(__name__)
-NOTICE_SOURCES = ("aws", "gcp", "sigterm", "emulator")
 
 
 @dataclass(frozen=True)

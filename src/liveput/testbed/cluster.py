@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from liveput.runtime import keys, protocol
+from liveput.runtime.entry import agent_command
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
 from liveput.testbed.errors import TestbedError
 from liveput.testbed.etcd import EtcdServer
@@ -230,19 +231,9 @@ class ChaosCluster:
         with open(self.logs / f"agent-{instance}.log", "ab") as log:
             process = self.hosts.popen(
                 host,
-                [
-                    sys.executable,
-                    "-m",
-                    "liveput.runtime",
-                    "--store",
-                    self.url,
-                    "--instance",
-                    str(instance),
-                    "--notices",
-                    "sigterm",
-                    "--host",
-                    self.hosts.address(host),
-                ],
+                agent_command(
+                    self.url, notices="sigterm", instance=instance, host=self.hosts.address(host)
+                ),
                 env=self._env(),
                 stdout=log,
                 stderr=log,
