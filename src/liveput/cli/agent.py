@@ -242,6 +242,7 @@ def coordinator(
     from pathlib import Path
 
     from liveput.models.jobs import resolve_job
+    from liveput.models.validate import check_job
     from liveput.policies.base import Provisioning
     from liveput.runtime.coordinator import CoordinatorConfig
     from liveput.runtime.device import check_device_request
@@ -253,6 +254,7 @@ def coordinator(
         raise LiveputError("give at most one of --store URL and --embedded")
     check_device_request(device, "coordinator")
     job = resolve_job(model, data)
+    check_job(job)  # a model mistake: one line naming the layer, before anything starts
     token = _token(token)
     holder = _holder(
         provider,

@@ -203,6 +203,7 @@ def train(
         warn_idle_gpus,
     )
     from liveput.models.jobs import resolve_job
+    from liveput.models.validate import check_job
     from liveput.runtime.device import check_device_request, resolve_device
     from liveput.traces import generate_trace, read_trace
 
@@ -214,6 +215,7 @@ def train(
     data_path = None if data is None else str(data.resolve())
     # An unknown model is refused before anything starts or is printed.
     job = resolve_job(model, data_path)
+    check_job(job)  # a model mistake: one line naming the layer, before anything starts
     training = training_options(
         job.training,
         steps,
