@@ -328,3 +328,23 @@ def test_the_samples_of_a_step_are_the_same_whatever_configuration_runs_them():
     first_step = torch.cat([job.micro_batch(0, m)[0] for m in range(job.num_micro_batches)])
     assert torch.allclose(first_step.sum(0), torch.stack([x for x, _ in job.dataset]).sum(0))
     assert not torch.equal(first_step, torch.stack([x for x, _ in job.dataset]))  # shuffled
+
+
+@pytest.mark.process
+def test_train_from_a_job_file_in_another_folder_reaches_the_agents(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "jobmodel.py").write_text(MODULE)
+    (project / "job.yaml").write_text(
+        "model: jobmodel:target\nsteps: 3\ndevice: cpu\n"
+        "provider:\n  workers: 2\n  time_scale: 30\ncheckpoint:\n  every: 0\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = cli(
+        ["train", "--job", str(project / "job.yaml"), "--log-dir", "logs", "-o", "run.json"],
+        elsewhere,
+    )
+    logs = "".join(p.read_text() for p in (elsewhere / "logs").glob("*.log"))
+    assert run.returncode == 0, run.stderr[-2000:] + logs[-2000:]
+    assert json.loads((elsewhere / "run.json").read_text())["steps_completed"] == 3
