@@ -175,7 +175,7 @@ def test_profile_and_perf_take_a_users_job_from_the_current_folder(user_module):
     refused = cli(["profile", "--model", "mymodel:lstm", "-o", "lstm.json"], user_module)
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        "error: model mlp: layer 1 (LSTM) returned a tuple (tensor (4, 16) float32, tuple "
+        "error: model mlp: layer 1 (LSTM) returned a tuple (tensor (2, 16) float32, tuple "
         "(tensor (1, 16) float32, tensor (1, 16) float32)), not a tensor: each layer maps one "
         "tensor to one tensor (wrap it in a module that keeps the part the next layer needs)"
     ]
@@ -210,14 +210,14 @@ def refusal(job: Job) -> str:
 
 def test_a_layer_returning_a_tuple_is_named():
     message = refusal(small_job([nn.Linear(8, 16), nn.LSTM(16, 4), nn.Linear(4, 4)]))
-    assert message.startswith("model small: layer 1 (LSTM) returned a tuple (tensor (4, 4)")
+    assert message.startswith("model small: layer 1 (LSTM) returned a tuple (tensor (2, 4)")
 
 
 def test_shapes_that_do_not_chain_name_both_layers():
     message = refusal(small_job([nn.Linear(8, 16), nn.ReLU(), nn.Linear(32, 4)]))
     assert message.startswith(
         "model small: layer 2 (Linear) does not accept layer 1's (ReLU) output "
-        "(tensor (4, 16) float32): RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+        "(tensor (2, 16) float32): RuntimeError: mat1 and mat2 shapes cannot be multiplied"
     )
     first = refusal(small_job([nn.Linear(5, 4)]))
     assert first.startswith("model small: layer 0 (Linear) does not accept the dataset's input")
@@ -255,7 +255,7 @@ def test_a_loss_that_is_not_a_scalar_is_refused():
         return nn.functional.cross_entropy(y, t, reduction="none")
 
     message = refusal(small_job([nn.Linear(8, 4)], loss_fn=per_sample))
-    assert message.startswith("model small: the loss is a tensor (4,) float32, expected a scalar")
+    assert message.startswith("model small: the loss is a tensor (2,) float32, expected a scalar")
 
 
 def test_train_refuses_a_model_mistake_in_one_line_before_anything_starts(user_module, capsys):

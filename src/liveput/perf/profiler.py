@@ -108,7 +108,7 @@ def resolve_target(spec: str) -> ProfileTarget:
     from liveput.models.job import Job
     from liveput.models.jobs import JOBS, resolve_job
     from liveput.models.reference import is_reference, load_reference
-    from liveput.models.validate import check_job, check_layers
+    from liveput.models.validate import PROBE_SAMPLES, check_job, check_layers
 
     if spec in TARGETS:
         return TARGETS[spec]()
@@ -124,7 +124,7 @@ def resolve_target(spec: str) -> ProfileTarget:
     if isinstance(made, Job):
         check_job(made)
         return job_target(made)
-    check_layers(made.layers, *made.make_batch(made.micro_batch_size or 1), made.loss_fn, spec)
+    check_layers(made.layers, *made.make_batch(PROBE_SAMPLES), made.loss_fn, spec)
     return made
 
 
