@@ -9,6 +9,7 @@ not on ``sys.path`` by itself), with only liveput's own sources on ``PYTHONPATH`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -348,3 +349,55 @@ def test_train_from_a_job_file_in_another_folder_reaches_the_agents(tmp_path):
     logs = "".join(p.read_text() for p in (elsewhere / "logs").glob("*.log"))
     assert run.returncode == 0, run.stderr[-2000:] + logs[-2000:]
     assert json.loads((elsewhere / "run.json").read_text())["steps_completed"] == 3
+
+
+def shuffled_named_job() -> Job:
+    """An MLP read in a seeded shuffle, with SGD whose weight decay is chosen by name."""
+    from test_models_training import Blobs
+
+    torch.manual_seed(0)
+
+    def optimizer(named_parameters):
+        named = list(named_parameters)
+        return torch.optim.SGD(
+            [
+                {"params": [p for n, p in named if n.endswith("weight")], "weight_decay": 0.01},
+                {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0},
+            ],
+            lr=0.05,
+            momentum=0.9,
+        )
+
+    return Job(
+        [nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4)],
+        Blobs(),
+        nn.functional.cross_entropy,
+        optimizer,
+        global_batch_size=8,
+        micro_batch_size=2,
+        name="mlp",
+        shuffle_seed=11,
+    )
+
+
+@pytest.mark.process
+def test_a_shuffled_job_with_named_groups_trains_the_same_through_migrations(tmp_path):
+    """(2, 2), then (1, 2), then a checkpoint restore onto (1, 1): the final parameters equal
+    one uninterrupted process's, so every configuration read the same shuffled samples and the
+    optimizer's named groups travelled with the layers."""
+    from test_models_training import parameters_only, run_through_preemptions
+
+    from liveput.testbed.reference import parameter_mismatches, reference_parameters
+
+    steps = 8
+    job = shuffled_named_job()
+    cluster = run_through_preemptions(job, tmp_path, steps)
+    got = [
+        cluster.checkpointer.load_layer_file(f"final/layer-{i}.pt")["module"]
+        for i in range(job.num_layers)
+    ]
+    want = reference_parameters(shuffled_named_job(), steps)
+    assert not parameter_mismatches(parameters_only(job, got), parameters_only(job, want))
+    unshuffled = dataclasses.replace(shuffled_named_job(), shuffle_seed=None)
+    other = reference_parameters(unshuffled, steps)
+    assert parameter_mismatches(parameters_only(job, other), parameters_only(job, want))
