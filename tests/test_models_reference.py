@@ -67,6 +67,10 @@ def target() -> liveput.Job:
     )
 
 
+def needs(width):
+    return target()
+
+
 def lstm() -> liveput.Job:
     job = target()
     job.layers = [nn.Linear(8, 16), nn.LSTM(16, 16, batch_first=True), LastStep(), nn.Linear(16, 4)]
@@ -114,6 +118,10 @@ def test_a_users_module_is_found_in_the_current_folder_and_a_missing_one_named(u
     assert "'nomodel'" in message and str(user_module) in message and "\n" not in message
     with pytest.raises(LiveputError, match="has no function 'nothing'"):
         resolve_job("mymodel:nothing")
+    with pytest.raises(LiveputError, match=r"needs\(width\) must be callable without arguments"):
+        resolve_job("mymodel:needs")
+    with pytest.raises(LiveputError, match="expected \\[FOLDER/\\]module:function"):
+        resolve_job("mymodel:")
 
 
 def test_a_reference_may_name_its_folder(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -93,11 +94,14 @@ def _find_folder(reference: ModelReference, extra: Sequence[str | Path]) -> Path
         reference.top in sys.modules or importlib.util.find_spec(reference.top) is not None
     ):
         return None
-    places = ", ".join(str(folder) for folder in folders)
-    also = "" if reference.folder is not None else " and the installed packages"
+    places = ", ".join(
+        str(folder) + ("" if folder.is_dir() else " (no such folder)") for folder in folders
+    )
+    if reference.folder is not None:
+        raise LiveputError(f"model {reference.text()}: no module {reference.top!r} in {places}")
     raise LiveputError(
-        f"model {reference.text()}: no module {reference.top!r} in {places}{also}; "
-        "run from the module's folder or write FOLDER/module:function"
+        f"model {reference.text()}: no module {reference.top!r} in {places} or the installed "
+        "packages; run from the module's folder or write FOLDER/module:function"
     )
 
 
@@ -126,6 +130,15 @@ def load_reference(
             f"cannot load {kind} {spec}: module {reference.module!r} "
             f"({getattr(module, '__file__', '?')}) has no function {reference.function!r}"
         )
+    try:
+        inspect.signature(function).bind()
+    except TypeError:
+        raise LiveputError(
+            f"cannot load {kind} {spec}: {reference.function}{inspect.signature(function)} "
+            "must be callable without arguments"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): let the call say
+        pass
     made = function()
     if not isinstance(made, expected):
         names = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in expected)
