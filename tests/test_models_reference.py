@@ -409,3 +409,24 @@ def test_a_shuffled_job_with_named_groups_trains_the_same_through_migrations(tmp
     unshuffled = dataclasses.replace(shuffled_named_job(), shuffle_seed=None)
     other = reference_parameters(unshuffled, steps)
     assert parameter_mismatches(parameters_only(job, other), parameters_only(job, want))
+
+
+def test_launch_refuses_a_model_mistake_from_the_job_files_folder_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "lstmmodel.py").write_text(MODULE)
+    job_file = project / "job.yaml"
+    job_file.write_text("model: lstmmodel:lstm\nsteps: 3\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        assert main(["launch", str(job_file)]) == 2
+    finally:
+        sys.modules.pop("lstmmodel", None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model mlp: layer 1 (LSTM) returned")
+    assert not (project / ".liveput").exists()  # nothing started, no state written
