@@ -67,6 +67,16 @@ def target() -> liveput.Job:
     )
 
 
+def old_target():
+    from liveput.perf.profiler import ProfileTarget
+
+    job = target()
+    return ProfileTarget(
+        "old", job.layers, lambda n: (torch.randn(n, 8), torch.zeros(n, dtype=torch.long)),
+        job.loss_fn,
+    )
+
+
 def needs(width):
     return target()
 
@@ -122,6 +132,16 @@ def test_a_users_module_is_found_in_the_current_folder_and_a_missing_one_named(u
         resolve_job("mymodel:needs")
     with pytest.raises(LiveputError, match="expected \\[FOLDER/\\]module:function"):
         resolve_job("mymodel:")
+
+
+def test_profile_still_takes_a_profile_target_and_checks_it(user_module):
+    from liveput.perf.profiler import ProfileTarget, resolve_target
+
+    target = resolve_target("mymodel:old_target")
+    assert isinstance(target, ProfileTarget) and target.name == "old"
+    assert resolve_target("mymodel:target").name == "mlp"  # a Job: its own dataset and loss
+    with pytest.raises(LiveputError, match=r"layer 1 \(LSTM\) returned a tuple"):
+        resolve_target("mymodel:lstm")
 
 
 def test_a_reference_may_name_its_folder(tmp_path, monkeypatch):
