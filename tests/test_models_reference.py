@@ -255,7 +255,9 @@ def test_shapes_that_do_not_chain_name_both_layers():
 def test_a_layer_that_is_random_in_training_mode_is_named():
     message = refusal(small_job([nn.Linear(8, 16), nn.Dropout(0.1), nn.Linear(16, 4)]))
     assert message.startswith("model small: layer 1 (Dropout) is not deterministic")
-    # Off, it passes; and the check leaves the job's own layers as they were.
+    # In eval mode (the engine never changes a layer's mode) or off, it passes; and the check
+    # leaves the job's own layers as they were.
+    check_job(small_job([nn.Linear(8, 16), nn.Dropout(0.5).eval(), nn.Linear(16, 4)]))
     job = small_job([nn.Linear(8, 16), nn.Dropout(0.0), nn.BatchNorm1d(16), nn.Linear(16, 4)])
     check_job(job)
     assert int(job.layers[2].num_batches_tracked) == 0

@@ -2,11 +2,13 @@
 one line naming the layer (or the dataset index), not a traceback from deep inside a run.
 
 It runs the first samples of the first micro-batch (:data:`PROBE_SAMPLES`: the check costs a
-fraction of a step) through copies of the layers, twice per layer from two different random
-states: a layer that returns something other than one tensor, a layer that does not accept
-its predecessor's output, a layer whose output depends on the random state (dropout left on: the
-replicas would compute different models), a dataset item that is not an ``(input, target)`` pair
-of tensors, and a loss that is not a scalar tensor are each refused with a
+fraction of a step) through copies of the layers, in their own mode (the engine never changes
+it), and a second time from another random state where a layer drew from torch's generator
+(whose state differs between replicas; randomness from elsewhere, NumPy's, is not seen). A
+layer that returns something other than one tensor, a layer that does not accept its
+predecessor's output, a layer whose output depends on the random state (dropout left on: the
+replicas would compute different models), a dataset item that is not an ``(input, target)``
+pair of tensors, and a loss that is not a scalar tensor are each refused with a
 :class:`~liveput.errors.LiveputError`. The layers themselves are not touched (a forward in
 training mode moves BatchNorm's running statistics: the copies take that).
 """
@@ -76,10 +78,14 @@ def check_dataset(job: Job) -> tuple[torch.Tensor, torch.Tensor]:
         ) from error
 
 
-def _forward(layer: nn.Module, source: torch.Tensor, seed: int) -> object:
+def _forward(layer: nn.Module, source: torch.Tensor, seed: int) -> tuple[object, bool]:
+    """``layer``'s output for ``source`` from random state ``seed``, and whether it drew from
+    torch's random generator (the randomness that differs between replicas)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return layer(source)
+        before = torch.get_rng_state()
+        output = layer(source)
+        return output, not torch.equal(before, torch.get_rng_state())
 
 
 def _check_layer(
@@ -87,9 +93,11 @@ def _check_layer(
 ) -> torch.Tensor:
     """``layer``'s output for ``source``, checked; ``came_from`` says what produced ``source``."""
     kind = f"model {name}: layer {index} ({type(layer).__name__})"
-    probe = copy.deepcopy(layer).train()
+    # In the layer's own mode (the engine never changes it): a layer the user put in eval mode
+    # keeps its dropout off.
+    probe = copy.deepcopy(layer)
     try:
-        first = _forward(probe, source, 1)
+        first, random = _forward(probe, source, 1)
     except Exception as error:  # the user's code: anything it raises is reported in one line
         raise LiveputError(
             f"{kind} does not accept {came_from} ({describe(source)}): {_first_line(error)}"
@@ -99,7 +107,9 @@ def _check_layer(
             f"{kind} returned a {describe(first)}, not a tensor: each layer maps one tensor to "
             "one tensor (wrap it in a module that keeps the part the next layer needs)"
         )
-    second = _forward(probe, source, 2)
+    if not random:  # nothing drawn: a second pass would compute the same (half the check's cost)
+        return first
+    second, _ = _forward(probe, source, 2)
     if not (
         isinstance(second, torch.Tensor)
         and second.shape == first.shape
