@@ -303,6 +303,7 @@ def coordinator(
     rents the instances (--spot-max, --on-demand-max) and gives them back at the end."""
     from liveput.launch.remote import assemble_deadline_job, build_holder
     from liveput.models.jobs import resolve_job
+    from liveput.models.validate import check_job
     from liveput.runtime.device import check_device_request
 
     if store is not None and embedded:
@@ -324,6 +325,7 @@ def coordinator(
         notice_margin_s=notice_margin_s,
     )
     job = resolve_job(model, data)  # an unknown model: one line, before anything starts
+    check_job(job)  # a model mistake: one line naming the layer, before anything starts
     token = _token(token)
     holder = build_holder(
         provider,

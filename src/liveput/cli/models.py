@@ -15,7 +15,9 @@ from liveput.cli.output import console, print_json
 from liveput.cli.params import FLAG
 
 PERFORMANCE_COMMANDS = ("perf", "plan", "simulate", "advise slo", "advise pool")
-JOB_COMMANDS = ("train", "coordinator", "profile", "perf")
+JOB_COMMANDS = ("train", "coordinator", "profile", "perf", "launch", "resume")
+"""The commands that take a job, by name or as ``module:function`` (``launch`` and ``resume``
+through the job file's ``model:``)."""
 PROFILE_COMMANDS = ("profile",)
 
 
@@ -39,7 +41,7 @@ def model_names() -> dict[str, dict[str, list[str]]]:
         "profile targets": {
             "names": sorted(TARGETS),
             "commands": list(PROFILE_COMMANDS),
-            "or": ["module:function returning a ProfileTarget"],
+            "or": ["module:function returning a liveput.Job or a ProfileTarget"],
         },
     }
 

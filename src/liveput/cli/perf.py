@@ -17,7 +17,9 @@ def register(app: typer.Typer) -> None:
     @app.command("perf")
     def perf(
         model: str = typer.Argument(
-            ..., help="Built-in model name, built-in job (profiled here first) or a profile .json."
+            ...,
+            help="Built-in model name, built-in job or module:function returning a liveput.Job "
+            "(profiled here first), or a profile .json.",
         ),
         nodes: int = typer.Option(
             32, "--nodes", parser=params.INSTANCES, help="Largest instance count to consider."

@@ -19,9 +19,8 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option(
             "tiny-gpt",
             "--model",
-            help="Built-in name (tiny-gpt or a "
-            "built-in job) or module:function returning a "
-            "liveput.perf.profiler.ProfileTarget.",
+            help="Built-in name (tiny-gpt or a built-in job) or module:function returning a "
+            "liveput.Job (found in the current folder first), profiled on its own dataset.",
         ),
         micro_batch: int = typer.Option(
             None,

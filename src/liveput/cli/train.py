@@ -275,6 +275,7 @@ def train(
     from liveput.launch.deadline import DeadlineJob
     from liveput.launch.local import LocalTrainingConfig, warn_idle_gpus
     from liveput.models.jobs import resolve_job
+    from liveput.models.validate import check_job
     from liveput.runtime.device import check_device_request, resolve_device
     from liveput.traces import generate_trace, read_trace
 
@@ -285,6 +286,7 @@ def train(
     data_path = None if data is None else str(data.resolve())
     # An unknown model is refused before anything starts or is printed.
     job = resolve_job(options.model, data_path)
+    check_job(job)  # a model mistake: one line naming the layer, before anything starts
     flags = (precision, clip_grad_norm, lr_schedule, activation_checkpointing, on_nonfinite_loss)
     training = training_options(job.training, options.steps, *flags)
     if log_dir is None:

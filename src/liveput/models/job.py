@@ -1,23 +1,32 @@
 """The training job: a model given as a sequence of layers, a dataset, a loss and an optimizer.
 
-The global batch of step ``s`` is the samples ``s * B .. s * B + B - 1`` (modulo the dataset
-length), cut into micro-batches of ``micro_batch_size``; whatever (D, P) runs it, the same
-micro-batches are computed and their gradients summed, so training is the same computation.
+The global batch of step ``s`` is the samples ``s * B .. s * B + B - 1``, cut into micro-batches
+of ``micro_batch_size``; whatever (D, P) runs it, the same micro-batches are computed and their
+gradients summed, so training is the same computation. Sample ``g`` is read from the dataset at
+``g`` modulo its length ``N`` (epoch ``g // N`` reads it in order), or, with
+``Job.shuffle_seed``, at position ``g % N`` of epoch ``g // N``'s seeded permutation: a pure
+function of (seed, epoch, position), so that every agent reads the same samples.
 The built-in jobs and the registry that names them are in :mod:`liveput.models.jobs`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
+import numpy as np
 import torch
 from torch import nn
 
 from liveput.errors import LiveputError
 from liveput.models.training import TrainingConfig
 
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+OptimizerFactory = Callable[[list], torch.optim.Optimizer]
+"""Builds a layer's optimizer from its parameters: a list of ``nn.Parameter``, or, when the
+factory's first parameter is named ``named_parameters``, a list of ``(name, parameter)`` pairs
+named as in the whole model (:func:`build_optimizer`)."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -33,9 +42,12 @@ class Job:
     loss_fn: LossFn
     """Mean loss of the last layer's output for a micro-batch against its targets."""
     optimizer: OptimizerFactory
-    """Builds an optimizer over a list of parameters. Called once per layer: the optimizer must be
-    element-wise over parameters (SGD, Adam, AdamW...), so per-layer optimizers equal one global
-    optimizer and a layer's state can move between instances."""
+    """Builds an optimizer over a list of parameters, or, when its first parameter is named
+    ``named_parameters``, over ``(name, parameter)`` pairs named as in the unsplit model
+    (``"3.weight"``: layer 3's ``weight``), so that parameter groups can be chosen by name.
+    Called once per layer: the optimizer must be element-wise over parameters (SGD, Adam,
+    AdamW...), so per-layer optimizers equal one global optimizer and a layer's state can move
+    between instances."""
     global_batch_size: int
     """B: samples per training step, fixed whatever the configuration."""
     micro_batch_size: int = 4
@@ -45,6 +57,9 @@ class Job:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     """Precision, gradient clipping, learning-rate schedule, activation checkpointing
     (:mod:`liveput.models.training`)."""
+    shuffle_seed: int | None = None
+    """None: the dataset is read in order, epoch after epoch; a seed: each epoch reads it in
+    its own permutation, drawn from (seed, epoch) alone, the same on every agent."""
 
     def __post_init__(self) -> None:
         if not self.layers or not all(isinstance(layer, nn.Module) for layer in self.layers):
@@ -69,6 +84,12 @@ class Job:
                 f"Job {self.name}: the dataset has {size} samples, fewer than one "
                 f"batch ({self.global_batch_size})"
             )
+        if self.shuffle_seed is not None and (
+            not isinstance(self.shuffle_seed, int) or self.shuffle_seed < 0
+        ):
+            raise LiveputError(
+                f"Job.shuffle_seed must be None or an int >= 0, not {self.shuffle_seed!r}"
+            )
         if not isinstance(self.training, TrainingConfig):
             raise LiveputError("Job.training must be a liveput.TrainingConfig")
         self.layers = list(self.layers)
@@ -87,11 +108,53 @@ class Job:
         first = step * self.global_batch_size + micro_batch * self.micro_batch_size
         return range(first, first + self.micro_batch_size)
 
+    def dataset_index(self, sample: int, size: int) -> int:
+        """The dataset index global sample ``sample`` reads (``size``: the dataset's length)."""
+        epoch, position = divmod(sample, size)
+        if self.shuffle_seed is None:
+            return position
+        return int(epoch_order(self.shuffle_seed, epoch, size)[position])
+
     def micro_batch(self, step: int, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Stacked (inputs, targets) of one micro-batch."""
         size = len(self.dataset)  # type: ignore[arg-type]
-        pairs = [self.dataset[i % size] for i in self.sample_ids(step, micro_batch)]
+        pairs = [
+            self.dataset[self.dataset_index(i, size)] for i in self.sample_ids(step, micro_batch)
+        ]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+@lru_cache(maxsize=4)
+def epoch_order(seed: int, epoch: int, size: int) -> np.ndarray:
+    """The dataset indices epoch ``epoch`` reads, in order: a permutation of ``range(size)``
+    drawn from (seed, epoch) alone (NumPy's seed sequence, so the same on every machine)."""
+    order = np.random.default_rng([seed, epoch]).permutation(size)
+    order.setflags(write=False)
+    return order
+
+
+def build_optimizer(
+    factory: OptimizerFactory, layer_index: int, module: nn.Module
+) -> torch.optim.Optimizer | None:
+    """Layer ``layer_index``'s optimizer from the job's factory (None: no parameters to train).
+
+    A factory whose first parameter is named ``named_parameters`` gets ``(name, parameter)``
+    pairs named as in the unsplit model (``f"{layer_index}.{name}"``, as ``nn.Sequential``
+    names them); any other gets the parameters."""
+    named = [(f"{layer_index}.{name}", p) for name, p in module.named_parameters()]
+    if not named:
+        return None
+    if _wants_names(factory):
+        return factory(named)
+    return factory([p for _, p in named])
+
+
+def _wants_names(factory: OptimizerFactory) -> bool:
+    try:
+        first = next(iter(inspect.signature(factory).parameters), None)
+    except (TypeError, ValueError):  # a builtin without a signature: the plain form
+        return False
+    return first == "named_parameters"
 
 
 def replica_micro_batches(num_micro_batches: int, data_parallel: int, pipeline: int) -> range:

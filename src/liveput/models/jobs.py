@@ -12,8 +12,9 @@ run is the same computation whatever configuration trains it.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +24,8 @@ from torch.nn import functional as F
 from liveput.errors import LiveputError
 from liveput.models.extras import require
 from liveput.models.job import Job
-from liveput.registry import Registry, call_spec
+from liveput.models.reference import is_reference, load_reference
+from liveput.registry import Registry
 
 JOBS: Registry[Callable[..., Job]] = Registry("job")
 """Built-in jobs by name: factories called without arguments, or with ``data=PATH`` (the
@@ -101,9 +103,10 @@ JOBS.register("tiny-gpt-small")(
 )
 
 
-def resolve_job(spec: str, data: str | None = None) -> Job:
+def resolve_job(spec: str, data: str | None = None, folders: Sequence[str | Path] = ()) -> Job:
     """A built-in job by name or ``module:function`` returning a :class:`Job`; ``data``: the
-    file a built-in job that takes one trains on."""
+    file a built-in job that takes one trains on; ``folders``: where else the user's module is
+    looked for after the current folder (:mod:`liveput.models.reference`)."""
     if data is not None:
         takers = [
             name for name in JOBS.names() if "data" in inspect.signature(JOBS.get(name)).parameters
@@ -115,7 +118,13 @@ def resolve_job(spec: str, data: str | None = None) -> Job:
         return JOBS.get(spec)(data=data)
     if spec in JOBS:
         return JOBS.get(spec)()
-    return call_spec(spec, Job, "job", JOBS.names())
+    if not is_reference(spec):
+        raise LiveputError(
+            f"unknown job {spec!r}: give a built-in ({', '.join(sorted(JOBS.names()))}) "
+            "or module:function returning a liveput.Job"
+        )
+    made: Job = load_reference(spec, (Job,), "job", folders)
+    return made
 
 
 @dataclass(frozen=True)

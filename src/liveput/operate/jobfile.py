@@ -250,7 +250,29 @@ def parse_job_file(text: str, where: str = "job.yaml") -> JobFile:
     if root is None:
         raise LiveputError(f"{where}: the job file is empty")
     job = _build(JobFile, root, where, "")
-    return dataclasses.replace(job, path=where)
+    return dataclasses.replace(job, path=where, model=_located_model(job.model, root, where))
+
+
+def _located_model(model: str, root: yaml.Node, where: str) -> str:
+    """The job file's ``model:``, a user's ``module:function`` rewritten to name the folder its
+    module is found in (the current folder, else the job file's), so that the agents and a
+    ``resume`` from another folder find it; one line naming the folders when it is nowhere."""
+    from liveput.models.reference import is_reference, locate_reference
+
+    if not is_reference(model):
+        return model
+    try:
+        return locate_reference(model, [Path(where).resolve().parent])
+    except LiveputError as error:
+        line = next(
+            (
+                f":{_line(key)}"
+                for key, _ in getattr(root, "value", ())
+                if getattr(key, "value", None) == "model"
+            ),
+            "",
+        )
+        raise LiveputError(f"{where}{line}: model: {error}") from None
 
 
 def _line(node: yaml.Node) -> int:

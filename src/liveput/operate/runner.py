@@ -141,6 +141,7 @@ def run_job(
 
     Bad input is refused before anything of an existing job is touched."""
     from liveput.models.jobs import resolve_job
+    from liveput.models.validate import check_job
     from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
     state_dir = job.state_path
@@ -158,6 +159,7 @@ def run_job(
             "liveput resume continues it; remove that folder to start over"
         )
     model = resolve_job(job.model)
+    check_job(model)  # a model mistake: one line naming the layer, before anything starts
     num_steps = job.num_steps(model.global_batch_size)
     checkpoint_url = job.checkpoint.url or str(state_dir / "checkpoints")
     dashboard = None

@@ -35,11 +35,16 @@ def load_profile(name_or_path: str) -> ModelProfile:
         return read_profile(path)
     raise LiveputError(
         f"unknown model {name_or_path!r}; built-in: {', '.join(builtin_model_names())} "
-        "(or a built-in job, or a profile .json written by `liveput profile`)"
+        "(or a built-in job, module:function returning a liveput.Job, or a profile .json "
+        "written by `liveput profile`)"
     )
 
 
 def _is_job(name: str) -> bool:
+    from liveput.models.reference import is_reference
+
+    if is_reference(name):  # a user's module:function: profiled here, as a built-in job is
+        return True
     # Imported here: the job registry imports PyTorch, which the other models never need.
     from liveput.models.jobs import JOBS
 

@@ -3,7 +3,8 @@
 A model to profile is a sequence of layers (each maps one tensor to one tensor) with a way to make
 an input batch and a loss: :class:`ProfileTarget`. Built-in: ``tiny-gpt`` and every built-in
 job (``gpt2-small``, ``llama-tiny``, ``resnet50``, ...); a user's model is ``module:function``
-returning a ``ProfileTarget``. For each layer we time ``repeats`` passes of
+returning a :class:`liveput.Job` (profiled on batches of its own dataset) or a
+``ProfileTarget``. For each layer we time ``repeats`` passes of
 forwards and backwards of a few micro-batches in flight, as a pipeline stage runs them (after a
 warm-up), and one Adam step over its parameters, and record its parameters and output activation
 size, and the bytes its forward keeps for the backward.
@@ -27,7 +28,6 @@ from torch import nn
 
 from liveput.errors import LiveputError
 from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
-from liveput.registry import call_spec
 
 if TYPE_CHECKING:
     from liveput.models.job import Job
@@ -102,14 +102,30 @@ def job_target(job: Job) -> ProfileTarget:
 
 
 def resolve_target(spec: str) -> ProfileTarget:
-    """A built-in name (a target, else a built-in job) or ``module:function``."""
+    """A built-in name (a target, else a built-in job) or ``module:function`` returning a
+    :class:`liveput.Job` (or a :class:`ProfileTarget`), checked on one micro-batch on the CPU
+    (:mod:`liveput.models.validate`): a model mistake is one line, before any measurement."""
+    from liveput.models.job import Job
     from liveput.models.jobs import JOBS, resolve_job
+    from liveput.models.reference import is_reference, load_reference
+    from liveput.models.validate import PROBE_SAMPLES, check_job, check_layers
 
     if spec in TARGETS:
         return TARGETS[spec]()
+    if not (spec in JOBS or is_reference(spec)):
+        raise LiveputError(
+            f"unknown model {spec!r}: give a built-in ({', '.join(sorted({*TARGETS, *JOBS}))}) "
+            "or module:function returning a liveput.Job"
+        )
     if spec in JOBS:
-        return job_target(resolve_job(spec))
-    return call_spec(spec, ProfileTarget, "model", [*TARGETS, *JOBS])
+        made: Job | ProfileTarget = resolve_job(spec)
+    else:
+        made = load_reference(spec, (Job, ProfileTarget), "model")
+    if isinstance(made, Job):
+        check_job(made)
+        return job_target(made)
+    check_layers(made.layers, *made.make_batch(PROBE_SAMPLES), made.loss_fn, spec)
+    return made
 
 
 def _sync(device: torch.device) -> None:
@@ -141,6 +157,141 @@ def saved_for_backward_bytes(
     return int(sum(storages.values()))
 
 
+def _torch_device(
+    micro_batch_size: int, device: str, repeats: int, in_flight: int, precision: str
+) -> torch.device:
+    """The device to measure on, once the options are checked."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if micro_batch_size < 1 or repeats < 1 or in_flight < 1:
+        raise LiveputError("profile: micro-batch, repeats and in-flight must be >= 1")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise LiveputError(f"profile: --device {device!r}: expected cpu, cuda, cuda:K or auto")
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        raise LiveputError("profile: --device cuda requested but no CUDA device is available")
+    if precision not in _AUTOCAST_DTYPES:
+        raise LiveputError(
+            f"profile: precision {precision!r}: expected {', '.join(_AUTOCAST_DTYPES)}"
+        )
+    return torch_device
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the forwards run in: autocast to ``precision``'s dtype, or nothing."""
+    dtype = _AUTOCAST_DTYPES[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass
+class _Timing:
+    """One layer's medians per micro-batch, and its outputs of the last pass."""
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    outputs: list[torch.Tensor]
+
+
+def _time_layer(
+    layer: nn.Module, sources: list[torch.Tensor], repeats: int, precision: str
+) -> _Timing:
+    """``repeats`` passes (after a warm-up) of the forwards of every source, then their
+    backwards, then one Adam step, as a pipeline stage runs them."""
+    device = sources[0].device
+    in_flight = len(sources)
+    has_params = any(True for _ in layer.parameters())
+    optimizer = torch.optim.Adam(layer.parameters(), lr=1e-4) if has_params else None
+    forwards, backwards, steps = [], [], []
+    outputs: list[torch.Tensor] = []
+    for attempt in range(repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        with _autocast(precision, device):
+            outputs = [layer(source) for source in sources]
+        _sync(device)
+        middle = time.perf_counter()
+        for output in outputs:
+            output.backward(torch.ones_like(output) / output.numel())
+        _sync(device)
+        end = time.perf_counter()
+        step_s = 0.0
+        if optimizer is not None:
+            before = time.perf_counter()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            _sync(device)
+            step_s = time.perf_counter() - before
+        if attempt:  # the first pass is a warm-up
+            forwards.append((middle - start) / in_flight)
+            backwards.append((end - middle) / in_flight)
+            steps.append(step_s)
+    return _Timing(
+        statistics.median(forwards),
+        statistics.median(backwards),
+        statistics.median(steps),
+        outputs,
+    )
+
+
+def _loss_forward_s(
+    layer: nn.Module,
+    source: torch.Tensor,
+    loss: Callable[[torch.Tensor], torch.Tensor],
+    precision: str,
+) -> float:
+    """What the loss adds to the last layer's forward (it is part of its forward and backward)."""
+    start = time.perf_counter()
+    with _autocast(precision, source.device):
+        last_loss = loss(layer(source))
+    last_loss.backward()
+    _sync(source.device)
+    return (time.perf_counter() - start) / 3
+
+
+def _measured_instance(device: torch.device) -> InstanceType:
+    """The instance type a profile measured on ``device`` describes."""
+    if device.type != "cuda":
+        return local_cpu_instance()
+    properties = torch.cuda.get_device_properties(device)
+    return InstanceType(f"local-{properties.name}", properties.total_memory / 1e9, 10.0, 0.0, 0.0)
+
+
+def _profile_layer(
+    index: int,
+    layer: nn.Module,
+    activations: list[torch.Tensor],
+    loss: Callable[[torch.Tensor], torch.Tensor] | None,
+    repeats: int,
+    precision: str,
+) -> tuple[LayerProfile, list[torch.Tensor]]:
+    """Layer ``index`` measured on ``activations`` (``loss``: the last layer's); its profile
+    and its outputs, the next layer's inputs."""
+    sources = [activation.detach() for activation in activations]
+    for source in sources:
+        if source.is_floating_point():
+            source.requires_grad_(True)
+    timing = _time_layer(layer, sources, repeats, precision)
+    forward_s = timing.forward_s
+    if loss is not None:
+        forward_s += _loss_forward_s(layer, sources[0], loss, precision)
+    output = timing.outputs[0]
+    with _autocast(precision, sources[0].device):
+        memory = saved_for_backward_bytes(layer, sources[0], loss)
+    profile = LayerProfile(
+        name=f"{type(layer).__name__.lower()}.{index}",
+        forward_s=forward_s,
+        backward_s=timing.backward_s,
+        optimizer_s=timing.optimizer_s,
+        num_params=sum(p.numel() for p in layer.parameters()),
+        activation_bytes=output.numel() * output.element_size(),
+        activation_memory_bytes=int(memory),
+    )
+    return profile, [output.detach() for output in timing.outputs]
+
+
 def profile_model(
     target: ProfileTarget,
     micro_batch_size: int = 8,
@@ -161,110 +312,31 @@ def profile_model(
     ``bf16`` or ``fp16`` (forwards under ``torch.autocast``, as the engine trains);
     ``on_layer(done, total)`` reports progress.
     """
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if micro_batch_size < 1 or repeats < 1 or in_flight < 1:
-        raise LiveputError("profile: micro-batch, repeats and in-flight must be >= 1")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise LiveputError(f"profile: --device {device!r}: expected cpu, cuda, cuda:K or auto")
-    torch_device = torch.device(device)
-    if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise LiveputError("profile: --device cuda requested but no CUDA device is available")
-    if precision not in _AUTOCAST_DTYPES:
-        raise LiveputError(
-            f"profile: precision {precision!r}: expected {', '.join(_AUTOCAST_DTYPES)}"
-        )
-
-    def autocast() -> contextlib.AbstractContextManager:
-        dtype = _AUTOCAST_DTYPES[precision]
-        return (
-            contextlib.nullcontext()
-            if dtype is None
-            else torch.autocast(device_type=torch_device.type, dtype=dtype)
-        )
-
+    torch_device = _torch_device(micro_batch_size, device, repeats, in_flight, precision)
     inputs, targets = target.make_batch(micro_batch_size * in_flight)
     activations = [part.to(torch_device) for part in inputs.split(micro_batch_size)]
+    micro_targets = targets[:micro_batch_size].to(torch_device)
+
+    def loss(y: torch.Tensor) -> torch.Tensor:
+        return target.loss_fn(y, micro_targets)
+
     layers_out: list[LayerProfile] = []
+    last = len(target.layers) - 1
     for index, layer in enumerate(target.layers):
-        layer = layer.to(torch_device)
-        optimizer = (
-            torch.optim.Adam(layer.parameters(), lr=1e-4)
-            if any(True for _ in layer.parameters())
-            else None
+        measured, activations = _profile_layer(
+            index,
+            layer.to(torch_device),
+            activations,
+            loss if index == last else None,
+            repeats,
+            precision,
         )
-        sources = [activation.detach() for activation in activations]
-        for source in sources:
-            if source.is_floating_point():
-                source.requires_grad_(True)
-        forwards, backwards, steps = [], [], []
-        for attempt in range(repeats + 1):
-            _sync(torch_device)
-            start = time.perf_counter()
-            with autocast():
-                outputs = [layer(source) for source in sources]
-            _sync(torch_device)
-            middle = time.perf_counter()
-            for output in outputs:
-                output.backward(torch.ones_like(output) / output.numel())
-            _sync(torch_device)
-            end = time.perf_counter()
-            step_s = 0.0
-            if optimizer is not None:
-                before = time.perf_counter()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                _sync(torch_device)
-                step_s = time.perf_counter() - before
-            if attempt:  # the first pass is a warm-up
-                forwards.append((middle - start) / in_flight)
-                backwards.append((end - middle) / in_flight)
-                steps.append(step_s)
-        forward_s, backward_s = statistics.median(forwards), statistics.median(backwards)
-        optimizer_s = statistics.median(steps)
-        output = outputs[0]
-        loss = None
-        if index == len(target.layers) - 1:
-            # The loss is part of the last layer's forward and backward.
-            micro_targets = targets[:micro_batch_size].to(torch_device)
-
-            def loss(y: torch.Tensor, micro_targets: torch.Tensor = micro_targets) -> torch.Tensor:
-                return target.loss_fn(y, micro_targets)
-
-            start = time.perf_counter()
-            with autocast():
-                last_loss = loss(layer(sources[0]))
-            last_loss.backward()
-            _sync(torch_device)
-            forward_s += (time.perf_counter() - start) / 3
-        num_params = sum(p.numel() for p in layer.parameters())
-        activation_bytes = output.numel() * output.element_size()
-        with autocast():
-            memory = saved_for_backward_bytes(layer, sources[0], loss)
-        layers_out.append(
-            LayerProfile(
-                name=f"{type(layer).__name__.lower()}.{index}",
-                forward_s=forward_s,
-                backward_s=backward_s,
-                optimizer_s=optimizer_s,
-                num_params=num_params,
-                activation_bytes=activation_bytes,
-                activation_memory_bytes=int(memory),
-            )
-        )
-        activations = [output.detach() for output in outputs]
-        del outputs
+        layers_out.append(measured)
         if on_layer is not None:
             on_layer(index + 1, len(target.layers))
-    instance = local_cpu_instance()
-    if torch_device.type == "cuda":
-        properties = torch.cuda.get_device_properties(torch_device)
-        instance = InstanceType(
-            f"local-{properties.name}", properties.total_memory / 1e9, 10.0, 0.0, 0.0
-        )
     return ModelProfile(
         model=target.name,
-        instance_type=instance,
+        instance_type=_measured_instance(torch_device),
         layers=tuple(layers_out),
         global_batch_size=max(target.global_batch_size, micro_batch_size),
         micro_batch_size=micro_batch_size,

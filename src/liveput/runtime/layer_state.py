@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from liveput.errors import LiveputError
-from liveput.models.job import Job
+from liveput.models.job import Job, build_optimizer
 
 _DIGEST_BYTES = 32
 
@@ -66,9 +66,7 @@ def _copied(value: object) -> object:
 def fresh_layer(job: Job, index: int, device: torch.device) -> LayerState:
     """Layer ``index`` as the job initializes it, with a new optimizer."""
     module = copy.deepcopy(job.layers[index]).to(device)
-    parameters = list(module.parameters())
-    optimizer = job.optimizer(parameters) if parameters else None
-    return LayerState(index, module, optimizer)
+    return LayerState(index, module, build_optimizer(job.optimizer, index, module))
 
 
 def encode_state(state: dict, token: bytes | None = None) -> bytes:
