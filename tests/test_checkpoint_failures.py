@@ -50,3 +50,46 @@ def test_every_failed_checkpoint_write_is_counted_in_the_store(tmp_path: Path) -
     fine = Checkpointer(store, str(tmp_path / "ok"))
     assert fine.save_now("final", layers) is True
     assert json.loads(json.dumps(readers.checkpoint_failures(store)[1]))["final"] is True
+
+
+def test_a_run_whose_final_weights_failed_does_not_end_as_saved() -> None:
+    from liveput.runtime import keys
+    from liveput.runtime.checkpoint import final_weights_written
+
+    store = MemoryStore()
+    assert final_weights_written(store, "train") == 0
+    store.add(keys.checkpoint_failures(), 2)
+    store.set(keys.checkpoint_failure(), json.dumps({"step": 9, "final": False}).encode())
+    assert final_weights_written(store, "train") == 2  # mid-run ones: counted, not fatal
+    store.add(keys.checkpoint_failures(), 1)
+    detail = {"step": None, "final": True, "error": "s3://b/ckpt: AccessDenied"}
+    store.set(keys.checkpoint_failure(), json.dumps(detail).encode())
+    with pytest.raises(LiveputError, match=r"^train: the trained weights could not be saved "):
+        final_weights_written(store, "train")
+
+
+@pytest.mark.parametrize("command", ["train", "coordinator"])
+def test_train_and_coordinator_refuse_a_checkpoint_dir_they_cannot_write(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from liveput.cli.main import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    argv = [command, "--steps", "2", "--checkpoint-dir", str(blocker / "ckpt")]
+    if command == "train":
+        argv += [
+            "--workers",
+            "1",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "-o",
+            str(tmp_path / "r.json"),
+        ]
+    else:
+        argv += ["--embedded", "--token", "t", "--listen", "127.0.0.1:1"]
+    assert main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "--checkpoint-dir" in errors[0]
+    assert "cannot be written" in errors[0]
+    assert not (tmp_path / "r.json").exists()

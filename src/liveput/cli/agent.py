@@ -301,6 +301,7 @@ def coordinator(
     """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
     plans. Restarted with the same --etcd-dir, it resumes the job. With --provider, it also
     rents the instances (--spot-max, --on-demand-max) and gives them back at the end."""
+    from liveput.files import check_writable_url
     from liveput.launch.remote import assemble_deadline_job, build_holder
     from liveput.models.jobs import resolve_job
     from liveput.models.validate import check_job
@@ -326,6 +327,7 @@ def coordinator(
     )
     job = resolve_job(model, data)  # an unknown model: one line, before anything starts
     check_job(job)  # a model mistake: one line naming the layer, before anything starts
+    check_writable_url(checkpoint_dir, "coordinator: --checkpoint-dir")
     token = _token(token)
     holder = build_holder(
         provider,
@@ -408,6 +410,7 @@ def _run_job(
     """Rent (with a provider) and run the coordinator until the job is done; then give the
     instances back (also when this process stops)."""
     from liveput.cloud.market import HolderMarket
+    from liveput.runtime.checkpoint import final_weights_written
     from liveput.runtime.launch import run_coordinator
 
     if holder is not None:
@@ -423,6 +426,9 @@ def _run_job(
             if assembled.deadline is None or holder is None
             else HolderMarket(holder, spot_max),
         )
+        failed = final_weights_written(handle, "coordinator")
+        if failed:
+            typer.echo(f"warning: checkpoints failed: {failed}", err=True)
     finally:
         if holder is not None:
             released = holder.close()

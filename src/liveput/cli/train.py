@@ -352,6 +352,11 @@ def _train_with_progress(
                     description=(
                         f"step {update.step} loss {loss} {update.configuration} "
                         f"instances {update.instances} plans {update.events}: {update.state}"
+                        + (
+                            f" [checkpoints failed: {update.checkpoints_failed}]"
+                            if update.checkpoints_failed
+                            else ""
+                        )
                     ),
                 )
 
@@ -487,6 +492,7 @@ def _summary_table(summary: dict) -> Table:
         ("wall time", f"{summary['wall_s']:.1f} s"),
         ("agents' logs", summary["log_dir"]),
         ("model", summary.get("model") or "-"),
+        ("checkpoints failed", str(summary.get("checkpoints_failed", 0))),
     ):
         view.add_row(what, value)
     return view

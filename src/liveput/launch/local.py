@@ -21,11 +21,13 @@ from pathlib import Path
 
 from liveput.cloud.processes import command_launcher
 from liveput.errors import LiveputError
+from liveput.files import check_writable_url
 from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble_job
 from liveput.launch.cloud import LocalCloud
 from liveput.launch.deadline import DeadlineJob
 from liveput.models.training import TrainingConfig
 from liveput.runtime import keys
+from liveput.runtime.checkpoint import final_weights_written
 from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.coordinator import Coordinator
 from liveput.runtime.device import (
@@ -144,6 +146,8 @@ class TrainingResult:
     """The device the job was profiled and planned on (this machine's, as asked)."""
     model: str | None = None
     """The final model's state-dict file (None: not written)."""
+    checkpoints_failed: int = 0
+    """Checkpoint writes that failed, on any instance (each is an event in the store)."""
 
     def summary(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k not in ("steps", "events", "deadline")}
@@ -166,6 +170,8 @@ class Progress:
     cloud_elapsed_s: float = 0.0
     """Wall seconds since the emulated cloud started its first instances (it starts before
     the coordinator is built, so the first progress comes a few seconds later)."""
+    checkpoints_failed: int = 0
+    """Checkpoint writes that failed so far."""
 
 
 def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
@@ -214,6 +220,8 @@ def run_local_training(
     # A CUDA request on a machine without CUDA: one line, before anything starts.
     device = resolve_device(config.device, "train")
     log_dir = _log_dir(config)
+    if config.checkpoint_dir is not None:  # every checkpoint would fail there: refuse now
+        check_writable_url(config.checkpoint_dir, "train: --checkpoint-dir")
     with tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch:
         checkpoint_dir = config.checkpoint_dir or str(Path(scratch) / "checkpoints")
         store, url = _open_store(config, token)
@@ -242,6 +250,7 @@ def run_local_training(
             run.drive(assembled)
             report = verify_ledger(store, assembled.job.global_batch_size, config.steps)
             result = run.result(report, assembled.job.global_batch_size, log_dir, device)
+            result.checkpoints_failed = final_weights_written(store, "train")
             if config.model_path is not None:
                 export_final(checkpoint_dir, assembled.job.layers, Path(config.model_path))
                 result.model = config.model_path
@@ -422,4 +431,5 @@ def _progress(store: Store, coordinator: Coordinator, cloud_started_s: float) ->
         events=0 if plan is None else plan.generation,
         state=coordinator.status,
         cloud_elapsed_s=time.monotonic() - cloud_started_s,
+        checkpoints_failed=readers.checkpoint_failures(store)[0],
     )

@@ -91,6 +91,22 @@ def reset_latest(store: Store, epoch: int, step: int) -> None:
     store.set(keys.latest_checkpoint(), json.dumps({"epoch": epoch, "step": step}).encode())
 
 
+def final_weights_written(store: Store, where: str) -> int:
+    """How many checkpoint writes failed (the summary's ``checkpoints_failed``); a one-line
+    LiveputError if the final weights could not be written (the run must not end as saved)."""
+    from liveput.runtime.store import readers
+
+    failed, last = readers.checkpoint_failures(store)
+    if last is not None and last.get("final"):
+        raise LiveputError(
+            f"{where}: the trained weights could not be saved ({last.get('error')}); "
+            f"{failed} checkpoint write(s) failed"
+        )
+    if failed:
+        LOG.warning("%s: %d checkpoint write(s) failed (%s)", where, failed, last)
+    return failed
+
+
 class Checkpointer:
     """Saves and loads layer files under ``directory`` (a local path or an fsspec URL)."""
 
