@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeds import for_each_seed
 
 from liveput.cli.main import main
 from liveput.errors import LiveputError
@@ -239,8 +240,11 @@ def test_stationary_markov_ignores_the_recent_window() -> None:
     assert recent < 0.6 * stationary
 
 
-@pytest.mark.parametrize("seed", range(30))
-def test_simplex_weights_match_brute_force(seed: int) -> None:
+def test_simplex_weights_match_brute_force() -> None:
+    for_each_seed(range(30), _simplex_weights_match_brute_force)
+
+
+def _simplex_weights_match_brute_force(seed: int) -> None:
     rng = np.random.default_rng(seed)
     members = int(rng.integers(1, 3))
     gaps = rng.normal(size=(members, 8)) * rng.uniform(0.1, 2.0, size=(members, 1))

@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from seeds import for_each_seed
 
 from liveput.errors import LiveputError
 from liveput.perf import MigrationCostModel, load_profile, partition_layers
@@ -40,8 +41,11 @@ def brute_force_bytes(
     return best
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_planner_moves_the_fewest_bytes(seed: int) -> None:
+def test_planner_moves_the_fewest_bytes() -> None:
+    for_each_seed(range(8), _planner_moves_the_fewest_bytes)
+
+
+def _planner_moves_the_fewest_bytes(seed: int) -> None:
     rng = np.random.default_rng(seed)
     d, p = int(rng.integers(1, 3)), int(rng.integers(1, 4))
     spares = int(rng.integers(0, 2))
@@ -92,8 +96,11 @@ def test_target_larger_than_survivors_is_refused() -> None:
         plan_migration(PROFILE, COSTS, assignment, {0}, [], Configuration(2, 2))
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_planning_from_reported_holdings_moves_the_fewest_bytes(seed: int) -> None:
+def test_planning_from_reported_holdings_moves_the_fewest_bytes() -> None:
+    for_each_seed(range(8), _planning_from_reported_holdings_moves_the_fewest_bytes)
+
+
+def _planning_from_reported_holdings_moves_the_fewest_bytes(seed: int) -> None:
     """Holdings as instances report them (any layer sets, e.g. after a plan that failed halfway)
     against brute force; a layer nobody holds comes from the checkpoint, and only then."""
     rng = np.random.default_rng(100 + seed)
@@ -132,8 +139,11 @@ def test_planning_from_reported_holdings_moves_the_fewest_bytes(seed: int) -> No
             assert transfer.layer in held[transfer.source]
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_on_demand_instances_spread_over_the_stages_then_the_fewest_bytes_move(seed: int) -> None:
+def test_on_demand_instances_spread_over_the_stages_then_the_fewest_bytes_move() -> None:
+    for_each_seed(range(12), _on_demand_instances_spread_over_the_stages_then_the_fewest_bytes_move)
+
+
+def _on_demand_instances_spread_over_the_stages_then_the_fewest_bytes_move(seed: int) -> None:
     """Constraints (4)-(5) against brute force: of every assignment that puts as many on-demand
     instances to work as can be and gives each stage q or q + 1 of them, the planner's moves
     the fewest bytes; with no on-demand instance it is the plain optimum."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from optimizer_cases import random_table
 from scipy.stats import binom
+from seeds import for_each_seed
 
 from liveput.cli.main import main
 from liveput.errors import LiveputError
@@ -96,8 +97,11 @@ def brute_force(
     return best, best_first
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_dynamic_program_equals_exhaustive_search(seed: int) -> None:
+def test_dynamic_program_equals_exhaustive_search() -> None:
+    for_each_seed(range(6), _dynamic_program_equals_exhaustive_search)
+
+
+def _dynamic_program_equals_exhaustive_search(seed: int) -> None:
     rng = np.random.default_rng(seed)
     max_nodes = int(rng.integers(3, 7))
     table = random_table(rng, max_nodes)

@@ -6,6 +6,7 @@ import json
 import random
 
 import pytest
+from seeds import for_each_seed
 
 from liveput.errors import LiveputError
 from liveput.models.jobs import resolve_job
@@ -75,8 +76,11 @@ def _random_job(seed: int, folding: bool):  # noqa: ANN202
     return store, num_steps
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_folding_the_ledger_proves_what_the_whole_ledger_proves(seed):
+def test_folding_the_ledger_proves_what_the_whole_ledger_proves() -> None:
+    for_each_seed(range(60), _folding_the_ledger_proves_what_the_whole_ledger_proves)
+
+
+def _folding_the_ledger_proves_what_the_whole_ledger_proves(seed: int) -> None:
     whole, num_steps = _random_job(seed, folding=False)
     folded, _ = _random_job(seed, folding=True)
     want = verify_ledger(whole, BATCH, num_steps)

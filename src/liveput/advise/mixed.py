@@ -40,15 +40,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from liveput.advise.deepvm import DeepVMConfig, advise_deepvm
 from liveput.advise.plans import Advice, InstanceCount, Plan
 from liveput.advise.scaling import scaling_for
 from liveput.catalog import Catalog, InstanceSpec, Market
 from liveput.errors import LiveputError
+
+if TYPE_CHECKING:
+    from scipy.optimize import Bounds, LinearConstraint
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,9 @@ class _SizeProblem:
     def _constraints(
         self, size: int, value: np.ndarray, floor: float
     ) -> tuple[list[LinearConstraint], Bounds]:
+        # scipy is imported on use: the CLI imports this module at start-up.
+        from scipy.optimize import Bounds, LinearConstraint
+
         constraints = [
             LinearConstraint(self.matrix, self.lower, self.upper),
             LinearConstraint(self.row(n=self.gpu_count)[None, :], size, size),  # (7)
@@ -232,6 +238,8 @@ class _SizeProblem:
         """E of MILP(N = size) when some plan has E >= floor, else None."""
         value = self.row(n=value_per_instance)
         constraints, bounds = self._constraints(size, value, floor)
+        from scipy.optimize import milp
+
         result = milp(
             -value,
             integrality=np.ones(self.width),
@@ -247,6 +255,8 @@ class _SizeProblem:
         """Counts of the cheapest plan of MILP(N = size) with E = best (to rounding)."""
         value = self.row(n=value_per_instance)
         constraints, bounds = self._constraints(size, value, best - 1e-7 * max(best, 1.0))
+        from scipy.optimize import milp
+
         result = milp(
             self.row(self.spot, self.on_demand),
             integrality=np.ones(self.width),

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from liveput.catalog import InstanceSpec
 from liveput.errors import LiveputError
@@ -82,6 +81,9 @@ def fit_logistic(
         return c / (1.0 + np.exp(-a * (n - b))) - s
 
     start = np.array([0.2, float(np.median(n)), float(s.max()) * 1.5])
+    # scipy is imported on use: the CLI imports this module at start-up.
+    from scipy.optimize import least_squares
+
     result = least_squares(residuals, start, bounds=([1e-6, -1e3, 1e-6], [10.0, 1e4, 1e6]))
     a, b, c = result.x
     return LogisticScaling(float(a), float(b), float(c), source)

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from liveput.errors import LiveputError
 
@@ -191,6 +190,8 @@ def fit_contention(
     def residuals(theta: np.ndarray) -> np.ndarray:
         return np.minimum(theta[0] * np.sqrt(n) + theta[1], 1.0) - target_p
 
+    from scipy.optimize import least_squares  # on use: the CLI imports this module at start-up
+
     result = least_squares(residuals, np.array([0.1, 0.0]), bounds=([0, 0], [10, 1]))
     return float(result.x[0]), float(result.x[1])
 
@@ -223,6 +224,8 @@ def fit_loss(
             float(loss.min()) * 0.9,
         ]
     )
+    from scipy.optimize import least_squares  # on use: the CLI imports this module at start-up
+
     result = least_squares(
         residuals,
         start,

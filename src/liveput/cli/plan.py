@@ -16,7 +16,6 @@ from liveput.forecast.base import Forecast
 from liveput.perf import MigrationCostModel, estimate_configs, load_profile
 from liveput.perf.configuration import Configuration
 from liveput.perf.types import ConfigTable
-from liveput.plan import LiveputOptimizer, OptimizerConfig
 
 
 def forecast_from_counts(counts: list[int], capacity: int, spread: int) -> Forecast:
@@ -123,6 +122,9 @@ def register(app: typer.Typer) -> None:
             table = estimate_configs(profile, capacity + on_demand)
             if running is not None:
                 _check_runs(table, running)
+            # liveput.plan imports scipy: imported on use, so that the CLI starts fast.
+            from liveput.plan import LiveputOptimizer, OptimizerConfig
+
             config = OptimizerConfig(horizon=horizon, interval_s=interval, objective=objective)
             optimizer = LiveputOptimizer(
                 profile, table, MigrationCostModel.from_profile(profile), config

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import numpy as np  # noqa: E402
-
-from liveput.forecast.backtest import Walk  # noqa: E402
-from liveput.traces.plot import save_figure  # noqa: E402
-from liveput.traces.trace import IntervalTrace  # noqa: E402
+from liveput.forecast.backtest import Walk
+from liveput.traces.plot import save_figure
+from liveput.traces.trace import IntervalTrace
 
 
 def plot_forecasts(trace: IntervalTrace, walk: Walk, path: str | Path) -> Path:
     """Top: the true count and the forecasts made 1 and H steps earlier, with the H-step 10-90%
     band. Bottom: mean absolute error at each step h. Writes a PNG to ``path``."""
+    # matplotlib is imported on use, not with the module: the CLI imports this module at start-up.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     hours_per_interval = trace.interval_s / 3600.0
     horizon = walk.point.shape[1]
     figure, (top, bottom) = plt.subplots(

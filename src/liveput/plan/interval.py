@@ -25,7 +25,6 @@ C(n, k) * [x^k] poly(x) (1 + x)^r = sum_i poly_i q^i (1 - q)^{s - i}`` with ``s 
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import gammaln
 
 from liveput.plan.liveput import on_demand_per_stage
 
@@ -77,6 +76,8 @@ class IntervalThroughput:
         )
         self.max_spot = int(data_parallel.max(initial=0))
         size = self.max_spot + 1
+        from scipy.special import gammaln  # on use: the CLI imports this package at start-up
+
         spot, lost = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
         self._inside = lost <= spot
         self._log_ways = np.where(

@@ -23,13 +23,15 @@ drop out: it uses that form (:mod:`liveput.plan.interval`); this exact form is i
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import comb
 
 
 def _stage_polynomial(spot: int, max_lost: int) -> np.ndarray:
     """sum_{l=0}^{max_lost} C(spot, l) x^l as coefficients (empty -> zero polynomial)."""
     if max_lost < 0:
         return np.zeros(1)
+    # scipy is imported on use: the CLI imports this package at start-up.
+    from scipy.special import comb
+
     lost = np.arange(min(max_lost, spot) + 1)
     return comb(spot, lost)
 
@@ -65,6 +67,8 @@ def survival_tail(
     width = used_spot + max_spares + 1
     spares = np.arange(max_spares + 1)
     lost = np.arange(width)
+    from scipy.special import comb  # on use: the CLI imports this package at start-up
+
     # spare_ways[r, i] = C(r, i): ways to lose i spares out of r.
     spare_ways = comb(spares[:, None], lost[None, :])
     total_ways = comb((used_spot + spares)[:, None], lost[None, :])

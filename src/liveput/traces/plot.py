@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+from liveput.files import write_bytes_atomic
+from liveput.traces.trace import Trace
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-from matplotlib.figure import Figure  # noqa: E402
-
-from liveput.files import write_bytes_atomic  # noqa: E402
-from liveput.traces.trace import Trace  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def plot_trace(trace: Trace, path: str | Path) -> Path:
     """Write a PNG of ``trace`` to ``path`` and return the path."""
+    # matplotlib is imported on use, not with the module: the CLI imports this module at start-up.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     starts, counts = trace.step_function()
     hours = list(starts / 3600.0) + [trace.hours]
     figure, axis = plt.subplots(figsize=(10, 3.6), dpi=110)
@@ -61,6 +65,8 @@ def plot_trace(trace: Trace, path: str | Path) -> Path:
 def save_figure(figure: Figure, path: str | Path) -> Path:
     """Lay out ``figure``, write it as PNG to ``path`` (atomically: no half-written image is
     ever left) and free it."""
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     buffer = io.BytesIO()
     try:
