@@ -251,9 +251,10 @@ StoreWait = Annotated[
     float,
     typer.Option(
         "--store-wait",
+        "--connect-timeout",
         parser=params.SECONDS,
         help="Longest wait for --store to answer at start, seconds: a restarted coordinator may "
-        "find its etcd restarting (agents ride out as long an outage).",
+        "find its etcd restarting (agents ride out as long an outage); then it gives up.",
     ),
 ]
 Device = Annotated[

@@ -45,6 +45,7 @@ from liveput.runtime.notices import (
 )
 from liveput.runtime.rendezvous import StoreRendezvous
 from liveput.runtime.store import Store, open_store
+from liveput.runtime.store.base import StoreAddressError
 
 if TYPE_CHECKING:
     from liveput.perf.types import ModelProfile
@@ -300,13 +301,26 @@ _T = TypeVar("_T")
 
 
 def through_outage(call: Callable[[], _T], outage_s: float, retry_s: float = 0.5) -> _T:
-    """``call()``, tried again while the store is unreachable, for at most ``outage_s``."""
+    """``call()``, tried again while the store is unreachable, for at most ``outage_s``; an
+    address no retry can mend (:class:`StoreAddressError`) fails at once. The wait is said once,
+    with what it waits for and how long, not at every try."""
     deadline = time.monotonic() + outage_s
+    said = False
     while True:
         try:
             return call()
+        except StoreAddressError:
+            raise
         except LiveputError as error:
             if time.monotonic() + retry_s > deadline:
                 raise
-            LOG.warning("store: %s; trying again", error)
+            if not said:
+                LOG.warning(
+                    "waiting up to %.0f s for the store (%s)",
+                    max(deadline - time.monotonic(), 0.0),
+                    error,
+                )
+                said = True
+            else:
+                LOG.debug("store: %s; trying again", error)
             time.sleep(retry_s)

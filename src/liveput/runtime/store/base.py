@@ -12,6 +12,10 @@ CAS_MAX_ROUNDS = 10_000
 """Most read-then-swap rounds a backend tries before it gives up on a contended key."""
 
 
+class StoreAddressError(LiveputError):
+    """A store URL that no retry can mend (an unknown scheme, a malformed HOST:PORT)."""
+
+
 class Store(ABC):
     """A key-value store with compare-and-set, shared by the coordinator and the agents.
 

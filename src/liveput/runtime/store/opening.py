@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 
 from liveput.errors import LiveputError
-from liveput.runtime.store.base import Store
+from liveput.runtime.store.base import Store, StoreAddressError
 from liveput.runtime.store.etcd import EtcdStore
 from liveput.runtime.store.memory import MemoryStore
 from liveput.runtime.store.signed import SignedStore
@@ -23,7 +23,7 @@ def parse_host_port(url: str) -> tuple[str, int]:
     host_name, sep, port_text = rest.rpartition(":")
     host_name = host_name.strip("[]")
     if not sep or not host_name or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise LiveputError(f"store URL {url!r} must look like SCHEME://HOST:PORT")
+        raise StoreAddressError(f"store URL {url!r} must look like SCHEME://HOST:PORT")
     return host_name, int(port_text)
 
 
@@ -68,11 +68,11 @@ def open_store(
     for etcd, riding out an outage).
     """
     if not isinstance(url, str):
-        raise LiveputError(f"store URL must be a string, got {url!r}")
+        raise StoreAddressError(f"store URL must be a string, got {url!r}")
     scheme, sep, _ = url.partition("://")
     opener = _OPENERS.get(scheme) if sep else None
     if opener is None:
-        raise LiveputError(
+        raise StoreAddressError(
             f"store URL {url!r}: unknown scheme; use tcp://HOST:PORT, etcd://HOST:PORT or memory://"
         )
     if timeout_s <= 0:
