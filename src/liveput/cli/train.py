@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -16,6 +15,33 @@ from rich.table import Table
 from liveput.cli import agent as agent_commands
 from liveput.cli import params
 from liveput.cli.output import console, device_counts, err_console, print_json, progress, to_json
+from liveput.cli.train_options import (
+    ActivationCheckpointing,
+    AsJson,
+    CheckpointDir,
+    CheckpointEvery,
+    ClipGradNorm,
+    DataFile,
+    DeadlineHours,
+    Device,
+    HeartbeatTimeout,
+    InstanceType,
+    JobFileOption,
+    KeepCheckpoints,
+    LogDir,
+    LrSchedule,
+    NoticeLead,
+    OnDemandMax,
+    OnNonfiniteLoss,
+    Output,
+    Precision,
+    Seed,
+    Steps,
+    StoreUrl,
+    TimeScale,
+    TraceFile,
+    Workers,
+)
 from liveput.errors import LiveputError
 from liveput.files import check_output_file, write_text_atomic
 from liveput.launch.assemble import DEFAULTS
@@ -23,194 +49,8 @@ from liveput.models.training import TrainingConfig
 
 if TYPE_CHECKING:
     from liveput.launch.local import LocalTrainingConfig
+    from liveput.runtime.coordinator import Coordinator
     from liveput.traces import IntervalTrace, Trace
-
-
-DataFile = Annotated[
-    Path | None,
-    typer.Option(
-        "--data",
-        help="Text, Arrow or Parquet file the job trains on (gpt2-small, llama-tiny; default: "
-        "the job's own data).",
-    ),
-]
-Workers = Annotated[
-    int, typer.Option("--workers", parser=params.INSTANCES, help="Instances requested.")
-]
-TraceFile = Annotated[
-    Path | None,
-    typer.Option(
-        "--trace", help="Trace file to replay (default: a generated 5-minute trace for --workers)."
-    ),
-]
-TimeScale = Annotated[
-    float,
-    typer.Option(
-        "--time-scale",
-        parser=params.TIME_SCALE,
-        help="Trace seconds per wall second (the default spreads a 5-minute trace over the run).",
-    ),
-]
-Steps = Annotated[
-    int,
-    typer.Option(
-        "--steps",
-        parser=params.STEPS,
-        help="Steps to train (the default lasts about as long as the default trace at the "
-        "default time scale).",
-    ),
-]
-StoreUrl = Annotated[
-    str | None, typer.Option("--store", help="Store URL (default: a TCPStore here).")
-]
-CheckpointDir = Annotated[
-    str | None, typer.Option("--checkpoint-dir", help="Checkpoint directory or fsspec URL.")
-]
-CheckpointEvery = Annotated[
-    int,
-    typer.Option(
-        "--checkpoint-every",
-        parser=params.CHECKPOINT_EVERY,
-        help="Steps between checkpoints (0: none).",
-    ),
-]
-NoticeLead = Annotated[
-    float,
-    typer.Option("--notice-lead", parser=params.NON_NEGATIVE_SECONDS, help="Notice lead, trace s."),
-]
-Seed = Annotated[
-    int,
-    typer.Option(
-        "--seed",
-        parser=params.SEED,
-        help="Seed of the generated trace and the victims (20: its 5-minute trace for 6 workers "
-        "has 7 preemptions and 5 allocations; most 5-minute traces have one or two).",
-    ),
-]
-HeartbeatTimeout = Annotated[
-    float | None,
-    typer.Option(
-        "--heartbeat-timeout",
-        parser=params.optional(params.SECONDS),
-        help="Wall seconds of silence before an agent is taken for dead, whatever the time "
-        "scale: the failure detection time (default: two decision intervals, at least 3 s).",
-    ),
-]
-AsJson = Annotated[
-    bool,
-    typer.Option(
-        "--json",
-        metavar=params.FLAG,
-        help="Print one JSON object (the summary) instead of the table.",
-    ),
-]
-Output = Annotated[
-    Path | None,
-    typer.Option(
-        "-o",
-        "--output",
-        help="Write the summary here as JSON, the per-step log beside it (.jsonl) and the "
-        "final model (.model.pt; default: liveput-out/<run>/model.pt).",
-    ),
-]
-LogDir = Annotated[
-    Path | None,
-    typer.Option(
-        "--log-dir",
-        help="Where the agents' logs go, kept after the run (default: logs/ beside --output, "
-        "else ./liveput-logs).",
-    ),
-]
-KeepCheckpoints = Annotated[
-    int,
-    typer.Option(
-        "--keep-checkpoints",
-        parser=params.KEEP,
-        help="Complete checkpoints kept on disk (the newest).",
-    ),
-]
-DeadlineHours = Annotated[
-    float | None,
-    typer.Option(
-        "--deadline-hours",
-        parser=params.OPTIONAL_HOURS,
-        help="Finish the --steps by this many trace hours at the least cost: the deadline "
-        "policy rents spot and on-demand instances from the emulated provider.",
-    ),
-]
-OnDemandMax = Annotated[
-    int | None,
-    typer.Option(
-        "--on-demand-max",
-        parser=params.OPTIONAL_SOME_INSTANCES,
-        help="Most on-demand instances held at once (with --deadline-hours; default: the "
-        "trace's peak count).",
-    ),
-]
-InstanceType = Annotated[
-    str,
-    typer.Option(
-        "--instance-type",
-        help="Catalog instance type rented and priced (with --deadline-hours).",
-    ),
-]
-Precision = Annotated[
-    str | None,
-    typer.Option(
-        "--precision",
-        help="fp32, bf16 (autocast) or fp16 (autocast and a loss scaler); weights and optimizer "
-        "state stay fp32 (default: the job's own).",
-    ),
-]
-ClipGradNorm = Annotated[
-    float | None,
-    typer.Option(
-        "--clip-grad-norm",
-        parser=params.optional(params.POSITIVE),
-        help="Clip gradients to this global L2 norm, over all stages.",
-    ),
-]
-LrSchedule = Annotated[
-    str | None,
-    typer.Option(
-        "--lr-schedule",
-        help="Learning rate by global step: constant|linear|cosine[:warmup=N][,min=F][,steps=N] "
-        "(steps default: --steps).",
-    ),
-]
-ActivationCheckpointing = Annotated[
-    bool,
-    typer.Option(
-        "--activation-checkpointing",
-        metavar=params.FLAG,
-        help="Recompute each layer's forward in the backward pass (less memory, more compute).",
-    ),
-]
-OnNonfiniteLoss = Annotated[
-    str | None,
-    typer.Option(
-        "--on-nonfinite-loss",
-        help="A NaN or infinite loss: stop the job (the step is not committed) or skip that "
-        "step's update on every stage (default: the job's own, stop).",
-    ),
-]
-Device = Annotated[
-    str,
-    typer.Option(
-        "--device",
-        help="What the agents train on: auto (CUDA where this machine has it), cpu, cuda or "
-        "cuda:K. They share this machine: on CUDA they spread over its GPUs and talk over gloo "
-        "through CPU memory (NCCL refuses two ranks on one GPU).",
-    ),
-]
-JobFileOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--job",
-        help="Take the model, steps, checkpoints, provider, objective and notices from this job "
-        "file (the options above are then ignored; see liveput launch).",
-    ),
-]
 
 
 @dataclass(frozen=True)
@@ -334,8 +174,11 @@ def _train_with_progress(
     config: LocalTrainingConfig, trace: Trace | IntervalTrace, log_dir: Path, output: Path | None
 ) -> dict:
     """Run ``config`` with a progress bar (SIGTERM ends it as Ctrl-C does); write ``output``
-    and its per-step log; the summary."""
+    and its per-step log (as steps commit); the summary."""
     from liveput.launch.local import Progress, run_local_training
+    from liveput.launch.steplog import StepLog
+
+    step_log = None if output is None else StepLog(output.with_suffix(".jsonl"))
 
     model_path = Path(config.model_path or "")
     err_console.print(f"agents' logs: {log_dir}; model: {model_path}", soft_wrap=True)
@@ -360,7 +203,11 @@ def _train_with_progress(
                     ),
                 )
 
-            result = run_local_training(config, trace, show)
+            def log_steps(coordinator: Coordinator, done: bool) -> None:
+                if step_log is not None:
+                    step_log.advance(coordinator)
+
+            result = run_local_training(config, trace, show, log_steps)
     except KeyboardInterrupt:
         err_console.print(f"train: interrupted; agents stopped; logs in {log_dir}", soft_wrap=True)
         raise typer.Exit(130) from None
@@ -371,12 +218,11 @@ def _train_with_progress(
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
     summary = result.summary()
-    if output is not None:
-        # The step log first: the summary that names it is written once it exists.
-        log_path = output.with_suffix(".jsonl")
-        write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in result.steps))
+    if output is not None and step_log is not None:
+        # The step log first: the summary that names it is written once it is whole.
+        step_log.finish(result.steps)
         write_text_atomic(output, to_json(summary) + "\n")
-        err_console.print(f"wrote {output} and {log_path}")
+        err_console.print(f"wrote {output} and {step_log.path}")
     return summary
 
 
