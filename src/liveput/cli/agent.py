@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -15,6 +16,7 @@ import typer
 from liveput.cli import params
 from liveput.errors import LiveputError
 from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble_job
+from liveput.runtime import keys
 from liveput.runtime.entry import CLI_NOTICES, AgentArgs, agent_main, parse_notices
 
 if TYPE_CHECKING:
@@ -350,11 +352,14 @@ def coordinator(
     else:
         deadline = (deadline_hours, on_demand_max, deadline_policy)
         assembled = assemble_deadline_job(holder, job, request, deadline, trace_path)
-    started_s = time.monotonic()  # a deadline counts from here
+    started_unix_s = time.time()  # a deadline counts from the job's first coordinator
     with _job_store(listen, store, etcd_dir, embedded, token, store_wait_s) as handle:
         _run_job(handle, assembled, holder, spot_max)
+        kept = handle.get(keys.coordinator_deadline())
+        if kept is not None:
+            started_unix_s = json.loads(kept)["started_unix_s"]
     if deadline_hours is not None:
-        elapsed_h = (time.monotonic() - started_s) / 3600.0
+        elapsed_h = (time.time() - started_unix_s) / 3600.0
         typer.echo(
             f"deadline {'met' if elapsed_h <= deadline_hours else 'MISSED'}: "
             f"done at {elapsed_h:.3f} h of {deadline_hours:g} h",

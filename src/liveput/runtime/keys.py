@@ -333,6 +333,13 @@ def coordinator_started() -> str:
     return f"{COORDINATOR.prefix}started"
 
 
+def coordinator_deadline() -> str:
+    """A deadline job's clock and bill (JSON: ``started_unix_s``, the wall time its deadline
+    counts from; ``usd_before``, dollars paid under coordinators before this one), kept so that a
+    restarted coordinator plans for the deadline the job was given, not a new one."""
+    return f"{COORDINATOR.prefix}deadline"
+
+
 def coordinator_history() -> str:
     return f"{COORDINATOR.prefix}history"
 

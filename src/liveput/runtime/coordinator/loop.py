@@ -11,6 +11,8 @@ a generation that was fenced but whose successor was never published is simply p
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from liveput.errors import LiveputError
 from liveput.perf.types import ModelProfile
@@ -44,12 +46,16 @@ class Coordinator:
         deadline: DeadlineContext | None = None,
         market: MarketView | None = None,
         objective: CoordinatorObjective | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.profile = profile
         self.config = config
         self.clock = clock or MonotonicClock()
         self.objective = objective or objective_for(deadline, market)
+        # Wall time, not the clock's: what the objective keeps must read the same in the next
+        # coordinator's process.
+        self.objective.recover(store, wall_clock())
         self.planning = self.objective.start(profile, config)
         self.measurements: tuple = ()  # the step times the table was last fitted to
         self.provisioning: Provisioning | None = None  # the policy's latest (None: none yet)

@@ -16,6 +16,7 @@ An objective shapes what the policy is asked and carries out its provisioning; t
 from __future__ import annotations
 
 import dataclasses
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,8 +25,10 @@ from liveput.perf.estimator import Calibration, calibration_for, estimate_config
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.policies import Decision, Observation, PolicyContext, Provisioning, make_policy
 from liveput.policies.deadline import DeadlineContext, make_deadline_policy
+from liveput.runtime import keys
 from liveput.runtime.decide import CoordinatorConfig, CoordinatorView
 from liveput.runtime.planning import require_a_fit
+from liveput.runtime.store import Store
 
 
 class Planner(Protocol):
@@ -114,6 +117,10 @@ class CoordinatorObjective(ABC):
     def provision(self, provisioning: Provisioning) -> None:
         """Carry out the policy's provisioning."""
 
+    def recover(self, store: Store, now_unix_s: float) -> None:
+        """Take up what an earlier coordinator of the job kept in ``store`` (or keep it there,
+        for a later one); ``now_unix_s`` is wall time, comparable across processes."""
+
 
 class ThroughputObjective(CoordinatorObjective):
     """The most samples per second (module docstring)."""
@@ -160,6 +167,41 @@ class DeadlineObjective(CoordinatorObjective):
     def __init__(self, context: DeadlineContext, market: MarketView | None = None) -> None:
         self.context = context
         self.market = market
+        self.store: Store | None = None
+        self.elapsed_before_s = 0.0
+        """Wall seconds of the job's deadline spent before this coordinator started."""
+        self.kept = {"started_unix_s": 0.0, "usd_before": 0.0}
+        """What :meth:`recover` keeps in the store (``coord/deadline``)."""
+        self._usd_kept = 0.0
+
+    def recover(self, store: Store, now_unix_s: float) -> None:
+        """The deadline counts from the job's first coordinator; dollars paid under earlier ones
+        (their provider's bill is gone with them) count on."""
+        self.store = store
+        raw = store.get(keys.coordinator_deadline())
+        if raw is None:
+            self.kept = {"started_unix_s": now_unix_s, "usd_before": 0.0}
+        else:
+            kept = json.loads(raw)
+            # The bill of the last coordinator, as it last recorded it, joins the earlier ones.
+            self.kept = {
+                "started_unix_s": float(kept["started_unix_s"]),
+                "usd_before": float(kept.get("usd_before", 0.0)) + float(kept.get("usd", 0.0)),
+            }
+            self.elapsed_before_s = max(now_unix_s - self.kept["started_unix_s"], 0.0)
+        self._keep(0.0)
+
+    def seconds_to_deadline(self, time_s: float, config: CoordinatorConfig) -> float:
+        """Policy seconds left at this coordinator's policy time ``time_s``, counting the wall
+        seconds earlier coordinators of the job spent (scaled to policy seconds)."""
+        spent_before_s = self.elapsed_before_s * config.policy_interval_s / config.interval_s
+        return self.context.objective.deadline_s - time_s - spent_before_s
+
+    def _keep(self, usd: float) -> None:
+        if self.store is not None:
+            value = {**self.kept, "usd": usd}
+            self.store.set(keys.coordinator_deadline(), json.dumps(value).encode())
+            self._usd_kept = usd
 
     def start(self, profile: ModelProfile, config: CoordinatorConfig) -> Planning:
         return Planning(
@@ -171,7 +213,10 @@ class DeadlineObjective(CoordinatorObjective):
     def read_market(self) -> MarketReading | None:
         if self.market is None:
             return None
-        return MarketReading(self.market.on_demand_pending(), self.market.usd_spent())
+        usd = self.market.usd_spent()
+        if usd != self._usd_kept:
+            self._keep(usd)
+        return MarketReading(self.market.on_demand_pending(), self.kept["usd_before"] + usd)
 
     def observation(
         self,
@@ -182,7 +227,7 @@ class DeadlineObjective(CoordinatorObjective):
         config: CoordinatorConfig,
     ) -> Observation:
         """Besides: spot and on-demand apart, the work done and left, the time to the deadline
-        (policy seconds since this coordinator started), what the market holds."""
+        (policy seconds since the job's first coordinator started), what the market holds."""
         available = observation.num_available
         on_demand = min(
             available,
@@ -202,7 +247,7 @@ class DeadlineObjective(CoordinatorObjective):
             num_on_demand=on_demand,
             samples_done=done,
             samples_remaining=max(self.context.target_samples - done, 0.0),
-            seconds_to_deadline=self.context.objective.deadline_s - observation.time_s,
+            seconds_to_deadline=self.seconds_to_deadline(observation.time_s, config),
             on_demand_pending=market.on_demand_pending,
             usd_spent=market.usd_spent,
         )
