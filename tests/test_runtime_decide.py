@@ -755,3 +755,44 @@ def test_a_silent_last_holder_is_not_suspect_until_its_heartbeat_times_out():
     timed_out = {**members, 1: Member("h", 3.1, layers=(0, 1), **held)}
     action = decide(view(timed_out, 3.5), config, choose)
     assert action.suspects == {0, 1} and action.holdings == {2: (2, 3), 3: (2, 3)}
+
+
+def test_a_recovered_coordinator_plans_from_the_instances_heard_after_it_started():
+    """Everything died, and the dead agents' registrations, heartbeats and holdings are still in
+    the store (nothing forgot them); the dead generation is fenced, as ``resume`` does, and a new
+    coordinator and new agents carry on. It planned from the dead ones' holdings first (their
+    heartbeats looked fresh for a heartbeat timeout), that plan failed, and the restore came
+    6 s later: the first step 7.4 s after the restart. Now the first plan restores on the new
+    agents and the first step comes at once (1.4 s)."""
+    from liveput.operate.runner import end_dead_generation
+
+    store, clock, coordinator, agents = start(steps=400, instances=4)
+    run(coordinator, agents, clock, 60)
+    generation, committed = coordinator.plan.generation, coordinator.committed
+    assert committed >= CHECKPOINT_EVERY
+    for instance in range(4):
+        agents.kill(instance)
+    end_dead_generation(store)
+    clock = ManualClock()
+    recovered = make_coordinator(store, clock, steps=400)
+    assert recovered.plan.generation == generation
+    for instance in range(4, 8):
+        agents.join(instance)
+    while recovered.committed <= committed or recovered.plan.generation == generation:
+        assert clock.now_s() < 3.0, (recovered.status, recovered.plan.generation)
+        run(recovered, agents, clock, 1)
+    plan = recovered.plan
+    assert plan.generation == generation + 1 and set(plan.slots) == {4, 5, 6, 7}
+    assert plan.kind == "checkpoint-restore" and plan.restore_step is not None
+    assert agents.stale_trained == 0
+
+
+def test_a_restarted_coordinator_whose_agents_live_goes_on_without_a_new_plan():
+    """The agents beat within a tick of the restart: heard, they keep the plan they train in."""
+    store, clock, coordinator, agents = start(steps=400, instances=4)
+    run(coordinator, agents, clock, 40)
+    plan, committed = coordinator.plan, coordinator.committed
+    recovered = make_coordinator(store, clock, steps=400)
+    run(recovered, agents, clock, 30)
+    assert recovered.plan.generation == plan.generation, recovered.status
+    assert recovered.committed > committed + 10 and agents.stale_trained == 0
