@@ -3,7 +3,8 @@
 :func:`moto_endpoint` starts ``python -m moto.server`` on a free loopback port (a subprocess,
 killed at the end) and waits until it answers. :class:`MotoInstanceRunner` does on this machine
 what EC2 does on boot: for every instance moto reports running it reads the instance's user data
-back from moto, takes the agent command out of it (:func:`parse_agent_command`) and starts that
+back from moto, takes the agent command out of it (:func:`parse_agent_command`), reads the job
+token from the SSM parameter the script names (as the script does at boot) and starts that
 agent, with this machine's ``liveput`` for the pip-installed one and 127.0.0.1 for the address
 the metadata service would give; an instance that is terminated has its agent sent SIGTERM.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from liveput.cloud import InstanceState
 from liveput.cloud.aws import AwsProvider
-from liveput.cloud.userdata import parse_agent_command
+from liveput.cloud.userdata import TOKEN_PARAMETER_VARIABLE, parse_agent_command
 from liveput.runtime.instance_env import MARKET_ENV
 
 __all__ = ["moto_endpoint", "MotoInstanceRunner", "DUMMY_CREDENTIALS"]
@@ -113,6 +114,15 @@ class MotoInstanceRunner:
         script = base64.b64decode(answer["UserData"]["Value"]).decode()
         command = parse_agent_command(script)
         argv = command.resolved(self.liveput, "127.0.0.1")
+        if TOKEN_PARAMETER_VARIABLE in command.env:  # the script reads the token from SSM
+            ssm = self.provider.session.client(
+                "ssm",
+                endpoint_url=self.provider.config.endpoint_url,
+                region_name=self.provider.config.region,
+            )
+            command.env["LIVEPUT_TOKEN"] = ssm.get_parameter(
+                Name=command.env[TOKEN_PARAMETER_VARIABLE], WithDecryption=True
+            )["Parameter"]["Value"]
         # The boot script reads the market from the instance metadata, which moto does not
         # serve: the runner answers for it.
         command.env[MARKET_ENV] = market

@@ -4,6 +4,7 @@ trains -> release, and the provider's calls, errors and retries through botocore
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import time
 from collections.abc import Iterator
@@ -177,7 +178,9 @@ def test_the_launch_template_boots_liveput_agent_with_the_coordinator_and_token(
     versions = provider.client.describe_launch_template_versions(LaunchTemplateId=template)
     data = versions["LaunchTemplateVersions"][0]["LaunchTemplateData"]
     script = base64.b64decode(data["UserData"]).decode()
-    assert script == agent_user_data(AgentBoot("10.0.0.1:29400", TOKEN))
+    assert script == agent_user_data(
+        AgentBoot("10.0.0.1:29400", TOKEN, token_parameter="/liveput/test/token")
+    )
     assert "pip install --quiet liveput==" in script
     command = parse_agent_command(script)
     assert command.argv[1:] == [
@@ -189,7 +192,10 @@ def test_the_launch_template_boots_liveput_agent_with_the_coordinator_and_token(
         "--notices",
         "aws,sigterm",
     ]
-    assert command.env == {"LIVEPUT_TOKEN": TOKEN}
+    assert command.env == {"LIVEPUT_TOKEN_PARAMETER": "/liveput/test/token"}
+    assert TOKEN not in script
+    assert '--name "$LIVEPUT_TOKEN_PARAMETER" --with-decryption' in script
+    assert "aws ssm get-parameter" in script and "export LIVEPUT_TOKEN\n" in script
     assert "meta-data/instance-life-cycle" in script and "export LIVEPUT_MARKET" in script
     assert data["ImageId"].startswith("ami-")  # the SSM default image
     assert provider.launch_template_id() == template  # made once per provider
@@ -285,3 +291,54 @@ def test_zones_are_the_default_subnets_and_unknown_zones_are_refused(moto: str) 
     )
     with pytest.raises(LiveputError, match="aws: unknown zone.s. us-east-9z"):
         provider.request(1, "c5.xlarge", "spot", ["us-east-9z"])
+
+
+def test_the_token_is_a_secure_parameter_while_the_provider_runs_never_user_data(
+    moto: str,
+) -> None:
+    """User data is readable with ec2:DescribeInstanceAttribute: it carries only the name of
+    the SSM SecureString the instance reads the token from; closing the provider deletes it."""
+    provider = provider_for(moto, ManualClock())
+    ssm = provider.session.client("ssm", endpoint_url=moto, region_name="us-east-1")
+    (record,) = provider.request(1, "c5.xlarge", "spot").granted
+    answer = provider.client.describe_instance_attribute(
+        InstanceId=record.instance_id, Attribute="userData"
+    )
+    user_data = base64.b64decode(answer["UserData"]["Value"]).decode()
+    assert TOKEN not in user_data and "/liveput/test/token" in user_data
+    assert provider.token_parameter == "/liveput/test/token"
+    parameter = ssm.get_parameter(Name="/liveput/test/token", WithDecryption=True)["Parameter"]
+    assert parameter["Type"] == "SecureString" and parameter["Value"] == TOKEN
+    hidden = ssm.get_parameter(Name="/liveput/test/token")["Parameter"]
+    assert hidden["Value"] != TOKEN  # encrypted unless decryption is asked (and allowed)
+    provider.release([record.instance_id])
+    provider.close()
+    with pytest.raises(ssm.exceptions.ParameterNotFound):
+        ssm.get_parameter(Name="/liveput/test/token", WithDecryption=True)
+    provider.close()  # twice is fine
+    assert provider.bill().spot_hours == 0.0  # the CLI bills after closing
+
+
+def test_the_bill_runs_from_the_launch_time_ec2_reports(moto: str) -> None:
+    """The provider first lists the instance 10 minutes after it launched: AWS bills from
+    LaunchTime, and so does the provider (it billed from its first sight, 10 minutes less)."""
+    clock = ManualClock(0.0)
+    base = dt.datetime.now(dt.UTC)
+    provider = AwsProvider(
+        provider_for(moto, clock).config,
+        clock,
+        now_utc=lambda: base + dt.timedelta(seconds=clock.now_s()),
+    )
+    (record,) = provider.request(1, "c5.xlarge", "on-demand").granted
+    clock.set(600.0)
+    (seen,) = provider.instances()
+    launch_time = described(provider, [record.instance_id])[record.instance_id]["LaunchTime"]
+    expected_s = min(600.0, max(0.0, (launch_time - base).total_seconds()))
+    assert seen.launch_s == pytest.approx(expected_s) and seen.launch_s < 60.0  # not 600
+    clock.set(3600.0)
+    assert provider.bill().on_demand_hours == pytest.approx(1.0 - expected_s / 3600)
+
+
+def test_a_token_parameter_name_must_be_an_ssm_name() -> None:
+    with pytest.raises(LiveputError, match="token parameter 'liveput token' must be an SSM"):
+        AgentBoot("h:1", TOKEN, token_parameter="liveput token")

@@ -12,8 +12,14 @@ from hypothesis import strategies as st
 
 from liveput.errors import LiveputError
 from liveput.perf.builtin import builtin_profile
-from liveput.perf.estimator import Calibration, estimate_configs
-from liveput.perf.online import fit_online, free_constants, measured_features, prediction_mape
+from liveput.perf.estimator import Calibration, calibration_for, estimate_configs
+from liveput.perf.online import (
+    fit_online,
+    free_constants,
+    measured_features,
+    prediction_mape,
+    refit,
+)
 from liveput.perf.types import InstanceType, LayerProfile, Measurement, ModelProfile
 
 INSTANCE = InstanceType("test", 16.0, 10.0, 1.0, 3.0)
@@ -184,12 +190,76 @@ def test_online_fit_with_few_configurations_fits_fewer_constants():
     assert prediction_mape(profile, unseen, Calibration()) > 0.2
     assert fit_online(profile, []) == Calibration()
     # One configuration measured twice counts once, as the step-weighted mean.
-    base_s = float(measured_features(profile, [Measurement(1, 12, 1.0)])[0] @ [1, 1, 0, 1, 0])
-    twice = [Measurement(1, 12, 1.0 * base_s, 1), Measurement(1, 12, 2.5 * base_s, 2)]
+    base = synthetic(profile, truth, [(1, 4), (1, 12)])
+    twice = [
+        base[0],
+        Measurement(1, 12, 1.0 * base[1].iteration_s, 1),
+        Measurement(1, 12, 1.5 * base[1].iteration_s, 2),
+    ]
     fitted = fit_online(profile, twice)
-    assert prediction_mape(profile, [Measurement(1, 12, 2.0 * base_s)], fitted) < 1e-6
+    assert free_constants(measured_features(profile, base)) == [0]
+    assert prediction_mape(profile, [base[0]], fitted) > 0.01  # (1, 12) pulled alpha up
+    pooled = [base[0], Measurement(1, 12, 4 / 3 * base[1].iteration_s, 3)]
+    assert fitted == fit_online(profile, pooled)
     with pytest.raises(LiveputError, match="iteration time must be positive"):
         Measurement(1, 1, 0.0)
+
+
+def prior_theta(calibration: Calibration) -> np.ndarray:
+    return np.array(
+        [
+            calibration.compute_scale,
+            calibration.transfer_scale,
+            calibration.slot_overhead_s,
+            calibration.allreduce_scale,
+            calibration.iteration_overhead_s,
+        ]
+    )
+
+
+def test_one_measured_configuration_leaves_every_prediction_at_the_prior():
+    """A 1x1 measured three times slower than the prior says nothing about how 2x1 compares
+    with it: fitting alpha to it alone would scale every prediction by the same guess."""
+    profile = builtin_profile("gpt-1.5b")
+    prior = calibration_for("gpt-1.5b")
+    seconds = float(measured_features(profile, [Measurement(1, 4, 1.0)])[0] @ prior_theta(prior))
+    fitted = fit_online(profile, [Measurement(1, 4, 3 * seconds, 50)], prior)
+    assert fitted == prior
+    assert refit(profile, [Measurement(1, 4, 3 * seconds, 50)]) == prior
+    np.testing.assert_array_equal(
+        estimate_configs(profile, 16, fitted).samples_per_s,
+        estimate_configs(profile, 16, prior).samples_per_s,
+    )
+
+
+@pytest.mark.parametrize(
+    ("factor", "pinned", "refitted"),
+    [
+        # Every step 5000x the prior's: alpha would leave (1') at its top; d explains it instead.
+        (5000.0, "compute_scale", "iteration_overhead_s"),
+        # The compute part alone, halved: d (0.17 s in the prior) would fall to 0.
+        (0.5, "iteration_overhead_s", "compute_scale"),
+    ],
+)
+def test_a_constant_the_fit_drives_to_its_bound_keeps_its_prior(factor, pinned, refitted):
+    profile = builtin_profile("gpt-1.5b")
+    prior = calibration_for("gpt-1.5b")
+    assert prior.iteration_overhead_s > 0.1
+    configs = [(1, 4), (2, 4), (1, 8)]
+    features = measured_features(profile, [Measurement(d, p, 1.0) for d, p in configs])
+    theta = prior_theta(prior)
+    if factor < 1:
+        theta[4] = 0.0
+    seconds = factor * (features @ theta)
+    measured = [Measurement(d, p, float(t), 10) for (d, p), t in zip(configs, seconds, strict=True)]
+    assert free_constants(features) == [0, 4]
+    fitted = fit_online(profile, measured, prior)
+    assert getattr(fitted, pinned) == getattr(prior, pinned)
+    assert getattr(fitted, refitted) != getattr(prior, refitted)
+    low, high = 1e-3, 1e3
+    assert low * 1.01 < fitted.compute_scale < high / 1.01
+    assert fitted.iteration_overhead_s > 1e-6
+    assert prediction_mape(profile, measured, fitted) < prediction_mape(profile, measured, prior)
 
 
 @pytest.mark.process

@@ -38,6 +38,8 @@ class _Instance:
     epoch: int = 0
     step: int = FRESH_START
     arrived: int = -1
+    starved_ticks: int = 0
+    """Ticks it stays silent (a starved process: alive, heard of again afterwards)."""
 
 
 class ModelAgents:
@@ -69,8 +71,15 @@ class ModelAgents:
         )
         self.store.set(keys.notice(instance), notice)
 
+    def starve(self, instance: int, ticks: int) -> None:
+        self.instances[instance].starved_ticks = ticks
+
     def alive(self) -> list[int]:
         return [i for i, s in self.instances.items() if s.alive]
+
+    def _heard(self, instance: int) -> bool:
+        state = self.instances[instance]
+        return state.alive and state.starved_ticks == 0
 
     def _report(self, plan: RuntimePlan, instance: int, ending: str) -> None:
         state = self.instances[instance]
@@ -82,7 +91,7 @@ class ModelAgents:
 
     def _fail(self, plan: RuntimePlan, why: str) -> None:
         for instance in plan.world:
-            if self.instances[instance].alive:
+            if self._heard(instance):
                 protocol.report_failure(self.store, plan.generation, instance, FailureReport(why))
                 self._report(plan, instance, "failed")
         self.phase = "ended"
@@ -126,6 +135,8 @@ class ModelAgents:
         step = self.instances[working[0]].step + 1
         if any(not self.instances[i].alive for i in working):
             return self._fail(plan, "connection closed by peer")
+        if not all(self._heard(i) for i in working):
+            return  # the step waits for the starved one
         if protocol.step_outcome(self.store, plan.generation, step) == protocol.ABORTED:
             for instance in plan.world:
                 self._report(plan, instance, "fenced")
@@ -149,9 +160,19 @@ class ModelAgents:
             )
 
     def tick(self) -> None:
-        for instance in self.alive():
-            self.store.add(keys.heartbeat(instance), 1)
         plan = protocol.current_plan(self.store)
+        for instance in self.alive():
+            state = self.instances[instance]
+            if state.starved_ticks > 0:
+                state.starved_ticks -= 1
+                if state.starved_ticks == 0 and plan is not None and self.phase == "ended":
+                    # Heard again: it reports how its generation ended, as an agent does.
+                    protocol.report_failure(
+                        self.store, plan.generation, instance, FailureReport("peer gone")
+                    )
+                    self._report(plan, instance, "failed")
+                continue
+            self.store.add(keys.heartbeat(instance), 1)
         if plan is None:
             return
         if plan.generation != self.generation:
@@ -159,7 +180,7 @@ class ModelAgents:
         if self.phase == "arriving":
             for instance in plan.world:
                 state = self.instances[instance]
-                if state.alive and state.arrived < plan.generation:
+                if self._heard(instance) and state.arrived < plan.generation:
                     state.arrived = plan.generation
                     protocol.arrive(self.store, plan, instance)
             if self.store.get(keys.all_arrived(plan.generation)) is not None:
@@ -648,3 +669,130 @@ def test_an_instance_silent_past_the_end_its_notice_announced_is_gone_without_a_
     agents.kill(1)
     run(coordinator, agents, clock, int(3.0 / TICK_S))
     assert coordinator.plan.generation == plan.generation and coordinator.status == "training 1x1"
+
+
+def test_a_starved_last_holder_stays_in_the_plan_and_sends_its_layers():
+    """Rule 8: one instance of a stage is killed and the other, starved, misses heartbeats
+    past ``suspect_after_s`` (1.5 s) but not the timeout (6 s here). Left out, its stage's layers
+    came from the checkpoint; kept, it sends them once it is heard again."""
+    store, clock, coordinator, agents = start(steps=400, instances=4)
+    run(coordinator, agents, clock, 40)
+    plan = coordinator.plan
+    assert plan.num_working == 4 and plan.pipeline_stages == 2
+    stage0 = sorted(i for i, s in plan.slots.items() if s is not None and s[1] == 0)
+    killed, starved = stage0
+    agents.kill(killed)
+    agents.starve(starved, int(2.6 / TICK_S))
+    committed = coordinator.committed
+    for _ in range(int(5.0 / TICK_S)):
+        if coordinator.plan.generation != plan.generation:
+            break
+        run(coordinator, agents, clock, 1)
+    replanned = coordinator.plan
+    assert replanned.generation > plan.generation, coordinator.status
+    assert starved in replanned.slots and killed not in replanned.slots
+    assert replanned.restore_step is None and replanned.kind != "checkpoint-restore"
+    assert "checkpoint-restore" not in [event["kind"] for event in readers.events(store)]
+    run(coordinator, agents, clock, 30)
+    assert coordinator.committed > committed + 5 and agents.stale_trained == 0
+
+
+def test_a_silent_last_holder_is_not_suspect_until_its_heartbeat_times_out():
+    """Rule 8 on a view: instance 1, silent 2 s (past ``suspect_after_s``, inside the 3-s
+    timeout), is the only current holder of layers 0 and 1; 2 and 3 hold 2 and 3 and report
+    the failure. It stays a worker of the replan with its layers; at 3.1 s it is dead."""
+    plan = RuntimePlan(
+        4,
+        0,
+        30,
+        100,
+        2,
+        2,
+        [0, 2, 4],
+        {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1)},
+        dict.fromkeys(range(4), "h"),
+        [],
+        "none",
+        None,
+    )
+    held = dict(held_epoch=0, held_step=41)
+    members = {
+        0: Member("h", 9.0, layers=(0, 1), **held),
+        1: Member("h", 2.0, layers=(0, 1), **held),
+        2: Member("h", 0.1, layers=(2, 3), reported=4, **held),
+        3: Member("h", 0.1, layers=(2, 3), reported=4, **held),
+    }
+    failures = {2: FailureReport("connection reset"), 3: FailureReport("connection reset")}
+    config = CoordinatorConfig(num_steps=100, num_micro_batches=4)
+
+    def view(members, failure_age_s):
+        return CoordinatorView(
+            10.0,
+            members,
+            plan,
+            plan,
+            41,
+            all_arrived=True,
+            failures=failures,
+            failure_age_s=failure_age_s,
+            latest_checkpoint=39,
+        )
+
+    def choose(count, event, lost):
+        return Configuration(1, min(count, 2))
+
+    action = decide(view(members, 2.0), config, choose)
+    assert action.kind is ActionKind.WAIT  # every member accounted for, or failure_wait_s
+    action = decide(view(members, 3.5), config, choose)
+    assert action.kind is ActionKind.REPLAN and action.suspects == {0}
+    assert action.workers == (1, 2, 3) and not action.restore
+    assert action.holdings == {1: (0, 1), 2: (2, 3), 3: (2, 3)}
+    # Another heard instance holds them too: the silent one is not needed, and is left out.
+    heard = {**members, 4: Member("h", 0.1, layers=(0, 1), **held)}
+    action = decide(view(heard, 3.5), config, choose)
+    assert action.suspects == {0, 1} and 1 not in action.workers
+    # Its heartbeat timed out: dead like any other.
+    timed_out = {**members, 1: Member("h", 3.1, layers=(0, 1), **held)}
+    action = decide(view(timed_out, 3.5), config, choose)
+    assert action.suspects == {0, 1} and action.holdings == {2: (2, 3), 3: (2, 3)}
+
+
+def test_a_recovered_coordinator_plans_from_the_instances_heard_after_it_started():
+    """Everything died, and the dead agents' registrations, heartbeats and holdings are still in
+    the store (nothing forgot them); the dead generation is fenced, as ``resume`` does, and a new
+    coordinator and new agents carry on. It planned from the dead ones' holdings first (their
+    heartbeats looked fresh for a heartbeat timeout), that plan failed, and the restore came
+    6 s later: the first step 7.4 s after the restart. Now the first plan restores on the new
+    agents and the first step comes at once (1.4 s)."""
+    from liveput.operate.runner import end_dead_generation
+
+    store, clock, coordinator, agents = start(steps=400, instances=4)
+    run(coordinator, agents, clock, 60)
+    generation, committed = coordinator.plan.generation, coordinator.committed
+    assert committed >= CHECKPOINT_EVERY
+    for instance in range(4):
+        agents.kill(instance)
+    end_dead_generation(store)
+    clock = ManualClock()
+    recovered = make_coordinator(store, clock, steps=400)
+    assert recovered.plan.generation == generation
+    for instance in range(4, 8):
+        agents.join(instance)
+    while recovered.committed <= committed or recovered.plan.generation == generation:
+        assert clock.now_s() < 3.0, (recovered.status, recovered.plan.generation)
+        run(recovered, agents, clock, 1)
+    plan = recovered.plan
+    assert plan.generation == generation + 1 and set(plan.slots) == {4, 5, 6, 7}
+    assert plan.kind == "checkpoint-restore" and plan.restore_step is not None
+    assert agents.stale_trained == 0
+
+
+def test_a_restarted_coordinator_whose_agents_live_goes_on_without_a_new_plan():
+    """The agents beat within a tick of the restart: heard, they keep the plan they train in."""
+    store, clock, coordinator, agents = start(steps=400, instances=4)
+    run(coordinator, agents, clock, 40)
+    plan, committed = coordinator.plan, coordinator.committed
+    recovered = make_coordinator(store, clock, steps=400)
+    run(recovered, agents, clock, 30)
+    assert recovered.plan.generation == plan.generation, recovered.status
+    assert recovered.committed > committed + 10 and agents.stale_trained == 0

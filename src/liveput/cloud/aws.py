@@ -2,7 +2,11 @@
 
 Instances come from one launch template (``liveput-<job>``) whose user data
 (:mod:`liveput.cloud.userdata`) installs liveput and starts ``liveput agent`` with the
-coordinator's address and the job token. A request is, by default, one EC2 Fleet of type
+coordinator's address and the job token. The token is not in the user data (anyone allowed
+``ec2:DescribeInstanceAttribute`` in the account reads that): the provider puts it in SSM
+Parameter Store as a SecureString, ``/liveput/<job>/token``, before it makes the template, the
+boot script reads it with the instance's role, and :meth:`AwsProvider.close` deletes it.
+A request is, by default, one EC2 Fleet of type
 ``instant`` over every (instance type, zone) pair asked as overrides: spot with the
 ``price-capacity-optimized`` allocation strategy, on-demand with ``lowest-price``; the fleet
 answers with the instances it launched and errors for what it could not. With ``use_fleet``
@@ -15,9 +19,11 @@ retries are off: :class:`~liveput.cloud.provider.Provider` retries throttling
 its backoff, and reports each try.
 
 Times are the injected clock's seconds since the provider was made; an instance's bill runs
-from when this provider first saw it running to when it released it or saw it gone (a spot
-interruption). Spot prices come from ``describe_spot_price_history`` (newest per zone, when the
-instance is granted), on-demand prices from the catalog (EC2's API has none).
+from its ``LaunchTime`` as EC2 reports it (AWS bills from there, not from when this provider
+first saw it running: a listing may come minutes later), to when this provider released it or
+saw it gone (a spot interruption). Spot prices come from ``describe_spot_price_history``
+(newest per zone, when the instance is granted), on-demand prices from the catalog (EC2's API
+has none).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from liveput.catalog import Catalog, load_catalog
 from liveput.cloud.provider import Provider
 from liveput.cloud.regions import check_region
 from liveput.cloud.retry import ProviderError, RetryPolicy
+from liveput.cloud.token_parameter import TokenParameter
 from liveput.cloud.types import InstanceRecord, InstanceState, Market, PriceQuote, ProviderEvent
 from liveput.cloud.userdata import AgentBoot, agent_user_data
 from liveput.errors import LiveputError
@@ -92,7 +99,8 @@ class AwsConfig:
     key_name: str | None = None
     """SSH key pair name, if any."""
     iam_instance_profile: str | None = None
-    """Instance profile name (a checkpoint bucket's credentials, say)."""
+    """Instance profile name: its role must read the token parameter (``docs/providers.md``),
+    and may hold a checkpoint bucket's credentials."""
     use_fleet: bool = True
     """EC2 Fleet ``instant`` requests (else ``run_instances``)."""
     endpoint_url: str | None = None
@@ -148,6 +156,12 @@ class AwsProvider(Provider):
             "ssm", endpoint_url=config.endpoint_url, config=client_config
         )
         self._start_s = self.clock.now_s()
+        self._start_utc = self._now_utc()
+        self._token = TokenParameter(
+            config.job,
+            config.boot.token,
+            lambda operation, **kwargs: self._call(operation, client=self._ssm(), **kwargs),
+        )
         self._known: dict[str, InstanceRecord] = {}
         self._released: set[str] = set()
         self._subnets = dict(config.subnets) or None
@@ -193,11 +207,22 @@ class AwsProvider(Provider):
             self._template_id = self._retrying(self._ensure_template, "launch template")
         return self._template_id
 
+    @property
+    def token_parameter(self) -> str:
+        """The SSM parameter the job token is in while this provider runs."""
+        return self._token.name
+
+    def close(self) -> None:
+        """Delete the token's parameter (an instance booting after cannot join)."""
+        self._retrying(self._token.delete, "delete the token parameter")
+
     def _ensure_template(self) -> str:
         name = f"liveput-{self.config.job}"
+        self._token.put()
+        boot = dataclasses.replace(self.config.boot, token_parameter=self._token.name)
         data: dict[str, Any] = {
             "ImageId": self.config.image_id or self._default_image(),
-            "UserData": base64.b64encode(agent_user_data(self.config.boot).encode()).decode(),
+            "UserData": base64.b64encode(agent_user_data(boot).encode()).decode(),
             "TagSpecifications": [{"ResourceType": "instance", "Tags": self._tags()}],
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         }
@@ -207,6 +232,12 @@ class AwsProvider(Provider):
             data["KeyName"] = self.config.key_name
         if self.config.iam_instance_profile:
             data["IamInstanceProfile"] = {"Name": self.config.iam_instance_profile}
+        else:
+            log.warning(
+                "aws: no instance profile: the instances cannot read the job token from %s "
+                "(give one allowed ssm:GetParameter on it, docs/providers.md)",
+                self._token.name,
+            )
         try:
             found = self._call("describe_launch_templates", LaunchTemplateNames=[name])
         except ProviderError as error:
@@ -410,7 +441,10 @@ class AwsProvider(Provider):
         zone = instance.get("Placement", {}).get("AvailabilityZone", record.zone)
         if state == "running" and record.launch_s is None:
             record = dataclasses.replace(
-                record, state=InstanceState.RUNNING, launch_s=now, zone=zone
+                record,
+                state=InstanceState.RUNNING,
+                launch_s=self._launch_s(instance.get("LaunchTime"), record, now),
+                zone=zone,
             )
         elif state in _GONE:
             # Gone without a release: the cloud took it (a spot interruption).
@@ -421,6 +455,16 @@ class AwsProvider(Provider):
                 preempted=record.instance_id not in self._released,
             )
         self._known[record.instance_id] = record
+
+    def _launch_s(self, launch_time: Any, record: InstanceRecord, now: float) -> float:
+        """``LaunchTime`` on this provider's clock; within [granted, now]: EC2 gives whole
+        seconds, and the two clocks may disagree by a little."""
+        if not isinstance(launch_time, dt.datetime):
+            return now
+        if launch_time.tzinfo is None:
+            launch_time = launch_time.replace(tzinfo=dt.UTC)
+        since_start_s = (launch_time - self._start_utc).total_seconds()
+        return min(now, max(record.requested_s, since_start_s))
 
     def _quote(self, instance_type: str, zones: tuple[str, ...]) -> list[PriceQuote]:
         spec = self.catalog.get(instance_type)

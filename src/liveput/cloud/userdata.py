@@ -9,8 +9,11 @@ writes, for an Amazon Linux 2023 image (the AWS provider's default):
 3. exports the job token (``LIVEPUT_TOKEN``) and ``exec``s ``liveput agent`` with the
    coordinator's address (``--coordinator HOST:PORT``, its etcd) or a store URL (``--store``).
 
-The token sits in the user data, which anyone allowed ``ec2:DescribeInstanceAttribute`` on the
-instance can read: give such rights only to whom may join the job.
+User data is readable by anyone allowed ``ec2:DescribeInstanceAttribute`` in the account, so with
+``token_parameter`` set (the AWS provider always sets it) the script carries only the name of an
+SSM SecureString parameter and reads the token from it at boot (``aws ssm get-parameter
+--with-decryption``, with the instance's role: ``docs/providers.md`` gives its policy). Without
+it the token is written into the script, for launchers whose user data only trusted people read.
 
 :func:`parse_agent_command` reads the last two steps back out of a script, so a test (or any
 launcher) can start exactly the agent an instance would start.
@@ -25,10 +28,19 @@ from liveput import __version__
 from liveput.errors import LiveputError
 from liveput.runtime.instance_env import MARKET_ENV
 
-__all__ = ["AgentBoot", "AgentCommand", "agent_user_data", "parse_agent_command", "HOST_VARIABLE"]
+__all__ = [
+    "AgentBoot",
+    "AgentCommand",
+    "agent_user_data",
+    "parse_agent_command",
+    "HOST_VARIABLE",
+    "TOKEN_PARAMETER_VARIABLE",
+]
 
 HOST_VARIABLE = "LIVEPUT_HOST"
 """Shell variable the script sets to the instance's private address."""
+TOKEN_PARAMETER_VARIABLE = "LIVEPUT_TOKEN_PARAMETER"
+"""Variable the script exports with the name of the SSM parameter holding the token."""
 _METADATA = "http://169.254.169.254/latest"
 
 
@@ -49,6 +61,9 @@ class AgentBoot:
     """Preemption notice sources of the agent (``--notices``)."""
     venv: str = "/opt/liveput"
     """Where the virtual environment goes on the instance."""
+    token_parameter: str | None = None
+    """SSM SecureString parameter the boot script reads the token from (None: the token is
+    written into the script). The user data then carries only this name."""
 
     def __post_init__(self) -> None:
         if not self.coordinator or any(c.isspace() for c in self.coordinator):
@@ -60,6 +75,14 @@ class AgentBoot:
             raise LiveputError(
                 "agent boot: the job token must be non-empty, without spaces, "
                 "quotes, backslashes or $"
+            )
+        if self.token_parameter is not None and (
+            not self.token_parameter.startswith("/")
+            or not all(c.isalnum() or c in "/_.-" for c in self.token_parameter)
+        ):
+            raise LiveputError(
+                f"agent boot: token parameter {self.token_parameter!r} must be an SSM name "
+                "like /liveput/JOB/token (letters, digits, / _ . -)"
             )
 
     @property
@@ -105,11 +128,27 @@ def agent_user_data(boot: AgentBoot) -> str:
             f'"{_METADATA}/meta-data/instance-life-cycle")',
             f'[ "${MARKET_ENV}" = on-demand ] || {MARKET_ENV}=spot',
             f"export {MARKET_ENV}",
-            f"export LIVEPUT_TOKEN={boot.token}",
+            *_token_lines(boot),
             f"exec {argv}",
             "",
         ]
     )
+
+
+def _token_lines(boot: AgentBoot) -> list[str]:
+    if boot.token_parameter is None:
+        return [f"export LIVEPUT_TOKEN={boot.token}"]
+    return [
+        f"export {TOKEN_PARAMETER_VARIABLE}={boot.token_parameter}",
+        "command -v aws >/dev/null || dnf install -y awscli-2",
+        f'AWS_REGION=$(curl -s -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" '
+        f'"{_METADATA}/meta-data/placement/region")',
+        # Read with the instance's role; the value never appears in the user data.
+        f'LIVEPUT_TOKEN=$(aws ssm get-parameter --region "$AWS_REGION" '
+        f'--name "${TOKEN_PARAMETER_VARIABLE}" --with-decryption '
+        "--query Parameter.Value --output text)",
+        "export LIVEPUT_TOKEN",
+    ]
 
 
 @dataclass(frozen=True)
@@ -119,7 +158,8 @@ class AgentCommand:
     argv: list[str]
     """``liveput agent ...`` (the host still ``${LIVEPUT_HOST}``)."""
     env: dict[str, str]
-    """Exported variables (``LIVEPUT_TOKEN``)."""
+    """Exported variables (``LIVEPUT_TOKEN``, or ``LIVEPUT_TOKEN_PARAMETER`` when the script
+    reads the token from SSM at boot: the caller then reads it as the instance would)."""
 
     def resolved(self, liveput: list[str], host: str) -> list[str]:
         """The argv with ``liveput`` for the installed executable and ``host`` for the address."""

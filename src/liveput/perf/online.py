@@ -22,8 +22,17 @@ F takes the constants in the order alpha (compute), d (fixed per iteration), c (
 beta (all-reduce), gamma (boundary transfer), skipping any whose column the measured rows cannot
 tell from those already taken (beta while only D = 1 ran, gamma while only P = 1 ran or, for a
 transformer, whose boundary activation is the same at every cut, gamma beside c), and holds
-``K - 1`` of them (at least alpha, at most all five): fewer constants than measured
-configurations, so the fit is checked by more than it explains.
+``K - 1`` of them (none when one configuration ran, at most all five): fewer constants than
+measured configurations, so the fit is checked by more than it explains. One configuration
+measured tells nothing about how the others compare with it, so it leaves every prediction at
+the prior's: a single measured 1x1 that fitted alpha alone once made one instance look as fast
+as two.
+
+A constant that the fit drives to its bound (alpha to either end of (1'), another to 0) is one
+the data cannot pin either: the measurements are explained only by an extreme that nothing else
+supports (a busy machine measuring 1x1 as slow as 2x1 makes alpha tiny and d the whole step).
+That constant goes back to its prior, leaves F, and the rest are fitted again, until no fitted
+constant is at a bound.
 """
 
 from __future__ import annotations
@@ -98,8 +107,22 @@ def free_constants(features: np.ndarray) -> list[int]:
         trial = identifiable + [index]
         if np.linalg.matrix_rank(scaled[:, trial], tol=1e-9) == len(trial):
             identifiable = trial
-    count = max(1, min(len(features) - 1, len(identifiable)))
+    count = max(0, min(len(features) - 1, len(identifiable)))
     return sorted(identifiable[:count])
+
+
+BOUND_MARGIN = 1e-3
+"""How close (relative) to a bound of (1') alpha may come before it counts as at the bound."""
+NEGLIGIBLE_SHARE = 1e-6
+"""A non-negative constant whose seconds are below this share of every measured step is 0."""
+
+
+def _at_bound(theta: np.ndarray, index: int, features: np.ndarray, iteration_s: np.ndarray) -> bool:
+    if index == 0:
+        low, high = ONLINE_COMPUTE_SCALE_BOUNDS
+        return bool(theta[0] <= low * (1 + BOUND_MARGIN) or theta[0] >= high / (1 + BOUND_MARGIN))
+    seconds = features[:, index] * theta[index]
+    return bool(np.all(seconds <= NEGLIGIBLE_SHARE * iteration_s))
 
 
 def fit_online(
@@ -124,14 +147,30 @@ def fit_online(
         return prior
     features = measured_features(profile, rows)
     iteration_s = np.array([m.iteration_s for m in rows])
-    theta = _theta(prior)
+    prior_theta = _theta(prior)
     free = free_constants(features)
-    fixed = [i for i in range(len(theta)) if i not in free]
-    offset_s = features[:, fixed] @ theta[fixed]
-    theta[free] = fit_constants(
-        features[:, free], iteration_s, offset_s, ONLINE_COMPUTE_SCALE_BOUNDS
-    )
-    return _calibration(theta)
+    while True:
+        theta = prior_theta.copy()
+        if not free:
+            return prior
+        fixed = [i for i in range(len(theta)) if i not in free]
+        offset_s = features[:, fixed] @ theta[fixed]
+        theta[free] = _fit(features[:, free], iteration_s, offset_s, free)
+        pinned = [i for i in free if _at_bound(theta, i, features, iteration_s)]
+        if not pinned:
+            return _calibration(theta)
+        free = [i for i in free if i not in pinned]
+
+
+def _fit(
+    features: np.ndarray, iteration_s: np.ndarray, offset_s: np.ndarray, free: list[int]
+) -> np.ndarray:
+    """``fit_constants`` on the free columns. It bounds its first column as alpha, so with alpha
+    held at its prior a column of zeros stands in for alpha's (its value moves nothing)."""
+    if free[0] == 0:
+        return fit_constants(features, iteration_s, offset_s, ONLINE_COMPUTE_SCALE_BOUNDS)
+    padded = np.column_stack([np.zeros(len(features)), features])
+    return fit_constants(padded, iteration_s, offset_s, ONLINE_COMPUTE_SCALE_BOUNDS)[1:]
 
 
 def refit(profile: ModelProfile, measurements: Sequence[Measurement]) -> Calibration:

@@ -18,10 +18,13 @@ committed, ``epoch`` the restore epoch of the plan. An instance is
 - *silent* when its heartbeat has not moved for ``suspect_after_s``;
 - *suspect* (left out of the next plan) when it is a member of the plan and dead, silent with the
   plan failing or not yet met, named by a peer's failure report, or still missing after
-  ``arrival_timeout_s`` or ``failure_wait_s``. A suspect that was alive after all is simply
-  available again at the next decision, holding nothing current;
+  ``arrival_timeout_s`` or ``failure_wait_s`` (a *last holder*, Rule 8, only when dead or
+  named). A suspect that was alive after all is simply available again at the next decision,
+  holding nothing current;
 - *current* holder of a layer when its report (:class:`liveput.runtime.protocol.Holding`) puts the
-  layer at (``epoch``, ``committed``): only current holders send layers, never a plan's guess.
+  layer at (``epoch``, ``committed``): only current holders send layers, never a plan's guess;
+- a *last holder* when it is silent but not dead and the only current holders of one of its
+  current layers are silent too (no instance that is heard holds it).
 
 Rules, in order (numbered as in :func:`decide`):
 
@@ -33,9 +36,10 @@ Rules, in order (numbered as in :func:`decide`):
    after a heartbeat timeout.
 3. A working instance lost (dead, suspect or going), a plan that cannot meet, a fence nobody
    planned (a restarted coordinator), or a failure report: replan without the suspects and
-   without any silent instance. Instances going together (a cloud preempting several at once)
-   are gathered for ``notice_settle_s``; after a failure report the coordinator waits until
-   every member of the plan has reported or gone silent, at most ``failure_wait_s``.
+   without any silent instance but the last holders (Rule 8). Instances going together (a
+   cloud preempting several at once) are gathered for ``notice_settle_s``; after a failure
+   report the coordinator waits until every member of the plan has reported or gone silent, at
+   most ``failure_wait_s``.
 4. A going instance only sends its layers. A plan that fails is never published again as it
    was: each failure narrows the next plan (suspects out, holdings re-read), and after
    ``restore_after_failures`` plans in a row that did not run, every layer comes from the newest
@@ -47,6 +51,11 @@ Rules, in order (numbered as in :func:`decide`):
    the newest checkpoint may then be redone. As soon as an instance that is not going is up,
    the job moves to it (the going ones send their layers).
 7. At an interval: ask the policy; replan when its configuration differs from the running one.
+8. A last holder stays in the plan until its heartbeat times out (or a peer names it): left
+   out, its layers would come from the checkpoint, a restore and the steps since it lost, for
+   an instance that may only be starved (a busy machine delays heartbeats past
+   ``suspect_after_s`` long before it kills anything). If it is dead after all, the plan it is
+   in fails and the next one, made once its heartbeat timed out, restores as it would have.
 """
 
 from __future__ import annotations
@@ -55,97 +64,20 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from liveput.errors import LiveputError
 from liveput.perf.configuration import Configuration
-from liveput.perf.costs import MigrationCostModel
+from liveput.runtime.coordinator_config import CoordinatorConfig
 from liveput.runtime.protocol import FailureReport, RuntimePlan
-from liveput.runtime.prune import PruneConfig
 
-
-@dataclass(frozen=True)
-class CoordinatorConfig:
-    """Settings of the control loop."""
-
-    num_steps: int
-    """Steps to train (the job ends after step ``num_steps - 1``)."""
-    num_micro_batches: int
-    """M of the job: D is at most M."""
-    interval_s: float = 2.0
-    """Wall seconds between two interval decisions."""
-    policy_interval_s: float = 60.0
-    """What an interval stands for in the policy's cost and throughput model, seconds (an
-    emulated cloud replays trace time faster: ``interval_s * time_scale``). Policies get every
-    time in these seconds."""
-    tick_s: float = 0.2
-    """Seconds between two observations of the store."""
-    heartbeat_timeout_s: float = 3.0
-    """An instance whose heartbeat has not moved for this long is dead (the fallback signal)."""
-    notice_settle_s: float = 0.5
-    """Instances going together (a cloud preempting several at once) are gathered for this long
-    before planning, so that one migration handles them all."""
-    notice_margin_s: float = 20.0
-    """A noticed instance trains until this many wall seconds before the end its notice
-    announces; then the job moves off it (the margin covers the gathering, the plan and the
-    layer transfer: a few seconds measured here, ``docs/runtime.md``). A notice whose lead is
-    this or shorter, or that gives none, is acted on at once."""
-    suspect_after_s: float = 1.5
-    """A plan member silent this long while its plan fails or meets is suspect (three missed
-    heartbeats: instances killed together are not all detected at the same tick)."""
-    failure_wait_s: float = 3.0
-    """After a failure report, the longest wait for the failing peer to be known before
-    replanning without every member that has not reported, seconds."""
-    arrival_timeout_s: float = 30.0
-    """A member that has not arrived at its plan's start after this long is suspect, seconds."""
-    restore_after_failures: int = 2
-    """After this many plans in a row that failed before running, restore from the checkpoint."""
-    stall_warning_s: float = 60.0
-    """Warn (with the last plans and why they failed) when no step committed for this long."""
-    initial_workers: int = 1
-    """Instances to wait for before the first plan (or ``start_grace_s``, whichever first)."""
-    start_grace_s: float = 10.0
-    """Longest wait for ``initial_workers``, seconds."""
-    finish_wait_s: float = 10.0
-    """Once the job is done, the longest wait for every live instance to say it saw that
-    (the store may end with the coordinator), seconds."""
-    capacity: int = 8
-    """Instances requested from the cloud (the most that can ever be available)."""
-    policy: str = "liveput"
-    """Policy deciding the configuration (``liveput.policies``)."""
-    predictor: str = "persistence"
-    """Predictor behind a forecasting policy."""
-    horizon: int = 6
-    """Intervals looked ahead."""
-    costs: MigrationCostModel = field(default_factory=MigrationCostModel)
-    """Migration costs the policy plans with (calibrate from measured downtimes: docs)."""
-    prune: PruneConfig = field(default_factory=PruneConfig)
-    """How the store is pruned as the job runs (:mod:`liveput.runtime.prune`)."""
-    online_calibration: bool = True
-    """Re-fit the throughput table to the step times the agents measure, once per interval
-    when they changed (``perf.online``; not for deadline jobs, whose policy owns its table)."""
-
-    def __post_init__(self) -> None:
-        if self.num_steps < 1 or self.num_micro_batches < 1:
-            raise LiveputError("coordinator: num_steps and num_micro_batches must be >= 1")
-        times = (
-            self.interval_s,
-            self.tick_s,
-            self.heartbeat_timeout_s,
-            self.policy_interval_s,
-            self.suspect_after_s,
-            self.failure_wait_s,
-            self.arrival_timeout_s,
-            self.stall_warning_s,
-        )
-        if min(times) <= 0 or self.finish_wait_s < 0:
-            raise LiveputError("coordinator: intervals and timeouts must be positive")
-        if self.notice_settle_s < 0 or self.start_grace_s < 0 or self.notice_margin_s < 0:
-            raise LiveputError(
-                "coordinator: notice settle, notice margin and start grace must be >= 0"
-            )
-        if self.capacity < 1 or self.initial_workers < 1 or self.restore_after_failures < 1:
-            raise LiveputError(
-                "coordinator: capacity, initial_workers and restore_after_failures must be >= 1"
-            )
+__all__ = [
+    "Action",
+    "ActionKind",
+    "Choose",
+    "CoordinatorConfig",
+    "CoordinatorView",
+    "Member",
+    "decide",
+    "moves_after_s",
+]
 
 
 @dataclass(frozen=True)
@@ -288,6 +220,7 @@ def _suspects(view: CoordinatorView, config: CoordinatorConfig) -> frozenset[int
     plan = view.plan
     assert plan is not None
     members = view.members
+    kept = _last_holders(view, config)
     suspects = set()
     named = {peer for report in view.failures.values() for peer in report.peers}
     for instance in plan.slots:
@@ -304,6 +237,8 @@ def _suspects(view: CoordinatorView, config: CoordinatorConfig) -> frozenset[int
         unreported = instance not in view.failures and member.reported < plan.generation
         if instance in named and unreported:
             suspects.add(instance)  # a peer saw its connection close: it is gone or cut off
+        elif instance in kept:
+            continue  # Rule 8: silence or a late report is not enough to lose its layers
         elif (
             view.failures and unreported and (silent or view.failure_age_s > config.failure_wait_s)
         ):
@@ -391,13 +326,41 @@ def _alive(
     view: CoordinatorView, config: CoordinatorConfig, suspects: frozenset[int] = frozenset()
 ) -> dict[int, Member]:
     """Members that may take part in a plan. A silent instance takes no part, member of the plan
-    or not: a dead one left out of the last plan would otherwise be back in the next until its
-    heartbeat times out."""
+    or not, but a last holder (Rule 8): a dead one left out of the last plan would otherwise be
+    back in the next until its heartbeat times out."""
+    kept = _last_holders(view, config)
     return {
         i: m
         for i, m in view.members.items()
-        if not m.left and m.heartbeat_age_s <= config.suspect_after_s and i not in suspects
+        if not m.left
+        and (m.heartbeat_age_s <= config.suspect_after_s or i in kept)
+        and i not in suspects
     }
+
+
+def _last_holders(view: CoordinatorView, config: CoordinatorConfig) -> frozenset[int]:
+    """Rule 8: silent members, not dead, holding a current layer that no member heard holds."""
+    if view.plan is None:
+        return frozenset()
+    point = (view.plan.epoch, view.committed)
+    current = {
+        i: m
+        for i, m in view.members.items()
+        if not m.left and m.layers and (m.held_epoch, m.held_step) == point
+    }
+    heard = {
+        layer
+        for m in current.values()
+        if m.heartbeat_age_s <= config.suspect_after_s
+        for layer in m.layers
+    }
+    return frozenset(
+        i
+        for i, m in current.items()
+        if config.suspect_after_s < m.heartbeat_age_s <= config.heartbeat_timeout_s
+        and not m.past_announced_end()
+        and not set(m.layers) <= heard
+    )
 
 
 def _checkpoint_name(view: CoordinatorView) -> str:

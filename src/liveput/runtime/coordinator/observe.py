@@ -7,12 +7,19 @@ started) is :mod:`.publish`'s.
 
 The :class:`JobProgress` is what the coordinator knows of the job's progress. The store holds all of
 it, so a restarted coordinator reads it back (:meth:`Observer.recover`) and carries on.
+
+A restarted coordinator plans from the instances it hears: one whose heartbeat has not moved
+since the restart is silent (``suspect_after_s``) and holds nothing, until it beats. A live
+agent beats within a second; a dead one's registration, heartbeat and holdings may still be in
+the store (the whole machine went down, or nothing forgot them), and planning from them made
+the first plan after a resume name dead sources, fail, and restore one heartbeat timeout later.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -75,6 +82,8 @@ class Observer:
         self.plans: dict[int, protocol.RuntimePlan] = {}
         self.holdings: dict[int, protocol.Holding] = {}
         """What each instance reported holding at the last observation."""
+        self.unheard: dict[int, bytes] = {}
+        """Heartbeats found at a recovery that have not moved since (module docstring)."""
 
     def recover(self) -> JobProgress:
         """The job's progress as the store has it (a restarted coordinator carries on)."""
@@ -90,6 +99,7 @@ class Observer:
             )
             # Recovered: learn who is alive (a heartbeat timeout) before deciding anything new.
             self.next_interval_s = self.started_s + self.config.heartbeat_timeout_s
+            self.unheard = readers.by_instance(self.store, keys.HEARTBEAT)
             LOG.info(
                 "coordinator recovered: generation %d, committed step %d",
                 plan.generation,
@@ -143,6 +153,8 @@ class Observer:
             if self.beats.get(instance) != raw:
                 self.beats[instance] = raw
                 self.seen[instance] = now
+            if instance in self.unheard and self.unheard[instance] != raw:
+                del self.unheard[instance]
 
     def members(self, now: float, progress: JobProgress) -> dict[int, Member]:
         self.refresh_heartbeats(now)
@@ -153,13 +165,17 @@ class Observer:
         arrived = set() if plan is None else protocol.arrivals(self.store, plan.generation)
         members = {}
         for instance, raw in readers.by_instance(self.store, keys.MEMBER).items():
-            holding = holdings.get(instance)
+            unheard = instance in self.unheard
+            holding = None if unheard else holdings.get(instance)
             epoch, step = (-1, -2) if holding is None else self.held_point(holding, progress)
             registration = json.loads(raw)
+            age_s = now - self.seen.setdefault(instance, now)
+            if unheard:  # just past silent at the restart, however recent its last beat looks
+                age_s = now - self.started_s + math.nextafter(self.config.suspect_after_s, math.inf)
             members[instance] = Member(
                 host=registration.get("host", "127.0.0.1"),
                 on_demand=registration.get("market") == "on-demand",
-                heartbeat_age_s=now - self.seen.setdefault(instance, now),
+                heartbeat_age_s=age_s,
                 noticed=instance in notices,
                 left=states.get(instance) == b"left",
                 done=states.get(instance) == b"done",

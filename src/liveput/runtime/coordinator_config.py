@@ -1,0 +1,96 @@
+"""Settings of the coordinator's control loop (the rules they tune are in ``runtime.decide``,
+which re-exports :class:`CoordinatorConfig` where it has always been imported from)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from liveput.errors import LiveputError
+from liveput.perf.costs import MigrationCostModel
+from liveput.runtime.prune import PruneConfig
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings of the control loop."""
+
+    num_steps: int
+    """Steps to train (the job ends after step ``num_steps - 1``)."""
+    num_micro_batches: int
+    """M of the job: D is at most M."""
+    interval_s: float = 2.0
+    """Wall seconds between two interval decisions."""
+    policy_interval_s: float = 60.0
+    """What an interval stands for in the policy's cost and throughput model, seconds (an
+    emulated cloud replays trace time faster: ``interval_s * time_scale``). Policies get every
+    time in these seconds."""
+    tick_s: float = 0.2
+    """Seconds between two observations of the store."""
+    heartbeat_timeout_s: float = 3.0
+    """An instance whose heartbeat has not moved for this long is dead (the fallback signal)."""
+    notice_settle_s: float = 0.5
+    """Instances going together (a cloud preempting several at once) are gathered for this long
+    before planning, so that one migration handles them all."""
+    notice_margin_s: float = 20.0
+    """A noticed instance trains until this many wall seconds before the end its notice
+    announces; then the job moves off it (the margin covers the gathering, the plan and the
+    layer transfer: a few seconds measured here, ``docs/runtime.md``). A notice whose lead is
+    this or shorter, or that gives none, is acted on at once."""
+    suspect_after_s: float = 1.5
+    """A plan member silent this long while its plan fails or meets is suspect (three missed
+    heartbeats: instances killed together are not all detected at the same tick)."""
+    failure_wait_s: float = 3.0
+    """After a failure report, the longest wait for the failing peer to be known before
+    replanning without every member that has not reported, seconds."""
+    arrival_timeout_s: float = 30.0
+    """A member that has not arrived at its plan's start after this long is suspect, seconds."""
+    restore_after_failures: int = 2
+    """After this many plans in a row that failed before running, restore from the checkpoint."""
+    stall_warning_s: float = 60.0
+    """Warn (with the last plans and why they failed) when no step committed for this long."""
+    initial_workers: int = 1
+    """Instances to wait for before the first plan (or ``start_grace_s``, whichever first)."""
+    start_grace_s: float = 10.0
+    """Longest wait for ``initial_workers``, seconds."""
+    finish_wait_s: float = 10.0
+    """Once the job is done, the longest wait for every live instance to say it saw that
+    (the store may end with the coordinator), seconds."""
+    capacity: int = 8
+    """Instances requested from the cloud (the most that can ever be available)."""
+    policy: str = "liveput"
+    """Policy deciding the configuration (``liveput.policies``)."""
+    predictor: str = "persistence"
+    """Predictor behind a forecasting policy."""
+    horizon: int = 6
+    """Intervals looked ahead."""
+    costs: MigrationCostModel = field(default_factory=MigrationCostModel)
+    """Migration costs the policy plans with (calibrate from measured downtimes: docs)."""
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    """How the store is pruned as the job runs (:mod:`liveput.runtime.prune`)."""
+    online_calibration: bool = True
+    """Re-fit the throughput table to the step times the agents measure, once per interval
+    when they changed (``perf.online``; not for deadline jobs, whose policy owns its table)."""
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1 or self.num_micro_batches < 1:
+            raise LiveputError("coordinator: num_steps and num_micro_batches must be >= 1")
+        times = (
+            self.interval_s,
+            self.tick_s,
+            self.heartbeat_timeout_s,
+            self.policy_interval_s,
+            self.suspect_after_s,
+            self.failure_wait_s,
+            self.arrival_timeout_s,
+            self.stall_warning_s,
+        )
+        if min(times) <= 0 or self.finish_wait_s < 0:
+            raise LiveputError("coordinator: intervals and timeouts must be positive")
+        if self.notice_settle_s < 0 or self.start_grace_s < 0 or self.notice_margin_s < 0:
+            raise LiveputError(
+                "coordinator: notice settle, notice margin and start grace must be >= 0"
+            )
+        if self.capacity < 1 or self.initial_workers < 1 or self.restore_after_failures < 1:
+            raise LiveputError(
+                "coordinator: capacity, initial_workers and restore_after_failures must be >= 1"
+            )
