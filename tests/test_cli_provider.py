@@ -40,6 +40,10 @@ LIVEPUT = Path(sys.executable).with_name("liveput")
         ),
         (["--provider", "gcp", "--spot-max", "1"], "unknown provider 'gcp'; known: aws, emulated"),
         (["--provider", "aws", "--spot-max", "1"], "--provider aws needs --instance-types"),
+        (
+            ["--provider", "aws", "--instance-types", "c5.xlarge", "--spot-max", "1"],
+            "--provider aws needs --instance-profile NAME",
+        ),
         (["--spot-max", "1"], "--spot-max, --on-demand-max and --instance-types need --provider"),
         (["--provider", "emulated"], "--provider emulated: give --spot-max and/or --on-demand-max"),
         (

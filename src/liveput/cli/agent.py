@@ -233,6 +233,14 @@ ImageId = Annotated[
         help="AMI of the instances (--provider aws; default: the newest Amazon Linux 2023).",
     ),
 ]
+InstanceProfile = Annotated[
+    str | None,
+    typer.Option(
+        "--instance-profile",
+        help="IAM instance profile of the instances (--provider aws, required): its role "
+        "reads the job token from SSM Parameter Store (docs/providers.md gives the policy).",
+    ),
+]
 TracePath = Annotated[
     str | None,
     typer.Option(
@@ -295,6 +303,7 @@ def coordinator(
     on_demand_max: OnDemandMax = 0,
     advertise: Advertise = None,
     image_id: ImageId = None,
+    instance_profile: InstanceProfile = None,
     trace_path: TracePath = None,
     deadline_hours: DeadlineHours = None,
     deadline_policy: params.DeadlinePolicy = DEFAULTS.policy,
@@ -342,6 +351,7 @@ def coordinator(
         address=advertise or store or (f"tcp://{listen}" if embedded else listen),
         token=token,
         image_id=image_id,
+        instance_profile=instance_profile,
         trace=trace_path,
         work_dir=Path(etcd_dir).parent / "liveput-provider",
     )

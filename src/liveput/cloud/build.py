@@ -35,6 +35,9 @@ class ProviderSettings:
     """AWS region (``aws``)."""
     image_id: str | None = None
     """AMI (``aws``; default: the newest Amazon Linux 2023)."""
+    instance_profile: str | None = None
+    """IAM instance profile of the instances (``aws``): its role reads the job token from SSM
+    (docs/providers.md gives the policy); required there."""
     job: str = "liveput"
     """Job name: tags and the launch template's name (``aws``)."""
     trace: str | None = None
@@ -91,16 +94,20 @@ def _aws(settings: ProviderSettings, clock: Clock) -> Provider:
 
     if not settings.instance_types:
         raise LiveputError("--provider aws needs --instance-types (e.g. g4dn.xlarge,g5.xlarge)")
-    return AwsProvider(
-        AwsConfig(
-            region=settings.region,
-            instance_types=settings.instance_types,
-            boot=settings.boot,
-            job=settings.job,
-            image_id=settings.image_id,
-        ),
-        clock,
+    config = AwsConfig(
+        region=settings.region,
+        instance_types=settings.instance_types,
+        boot=settings.boot,
+        job=settings.job,
+        image_id=settings.image_id,
+        iam_instance_profile=settings.instance_profile,
     )
+    if not settings.instance_profile:
+        raise LiveputError(
+            "--provider aws needs --instance-profile NAME: the instances' role reads the job "
+            "token from SSM (docs/providers.md gives its policy)"
+        )
+    return AwsProvider(config, clock)
 
 
 def build_provider(name: str, settings: ProviderSettings, clock: Clock | None = None) -> Provider:

@@ -37,6 +37,7 @@ def build_holder(
     image_id: str | None,
     trace: str | None,
     work_dir: Path,
+    instance_profile: str | None = None,
 ) -> InstanceHolder | None:
     """The provider and what it holds, checked before anything starts (one-line errors)."""
     if name is None:
@@ -57,6 +58,7 @@ def build_holder(
         boot=AgentBoot(address, token),
         region=region,
         image_id=image_id,
+        instance_profile=instance_profile,
         trace=trace,
         spot_max=spot_max,
         work_dir=work_dir,
