@@ -34,6 +34,7 @@ from liveput.runtime.store import Store, open_store
 from liveput.runtime.store.etcd_server import pid_alive
 
 if TYPE_CHECKING:
+    from liveput.launch.local import LocalTrainingConfig
     from liveput.models.job import Job
     from liveput.operate.metrics import TensorBoardScalars
     from liveput.runtime.coordinator import Coordinator
@@ -228,6 +229,46 @@ def run_job(
             etcd.stop()
 
 
+def _training_config(
+    job: JobFile,
+    num_steps: int,
+    token: str,
+    checkpoint_url: str,
+    state_dir: Path,
+    place: JobPlace,
+) -> LocalTrainingConfig:
+    """The local training the job file describes, on the job's own store and checkpoints."""
+    from liveput.launch.deadline import DeadlineJob
+    from liveput.launch.local import LocalTrainingConfig
+
+    provider = job.provider
+    objective = job.objective
+    return LocalTrainingConfig(
+        model=job.model,
+        workers=provider.workers,
+        steps=num_steps,
+        time_scale=provider.time_scale,
+        notice_lead_s=job.notices.lead_s,
+        store_url=place.store,
+        checkpoint_dir=checkpoint_url,
+        checkpoint_every=job.checkpoint.every,
+        timeout_s=30 * 24 * 3600.0,
+        seed=provider.trace_seed,
+        log_dir=str(state_dir / "logs"),
+        keep_checkpoints=job.checkpoint.keep,
+        token=token,
+        device=job.device,
+        deadline=None
+        if objective.deadline_hours is None
+        else DeadlineJob(
+            objective.deadline_hours,
+            provider.on_demand_max,
+            provider.instance_type,
+            objective.policy,
+        ),
+    )
+
+
 def _train(
     job: JobFile,
     model: Job,
@@ -240,8 +281,7 @@ def _train(
     on_ready: Callable[[JobPlace], None] | None,
 ) -> dict:
     from liveput.catalog import load_catalog
-    from liveput.launch.deadline import DeadlineJob
-    from liveput.launch.local import LocalTrainingConfig, run_local_training, warn_idle_gpus
+    from liveput.launch.local import run_local_training, warn_idle_gpus
     from liveput.operate.export import export_model
     from liveput.operate.metrics import TensorBoardScalars
     from liveput.runtime.device import resolve_device
@@ -266,30 +306,7 @@ def _train(
         ),
     )
     board = None if job.metrics.tensorboard is None else TensorBoardScalars(job.metrics.tensorboard)
-    config = LocalTrainingConfig(
-        model=job.model,
-        workers=provider.workers,
-        steps=num_steps,
-        time_scale=provider.time_scale,
-        notice_lead_s=job.notices.lead_s,
-        store_url=place.store,
-        checkpoint_dir=checkpoint_url,
-        checkpoint_every=job.checkpoint.every,
-        timeout_s=30 * 24 * 3600.0,
-        seed=provider.trace_seed,
-        log_dir=str(state_dir / "logs"),
-        keep_checkpoints=job.checkpoint.keep,
-        token=token,
-        device=job.device,
-        deadline=None
-        if objective.deadline_hours is None
-        else DeadlineJob(
-            objective.deadline_hours,
-            provider.on_demand_max,
-            provider.instance_type,
-            objective.policy,
-        ),
-    )
+    config = _training_config(job, num_steps, token, checkpoint_url, state_dir, place)
     trace = (
         read_trace(Path(provider.trace))
         if provider.trace
