@@ -15,6 +15,7 @@ from liveput.traces import IntervalTrace
 
 
 def parse_names(text: str, what: str) -> list[str]:
+    """The comma-separated names of option ``--what`` (none is refused)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
         raise LiveputError(f"--{what} is empty; give comma-separated names")
@@ -24,6 +25,8 @@ def parse_names(text: str, what: str) -> list[str]:
 def load_intervals(
     path: Path, interval_s: float, start_hour: float | None, end_hour: float | None
 ) -> IntervalTrace:
+    """The trace file at ``path`` (between the hours given) in ``interval_s`` intervals, refused
+    when it is empty or too large to simulate."""
     trace = load_trace(path, None, start_hour, end_hour)
     if trace.end_s <= 0:
         raise LiveputError(f"trace {path} is empty: it spans no time")
