@@ -28,7 +28,6 @@ from liveput.runtime.comm import CommAborted, Groups
 from liveput.runtime.generation import (
     Ending,
     GenerationResult,
-    Slot,
     checkpoint_share,
     group_ranks,
     stage_position,
@@ -227,7 +226,7 @@ class Engine:
             if len(plan.world) == 1:
                 protocol.arrive(self.store, plan, self.instance)  # the plan has met
             else:
-                groups = self._meet(plan, rank, slot, *ranks)
+                groups = self._meet(plan, rank, *ranks)
                 watchdog = Watchdog(
                     self.store, plan.generation, groups, self.instance, lambda: self._step
                 )
@@ -274,7 +273,6 @@ class Engine:
         self,
         plan: RuntimePlan,
         rank: int,
-        slot: Slot | None,
         stage_ranks: list[int] | None,
         pipeline_ranks: list[int] | None,
     ) -> Groups:
