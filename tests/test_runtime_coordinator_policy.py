@@ -176,7 +176,8 @@ def test_the_deadline_objective_provisions_every_interval_even_with_no_instance(
         objective.context.objective.deadline_s - time_s - objective.context.lead_s,
     )
     assert expected is not None and expected > 0
-    assert answer.provisioning == Provisioning(spot=0, on_demand=expected)
+    # The on-demand policy holds no spot instance, so it releases any the market offers.
+    assert answer.provisioning == Provisioning(spot=0, on_demand=expected, spot_hold=0)
 
 
 def test_the_deadline_objective_tells_the_policy_the_work_and_the_market():

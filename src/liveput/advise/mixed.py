@@ -269,6 +269,61 @@ class _SizeProblem:
         return np.round(result.x).astype(np.int64)
 
 
+def _tier_floor_usd_per_hour(cpus: tuple[InstanceSpec, ...], deep: DeepVMConfig) -> float:
+    """The cheapest checkpoint tier of one CPU type that holds the checkpoint ((4) and (6))."""
+    return min(
+        (
+            s.on_demand_usd_per_hour
+            * max(1, math.ceil(deep.checkpoint_memory_gb / s.memory_gb - 1e-9))
+            for s in cpus
+            if s.memory_gb > 0
+        ),
+        default=0.0,
+    )
+
+
+def _family_gpus(catalog: Catalog, gpus: tuple[InstanceSpec, ...]) -> dict[str, float]:
+    """The spot vCPU quota of each family that has one, in GPUs of its fewest vCPUs per GPU."""
+    family_gpus = {}
+    for family in {s.family for s in gpus}:
+        quota = catalog.quota_vcpus(family, Market.SPOT)
+        if quota is not None:
+            family_gpus[family] = quota / min(
+                s.vcpus / max(s.gpus, 1) for s in gpus if s.family == family
+            )
+    return family_gpus
+
+
+def _mixed_plan(
+    gpus: tuple[InstanceSpec, ...],
+    cpus: tuple[InstanceSpec, ...],
+    counts: np.ndarray,
+    usd: float,
+    value: float,
+    total_gpus: int,
+    solved: int,
+) -> Plan:
+    """The plan of ``counts`` (GPU instances, then CPU instances): spot GPUs, on-demand tier."""
+    items = [
+        InstanceCount(s.name, int(c), Market.SPOT)
+        for s, c in zip(gpus, counts[: len(gpus)])
+        if c > 0
+    ]
+    items += [
+        InstanceCount(s.name, int(c), Market.ON_DEMAND, "checkpoint")
+        for s, c in zip(cpus, counts[len(gpus) :])
+        if c > 0
+    ]
+    return Plan(
+        "mixed",
+        tuple(items),
+        usd,
+        "effective_flops",
+        value,
+        {"gpus": total_gpus, "effective_flops_per_usd": value / usd, "sizes_solved": solved},
+    )
+
+
 def advise_mixed(catalog: Catalog, config: MixedConfig) -> Advice:
     """The best Tiering cluster of any mix of GPU types (exact; module docstring)."""
     deep = config.deepvm
@@ -300,29 +355,13 @@ def advise_mixed(catalog: Catalog, config: MixedConfig) -> Advice:
     flops = np.array([s.relative_flops for s in gpus])
     gpu_count = np.array([max(s.gpus, 1) for s in gpus], dtype=float)
     efficiency = np.array([scaling_for(s, deep.fits).speedup(sizes) / sizes for s in gpus])
-    tier_floor = min(
-        (
-            s.on_demand_usd_per_hour
-            * max(1, math.ceil(deep.checkpoint_memory_gb / s.memory_gb - 1e-9))
-            for s in cpus
-            if s.memory_gb > 0
-        ),
-        default=0.0,
-    )
-    family_gpus = {}
-    for family in {s.family for s in gpus}:
-        quota = catalog.quota_vcpus(family, Market.SPOT)
-        if quota is not None:
-            family_gpus[family] = quota / min(
-                s.vcpus / max(s.gpus, 1) for s in gpus if s.family == family
-            )
     bounds = _size_bounds(
         efficiency * (flops / gpu_count)[:, None],
         np.array([s.spot_usd_per_hour for s in gpus]) / gpu_count,
         [s.family for s in gpus],
-        family_gpus,
+        _family_gpus(catalog, gpus),
         sizes,
-        deep.budget_usd_per_hour - tier_floor,
+        deep.budget_usd_per_hour - _tier_floor_usd_per_hour(cpus, deep),
     )
     problem = _SizeProblem(catalog, deep, gpus, cpus)
     options = {"time_limit": config.time_limit_s, "mip_rel_gap": 1e-9}
@@ -352,25 +391,7 @@ def advise_mixed(catalog: Catalog, config: MixedConfig) -> Advice:
             )
             plans.append((usd, -value, int(sizes[k]), counts))
     usd, negative, total_gpus, counts = min(plans, key=lambda plan: plan[:3])
-    value = -negative
-    items = [
-        InstanceCount(s.name, int(c), Market.SPOT)
-        for s, c in zip(gpus, counts[: len(gpus)])
-        if c > 0
-    ]
-    items += [
-        InstanceCount(s.name, int(c), Market.ON_DEMAND, "checkpoint")
-        for s, c in zip(cpus, counts[len(gpus) :])
-        if c > 0
-    ]
-    plan = Plan(
-        "mixed",
-        tuple(items),
-        usd,
-        "effective_flops",
-        value,
-        {"gpus": total_gpus, "effective_flops_per_usd": value / usd, "sizes_solved": solved},
-    )
+    plan = _mixed_plan(gpus, cpus, counts, usd, -negative, total_gpus, solved)
     reason = (
         f"MILP optimum (HiGHS) of effective FLOPS over mixes of {len(gpus)} undominated GPU "
         f"types within ${deep.budget_usd_per_hour:g}/h ({solved} cluster sizes solved)"

@@ -4,13 +4,8 @@ The trace drives spot instances in one of two ways (:class:`SpotModel`):
 
 - *capacity* (``liveput train --deadline-hours``, ``liveput coordinator --provider emulated``):
   the trace's count at cloud time ``t`` is the spot capacity ``C(t)``, what the market would let
-  this job hold. A spot request is granted at once as *pending* instances, queued; a queued
-  instance starts running when the job's spot instances that are running and not noticed number
-  fewer than ``min C`` over ``[now, now + notice lead]`` (so that no instance starts into a
-  removal it could not be noticed of). For each removal the trace makes at ``t`` the provider
-  looks, at ``t - notice_lead_s``, whether the running, un-noticed spot instances outnumber
-  ``C(t)``: if so one of them (seeded choice) gets a notice then and is SIGKILLed at ``t``; a
-  removal of capacity the job does not hold preempts nothing.
+  this job hold; spot requests are queued, run within it and are noticed and killed as it
+  shrinks (:mod:`liveput.cloud.capacity` says how).
 - *replay* (``liveput train``): the trace is one job's own spot instances. :meth:`start`
   launches its initial instances; each instance it adds is launched at its time, unasked; for
   each instance it removes at ``t`` a victim (seeded) gets a notice at ``t - notice_lead_s``
@@ -24,9 +19,8 @@ On-demand (both): a request is granted at once, pending; each instance starts ru
 launch delay drawn uniformly (seeded) from ``on_demand_delay_s`` (default 60-90 s; CM-DARE
 measured 70-92 s on EC2), and is never preempted.
 
-Quotas: the catalog's vCPU quota per (family, market) counts pending and running instances; a
-request beyond it is granted in part, the rest failing with ``VcpuLimitExceeded`` (not retried:
-only this job's releases free the emulator's quota).
+Quotas: the catalog's vCPU quota per (family, market) counts pending and running instances
+(:func:`~liveput.cloud.capacity.within_quota`).
 
 Billing: an instance is charged its catalog price from the moment it started running to the
 moment it was released or killed, in cloud (trace) seconds: ``time_scale`` trace seconds pass per
@@ -39,7 +33,6 @@ accounts. Call :meth:`EmulatedProvider.step` after moving a manual clock, or
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import heapq
 import itertools
@@ -48,15 +41,16 @@ import random
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from liveput.catalog import Catalog, load_catalog
+from liveput.cloud.capacity import CapacitySchedule, within_quota
+from liveput.cloud.emulated_config import DEFAULT_ZONES as DEFAULT_ZONES
+from liveput.cloud.emulated_config import EmulatedProviderConfig, SpotModel
 from liveput.cloud.processes import InstanceProcesses, Launcher
 from liveput.cloud.provider import Provider
-from liveput.cloud.replay import ReplayAction, ReplaySchedule, trace_schedule
-from liveput.cloud.retry import ProviderError, RetryPolicy
+from liveput.cloud.replay import ReplayAction, ReplaySchedule
+from liveput.cloud.retry import ProviderError
 from liveput.cloud.types import (
     InstanceRecord,
     InstanceState,
@@ -67,67 +61,12 @@ from liveput.cloud.types import (
 )
 from liveput.errors import LiveputError
 from liveput.runtime.clock import Clock
-from liveput.runtime.notices import AWS_NOTICE_LEAD_S
 from liveput.runtime.store import Store
 from liveput.traces import IntervalTrace, Trace
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SpotModel", "EmulatedProviderConfig", "EmulatedProvider"]
-
-DEFAULT_ZONES = ("emulated-1a",)
-
-
-class SpotModel(str, Enum):
-    """What the trace says about spot instances (see the module)."""
-
-    CAPACITY = "capacity"
-    """The trace is the spot market's capacity: spot instances run as requested within it."""
-    REPLAY = "replay"
-    """The trace is one job's own spot instances: launched, noticed and killed as it says."""
-
-
-@dataclass(frozen=True)
-class EmulatedProviderConfig:
-    """Settings of the emulated provider."""
-
-    catalog: str = "aws"
-    """Built-in catalog name or catalog file: instance types, prices, vCPU quotas."""
-    instance_types: tuple[str, ...] = ()
-    """Types it rents (default: every type of the catalog); a replay's spot instances are of
-    the first."""
-    zones: tuple[str, ...] = DEFAULT_ZONES
-    """Zone names (one trace drives them all; instances are spread over the zones asked)."""
-    time_scale: float = 1.0
-    """Trace (cloud) seconds per clock second."""
-    notice_lead_s: float = AWS_NOTICE_LEAD_S
-    """Notice before a preemption, cloud seconds (AWS 120, GCP 30)."""
-    on_demand_delay_s: tuple[float, float] = (60.0, 90.0)
-    """On-demand launch delay, cloud seconds: uniform in [low, high] (CM-DARE: 70-92 s)."""
-    seed: int = 0
-    """Seeds launch delays and the choice of victims."""
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    """Backoff of retryable errors."""
-    spot: SpotModel = SpotModel.CAPACITY
-    """How the trace drives spot instances: as the market's capacity, or replayed as the job's."""
-
-    def __post_init__(self) -> None:
-        if not self.time_scale > 0:
-            raise LiveputError(f"emulated provider: time_scale must be > 0, got {self.time_scale}")
-        if not self.notice_lead_s >= 0:
-            raise LiveputError(
-                f"emulated provider: notice_lead_s must be >= 0, got {self.notice_lead_s}"
-            )
-        low, high = self.on_demand_delay_s
-        if not 0 <= low <= high:
-            raise LiveputError(
-                f"emulated provider: on_demand_delay_s must be 0 <= low <= high, "
-                f"got {self.on_demand_delay_s}"
-            )
-        if not self.zones or len(set(self.zones)) != len(self.zones):
-            raise LiveputError(
-                f"emulated provider: zones must be distinct and not empty, got {self.zones}"
-            )
 
 
 class EmulatedProvider(Provider):
@@ -155,11 +94,8 @@ class EmulatedProvider(Provider):
         self.catalog = self.catalog.subset(list(names))  # unknown names: one-line error here
         self._types = names
         self.trace = trace
-        initial, removals, additions, self._end_s = trace_schedule(trace)
-        self._initial = initial
-        self._removals = sorted(removals)
-        self._additions = sorted(additions)
-        self._changes = sorted(set(self._removals) | set(self._additions))
+        self._capacity = CapacitySchedule(trace)
+        self._end_s = self._capacity.end_s
         self._replay = (
             ReplaySchedule(trace, self.config.notice_lead_s)
             if self.config.spot is SpotModel.REPLAY
@@ -183,7 +119,6 @@ class EmulatedProvider(Provider):
         self._records: dict[str, InstanceRecord] = {}
         self._ready_s: dict[str, float] = {}  # pending on-demand: when its launch delay is over
         self._spot_queue: list[str] = []  # pending spot, first come first served
-        self._next_removal = 0  # index into _removals of the next removal to notice
         self._kills: list[tuple[float, str]] = []  # (kill time, victim), a heap
         self._doomed: set[str] = set()
         self._lock = threading.RLock()
@@ -222,24 +157,7 @@ class EmulatedProvider(Provider):
                 (self.catalog.get(name) for name in instance_types),
                 key=lambda s: s.price_usd_per_hour(market),
             )
-            allowed, error = count, None
-            quota = self.catalog.quota_vcpus(spec.family, market)
-            if quota is not None:
-                used = sum(
-                    self.catalog.get(r.instance_type).vcpus
-                    for r in self._records.values()
-                    if r.end_s is None
-                    and r.market is market
-                    and self.catalog.get(r.instance_type).family == spec.family
-                )
-                allowed = max(0, min(count, (quota - used) // max(spec.vcpus, 1)))
-                if allowed < count:
-                    error = ProviderError(
-                        "VcpuLimitExceeded",
-                        f"{market.value} vCPU quota of family {spec.family} "
-                        f"is {quota}, {used} in use; {spec.name} needs {spec.vcpus} each",
-                        retryable=False,
-                    )
+            allowed, error = within_quota(self.catalog, spec, market, count, self._records.values())
             now = self.now_s()
             granted = []
             for _ in range(allowed):
@@ -333,16 +251,7 @@ class EmulatedProvider(Provider):
 
     def spot_capacity(self, time_s: float) -> int:
         """C(t): spot instances the trace offers at cloud time ``time_s``."""
-        added = bisect.bisect_right(self._additions, time_s)
-        removed = bisect.bisect_right(self._removals, time_s)
-        return max(0, self._initial + added - removed)
-
-    def _min_capacity(self, start_s: float, end_s: float) -> int:
-        low = bisect.bisect_right(self._changes, start_s)
-        high = bisect.bisect_right(self._changes, end_s)
-        return min(
-            [self.spot_capacity(start_s), *(self.spot_capacity(t) for t in self._changes[low:high])]
-        )
+        return self._capacity.at(time_s)
 
     def _running_spot(self) -> list[str]:
         return sorted(
@@ -405,12 +314,7 @@ class EmulatedProvider(Provider):
     def _step_capacity(self) -> None:
         now = self.now_s()
         lead_s = self.config.notice_lead_s
-        while (
-            self._next_removal < len(self._removals)
-            and self._removals[self._next_removal] - lead_s <= now
-        ):
-            kill_s = self._removals[self._next_removal]
-            self._next_removal += 1
+        for kill_s in self._capacity.removals_due(now, lead_s):
             running = self._running_spot()
             if len(running) > self.spot_capacity(kill_s):
                 victim = self._rng.choice(running)
@@ -420,7 +324,7 @@ class EmulatedProvider(Provider):
             _, iid = heapq.heappop(self._kills)
             self._preempt(iid, now)
         self._launch_on_demand(now)
-        while self._spot_queue and len(self._running_spot()) < self._min_capacity(
+        while self._spot_queue and len(self._running_spot()) < self._capacity.least(
             now, now + lead_s
         ):
             self._launch(self._spot_queue.pop(0), now)

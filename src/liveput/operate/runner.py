@@ -37,6 +37,7 @@ from liveput.runtime.store import Store, open_store
 from liveput.runtime.store.etcd_server import pid_alive
 
 if TYPE_CHECKING:
+    from liveput.launch.local import LocalTrainingConfig
     from liveput.models.job import Job
     from liveput.operate.metrics import TensorBoardScalars
     from liveput.runtime.coordinator import Coordinator
@@ -223,45 +224,21 @@ def run_job(
             etcd.stop()
 
 
-def _train(
+def _training_config(
     job: JobFile,
-    model: Job,
     num_steps: int,
-    store: Store,
     token: str,
     checkpoint_url: str,
     state_dir: Path,
     place: JobPlace,
-    on_ready: Callable[[JobPlace], None] | None,
-) -> dict:
-    from liveput.catalog import load_catalog
+) -> LocalTrainingConfig:
+    """The local training the job file describes, on the job's own store and checkpoints."""
     from liveput.launch.deadline import DeadlineJob
-    from liveput.launch.local import LocalTrainingConfig, run_local_training, warn_idle_gpus
-    from liveput.operate.export import export_model
-    from liveput.operate.metrics import TensorBoardScalars, step_losses
-    from liveput.runtime.device import resolve_device
-    from liveput.traces import generate_trace, read_trace
+    from liveput.launch.local import LocalTrainingConfig
 
     provider = job.provider
-    spec = load_catalog("aws").get(provider.instance_type)
-    # The emulated provider's instances are processes here: GPUs of the type that they do
-    # not train on are billed for nothing, which the user hears of (a warning, not an error).
-    warn_idle_gpus(provider.instance_type, resolve_device(job.device, "launch"))
     objective = job.objective
-    recorder = StatusRecorder(
-        store,
-        RecorderConfig(
-            job=job.job_name,
-            num_steps=num_steps,
-            global_batch_size=model.global_batch_size,
-            time_scale=provider.time_scale,
-            spot_usd_per_hour=spec.spot_usd_per_hour,
-            on_demand_usd_per_hour=spec.on_demand_usd_per_hour,
-            deadline_hours=objective.deadline_hours,
-        ),
-    )
-    board = None if job.metrics.tensorboard is None else TensorBoardScalars(job.metrics.tensorboard)
-    config = LocalTrainingConfig(
+    return LocalTrainingConfig(
         model=job.model,
         workers=provider.workers,
         steps=num_steps,
@@ -286,6 +263,46 @@ def _train(
             objective.policy,
         ),
     )
+
+
+def _train(
+    job: JobFile,
+    model: Job,
+    num_steps: int,
+    store: Store,
+    token: str,
+    checkpoint_url: str,
+    state_dir: Path,
+    place: JobPlace,
+    on_ready: Callable[[JobPlace], None] | None,
+) -> dict:
+    from liveput.catalog import load_catalog
+    from liveput.launch.local import run_local_training, warn_idle_gpus
+    from liveput.operate.export import export_model
+    from liveput.operate.metrics import TensorBoardScalars, step_losses
+    from liveput.runtime.device import resolve_device
+    from liveput.traces import generate_trace, read_trace
+
+    provider = job.provider
+    spec = load_catalog("aws").get(provider.instance_type)
+    # The emulated provider's instances are processes here: GPUs of the type that they do
+    # not train on are billed for nothing, which the user hears of (a warning, not an error).
+    warn_idle_gpus(provider.instance_type, resolve_device(job.device, "launch"))
+    objective = job.objective
+    recorder = StatusRecorder(
+        store,
+        RecorderConfig(
+            job=job.job_name,
+            num_steps=num_steps,
+            global_batch_size=model.global_batch_size,
+            time_scale=provider.time_scale,
+            spot_usd_per_hour=spec.spot_usd_per_hour,
+            on_demand_usd_per_hour=spec.on_demand_usd_per_hour,
+            deadline_hours=objective.deadline_hours,
+        ),
+    )
+    board = None if job.metrics.tensorboard is None else TensorBoardScalars(job.metrics.tensorboard)
+    config = _training_config(job, num_steps, token, checkpoint_url, state_dir, place)
     trace = (
         read_trace(Path(provider.trace))
         if provider.trace

@@ -176,25 +176,7 @@ class LiveputOptimizer:
         if num_available < 0 or num_on_demand < 0:
             raise LiveputError("instance counts must be >= 0")
         interval_s = self.config.interval_s
-        max_spot = max(num_available, forecast.capacity)
-        # Spot instances each candidate needs besides the on-demand ones (constraint 1).
-        needed = np.clip(self.sizes - num_on_demand, 0, None)
-        rewards = np.zeros((horizon, len(self.sizes)))
-        for h in range(horizon):
-            if h == 0:
-                fit_mass = (needed <= num_available).astype(float)
-                point = float(num_available)
-            else:
-                pmf = forecast.pmf[h - 1]
-                # tail[n] = P(count >= n), n = 0..max_spot + 1.
-                tail = np.zeros(max_spot + 2)
-                tail[: len(pmf)] = np.cumsum(pmf[::-1])[::-1]
-                fit_mass = tail[np.minimum(needed, max_spot + 1)]
-                point = max(float(forecast.point[h - 1]), 1.0)
-            step = min(h, forecast.horizon - 1)
-            rate = float(np.clip(forecast.expected_preempted[step] / max(point, 1.0), 0.0, 1.0))
-            per_candidate = self._interval.per_candidate(rate, num_on_demand)
-            rewards[h] = interval_s * (fit_mass * per_candidate)
+        rewards = self._rewards(num_available, forecast, num_on_demand)
         start = (
             0
             if current is None
@@ -266,6 +248,31 @@ class LiveputOptimizer:
             expected_samples=float(samples),
             alternatives=alternatives,
         )
+
+    def _rewards(self, num_available: int, forecast: Forecast, num_on_demand: int) -> np.ndarray:
+        """Expected samples of each candidate in each interval of the horizon (rows), before
+        migrations: the interval's samples times the chance the candidate fits its count."""
+        horizon = self.config.horizon
+        max_spot = max(num_available, forecast.capacity)
+        # Spot instances each candidate needs besides the on-demand ones (constraint 1).
+        needed = np.clip(self.sizes - num_on_demand, 0, None)
+        rewards = np.zeros((horizon, len(self.sizes)))
+        for h in range(horizon):
+            if h == 0:
+                fit_mass = (needed <= num_available).astype(float)
+                point = float(num_available)
+            else:
+                pmf = forecast.pmf[h - 1]
+                # tail[n] = P(count >= n), n = 0..max_spot + 1.
+                tail = np.zeros(max_spot + 2)
+                tail[: len(pmf)] = np.cumsum(pmf[::-1])[::-1]
+                fit_mass = tail[np.minimum(needed, max_spot + 1)]
+                point = max(float(forecast.point[h - 1]), 1.0)
+            step = min(h, forecast.horizon - 1)
+            rate = float(np.clip(forecast.expected_preempted[step] / max(point, 1.0), 0.0, 1.0))
+            per_candidate = self._interval.per_candidate(rate, num_on_demand)
+            rewards[h] = self.config.interval_s * (fit_mass * per_candidate)
+        return rewards
 
     def migration_s(
         self, current: Configuration | None, target: Configuration | None, num_instances: int

@@ -9,14 +9,12 @@ after any of these endings the engine holds exactly the state of the last step i
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,8 +22,16 @@ import torch.distributed as dist
 from liveput.errors import LiveputError
 from liveput.models.job import Job
 from liveput.runtime import keys, protocol
+from liveput.runtime.arrival import await_peers
 from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
 from liveput.runtime.comm import CommAborted, Groups
+from liveput.runtime.generation import (
+    Ending,
+    GenerationResult,
+    checkpoint_share,
+    group_ranks,
+    stage_position,
+)
 from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
 from liveput.runtime.optimizer_step import OptimizerStep
 from liveput.runtime.protocol import LedgerRecord, RuntimePlan
@@ -38,87 +44,22 @@ from liveput.runtime.schedule import (
 )
 from liveput.runtime.step_times import StepTimer
 from liveput.runtime.store import Store
+from liveput.runtime.watchdog import ENDED_WITH_THE_JOB, FAILED_ELSEWHERE, Watchdog
 
 LOG = logging.getLogger(__name__)
+
+# Ending, GenerationResult and checkpoint_share are the engine's too (their home is generation).
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "Ending",
+    "GenerationResult",
+    "Rendezvous",
+    "checkpoint_share",
+]
 Rendezvous = Callable[[RuntimePlan, int], dist.Store]
 """``rendezvous(plan, rank)`` -> the c10d store the generation's process groups meet on."""
 _TRANSFER_TAG = 1 << 20
-_ARRIVAL_CHECK_S = 0.5
-"""How often a wait for the plan's other instances checks for a newer plan, seconds."""
-_WATCH_S = 0.2
-"""How often a running generation checks the store for a failed peer or a newer plan, seconds."""
-
-
-class _Watchdog(threading.Thread):
-    """Aborts a generation's communication once it is over: a peer reported a failure, the
-    coordinator fenced the step this rank is at, or a newer plan is out.
-
-    A rank whose peer died usually sees its connection close; one blocked on a frozen or cut-off
-    peer (or in a collective whose other members already gave up) would wait, in C++, for the
-    whole communication timeout. The abort ends that wait at once (:meth:`Groups.abort`)."""
-
-    def __init__(
-        self,
-        store: Store,
-        generation: int,
-        groups: Groups,
-        instance: int,
-        current_step: Callable[[], int | None],
-    ) -> None:
-        super().__init__(name=f"liveput-watch-{generation}", daemon=True)
-        self.store = store
-        self.generation = generation
-        self.groups = groups
-        self.instance = instance
-        self.current_step = current_step
-        self.done = threading.Event()
-        self.reason = ""
-        """Why it aborted the groups (empty: it did not)."""
-
-    def _over(self) -> str:
-        if self.store.get(keys.job_error()) is not None:
-            return "ended with the job"
-        if self.store.get(keys.failed(self.generation)) is not None:
-            return "failed elsewhere"
-        step = self.current_step()
-        if (
-            step is not None
-            and protocol.step_outcome(self.store, self.generation, step) == protocol.ABORTED
-        ):
-            return f"was fenced at step {step}"
-        return "was superseded" if protocol.superseded(self.store, self.generation) else ""
-
-    def run(self) -> None:
-        while not self.done.wait(_WATCH_S):
-            try:
-                reason = self._over()
-            except LiveputError:
-                continue  # the store is restarting; look again
-            if reason and not self.done.is_set():
-                self.reason = reason
-                LOG.info(
-                    "instance %d: generation %d %s; aborting its communication",
-                    self.instance,
-                    self.generation,
-                    reason,
-                )
-                self.groups.abort()
-                return
-
-
-class Ending(enum.Enum):
-    """Why a generation ended for this instance."""
-
-    FENCED = "fenced"
-    """The coordinator ended it at a step boundary (a new plan follows)."""
-    FINISHED = "finished"
-    """The job's last step was applied."""
-    FAILED = "failed"
-    """Communication with a peer failed (it died); the step in flight was not applied."""
-    SPARE = "spare"
-    """This instance has no slot in the plan (it only sent layers)."""
-    STOPPED = "stopped"
-    """The agent asked to stop (its instance is about to be preempted)."""
 
 
 @dataclass(frozen=True)
@@ -140,28 +81,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0 or self.comm_timeout_s <= 0 or self.outcome_poll_s <= 0:
             raise LiveputError("engine: checkpoint_every >= 0 and positive timeouts required")
-
-
-@dataclass
-class GenerationResult:
-    """How a generation went for this instance."""
-
-    ending: Ending
-    last_applied: int
-    """The last step whose update this instance holds."""
-    setup_s: float = 0.0
-    """Seconds from the start of the generation to its first step (rendezvous + state moves)."""
-    losses: dict[int, float] = field(default_factory=dict)
-    """Loss of each step applied (last stage only)."""
-
-
-def checkpoint_share(layers: list[LayerState], position: StagePosition) -> list[LayerState]:
-    """The layers this instance writes to a checkpoint: of its stage's layers, those whose index
-    is its pipeline modulo D. The D instances of a stage hold the same layers, so every layer
-    of the model is written exactly once, and the writing (serializing, signing, the disk) is
-    spread over the D replicas instead of falling on pipeline 0 alone, whose peers would
-    wait for it at the next all-reduce."""
-    return [layer for layer in layers if layer.index % position.data_parallel == position.pipeline]
 
 
 class Engine:
@@ -296,42 +215,19 @@ class Engine:
         place, before the first step."""
         started = time.perf_counter()
         slot = plan.slots.get(self.instance)
-        world = plan.world
-        rank = world.index(self.instance)
-        stage_ranks = pipeline_ranks = None
-        if slot is not None:
-            stage_ranks = sorted(
-                plan.rank_of(i) for i, s in plan.slots.items() if s is not None and s[1] == slot[1]
-            )
-            if self.job.training.global_norm_needed:
-                pipeline_ranks = sorted(
-                    plan.rank_of(i)
-                    for i, s in plan.slots.items()
-                    if s is not None and s[0] == slot[0]
-                )
+        rank = plan.world.index(self.instance)
+        ranks = group_ranks(plan, slot, self.job.training.global_norm_needed)
         needed = plan.layers_of(slot[1]) if slot is not None else range(0)
         groups = None
         watchdog = None
         self._peer = None
         self._step = None
         try:
-            if len(world) == 1:
+            if len(plan.world) == 1:
                 protocol.arrive(self.store, plan, self.instance)  # the plan has met
             else:
-                self._await_peers(plan)
-                groups = Groups.build(
-                    self.rendezvous(plan, rank),
-                    plan.generation,
-                    rank,
-                    len(world),
-                    stage_ranks,
-                    self.device,
-                    self.config.comm_timeout_s,
-                    plan.hosts.get(self.instance),
-                    pipeline_ranks,
-                    shared_gpu=self.config.shared_gpu,
-                )
-                watchdog = _Watchdog(
+                groups = self._meet(plan, rank, *ranks)
+                watchdog = Watchdog(
                     self.store, plan.generation, groups, self.instance, lambda: self._step
                 )
                 watchdog.start()
@@ -350,18 +246,7 @@ class Engine:
                 )
             self.last_applied = plan.start_step - 1
             self._report(plan.generation)
-            position = StagePosition(
-                pipeline=slot[0],
-                stage=slot[1],
-                data_parallel=plan.data_parallel,
-                pipeline_stages=plan.pipeline_stages,
-                previous_rank=plan.rank_of(plan.instance_at(slot[0], slot[1] - 1))
-                if slot[1] > 0
-                else None,
-                next_rank=plan.rank_of(plan.instance_at(slot[0], slot[1] + 1))
-                if slot[1] < plan.pipeline_stages - 1
-                else None,
-            )
+            position = stage_position(plan, slot)
             on_training()
             result = self._train(plan, groups, position, keep_going, started, needed)
             self._report(plan.generation, result.ending.value)
@@ -373,44 +258,10 @@ class Engine:
             self._retry(functools.partial(protocol.fail_job, self.store, failure))
             raise
         except CommAborted:
-            # The watchdog ended the generation's communication: it is over for every rank
-            # (the step in flight can no longer commit), and the store already says why.
             assert watchdog is not None
-            if watchdog.reason == "ended with the job":
-                discard_gradients(list(self.layers.values()))
-                raise (
-                    protocol.job_error(self.store) or protocol.JobFailure("the job failed")
-                ) from None
-            LOG.warning(
-                "instance %d: generation %d %s; left its communication at step %s",
-                self.instance,
-                plan.generation,
-                watchdog.reason,
-                "-" if self._step is None else self._step,
-            )
-            discard_gradients(list(self.layers.values()))
-            ending = Ending.FAILED if watchdog.reason == "failed elsewhere" else Ending.FENCED
-            self._report(plan.generation, ending.value)
-            return GenerationResult(ending, self.last_applied, time.perf_counter() - started)
+            return self._aborted(plan, watchdog.reason, started)
         except (RuntimeError, dist.DistBackendError, LiveputError) as error:
-            # A peer died or never came (rendezvous timed out): the generation is over for us.
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            LOG.warning(
-                "instance %d: generation %d failed: %s", self.instance, plan.generation, reason
-            )
-            discard_gradients(list(self.layers.values()))
-            peers = () if self._peer is None else (self._peer,)
-            try:
-                protocol.report_failure(
-                    self.store,
-                    plan.generation,
-                    self.instance,
-                    protocol.FailureReport(reason[:300], peers),
-                )
-            except LiveputError:
-                pass  # the store is down too; heartbeats will tell the coordinator
-            self._report(plan.generation, Ending.FAILED.value)
-            return GenerationResult(Ending.FAILED, self.last_applied, time.perf_counter() - started)
+            return self._failed(plan, error, started)
         finally:
             if watchdog is not None:
                 watchdog.done.set()
@@ -418,35 +269,65 @@ class Engine:
             if groups is not None:
                 groups.close()
 
-    def _await_peers(self, plan: RuntimePlan) -> None:
-        """Wait until every instance of ``plan`` has arrived, before the process groups meet.
+    def _meet(
+        self,
+        plan: RuntimePlan,
+        rank: int,
+        stage_ranks: list[int] | None,
+        pipeline_ranks: list[int] | None,
+    ) -> Groups:
+        """Wait for the plan's other instances, then build the generation's process groups."""
+        await_peers(self.store, plan, self.instance, self.config.comm_timeout_s)
+        return Groups.build(
+            self.rendezvous(plan, rank),
+            plan.generation,
+            rank,
+            len(plan.world),
+            stage_ranks,
+            self.device,
+            self.config.comm_timeout_s,
+            plan.hosts.get(self.instance),
+            pipeline_ranks,
+            shared_gpu=self.config.shared_gpu,
+        )
 
-        A plan may name an instance that died after the coordinator made it. gloo's rendezvous
-        would then block, in C++, for the whole ``comm_timeout_s``; this wait gives up as soon as
-        a newer plan is in force, so such a plan costs about one heartbeat timeout instead."""
-        if protocol.arrive(self.store, plan, self.instance):
-            return
-        deadline = time.monotonic() + self.config.comm_timeout_s
-        while True:
-            try:
-                self.store.wait_for(keys.all_arrived(plan.generation), _ARRIVAL_CHECK_S)
-                return
-            except LiveputError:
-                pass  # not everyone yet (or the store is restarting): is this plan still in force?
-            try:
-                newer = protocol.superseded(self.store, plan.generation)
-            except LiveputError:
-                newer = False
-            if newer:
-                raise LiveputError(
-                    f"plan {plan.generation} was superseded before all "
-                    f"{len(plan.world)} instances arrived"
-                )
-            if time.monotonic() > deadline:
-                raise LiveputError(
-                    f"not all {len(plan.world)} instances of plan "
-                    f"{plan.generation} arrived in {self.config.comm_timeout_s:g} s"
-                )
+    def _aborted(self, plan: RuntimePlan, reason: str, started: float) -> GenerationResult:
+        """The watchdog ended the generation's communication (for ``reason``): it is over for
+        every rank (the step in flight can no longer commit), and the store already says why."""
+        if reason == ENDED_WITH_THE_JOB:
+            discard_gradients(list(self.layers.values()))
+            raise (
+                protocol.job_error(self.store) or protocol.JobFailure("the job failed")
+            ) from None
+        LOG.warning(
+            "instance %d: generation %d %s; left its communication at step %s",
+            self.instance,
+            plan.generation,
+            reason,
+            "-" if self._step is None else self._step,
+        )
+        discard_gradients(list(self.layers.values()))
+        ending = Ending.FAILED if reason == FAILED_ELSEWHERE else Ending.FENCED
+        self._report(plan.generation, ending.value)
+        return GenerationResult(ending, self.last_applied, time.perf_counter() - started)
+
+    def _failed(self, plan: RuntimePlan, error: Exception, started: float) -> GenerationResult:
+        """A peer died or never came (rendezvous timed out): the generation is over for us."""
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        LOG.warning("instance %d: generation %d failed: %s", self.instance, plan.generation, reason)
+        discard_gradients(list(self.layers.values()))
+        peers = () if self._peer is None else (self._peer,)
+        try:
+            protocol.report_failure(
+                self.store,
+                plan.generation,
+                self.instance,
+                protocol.FailureReport(reason[:300], peers),
+            )
+        except LiveputError:
+            pass  # the store is down too; heartbeats will tell the coordinator
+        self._report(plan.generation, Ending.FAILED.value)
+        return GenerationResult(Ending.FAILED, self.last_applied, time.perf_counter() - started)
 
     def _train(
         self,
@@ -502,20 +383,7 @@ class Engine:
                 # failed before are no longer current.
                 self.layers = {i: self.layers[i] for i in needed}
                 self._report(plan.generation)
-            try:
-                protocol.vote_commit(self.store, plan.generation, step, plan.num_working)
-            except LiveputError:
-                # The store failed mid-vote: whether our add counted is unknown. Ask the
-                # coordinator to fence the step; the fence's atomic add then decides for all.
-                self._retry(
-                    lambda: protocol.report_failure(
-                        self.store,
-                        plan.generation,
-                        self.instance,
-                        protocol.FailureReport("the store failed during the commit vote"),
-                    )
-                )
-            if self._wait_outcome(plan.generation, step) != protocol.COMMITTED:
+            if not self._commit(plan, step):
                 discard_gradients(layers)
                 result.ending = Ending.FENCED
                 break
@@ -533,22 +401,8 @@ class Engine:
             )
             if position.is_last:
                 result.losses[step] = loss
-                record = LedgerRecord(
-                    step=step,
-                    generation=plan.generation,
-                    first_sample=step * self.job.global_batch_size,
-                    num_samples=self.job.global_batch_size,
-                    loss=loss,
-                    data_parallel=plan.data_parallel,
-                    pipeline_stages=plan.pipeline_stages,
-                    committed_unix_s=time.time(),
-                )
-                self._retry(functools.partial(protocol.record_step, self.store, plan.epoch, record))
-            every = self.config.checkpoint_every
-            if every and (step + 1) % every == 0 and self.checkpointer:
-                share = checkpoint_share(layers, position)
-                if share:
-                    self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers)
+                self._record(plan, step, loss)
+            self._checkpoint(plan, step, layers, position)
             step += 1
         result.last_applied = self.last_applied
         if timer is not None:
@@ -556,6 +410,47 @@ class Engine:
         if result.ending is Ending.FINISHED and position.pipeline == 0 and self.checkpointer:
             self.checkpointer.save_now("final", layers)
         return result
+
+    def _commit(self, plan: RuntimePlan, step: int) -> bool:
+        """Vote for ``step`` and wait for its outcome: whether it committed."""
+        try:
+            protocol.vote_commit(self.store, plan.generation, step, plan.num_working)
+        except LiveputError:
+            # The store failed mid-vote: whether our add counted is unknown. Ask the
+            # coordinator to fence the step; the fence's atomic add then decides for all.
+            self._retry(
+                lambda: protocol.report_failure(
+                    self.store,
+                    plan.generation,
+                    self.instance,
+                    protocol.FailureReport("the store failed during the commit vote"),
+                )
+            )
+        return self._wait_outcome(plan.generation, step) == protocol.COMMITTED
+
+    def _record(self, plan: RuntimePlan, step: int, loss: float) -> None:
+        """Write the ledger's record of a committed ``step`` (a last stage's: it has the loss)."""
+        record = LedgerRecord(
+            step=step,
+            generation=plan.generation,
+            first_sample=step * self.job.global_batch_size,
+            num_samples=self.job.global_batch_size,
+            loss=loss,
+            data_parallel=plan.data_parallel,
+            pipeline_stages=plan.pipeline_stages,
+            committed_unix_s=time.time(),
+        )
+        self._retry(functools.partial(protocol.record_step, self.store, plan.epoch, record))
+
+    def _checkpoint(
+        self, plan: RuntimePlan, step: int, layers: list[LayerState], position: StagePosition
+    ) -> None:
+        """Save this instance's share of a checkpoint after every K-th committed step."""
+        every = self.config.checkpoint_every
+        if every and (step + 1) % every == 0 and self.checkpointer:
+            share = checkpoint_share(layers, position)
+            if share:
+                self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers)
 
     def _retry(self, action: Callable[[], object], timeout_s: float = 120.0) -> None:
         """Run a store write that must happen, through a store outage of up to ``timeout_s``."""

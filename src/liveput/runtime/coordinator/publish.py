@@ -127,18 +127,7 @@ class Publisher:
         if action.noticed_workers:
             plan = dataclasses.replace(plan, noticed=list(action.noticed_workers))
         if plan.restore_step is not None and previous is not None:
-            held_layers = {layer for layers in holdings.values() for layer in layers}
-            LOG.info(
-                "plan %d restores from %s: %s",
-                plan.generation,
-                "the initial weights" if plan.restore_step < 0 else f"step {plan.restore_step}",
-                "forced after plans that failed"
-                if action.restore
-                else f"no current holder of layers "
-                f"{sorted(set(range(self.profile.num_layers)) - held_layers)} "
-                f"at step {start - 1} "
-                f"(reported: { {i: m.held_step for i, m in view.members.items()} })",
-            )
+            self._log_restore(plan, plan.restore_step, action, holdings, start, view)
         if plan.epoch != context.epoch:
             # The planner opens a new epoch only when the plan restores from a checkpoint.
             assert plan.restore_step is not None, (
@@ -177,3 +166,26 @@ class Publisher:
         )
         progress.plan = plan
         return plan
+
+    def _log_restore(
+        self,
+        plan: protocol.RuntimePlan,
+        restore_step: int,
+        action: Action,
+        holdings: dict[int, tuple[int, ...]],
+        start: int,
+        view: CoordinatorView,
+    ) -> None:
+        """Say why a plan after the first restores (forced, or layers nobody holds)."""
+        held_layers = {layer for layers in holdings.values() for layer in layers}
+        LOG.info(
+            "plan %d restores from %s: %s",
+            plan.generation,
+            "the initial weights" if restore_step < 0 else f"step {restore_step}",
+            "forced after plans that failed"
+            if action.restore
+            else f"no current holder of layers "
+            f"{sorted(set(range(self.profile.num_layers)) - held_layers)} "
+            f"at step {start - 1} "
+            f"(reported: { {i: m.held_step for i, m in view.members.items()} })",
+        )
