@@ -1,7 +1,7 @@
-"""The house's measurable rules: files and functions of src/ kept short, no unresolvable issue
-numbers in the code, and no import cycle between the modules of src/liveput (import-linter
-guards the floors between packages; this guards the modules inside them, imports inside
-functions counted)."""
+"""The house's measurable rules: files and functions of src/ kept short, each public class
+name defined once, no unresolvable issue numbers in the code, and no import cycle between the
+modules of src/liveput (import-linter guards the floors between packages; this guards the modules
+inside them, imports inside functions counted)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,16 @@ def test_no_file_in_src_is_over_500_lines_and_no_function_over_100() -> None:
                 if length > MAX_FUNCTION_LINES:
                     long_functions.append(f"{name}:{node.lineno} {node.name} ({length} lines)")
     assert not long_files and not long_functions, (long_files, long_functions)
+
+
+def test_each_public_class_name_is_defined_once_in_src() -> None:
+    defined: dict[str, list[str]] = {}
+    for path in _sources(SRC):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: places for name, places in defined.items() if len(places) > 1}
+    assert not twice, twice
 
 
 def test_no_issue_numbers_in_src_tests_or_bench() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from measured import tiny_gpt_profile
+
 from liveput.errors import LiveputError
-from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.estimator import estimate_configs
@@ -25,10 +26,8 @@ from liveput.runtime.coordinator.policy import (
     step,
 )
 from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView, Member
-from liveput.runtime.planning import profile_job
 from liveput.runtime.protocol import RuntimePlan
 
-PROFILE = profile_job(resolve_job("tiny-gpt"), repeats=1)
 CONFIG = CoordinatorConfig(num_steps=200, num_micro_batches=4, capacity=6, initial_workers=2)
 STEPS = 200
 
@@ -40,7 +39,15 @@ def _member(heartbeat_age_s: float = 0.1, **fields: object) -> Member:
 def _running(members: dict[int, Member], interval_due: bool = False) -> CoordinatorView:
     """Plan 3 trains 2x1 on instances 0 and 1 from step 10; step 20 committed."""
     plan = RuntimePlan(
-        3, 0, 10, STEPS, 2, 1, [0, PROFILE.num_layers], {0: (0, 0), 1: (1, 0)}, {0: "h", 1: "h"}
+        3,
+        0,
+        10,
+        STEPS,
+        2,
+        1,
+        [0, tiny_gpt_profile().num_layers],
+        {0: (0, 0), 1: (1, 0)},
+        {0: "h", 1: "h"},
     )
     return CoordinatorView(
         now_s=30.0,
@@ -54,17 +61,17 @@ def _running(members: dict[int, Member], interval_due: bool = False) -> Coordina
 
 
 def _deadline_objective(policy: str) -> tuple[DeadlineObjective, CoordinatorConfig]:
-    table = estimate_configs(PROFILE, 8)
+    table = estimate_configs(tiny_gpt_profile(), 8)
     context = DeadlineContext(
         PolicyContext(
-            profile=PROFILE,
+            profile=tiny_gpt_profile(),
             table=table,
             costs=MigrationCostModel(),
             interval_s=60.0,
             objective="cost",
         ),
         JobObjective(deadline_hours=1.0, steps=STEPS, on_demand_max=4),
-        target_samples=STEPS * PROFILE.global_batch_size,
+        target_samples=STEPS * tiny_gpt_profile().global_batch_size,
         on_demand_max=4,
     )
     return DeadlineObjective(context), dataclasses.replace(CONFIG, policy=policy)
@@ -74,7 +81,7 @@ def test_at_the_start_the_policy_is_asked_and_its_configuration_fitted():
     """No plan and two instances up: a start replan on what the liveput policy wants of two
     instances; the throughput objective rents nothing and asks for no restart."""
     objective = ThroughputObjective()
-    planning = objective.start(PROFILE, CONFIG)
+    planning = objective.start(tiny_gpt_profile(), CONFIG)
     view = CoordinatorView(
         now_s=1.0,
         members={0: _member(), 1: _member()},
@@ -84,7 +91,7 @@ def test_at_the_start_the_policy_is_asked_and_its_configuration_fitted():
         interval_due=True,
     )
     assert asks_policy(view, CONFIG, objective)
-    answer = step(PolicyInputs(view), CONFIG, PROFILE, planning, objective)
+    answer = step(PolicyInputs(view), CONFIG, tiny_gpt_profile(), planning, objective)
     assert answer.action.kind is ActionKind.REPLAN and answer.action.reason == "start"
     assert answer.action.workers == (0, 1)
     target = answer.action.target
@@ -103,7 +110,13 @@ def test_nothing_to_ask_between_intervals():
     objective = ThroughputObjective()
     view = _running({0: _member(), 1: _member()})
     assert not asks_policy(view, CONFIG, objective)
-    answer = step(PolicyInputs(view), CONFIG, PROFILE, objective.start(PROFILE, CONFIG), objective)
+    answer = step(
+        PolicyInputs(view),
+        CONFIG,
+        tiny_gpt_profile(),
+        objective.start(tiny_gpt_profile(), CONFIG),
+        objective,
+    )
     assert answer == Answer(answer.action)
     assert answer.action.kind is ActionKind.NONE
 
@@ -119,8 +132,8 @@ def test_a_restart_the_policy_asks_for_restores_from_the_checkpoint():
         answer = step(
             PolicyInputs(view, history=(2, 2)),
             config,
-            PROFILE,
-            objective.start(PROFILE, config),
+            tiny_gpt_profile(),
+            objective.start(tiny_gpt_profile(), config),
             objective,
         )
         assert answer.action.kind is ActionKind.REPLAN and answer.action.reason == "loss"
@@ -138,7 +151,7 @@ def test_a_failing_policy_keeps_the_fastest_fit():
     """The policy fails at the start: the answer carries why, and the fastest configuration on
     the instances up is planned."""
     objective = ThroughputObjective()
-    started = objective.start(PROFILE, CONFIG)
+    started = objective.start(tiny_gpt_profile(), CONFIG)
     planning = Planning(started.calibration, started.table, _Failing())
     view = CoordinatorView(
         now_s=1.0,
@@ -148,9 +161,9 @@ def test_a_failing_policy_keeps_the_fastest_fit():
         committed=-1,
         interval_due=True,
     )
-    answer = step(PolicyInputs(view), CONFIG, PROFILE, planning, objective)
+    answer = step(PolicyInputs(view), CONFIG, tiny_gpt_profile(), planning, objective)
     assert answer.policy_error == "no forecast" and answer.asked
-    assert answer.action.target == fit(None, 2, started.table, PROFILE, CONFIG)
+    assert answer.action.target == fit(None, 2, started.table, tiny_gpt_profile(), CONFIG)
 
 
 def test_the_deadline_objective_provisions_every_interval_even_with_no_instance():
@@ -159,7 +172,7 @@ def test_the_deadline_objective_provisions_every_interval_even_with_no_instance(
     fewest on-demand instances for the whole work by the deadline. The throughput objective
     asks nothing then; neither asks between intervals."""
     objective, config = _deadline_objective("on-demand")
-    planning = objective.start(PROFILE, config)
+    planning = objective.start(tiny_gpt_profile(), config)
     view = CoordinatorView(
         now_s=6.0, members={}, plan=None, started=None, committed=-1, interval_due=True
     )
@@ -167,7 +180,11 @@ def test_the_deadline_objective_provisions_every_interval_even_with_no_instance(
     assert not asks_policy(view, config, ThroughputObjective())
     assert not asks_policy(dataclasses.replace(view, interval_due=False), config, objective)
     answer = step(
-        PolicyInputs(view, market=MarketReading(0, 0.0)), config, PROFILE, planning, objective
+        PolicyInputs(view, market=MarketReading(0, 0.0)),
+        config,
+        tiny_gpt_profile(),
+        planning,
+        objective,
     )
     assert answer.action.kind is ActionKind.WAIT and answer.asked
     time_s = view.now_s * config.policy_interval_s / config.interval_s
@@ -195,12 +212,14 @@ def test_the_deadline_objective_tells_the_policy_the_work_and_the_market():
         current=Configuration(2, 1),
         capacity=6,
     )
-    seen = objective.observation(observation, view, MarketReading(2, 1.5), PROFILE, config)
-    done = 21.0 * PROFILE.global_batch_size
+    seen = objective.observation(
+        observation, view, MarketReading(2, 1.5), tiny_gpt_profile(), config
+    )
+    done = 21.0 * tiny_gpt_profile().global_batch_size
     assert (seen.num_available, seen.num_on_demand) == (2, 1)
     assert (seen.samples_done, seen.samples_remaining) == (
         done,
-        STEPS * PROFILE.global_batch_size - done,
+        STEPS * tiny_gpt_profile().global_batch_size - done,
     )
     assert seen.seconds_to_deadline == 3600.0 - 900.0
     assert (seen.on_demand_pending, seen.usd_spent) == (2, 1.5)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from measured import tiny_gpt_profile
 
-from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
 from liveput.runtime import keys, protocol
@@ -22,13 +22,11 @@ from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.decide import ActionKind, CoordinatorView, Member, decide
 from liveput.runtime.notices import Notice
-from liveput.runtime.planning import profile_job
 from liveput.runtime.protocol import FRESH_START, FailureReport, Holding, RuntimePlan
 from liveput.runtime.store import MemoryStore, readers
 
 TICK_S = 0.2
 CHECKPOINT_EVERY = 5
-PROFILE = profile_job(resolve_job("tiny-gpt"), repeats=1)
 
 
 @dataclass
@@ -203,7 +201,7 @@ class EveryInstance(Policy):
 def make_coordinator(
     store: MemoryStore, clock: ManualClock, steps: int, capacity: int = 6, initial: int = 4
 ) -> Coordinator:
-    profile = PROFILE
+    profile = tiny_gpt_profile()
     config = CoordinatorConfig(
         num_steps=steps,
         num_micro_batches=8,
@@ -577,7 +575,7 @@ def test_a_policy_restart_is_carried_out_as_a_checkpoint_restore():
             capacity=6,
             policy=policy,
         )
-        coordinator = Coordinator(store, PROFILE, config, clock)
+        coordinator = Coordinator(store, tiny_gpt_profile(), config, clock)
         agents = ModelAgents(store, coordinator.profile.num_layers)
         for instance in range(4):
             agents.join(instance)
@@ -631,7 +629,7 @@ def test_the_first_plan_is_not_forecast_from_the_empty_intervals_before_instance
         capacity=2,
         policy="liveput",
     )
-    coordinator = Coordinator(store, PROFILE, config, clock)
+    coordinator = Coordinator(store, tiny_gpt_profile(), config, clock)
     agents = ModelAgents(store, coordinator.profile.num_layers)
     run(coordinator, agents, clock, 2)  # an interval passes with nobody there yet
     assert coordinator.plan is None
