@@ -95,11 +95,10 @@ def test_the_instance_completing_an_evaluation_steps_checkpoint_evaluates_its_we
     job = target()
     store = MemoryStore()
     checkpointer = Checkpointer(store, str(tmp_path / "ckpt"), keep=5, token=b"t")
-    evaluation = Evaluation(job, store, 7, checkpointer)
+    Evaluation(job, store, 7, checkpointer)
     _checkpoint(checkpointer, job, 0, 1, shift=0.1)  # 0-based step 1: after 2 steps, due
     _checkpoint(checkpointer, job, 0, 2, shift=0.2)  # not due: a checkpoint, no evaluation
-    checkpointer.close()
-    assert evaluation._pool._shutdown  # closed with the checkpointer
+    checkpointer.close()  # waits for the evaluation: its result is in the store now
     found = readers.evaluations(store)
     assert list(found) == [1]
     with torch.no_grad():
