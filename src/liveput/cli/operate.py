@@ -350,6 +350,7 @@ def _status_view(s: dict) -> Table:
         ("devices", device_counts(s.get("devices", {}))),
         ("samples/s now / avg", f"{s['samples_per_s']:.1f} / {s['samples_per_s_avg']:.1f}"),
         ("loss", "-" if s["loss"] is None else f"{s['loss']:.4f}"),
+        ("evaluation", _evaluation_text(s.get("eval"))),
         (
             "dollars (spot / on-demand)",
             f"${usd['total']:.2f} (${usd['spot']:.2f} / ${usd['on_demand']:.2f})",
@@ -378,6 +379,16 @@ def _status_view(s: dict) -> Table:
     for what, value in rows:
         view.add_row(what, value)
     return view
+
+
+def _evaluation_text(shown: dict | None) -> str:
+    """The newest evaluation's row: after how many steps, its metrics or why it failed."""
+    from liveput.operate.recorder import format_metrics
+
+    if shown is None:
+        return "-"
+    what = f"failed: {shown['error']}" if "error" in shown else format_metrics(shown["metrics"])
+    return f"after {shown['step'] + 1:,} steps: {what}"
 
 
 def stop(

@@ -339,9 +339,21 @@ def _summary_table(summary: dict) -> Table:
         ("agents' logs", summary["log_dir"]),
         ("model", summary.get("model") or "-"),
         ("checkpoints failed", str(summary.get("checkpoints_failed", 0))),
+        *_evaluation_rows(summary.get("evaluations", [])),
     ):
         view.add_row(what, value)
     return view
+
+
+def _evaluation_rows(evaluations: list[dict]) -> list[tuple[str, str]]:
+    """How many evaluations ran, and the newest (after how many steps, its metrics)."""
+    from liveput.operate.recorder import format_metrics
+
+    if not evaluations:
+        return []
+    last = evaluations[-1]
+    what = f"failed: {last['error']}" if "error" in last else format_metrics(last["metrics"])
+    return [("evaluations", f"{len(evaluations)}; after {last['step'] + 1:,} steps: {what}")]
 
 
 def _deadline_rows(summary: dict) -> list[tuple[str, str]]:

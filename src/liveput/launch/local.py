@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from liveput.cloud.processes import command_launcher
 from liveput.errors import LiveputError
@@ -42,6 +43,9 @@ from liveput.runtime.ledger import LedgerReport, verify_ledger
 from liveput.runtime.model_files import export_final
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store, readers
 from liveput.traces import IntervalTrace, Trace
+
+if TYPE_CHECKING:
+    from liveput.models.job import Job
 
 LOG = logging.getLogger(__name__)
 MIGRATION_KINDS = ("intra-stage", "inter-stage", "pipeline", "checkpoint-restore")
@@ -148,6 +152,9 @@ class TrainingResult:
     """The final model's state-dict file (None: not written)."""
     checkpoints_failed: int = 0
     """Checkpoint writes that failed, on any instance (each is an event in the store)."""
+    evaluations: list[dict] = field(default_factory=list)
+    """The job's evaluations (``Job.evaluate``), by 0-based step: ``step``, ``metrics`` (or
+    ``error``), the ``instance`` that ran it and its ``eval_s``; also in ``steps``' records."""
 
     def summary(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k not in ("steps", "events", "deadline")}
@@ -250,6 +257,8 @@ def run_local_training(
             run.drive(assembled)
             report = verify_ledger(store, assembled.job.global_batch_size, config.steps)
             result = run.result(report, assembled.job.global_batch_size, log_dir, device)
+            result.evaluations = _evaluations(store, assembled.job, config, cloud, started)
+            _attach_evaluations(result.steps, result.evaluations)
             result.checkpoints_failed = final_weights_written(store, "train")
             if config.model_path is not None:
                 export_final(checkpoint_dir, assembled.job.layers, Path(config.model_path))
@@ -403,6 +412,34 @@ def _record_devices(store: Store, devices: dict[str, str]) -> None:
             continue
         if device:
             devices[str(instance)] = device
+
+
+def _evaluations(
+    store: Store, job: Job, config: LocalTrainingConfig, cloud: LocalCloud, started_s: float
+) -> list[dict]:
+    """The job's evaluations of the run. The last ones may still run when the last step
+    commits (an agent finishes its evaluations before it exits): they are waited for while an
+    agent is left, within the run's ``timeout_s``; one whose agent was lost is left out."""
+    due = [step for step in range(config.steps) if job.evaluation_due(step)]
+    found = readers.evaluations(store, due)
+    while len(found) < len(due) and cloud.instances:
+        if time.monotonic() - started_s > config.timeout_s:
+            break
+        time.sleep(0.2)
+        found.update(readers.evaluations(store, [s for s in due if s not in found]))
+    missing = [step for step in due if step not in found]
+    if missing:
+        LOG.warning("train: no evaluation after step(s) %s (their instance was lost)", missing)
+    fields = ("step", "metrics", "error", "instance", "eval_s")
+    return [{k: found[s][k] for k in fields if k in found[s]} for s in sorted(found)]
+
+
+def _attach_evaluations(records: list[dict], evaluations: list[dict]) -> None:
+    """Each evaluation in its step's ledger record (the per-step log's line), as ``eval``."""
+    by_step = {e["step"]: e.get("metrics", {"error": e.get("error")}) for e in evaluations}
+    for record in records:
+        if record.get("step") in by_step:
+            record["eval"] = by_step[record["step"]]
 
 
 def _initial_count(trace: Trace | IntervalTrace) -> int:

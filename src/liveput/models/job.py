@@ -12,7 +12,7 @@ The built-in jobs and the registry that names them are in :mod:`liveput.models.j
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -28,6 +28,9 @@ OptimizerFactory = Callable[[list], torch.optim.Optimizer]
 factory's first parameter is named ``named_parameters``, a list of ``(name, parameter)`` pairs
 named as in the whole model (:func:`build_optimizer`)."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Evaluate = Callable[[nn.Sequential], Mapping[str, float] | float]
+"""Evaluates the unsplit model (``nn.Sequential`` of the layers, holding a step's weights): its
+metrics by name, or one number (named ``value``)."""
 
 
 @dataclass
@@ -60,6 +63,15 @@ class Job:
     shuffle_seed: int | None = None
     """None: the dataset is read in order, epoch after epoch; a seed: each epoch reads it in
     its own permutation, drawn from (seed, epoch) alone, the same on every agent."""
+    evaluate: Evaluate | None = None
+    """None: no evaluation. Else called after every ``evaluate_every_steps``-th committed step,
+    on one instance, with the unsplit model assembled from that step's checkpoint (a copy of
+    ``nn.Sequential(*layers)`` on the CPU, under ``torch.no_grad()``); returns its metrics by
+    name (``{"accuracy": 0.91}``) or one number (named ``value``). The results go to the
+    job's store, ``liveput status``, ``train -o`` and TensorBoard (``eval/<name>``)."""
+    evaluate_every_steps: int = 100
+    """N: evaluate after steps N, 2N, ... (counted from 1; the ledger's 0-based steps N-1,
+    2N-1, ...). Each of them is also a checkpoint step: the model is read from it."""
 
     def __post_init__(self) -> None:
         if not self.layers or not all(isinstance(layer, nn.Module) for layer in self.layers):
@@ -92,11 +104,20 @@ class Job:
             )
         if not isinstance(self.training, TrainingConfig):
             raise LiveputError("Job.training must be a liveput.TrainingConfig")
+        if self.evaluate is not None and not callable(self.evaluate):
+            raise LiveputError(f"Job.evaluate must be None or a callable, not {self.evaluate!r}")
+        every = self.evaluate_every_steps
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise LiveputError(f"Job.evaluate_every_steps must be an int >= 1, not {every!r}")
         self.layers = list(self.layers)
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def evaluation_due(self, step: int) -> bool:
+        """Whether the job evaluates the model after 0-based step ``step``."""
+        return self.evaluate is not None and (step + 1) % self.evaluate_every_steps == 0
 
     @property
     def num_micro_batches(self) -> int:

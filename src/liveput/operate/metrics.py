@@ -6,7 +6,7 @@ what Prometheus scrapes, what TensorBoard plots and what ``liveput status`` prin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -49,6 +49,21 @@ class _StatusCollector:
             )
             family.add_metric([job], float(status["loss"]))
             yield family
+        shown = status.get("eval") or {}
+        if shown.get("metrics"):
+            evaluation = GaugeMetricFamily(
+                "liveput_eval",
+                "The newest evaluation's metrics (Job.evaluate)",
+                labels=["job", "name"],
+            )
+            for name, value in shown["metrics"].items():
+                evaluation.add_metric([job, name], float(value))
+            yield evaluation
+            step = GaugeMetricFamily(
+                "liveput_eval_step", "Steps committed at the newest evaluation", labels=["job"]
+            )
+            step.add_metric([job], float(shown["step"] + 1))
+            yield step
         instances = GaugeMetricFamily(
             "liveput_instances", "Instances by market and state", labels=["job", "market", "state"]
         )
@@ -110,10 +125,25 @@ def step_losses(store: Store, epoch: int, after_step: int, last_step: int) -> di
     return losses
 
 
+def step_evaluations(
+    store: Store, due: Callable[[int], bool], after_step: int, status: dict
+) -> dict[int, dict]:
+    """The evaluations (0-based step -> record) of the steps after ``after_step`` that ``due``
+    names, up to the newest one the status shows (one read each, only once it is new)."""
+    from liveput.runtime.store import readers
+
+    shown = status.get("eval")
+    if shown is None or shown["step"] <= after_step:
+        return {}
+    steps = [s for s in range(max(after_step + 1, 0), shown["step"] + 1) if due(s)]
+    return readers.evaluations(store, steps)
+
+
 class TensorBoardScalars:
-    """Writes the loss of every committed step, and samples/s, instances and dollars as the
-    status changes (TensorBoard's event files, through ``torch.utils.tensorboard``) to a local
-    directory. TensorBoard's step is the number of steps done (0-based step ``s`` is ``s + 1``)."""
+    """Writes the loss of every committed step, each evaluation's metrics (``eval/<name>``),
+    and samples/s, instances and dollars as the status changes (TensorBoard's event files,
+    through ``torch.utils.tensorboard``) to a local directory. TensorBoard's step is the number
+    of steps done (0-based step ``s`` is ``s + 1``)."""
 
     def __init__(self, directory: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -128,6 +158,19 @@ class TensorBoardScalars:
         self._step = -1
         self.loss_step = -1
         """The newest step (0-based) whose loss was written."""
+        self.eval_step = -1
+        """The newest step (0-based) whose evaluation was written."""
+
+    def add_evaluations(self, evaluations: dict[int, dict]) -> None:
+        """Each evaluation's metrics (0-based step -> ``eval/<s>`` record) newer than the last
+        written, as ``eval/<name>`` at its step; a failed one writes nothing."""
+        for step, record in sorted(evaluations.items()):
+            if step <= self.eval_step:
+                continue
+            for name, value in record.get("metrics", {}).items():
+                self.writer.add_scalar(f"eval/{name}", float(value), global_step=step + 1)
+            self.eval_step = step
+        self.writer.flush()
 
     def add(self, status: dict, losses: dict[int, float] | None = None) -> None:
         """The status's figures at its step, and ``losses`` (step -> loss, 0-based) of the steps

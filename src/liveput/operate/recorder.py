@@ -100,6 +100,10 @@ class StatusRecorder:
         self._devices: dict[str, str] = {}
         """The device each billed instance trains on (instance id -> as its agent says)."""
         self._checkpoint = _latest_checkpoint(store)
+        self._evaluation: bytes | None = store.get(keys.latest_evaluation())
+        """``eval/latest`` as last seen (a new one is an event)."""
+        self.evaluation = evaluation_shown(readers.latest_evaluation(store))
+        """The newest evaluation, as the status shows it (None: none yet)."""
         self.checkpoints_failed = readers.checkpoint_failures(store)[0]
         """Checkpoint writes that failed so far (each one is an event)."""
         self._downtime: dict | None = None
@@ -173,7 +177,23 @@ class StatusRecorder:
                 reason=f"writing {what} failed: {last.get('error', '')}",
             )
         self.checkpoints_failed = failed
+        self._observe_evaluation(now_s)
         return (len(self.events), self.events[-1] if self.events else None) != before
+
+    def _observe_evaluation(self, now_s: float) -> None:
+        """An event for a new newest evaluation (the snapshot shows its metrics)."""
+        latest = self.store.get(keys.latest_evaluation())
+        if latest == self._evaluation:
+            return
+        self._evaluation = latest
+        shown = self.evaluation = evaluation_shown(readers.latest_evaluation(self.store))
+        if shown is None:
+            return
+        if "error" in shown:
+            reason = f"the evaluation failed: {shown['error']}"
+            self._event("eval-failed", now_s, step=shown["step"], reason=reason)
+        else:
+            self._event("eval", now_s, step=shown["step"], reason=format_metrics(shown["metrics"]))
 
     def _instances(self, coordinator: Coordinator) -> dict[str, dict[str, int]]:
         markets: dict[str, dict[str, int]] = {"spot": {}, "on-demand": {}}
@@ -293,6 +313,7 @@ class StatusRecorder:
             },
             "downtime_s": round(self.downtime_s, 3),
             "checkpoints_failed": self.checkpoints_failed,
+            "eval": self.evaluation,
             "elapsed_s": round(self.elapsed_s, 3),
             "eta_s": None if eta_s is None else round(eta_s, 1),
             "time_scale": config.time_scale,
@@ -364,8 +385,27 @@ def read_status(store: Store, events: int = 10) -> dict:
     return snapshot
 
 
-ROUTINE_EVENTS = frozenset({"checkpoint"})
-"""Event kinds that come often and say little (one per K steps): shown after the others."""
+ROUTINE_EVENTS = frozenset({"checkpoint", "eval"})
+"""Event kinds that come often and say little (one per K or N steps): shown after the others."""
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """``accuracy 0.9125, loss 1.203``: an evaluation's metrics in one line."""
+    return ", ".join(f"{name} {value:.4g}" for name, value in metrics.items())
+
+
+def evaluation_shown(record: dict | None) -> dict | None:
+    """An evaluation as the status shows it: its 0-based ``step`` (as the ledger, the events
+    and the checkpoints count; the status's ``step`` is steps done, s + 1), then its
+    ``metrics`` or ``error``."""
+    if record is None:
+        return None
+    shown: dict = {"step": int(record["step"])}
+    if "error" in record:
+        shown["error"] = record["error"]
+    else:
+        shown["metrics"] = record.get("metrics", {})
+    return shown
 
 
 def choose_events(events: list[dict], count: int) -> list[dict]:

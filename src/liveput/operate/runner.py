@@ -33,7 +33,7 @@ from liveput.files import check_writable_url
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
 from liveput.runtime import keys
-from liveput.runtime.store import Store, open_store
+from liveput.runtime.store import Store, open_store, readers
 from liveput.runtime.store.etcd_server import pid_alive
 
 if TYPE_CHECKING:
@@ -279,7 +279,7 @@ def _train(
     from liveput.catalog import load_catalog
     from liveput.launch.local import run_local_training, warn_idle_gpus
     from liveput.operate.export import export_model
-    from liveput.operate.metrics import TensorBoardScalars, step_losses
+    from liveput.operate.metrics import TensorBoardScalars, step_evaluations, step_losses
     from liveput.runtime.device import resolve_device
     from liveput.traces import generate_trace, read_trace
 
@@ -323,6 +323,8 @@ def _train(
                 if plan is None
                 else step_losses(store, plan.epoch, board.loss_step, coordinator.committed),
             )
+            due = model.evaluation_due
+            board.add_evaluations(step_evaluations(store, due, board.eval_step, snapshot))
         if not ready and on_ready is not None:
             ready = True
             on_ready(place)
@@ -374,6 +376,7 @@ def _final(
         )
         if snapshot is not None and board is not None:
             board.add(snapshot)
+            board.add_evaluations(readers.evaluations(recorder.store))
     except LiveputError as error:  # the store is gone: nothing more to say there
         LOG.warning("could not record the end of the job: %s", error)
 

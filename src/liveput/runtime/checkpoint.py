@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 import fsspec
 import torch
@@ -107,6 +108,17 @@ def final_weights_written(store: Store, where: str) -> int:
     return failed
 
 
+class CheckpointListener(Protocol):
+    """Told of every checkpoint this instance completes (the job's evaluation,
+    :mod:`liveput.runtime.evaluation`); it must return at once and never raise."""
+
+    def checkpoint_complete(self, epoch: int, step: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Checkpointer:
     """Saves and loads layer files under ``directory`` (a local path or an fsspec URL)."""
 
@@ -123,6 +135,8 @@ class Checkpointer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: list[Future] = []
         self._lock = threading.Lock()
+        self.listeners: list[CheckpointListener] = []
+        """Told of each checkpoint whose last layer this instance wrote."""
 
     def _path(self, step: int, layer: int) -> str:
         return f"{self.root}/step-{step}/layer-{layer}.pt"
@@ -157,6 +171,8 @@ class Checkpointer:
             if self.store.add(keys.checkpoint_layers(epoch, step), len(snapshot)) == num_layers:
                 if self._mark_latest(epoch, step):
                     self._prune(step)
+                for listener in self.listeners:
+                    listener.checkpoint_complete(epoch, step)
         except Exception as error:  # noqa: BLE001 - the previous checkpoint stays the latest
             LOG.exception("checkpoint of step %d failed", step)
             self._failed(step, error, final=False)
@@ -278,7 +294,11 @@ class Checkpointer:
             pending = list(self._pending)
         for future in pending:
             future.result()
+        for listener in self.listeners:
+            listener.flush()
 
     def close(self) -> None:
         self.flush()
         self._pool.shutdown(wait=True)
+        for listener in self.listeners:
+            listener.close()

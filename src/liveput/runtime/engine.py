@@ -445,9 +445,11 @@ class Engine:
     def _checkpoint(
         self, plan: RuntimePlan, step: int, layers: list[LayerState], position: StagePosition
     ) -> None:
-        """Save this instance's share of a checkpoint after every K-th committed step."""
+        """Save this instance's share of a checkpoint after every K-th committed step, and
+        after each step the job evaluates the model at (it is read from that checkpoint)."""
         every = self.config.checkpoint_every
-        if every and (step + 1) % every == 0 and self.checkpointer:
+        due = (every and (step + 1) % every == 0) or self.job.evaluation_due(step)
+        if due and self.checkpointer:
             share = checkpoint_share(layers, position)
             if share:
                 self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers)

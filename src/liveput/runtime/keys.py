@@ -36,6 +36,9 @@ lists and deletes from it. The values' formats and who writes them:
   g's measured step time.
 - ``status/now``, ``status/series``, ``status/events``: what ``liveput status`` and the dashboard
   show (:mod:`liveput.operate.recorder`).
+- ``eval/<s>``: the job's evaluation of the model after step s (JSON: step, restore epoch,
+  metrics or the error, the instance that ran it), written by that instance
+  (:mod:`liveput.runtime.evaluation`); ``eval/latest``: the newest one's ``{"epoch", "step"}``.
 - ``notices/<cloud id>``: a preemption notice the emulated cloud publishes for one of its
   instances (named by the cloud's own id, not the job's).
 """
@@ -61,13 +64,16 @@ class Scope(enum.Enum):
     """A restore epoch, then maybe a step: ``<prefix><epoch>[/<s>]``."""
     CLOUD_INSTANCE = "cloud instance"
     """An instance id of the cloud (a string such as ``i-0003``)."""
+    TRAINING_STEP = "training step"
+    """A 0-based training step, whatever generation or restore epoch ran it: ``<prefix><s>``."""
 
 
 class Pruned(enum.Enum):
     """When pruning deletes a family's keys (:mod:`liveput.runtime.prune` says why each is safe)."""
 
     NEVER = "never"
-    """Kept for the job's life: they grow with replans and wall time, not with steps."""
+    """Kept for the job's life: they grow with replans and wall time, not with steps
+    (evaluations: one per ``Job.evaluate_every_steps``, which the user chose to keep)."""
     FORGOTTEN = "forgotten"
     """When their instance is forgotten (silent for long and not in the newest plan)."""
     RETIRED = "retired"
@@ -127,6 +133,7 @@ RENDEZVOUS = Family("rdzv/", Scope.GENERATION, Pruned.NEVER)
 STEP_TIMES = Family("perf/steps/", Scope.GENERATION, Pruned.NEVER)
 STATUS = Family("status/", Scope.JOB, Pruned.NEVER)
 CLOUD_NOTICE = Family("notices/", Scope.CLOUD_INSTANCE, Pruned.NEVER)
+EVALUATION = Family("eval/", Scope.TRAINING_STEP, Pruned.NEVER)
 
 FAMILIES: tuple[Family, ...] = (
     MEMBER,
@@ -155,6 +162,7 @@ FAMILIES: tuple[Family, ...] = (
     STEP_TIMES,
     STATUS,
     CLOUD_NOTICE,
+    EVALUATION,
 )
 """Every family of keys, per-instance families first, a forgotten instance's registration
 (``members/``) first of all."""
@@ -372,6 +380,15 @@ def migrations_prefix() -> str:
 def migrations(kind: str) -> str:
     """How many migrations of ``kind`` the job made (a counter)."""
     return f"{migrations_prefix()}{kind}"
+
+
+def evaluation(step: int) -> str:
+    """The evaluation after 0-based step ``step`` (the newest restore epoch's)."""
+    return f"{EVALUATION.prefix}{step}"
+
+
+def latest_evaluation() -> str:
+    return f"{EVALUATION.prefix}latest"
 
 
 def status_now() -> str:

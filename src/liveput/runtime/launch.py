@@ -30,6 +30,7 @@ from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.device import check_device_request, describe_device, resolve_device
 from liveput.runtime.engine import Engine, EngineConfig
+from liveput.runtime.evaluation import Evaluation
 from liveput.runtime.instance_env import (
     INSTANCE_ID_ENV,
     MARKET_ENV,
@@ -180,14 +181,17 @@ def run_agent(
                 torch.cuda.device_count(),
                 device,
             )
+        checkpointer = Checkpointer(
+            store, spec.checkpoint_dir, keep=spec.keep_checkpoints, token=token.encode()
+        )
+        if job.evaluate is not None:
+            Evaluation(job, store, instance, checkpointer)  # told of each checkpoint it completes
         engine = Engine(
             job,
             instance,
             store,
             StoreRendezvous(store, host, timeout_s),
-            Checkpointer(
-                store, spec.checkpoint_dir, keep=spec.keep_checkpoints, token=token.encode()
-            ),
+            checkpointer,
             EngineConfig(
                 checkpoint_every=spec.checkpoint_every,
                 device=device,

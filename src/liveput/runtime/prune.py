@@ -28,6 +28,8 @@ rule means:
 
 ``events/<g>`` (the plans' history, one per replan), ``stats/`` counters and ``coord/history``
 (one number per decision interval) are kept: they grow with replans and wall time, not with steps.
+``eval/<s>`` (the user's evaluations, one per ``Job.evaluate_every_steps``) are kept too: they are
+the job's results.
 """
 
 from __future__ import annotations

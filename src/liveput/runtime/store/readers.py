@@ -8,6 +8,7 @@ stored unless every caller wants them parsed.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from liveput.runtime import keys
 from liveput.runtime.store.base import Store
@@ -51,3 +52,26 @@ def migrations(store: Store) -> dict[str, int]:
     """Migration kind -> how many plans of that kind were published."""
     prefix = keys.migrations_prefix()
     return {key.removeprefix(prefix): int(value) for key, value in store.get_prefix(prefix).items()}
+
+
+def evaluations(store: Store, steps: Iterable[int] | None = None) -> dict[int, dict]:
+    """0-based step -> the job's evaluation after it (``eval/<s>``: ``metrics`` or ``error``),
+    by step; ``steps``: only those (one read each), else every one (one listing)."""
+    if steps is not None:
+        found = {step: store.get(keys.evaluation(step)) for step in steps}
+        return {step: json.loads(raw) for step, raw in found.items() if raw is not None}
+    listed = {}
+    for key, raw in store.get_prefix(keys.EVALUATION.prefix).items():
+        step = key[len(keys.EVALUATION.prefix) :]
+        if step.isdigit():
+            listed[int(step)] = json.loads(raw)
+    return dict(sorted(listed.items()))
+
+
+def latest_evaluation(store: Store) -> dict | None:
+    """The newest evaluation (of the newest restore epoch), or None before the first."""
+    raw = store.get(keys.latest_evaluation())
+    if raw is None:
+        return None
+    found = store.get(keys.evaluation(int(json.loads(raw)["step"])))
+    return None if found is None else json.loads(found)
