@@ -227,6 +227,8 @@ NUMERIC_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, bool]]] = {
             "--notice-lead": False,
             "--seed": True,
             "--keep-checkpoints": True,
+            "--budget-usd": False,
+            "--budget-usd-per-hour": False,
         },
     ),
     "coordinator": (

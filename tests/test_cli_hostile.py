@@ -214,3 +214,77 @@ def test_models_lists_every_built_in_name_and_each_loads_where_the_list_says(cap
     assert "train" in jobs["commands"] and "tiny-gpt" in jobs["names"]
     for name in jobs["names"]:
         assert resolve_job(name).num_layers >= 1
+
+
+POOL = (
+    "advise pool --model gpt-1.5b --deadline-hours 2 --trace {dir}/trace.csv --target-samples 1e5"
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        # An empty list: the option names nothing.
+        ("simulate --trace {dir}/trace.csv --policies ''", "--policies: empty; give one or more"),
+        ("predict backtest {dir}/long.csv --methods ''", "--methods: empty; give one or more"),
+        ("predict backtest {dir}/long.csv --methods ' , '", "--methods: empty"),
+        ("advise deepvm --budget-usd-per-hour 3 --types ''", "--types: empty; give one or more"),
+        ("advise deepvm --budget-usd-per-hour 3 --types ,", "--types: empty"),
+        (
+            "advise slo --model resnet152 --target-loss 0.5 --deadline-hours 0.5 --types ,",
+            "--types: empty",
+        ),
+        (
+            "advise slo --model resnet152 --target-loss 0.5 --deadline-hours 0.5 --loss-params ''",
+            "--loss-params: empty; give one or more comma-separated numbers",
+        ),
+        (POOL + " --spot-caps ''", "--spot-caps: empty"),
+        (
+            "coordinator --embedded --token t --provider emulated --spot-max 1 --instance-types ''",
+            "--instance-types: empty; give one or more comma-separated instance types",
+        ),
+        # A span shorter than one interval: not one interval of it is whole.
+        ("trace generate -o {dir}/out.csv --hours 0.001", "shorter than one interval"),
+        ("trace stats {dir}/trace.csv --interval 7200", "shorter than one --interval (7200 s)"),
+        (
+            "trace stats {dir}/trace.csv --start-hour 0.1 --end-hour 0.1001",
+            "between --start-hour and --end-hour spans 0.36 s, shorter than one --interval",
+        ),
+        (
+            "simulate --trace {dir}/trace.csv --policies reactive --interval 7200",
+            "shorter than one --interval (7200 s)",
+        ),
+        (
+            "simulate --trace {dir}/trace.csv --policies reactive --start-hour 0.1 "
+            "--end-hour 0.1001",
+            "spans 0.36 s, shorter than one --interval (60 s)",
+        ),
+        (
+            "simulate --policies reactive --interval 86400",
+            "the default trace spans 12 h, shorter than one --interval (86400 s)",
+        ),
+        (POOL + " --interval 7200", "shorter than one --interval (7200 s)"),
+        (POOL + " --hours 0.001", "--hours 0.001 (3.6 s) is shorter than one --interval (60 s)"),
+        (
+            "predict backtest {dir}/long.csv --interval 20000",
+            "shorter than one --interval (20000 s)",
+        ),
+    ],
+)
+def test_an_empty_list_or_a_span_shorter_than_one_interval_is_refused_in_one_line(
+    tmp_path, capsys, command, message
+):
+    import shlex
+
+    from bench.hostile import valid_trace
+    from liveput.cli.main import main
+    from liveput.traces import generate_trace, write_trace
+
+    (tmp_path / "trace.csv").write_bytes(valid_trace())  # 0.47 h of 60-s intervals
+    write_trace(generate_trace(8, 3.0, seed=1), tmp_path / "long.csv")  # past the warm-up
+    before = sorted(path.name for path in tmp_path.iterdir())
+    code = main(shlex.split(command.format(dir=tmp_path)))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err, err
+    assert "\n" not in err and "Traceback" not in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == before  # nothing written

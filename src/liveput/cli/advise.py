@@ -33,6 +33,7 @@ from liveput.advise import (
 from liveput.cli import params
 from liveput.cli.output import console, print_json, progress
 from liveput.cli.params import FLAG
+from liveput.cli.trace import load_trace
 from liveput.errors import LiveputError
 from liveput.files import read_text_file
 
@@ -171,7 +172,10 @@ def deepvm(
         60.0, "--checkpoint-interval-s", parser=params.SECONDS, help="Seconds between checkpoints."
     ),
     types: str | None = typer.Option(
-        None, "--types", help="Only these instance types (comma-separated; GPU and CPU)."
+        None,
+        "--types",
+        parser=params.INSTANCE_TYPES,
+        help="Only these instance types (comma-separated; GPU and CPU).",
     ),
     mixed: bool = typer.Option(
         False,
@@ -250,7 +254,10 @@ def slo(
     ),
     catalog: str = typer.Option("aws", "--catalog", help=CATALOG_HELP),
     types: str | None = typer.Option(
-        None, "--types", help="Only these worker types (comma-separated)."
+        None,
+        "--types",
+        parser=params.INSTANCE_TYPES,
+        help="Only these worker types (comma-separated).",
     ),
     ps_type: str = typer.Option(
         "c5n.xlarge", "--ps-type", help="Parameter-server instance type (on-demand)."
@@ -260,7 +267,10 @@ def slo(
         16, "--max-workers", parser=params.INSTANCES, help="Most workers in the cluster."
     ),
     loss_params: str | None = typer.Option(
-        None, "--loss-params", help="Your fitted loss coefficients g1,g2,g3,g4,g5."
+        None,
+        "--loss-params",
+        parser=params.NUMBERS,
+        help="Your fitted loss coefficients g1,g2,g3,g4,g5.",
     ),
     revocation: str | None = typer.Option(None, "--revocation", help=REVOCATION_HELP),
     as_json: bool = typer.Option(False, "--json", metavar=FLAG, help="Print one JSON object."),
@@ -295,9 +305,14 @@ def pool(
     target_samples: float = typer.Option(
         ..., "--target-samples", parser=params.SAMPLES, help="Samples to train."
     ),
-    anchors: str = typer.Option("0,1,2,4", "--anchors", help="On-demand anchor counts to try."),
+    anchors: str = typer.Option(
+        "0,1,2,4", "--anchors", parser=params.NUMBERS, help="On-demand anchor counts to try."
+    ),
     spot_caps: str | None = typer.Option(
-        None, "--spot-caps", help="Spot caps to try (default: the trace's peak)."
+        None,
+        "--spot-caps",
+        parser=params.NUMBERS,
+        help="Spot caps to try (default: the trace's peak).",
     ),
     hours: float | None = typer.Option(
         None,
@@ -315,13 +330,15 @@ def pool(
     from liveput.advise.pool import PoolConfig, advise_pool, pool_candidates
     from liveput.perf import load_profile
     from liveput.sim.engine import check_size
-    from liveput.traces import read_trace
 
     profile = load_profile(model)
-    replay = read_trace(trace).resample(interval_s)
+    replay = load_trace(trace, interval_s=interval_s).resample(interval_s)
     if hours is not None:
-        if not hours > 0:
-            raise LiveputError(f"--hours must be > 0, got {hours}")
+        if hours * 3600.0 < interval_s:
+            raise LiveputError(
+                f"--hours {hours:g} ({hours * 3600:.4g} s) is shorter than one --interval "
+                f"({interval_s:g} s): give a shorter --interval or more --hours"
+            )
         replay = replay.head(max(1, int(round(hours * 3600 / interval_s))))
     check_size(replay)  # each candidate pool is simulated over every interval
     spec = load_catalog(catalog).get(profile.instance_type.name)

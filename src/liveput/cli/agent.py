@@ -198,6 +198,7 @@ InstanceTypes = Annotated[
     str | None,
     typer.Option(
         "--instance-types",
+        parser=params.INSTANCE_TYPES,
         help="Comma-separated instance types to rent (default with --provider emulated: "
         "c5.xlarge).",
     ),

@@ -4,7 +4,7 @@ Each checker is a typer ``parser``: it turns the text of an option into a number
 with :class:`typer.BadParameter`, which :func:`liveput.cli.main.main` prints as one line with the
 option's name (exit code 2). Numbers must be finite (``nan`` and ``inf`` are refused everywhere)
 and within the range the option documents; a value that is already a number (an option's
-default) passes through the same check.
+default) passes through the same check. A comma-separated list must name one item or more.
 
 Ranges are about plausibility, not hardware: a trace longer than :data:`MAX_HOURS` or a cluster
 larger than :data:`MAX_INSTANCES` is refused in one line instead of running for hours.
@@ -88,6 +88,21 @@ def optional(parse: Parser) -> Parser:
     return lambda value: None if value is None else parse(value)  # type: ignore[return-value]
 
 
+def comma_list(what: str) -> Callable[[object], str | None]:
+    """A comma-separated list of one ``what`` or more (blanks around the items and empty items
+    dropped); an option that names none (``""``, ``","``) is refused; None (not given) passes."""
+
+    def parse(value: object) -> str | None:
+        if value is None:
+            return None
+        items = [item.strip() for item in str(value).split(",") if item.strip()]
+        if not items:
+            raise typer.BadParameter(f"empty; give one or more comma-separated {what}")
+        return ",".join(items)
+
+    return parse
+
+
 POSITIVE = number(0.0, low_open=True)
 """A finite number > 0."""
 NON_NEGATIVE = number(0.0)
@@ -145,6 +160,12 @@ OPTIONAL_PRICE_POSITIVE = optional(PRICE_POSITIVE)
 """Dollars > 0, or unset."""
 OPTIONAL_SOME_INSTANCES = optional(SOME_INSTANCES)
 """Instances >= 0, or unset."""
+NAMES = comma_list("names")
+"""Names (policies, predictors, models), comma-separated."""
+INSTANCE_TYPES = comma_list("instance types")
+"""Catalog instance types, comma-separated."""
+NUMBERS = comma_list("numbers")
+"""Numbers, comma-separated (each is checked where it is read)."""
 FLAG = ""
 """Metavar of an on/off flag: it takes no value, so help shows none (not ``<bool>``)."""
 

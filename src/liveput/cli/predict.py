@@ -44,7 +44,7 @@ def backtest_command(
     interval: float = typer.Option(
         60.0, "--interval", parser=params.SECONDS, help="Interval length in seconds."
     ),
-    methods: str | None = typer.Option(None, "--methods", help=METHODS_HELP),
+    methods: str | None = typer.Option(None, "--methods", parser=params.NAMES, help=METHODS_HELP),
     warmup: int = typer.Option(
         60, "--warmup", parser=params.WARMUP, help="Intervals of history before the first forecast."
     ),
@@ -59,7 +59,7 @@ def backtest_command(
 ) -> None:
     """Walk forward over a trace, forecasting at every interval; score each predictor."""
     names = _methods(methods)
-    series = load_trace(trace, fmt, start_hour, end_hour).resample(interval)
+    series = load_trace(trace, fmt, start_hour, end_hour, interval).resample(interval)
     check_backtest(series, horizon, warmup)
     steps = len(series) - 1 - warmup
     with progress() as bar:
@@ -123,7 +123,7 @@ def plot_command(
     """Plot the h-step forecasts with their 10-90% interval against the true count."""
     check_output_file(output, ".png")
     PREDICTORS.get(method)
-    series = load_trace(trace, fmt, start_hour, end_hour).resample(interval)
+    series = load_trace(trace, fmt, start_hour, end_hour, interval).resample(interval)
     check_backtest(series, horizon, warmup)
     steps = len(series) - 1 - warmup
     with progress() as bar:

@@ -18,6 +18,7 @@ from liveput.cli.simulate_options import TRACE_HELP as TRACE_HELP
 from liveput.cli.simulate_sweep import SWEEP_SEEDS as SWEEP_SEEDS
 from liveput.cli.simulate_sweep import simulate_sweeps
 from liveput.cli.simulate_sweep import sweep_cells as sweep_cells
+from liveput.cli.trace import check_span
 from liveput.errors import LiveputError
 from liveput.files import check_output_file, check_output_folder
 from liveput.perf import ModelProfile, estimate_configs, load_profile
@@ -31,6 +32,7 @@ from liveput.sim import (
     simulate,
     simulate_deadline,
 )
+from liveput.sim.engine import DEFAULT_TRACE_HOURS
 from liveput.sim.sweep import SWEEP_FACTORS, DeadlineSweepRow, deadline_sweep
 from liveput.traces import IntervalTrace
 
@@ -210,6 +212,8 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             preemption_notice_s=notice,
         )
+        if not traces:  # the project's own traces, 12 hours each
+            check_span(DEFAULT_TRACE_HOURS * 3600.0, interval, "the default trace")
         deadline = is_deadline_job(
             deadline_hours,
             steps,

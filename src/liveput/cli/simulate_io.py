@@ -27,7 +27,7 @@ def load_intervals(
 ) -> IntervalTrace:
     """The trace file at ``path`` (between the hours given) in ``interval_s`` intervals, refused
     when it is empty or too large to simulate."""
-    trace = load_trace(path, None, start_hour, end_hour)
+    trace = load_trace(path, None, start_hour, end_hour, interval_s)
     if trace.end_s <= 0:
         raise LiveputError(f"trace {path} is empty: it spans no time")
     intervals = trace.resample(interval_s)

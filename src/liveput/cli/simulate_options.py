@@ -28,6 +28,7 @@ MODEL = typer.Option(
 POLICIES = typer.Option(
     None,
     "--policies",
+    parser=params.NAMES,
     help="Comma-separated policies to compare (default: "
     + ",".join(DEFAULT_POLICIES)
     + "; with a deadline: "

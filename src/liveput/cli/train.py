@@ -18,6 +18,8 @@ from liveput.cli.output import console, device_counts, err_console, print_json, 
 from liveput.cli.train_options import (
     ActivationCheckpointing,
     AsJson,
+    BudgetUsd,
+    BudgetUsdPerHour,
     CheckpointDir,
     CheckpointEvery,
     ClipGradNorm,
@@ -48,6 +50,7 @@ from liveput.launch.assemble import DEFAULTS
 from liveput.models.training import TrainingConfig
 
 if TYPE_CHECKING:
+    from liveput.launch.deadline import DeadlineJob
     from liveput.launch.local import LocalTrainingConfig
     from liveput.runtime.coordinator import Coordinator
     from liveput.traces import IntervalTrace, Trace
@@ -73,6 +76,39 @@ class _JobOptions:
     instance_type: str
     deadline_policy: str
     device: str
+    budget_usd: float | None = None
+    budget_usd_per_hour: float | None = None
+
+    def deadline_job(self) -> DeadlineJob | None:
+        """The deadline job of these options (None: none; a budget without a deadline, or
+        both budgets, are refused in one line)."""
+        from liveput.launch.deadline import DeadlineJob
+
+        budgets = [
+            name
+            for name, value in (
+                ("--budget-usd", self.budget_usd),
+                ("--budget-usd-per-hour", self.budget_usd_per_hour),
+            )
+            if value is not None
+        ]
+        if len(budgets) == 2:
+            raise LiveputError("train: give --budget-usd or --budget-usd-per-hour, not both")
+        if self.deadline_hours is None:
+            if budgets:
+                raise LiveputError(
+                    f"train: {budgets[0]} needs --deadline-hours (the deadline policy is what "
+                    "rents within a budget)"
+                )
+            return None
+        return DeadlineJob(
+            self.deadline_hours,
+            self.on_demand_max,
+            self.instance_type,
+            self.deadline_policy,
+            budget_usd=self.budget_usd,
+            budget_usd_per_hour=self.budget_usd_per_hour,
+        )
 
 
 def train(
@@ -97,6 +133,8 @@ def train(
     on_demand_max: OnDemandMax = None,
     instance_type: InstanceType = "p3.2xlarge",
     deadline_policy: params.DeadlinePolicy = DEFAULTS.policy,
+    budget_usd: BudgetUsd = None,
+    budget_usd_per_hour: BudgetUsdPerHour = None,
     precision: Precision = None,
     clip_grad_norm: ClipGradNorm = None,
     lr_schedule: LrSchedule = None,
@@ -109,10 +147,10 @@ def train(
     job_options = _JobOptions(
         model, workers, trace_path, time_scale, steps, checkpoint_dir, checkpoint_every,
         notice_lead_s, notice_margin_s, seed, keep_checkpoints, deadline_hours, on_demand_max,
-        instance_type, deadline_policy, device,
+        instance_type, deadline_policy, device, budget_usd, budget_usd_per_hour,
     )  # fmt: skip
     options = job_options if job_file is None else _from_job_file(job_file)
-    from liveput.launch.deadline import DeadlineJob
+    deadline = options.deadline_job()  # a bad deadline or budget: one line, before any work
     from liveput.launch.local import LocalTrainingConfig, warn_idle_gpus
     from liveput.models.jobs import resolve_job
     from liveput.models.validate import check_job
@@ -148,14 +186,7 @@ def train(
         notice_margin_s=options.notice_margin_s,
         training=training,
         device=options.device,
-        deadline=None
-        if options.deadline_hours is None
-        else DeadlineJob(
-            options.deadline_hours,
-            options.on_demand_max,
-            options.instance_type,
-            options.deadline_policy,
-        ),
+        deadline=deadline,
     )
     path, seed = options.trace_path, options.seed
     trace = read_trace(path) if path else generate_trace(options.workers, 5 / 60, seed)
@@ -371,7 +402,25 @@ def _deadline_rows(summary: dict) -> list[tuple[str, str]]:
             f"${summary['usd']:.2f} (${summary['usd_spot']:.2f} / ${summary['usd_on_demand']:.2f})",
         ),
         ("on-demand hours", f"{summary['on_demand_hours']:.3f}"),
+        *_budget_rows(summary),
     ]
+
+
+def _budget_rows(summary: dict) -> list[tuple[str, str]]:
+    """What was spent against the budget, if the job had one."""
+    within = "within" if summary.get("within_budget") else "OVER"
+    if summary.get("budget_usd") is not None:
+        return [("budget", f"{within}: ${summary['usd']:.2f} of ${summary['budget_usd']:g}")]
+    if summary.get("budget_usd_per_hour") is not None:
+        return [
+            (
+                "budget per hour",
+                f"{within}: at most ${summary['usd_per_hour_peak']:.2f}/h of "
+                f"${summary['budget_usd_per_hour']:g}/h (on-demand at once: "
+                f"{summary['on_demand_peak']})",
+            )
+        ]
+    return []
 
 
 def _interrupt(signum: int, frame: object) -> None:

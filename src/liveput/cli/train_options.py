@@ -137,6 +137,25 @@ InstanceType = Annotated[
         help="Catalog instance type rented and priced (with --deadline-hours).",
     ),
 ]
+BudgetUsd = Annotated[
+    float | None,
+    typer.Option(
+        "--budget-usd",
+        parser=params.OPTIONAL_PRICE_POSITIVE,
+        help="Most dollars the job may cost in all (with --deadline-hours): the deadline policy "
+        "rents on-demand instances only within what is left, spread over the hours to the "
+        "deadline, as liveput simulate's do.",
+    ),
+]
+BudgetUsdPerHour = Annotated[
+    float | None,
+    typer.Option(
+        "--budget-usd-per-hour",
+        parser=params.OPTIONAL_PRICE_POSITIVE,
+        help="Most dollars per hour the job may spend (with --deadline-hours): the deadline "
+        "policy rents on-demand instances only within what the spot ones leave of it.",
+    ),
+]
 Precision = Annotated[
     str | None,
     typer.Option(

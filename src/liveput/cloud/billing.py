@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from liveput.cloud.types import InstanceRecord, Market
 
-__all__ = ["InstanceCharge", "Bill", "BillingAccount"]
+__all__ = ["InstanceCharge", "Bill", "BillingAccount", "Peak", "peak_holding"]
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -96,3 +96,31 @@ class BillingAccount:
                 )
             )
         return Bill(tuple(charges))
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The most a provider's account ever ran at once."""
+
+    on_demand: int = 0
+    """On-demand instances running at once."""
+    usd_per_hour: float = 0.0
+    """Dollars per hour of the instances running at once (spot and on-demand)."""
+
+
+def peak_holding(records: Iterable[InstanceRecord], now_s: float) -> Peak:
+    """The peak of ``records`` up to cloud time ``now_s``: each instance counts from its launch
+    to its end (or now); one ending when another starts is not held with it."""
+    changes: list[tuple[float, int, int, float]] = []
+    for record in records:
+        if record.launch_s is None or record.run_s(now_s) <= 0:
+            continue
+        end_s = now_s if record.end_s is None else min(record.end_s, now_s)
+        on_demand = int(record.market is Market.ON_DEMAND)
+        changes.append((record.launch_s, 1, on_demand, record.price_usd_per_hour))
+        changes.append((end_s, 0, -on_demand, -record.price_usd_per_hour))
+    count, rate, peak = 0, 0.0, Peak()
+    for _, _, on_demand, usd_per_hour in sorted(changes):  # ends before starts at one time
+        count, rate = count + on_demand, rate + usd_per_hour
+        peak = Peak(max(peak.on_demand, count), max(peak.usd_per_hour, rate))
+    return peak

@@ -4,7 +4,9 @@ instances, or (a deadline job) renting through a holder from a trace of spot cap
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from liveput.cloud.billing import BillingAccount, peak_holding
 from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
 from liveput.cloud.holding import InstanceHolder
 from liveput.cloud.market import HolderMarket
@@ -12,6 +14,9 @@ from liveput.cloud.processes import Launcher
 from liveput.policies.base import Provisioning
 from liveput.runtime.clock import Clock
 from liveput.traces import IntervalTrace, Trace
+
+if TYPE_CHECKING:
+    from liveput.launch.deadline import DeadlineJob
 
 
 class LocalCloud:
@@ -92,16 +97,30 @@ class LocalCloud:
             self.holder.close()
         self.provider.close()
 
-    def summary(self, deadline_hours: float) -> dict:
-        """The deadline fields of the ``--json`` document (cloud hours, dollars)."""
-        bill = self.provider.bill()
-        finished_s = self.provider.now_s() if self.finished_s is None else self.finished_s
+    def summary(self, job: DeadlineJob) -> dict:
+        """The deadline fields of the ``--json`` document (cloud hours, dollars, and what was
+        spent against the job's budget: ``within_budget`` is None without one)."""
+        records = self.provider.instances()
+        now_s = self.provider.now_s()
+        bill = BillingAccount.bill(records, now_s)
+        peak = peak_holding(records, now_s)
+        finished_s = now_s if self.finished_s is None else self.finished_s
+        within = None
+        if job.budget_usd is not None:
+            within = bill.usd <= job.budget_usd + 1e-9
+        elif job.budget_usd_per_hour is not None:
+            within = peak.usd_per_hour <= job.budget_usd_per_hour + 1e-9
         return {
-            "deadline_hours": deadline_hours,
+            "deadline_hours": job.deadline_hours,
             "finished_hours": round(finished_s / 3600.0, 4),
-            "deadline_met": finished_s <= deadline_hours * 3600.0,
+            "deadline_met": finished_s <= job.deadline_hours * 3600.0,
             "usd": round(bill.usd, 4),
             "usd_spot": round(bill.usd_spot, 4),
             "usd_on_demand": round(bill.usd_on_demand, 4),
             "on_demand_hours": round(bill.on_demand_hours, 4),
+            "on_demand_peak": peak.on_demand,
+            "usd_per_hour_peak": round(peak.usd_per_hour, 4),
+            "budget_usd": job.budget_usd,
+            "budget_usd_per_hour": job.budget_usd_per_hour,
+            "within_budget": within,
         }

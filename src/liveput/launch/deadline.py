@@ -11,8 +11,11 @@ registered as on-demand (the planner spreads them over the stages). Times are th
 (cloud) seconds: the deadline, the bill and ``finished_hours`` are in them, ``time_scale`` of
 them per wall second. This module holds the job's deadline and what its policy knows.
 
-What the runtime does not do yet, unlike the simulator: it keeps asking for every spot instance
-the trace offers (up to ``workers``) rather than releasing idle spot spares.
+A budget (``--budget-usd`` or ``--budget-usd-per-hour``, as ``liveput simulate``'s) binds as in
+the simulator: the policy rents on-demand instances only within it (per hour: beside the spot
+instances held; total: what is left of it, spread over the hours to the deadline). It neither
+stops the job nor caps the spot instances, whose dollars count against it: the summary says what
+was spent against it (:meth:`~liveput.launch.cloud.LocalCloud.summary`).
 """
 
 from __future__ import annotations
@@ -44,11 +47,29 @@ class DeadlineJob:
     policy: str = "liveput"
     """Deadline policy: ``liveput``, ``uniform-progress``, ``greedy``, ``on-demand`` or
     ``spot-only``."""
+    budget_usd: float | None = None
+    """Most dollars the whole job may cost (None: no cap): the policy rents on-demand instances
+    within what is left of it, spread over the hours to the deadline, as the simulator's do."""
+    budget_usd_per_hour: float | None = None
+    """Most dollars per hour the instances held at once may cost (None: no cap): the policy
+    rents on-demand instances only within what the spot ones it holds leave of it."""
 
     def __post_init__(self) -> None:
-        JobObjective(self.deadline_hours, steps=1, on_demand_max=self.on_demand_max)  # checks
-        load_catalog("aws").get(self.instance_type)  # an unknown type: a one-line error
+        objective = self.objective(steps=1)  # checks the deadline, cap and budget
+        spec = load_catalog("aws").get(self.instance_type)  # an unknown type: a one-line error
+        # A budget that pays for no instance (one hour of one, for a total) is refused now.
+        objective.check_budget(min(spec.spot_usd_per_hour, spec.on_demand_usd_per_hour))
         DEADLINE_POLICIES.get(self.policy)  # an unknown policy: a one-line error
+
+    def objective(self, steps: int) -> JobObjective:
+        """The policy's objective: ``steps`` by the deadline, within the cap and the budget."""
+        return JobObjective(
+            self.deadline_hours,
+            steps=steps,
+            budget_usd=self.budget_usd,
+            budget_usd_per_hour=self.budget_usd_per_hour,
+            on_demand_max=self.on_demand_max,
+        )
 
 
 def deadline_context(
@@ -65,7 +86,9 @@ def deadline_context(
 
     The profile was measured in wall seconds and the policy counts trace seconds, of which
     ``time_scale`` pass per wall second: its compute times are stretched by ``time_scale``.
-    ``prices_usd_per_hour`` (spot, on-demand) replace the catalog's (a provider's quote)."""
+    ``prices_usd_per_hour`` (spot, on-demand) replace the catalog's (a provider's quote). The
+    job's budget caps the on-demand instances the policy rents (a budget below the cheapest
+    instance at these prices is refused)."""
     intervals = trace.resample(interval_s) if isinstance(trace, Trace) else trace
     profile = dataclasses.replace(
         profile,
@@ -84,11 +107,10 @@ def deadline_context(
         spec.spot_usd_per_hour,
         spec.on_demand_usd_per_hour,
     )
-    objective = JobObjective(job.deadline_hours, steps=steps, on_demand_max=job.on_demand_max)
     return make_deadline_context(
         intervals,
         profile,
-        objective,
+        job.objective(steps),
         SimulationConfig(
             interval_s=interval_s,
             spot_price_usd_per_hour=spot_usd,

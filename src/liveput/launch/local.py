@@ -353,7 +353,7 @@ class _LocalRun:
             log_dir=str(log_dir),
             steps=report.records,
             events=readers.events(self.store),
-            deadline=None if deadline is None else self.cloud.summary(deadline.deadline_hours),
+            deadline=None if deadline is None else self.cloud.summary(deadline),
             devices=dict(sorted(self.devices.items(), key=lambda kv: int(kv[0]))),
             device=describe_device(device),
         )
