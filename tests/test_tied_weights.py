@@ -81,6 +81,7 @@ def _tied_transformers_run(job: Job) -> tuple[nn.Module, list[float]]:
     return model.eval(), losses
 
 
+@pytest.mark.process  # gloo groups in threads
 @pytest.mark.parametrize(
     "configuration", [Configuration(1, 1), Configuration(1, 2), Configuration(2, 2)], ids=str
 )
@@ -154,6 +155,7 @@ def _own_job(layers: list[nn.Module], **ties) -> Job:
     )
 
 
+@pytest.mark.process  # gloo groups in threads
 def test_a_users_model_is_tied_by_naming_the_pair_or_by_sharing_the_parameter(tmp_path):
     named = _own_layers(share=False)
     assert not torch.equal(named[0].weight, named[2].weight)
