@@ -84,7 +84,7 @@ def test_the_layers_compute_what_the_whole_transformers_model_computes(family, a
     assert moved[:12].max() == 0 and moved[12] > 0
 
 
-def test_from_hf_causal_lm_is_seeded_untied_and_refuses_what_it_cannot_cut():
+def test_from_hf_causal_lm_is_seeded_keeps_ties_and_refuses_what_it_cannot_cut():
     first, again, other = (from_hf_causal_lm(small_config("gpt2"), seed=s) for s in (1, 1, 2))
     state = [layer.state_dict() for layer in first]
     assert all(
@@ -96,16 +96,19 @@ def test_from_hf_causal_lm_is_seeded_untied_and_refuses_what_it_cannot_cut():
         first[1].state_dict()["block.attn.c_attn.weight"],
         other[1].state_dict()["block.attn.c_attn.weight"],
     )
-    # GPT-2 ties its head to its embedding by default; the adapter unties them.
-    assert first[-1].projection.weight.data_ptr() != first[0].token.weight.data_ptr()
-    # 2 blocks of 49,984, token and position embeddings, final norm, and a head of its own.
+    # GPT-2 ties its head to its embedding by default: the two layers share the one matrix
+    # (a job built from them trains it as one); untied, the head has its own.
+    assert first[-1].projection.weight is first[0].token.weight
+    untied = from_hf_causal_lm(small_config("gpt2", tie_word_embeddings=False))
+    assert untied[-1].projection.weight is not untied[0].token.weight
+    # 2 blocks of 49,984, token and position embeddings, final norm, and the head's matrix.
     assert (
-        sum(p.numel() for layer in first for p in layer.parameters())
+        sum(p.numel() for layer in untied for p in layer.parameters())
         == 2 * 49_984 + 256 * 64 + 32 * 64 + 128 + 256 * 64
     )
     tied = transformers.AutoModelForCausalLM.from_config(small_config("gpt2"))
-    with pytest.raises(LiveputError, match="tied"):
-        hf_causal_lm_layers(tied)
+    layers = hf_causal_lm_layers(tied)
+    assert layers[-1].projection.weight is tied.transformer.wte.weight
     with pytest.raises(LiveputError, match="family 'bert' is not supported; known: gpt2, llama"):
         from_hf_causal_lm(transformers.BertConfig())
     with pytest.raises(LiveputError, match="expected a transformers config, got dict"):

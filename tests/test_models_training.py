@@ -6,7 +6,8 @@ Models are reduced so that a step takes milliseconds on CPU: Llama and GPT-2 wit
 wide, 16-token contexts, byte tokens from 50 kB of the standard library's sources; ResNet-50 (all
 16 bottlenecks, 18 layers) at width 4 (ResNet-50's is 64) on 32x32 synthetic images of 10
 classes, in micro-batches of 4 (BatchNorm over 2 samples is ill-conditioned); an
-``nn.Sequential`` MLP. SGD with momentum, as the engine test uses (bit-stable across
+``nn.Sequential`` MLP. GPT-2 keeps its head tied to its token embedding (its default), so its
+two copies must stay equal. SGD with momentum, as the engine test uses (bit-stable across
 configurations).
 """
 
@@ -27,6 +28,7 @@ from liveput.models.jobs import (
     resnet50_job,
 )
 from liveput.models.sequential import from_sequential
+from liveput.models.ties import members
 from liveput.perf.configuration import Configuration
 from liveput.runtime.engine import Ending, EngineConfig
 from liveput.runtime.inprocess import ThreadCluster
@@ -51,7 +53,9 @@ def llama_job() -> Job:
 
 
 def gpt2_job() -> Job:
-    return causal_lm_job("gpt2-test", gpt2_config(layers=2, width=32, heads=4, positions=16), TEXT)
+    """GPT-2 as it is by default: its head tied to its token embedding."""
+    config = gpt2_config(layers=2, width=32, heads=4, positions=16, tied=True)
+    return causal_lm_job("gpt2-test", config, TEXT)
 
 
 def resnet_job() -> Job:
@@ -148,6 +152,9 @@ def test_a_model_family_trains_through_preemptions_as_one_uninterrupted_run(make
     ]
     want = reference_parameters(make_job(), steps)
     assert not parameter_mismatches(parameters_only(job, got), parameters_only(job, want))
+    for earlier, later in (members(tie) for tie in job.tied_weights):
+        # Tied weights stay one matrix through the migrations and the restore, to the bit.
+        assert torch.equal(got[earlier[0]][earlier[1]], got[later[0]][later[1]])
     initial = [layer.state_dict() for layer in make_job().layers]
     assert parameter_mismatches(parameters_only(job, got), parameters_only(job, initial)), (
         "training moved no parameter"

@@ -7,10 +7,11 @@ computed inside the block from the hidden states' shape, as the whole model woul
 a batch without padding or cache. Weights are randomly initialized from the config (nothing is
 downloaded). Families are registered by the config's ``model_type`` in :data:`FAMILIES`.
 
-Tied input and output embeddings (GPT-2's default) are untied: the embedding and the head may
-sit in different pipeline stages, and each layer owns its parameters. The head starts as a copy of
-the embedding, as the tied model would, and :func:`to_hf_causal_lm` gives the weights back as the
-``transformers`` model, under its own key names, tied again where they still are equal.
+Tied input and output embeddings (GPT-2's default) stay tied: the embedding layer and the head
+share the model's one matrix, which makes them a tie of any :class:`liveput.Job` built from them
+(``liveput.models.ties``). The engine gives each its own copy (they may sit in different pipeline
+stages) and trains the two as the one matrix; :func:`to_hf_causal_lm` gives the weights back as
+the ``transformers`` model, under its own key names, tied.
 """
 
 from __future__ import annotations
@@ -87,10 +88,6 @@ class DecoderBlock(nn.Module):
 class LMHead(nn.Module):
     """Final norm and projection to the vocabulary."""
 
-    tied_embeddings: bool = False
-    """Whether the original config tied the projection to the token embedding (liveput trains
-    them apart; :func:`to_hf_causal_lm` ties them again)."""
-
     def __init__(self, norm: nn.Module, projection: nn.Module) -> None:
         super().__init__()
         self.norm = norm
@@ -137,17 +134,9 @@ def _family(config: Any) -> CutFn:
 
 
 def hf_causal_lm_layers(model: nn.Module) -> list[nn.Module]:
-    """Cut an existing ``*ForCausalLM`` into layers (they share its modules). Its input and
-    output embeddings must not be tied."""
-    cut = _family(model.config)
-    layers = cut(model)
-    shared = {id(p) for p in layers[0].parameters()} & {id(p) for p in layers[-1].parameters()}
-    if shared:
-        raise LiveputError(
-            "the model's input and output embeddings are tied: build it with "
-            "tie_word_embeddings=False (each pipeline stage owns its weights)"
-        )
-    return layers
+    """Cut an existing ``*ForCausalLM`` into layers (they share its modules: tied embeddings
+    stay one matrix, which a job built from the layers trains as one)."""
+    return _family(model.config)(model)
 
 
 def from_hf_causal_lm(config: Any, seed: int = 0) -> list[nn.Module]:
@@ -159,24 +148,14 @@ def from_hf_causal_lm(config: Any, seed: int = 0) -> list[nn.Module]:
             f"from_hf_causal_lm: expected a transformers config, got {type(config).__name__}"
         )
     _family(config)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
     config = copy.deepcopy(config)
-    config.tie_word_embeddings = False
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
         model = transformers.AutoModelForCausalLM.from_config(config)
     finally:
         torch.random.set_rng_state(generator_state)
-    layers = hf_causal_lm_layers(model.train())
-    if tied:
-        # The tied model's head is its embedding: both start from the same weights.
-        with torch.no_grad():
-            model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight)
-        head = layers[-1]
-        if isinstance(head, LMHead):
-            head.tied_embeddings = True
-    return layers
+    return hf_causal_lm_layers(model.train())
 
 
 def hf_config_of(layers: Sequence[nn.Module]) -> Any | None:
@@ -189,15 +168,17 @@ def to_hf_causal_lm(layers: Sequence[nn.Module], state: Mapping[str, torch.Tenso
     ``nn.Sequential(*layers)``) under its own key names: ``save_pretrained`` writes what
     ``AutoModelForCausalLM.from_pretrained`` loads, with outputs equal to the layers'.
 
-    Embeddings the original config tied are tied again when training left the token embedding
-    and the head equal; liveput trains them apart, so once they differ tying them would change
-    the model's outputs: they stay untied (``tie_word_embeddings`` false), with a warning."""
+    Embeddings the original config tied are tied again: a job trains them as one matrix, so
+    the token embedding and the head are equal. Where they are not (weights from before liveput
+    kept ties), tying them would change the model's outputs: they stay untied
+    (``tie_word_embeddings`` false), with a warning."""
     transformers = require("transformers", "a transformers model's export")
     config = hf_config_of(layers)
     if config is None:
         raise LiveputError("to_hf_causal_lm: the layers are not cut from a transformers model")
     config = copy.deepcopy(config)
-    config.tie_word_embeddings = False
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    config.tie_word_embeddings = False  # tied below, once the two are known to be equal
     model = transformers.AutoModelForCausalLM.from_config(config)
     try:
         nn.Sequential(*_family(config)(model)).load_state_dict(dict(state))
@@ -205,14 +186,14 @@ def to_hf_causal_lm(layers: Sequence[nn.Module], state: Mapping[str, torch.Tenso
         raise LiveputError(
             f"to_hf_causal_lm: the weights do not fit the model: {str(error).splitlines()[0]}"
         ) from None
-    if getattr(layers[-1], "tied_embeddings", False):
+    if tied:
         embedding = model.get_input_embeddings().weight
         if torch.equal(embedding, model.get_output_embeddings().weight):
             model.config.tie_word_embeddings = True
             model.tie_weights()
         else:
             LOG.warning(
-                "the trained token embedding and LM head differ (liveput trains them apart): "
+                "the trained token embedding and LM head differ (weights trained untied): "
                 "they stay untied, so that the model's outputs are the trained ones"
             )
     return model.eval()

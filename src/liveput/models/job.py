@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from liveput.errors import LiveputError
+from liveput.models.ties import Tie, resolve_ties
 from liveput.models.training import TrainingConfig
 
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
@@ -72,6 +73,13 @@ class Job:
     evaluate_every_steps: int = 100
     """N: evaluate after steps N, 2N, ... (counted from 1; the ledger's 0-based steps N-1,
     2N-1, ...). Each of them is also a checkpoint step: the model is read from it."""
+    tied_weights: Sequence[Tie] = ()
+    """Parameters of two layers that are one matrix of the model (tied input and output
+    embeddings), as pairs of names in the unsplit model: ``[("0.weight", "2.weight")]``. Both
+    copies start equal (the later is set to the earlier's values) and every step both get the
+    sum of their gradients, so they stay equal. Layers that share one ``nn.Parameter`` object
+    are tied without being named (a ``transformers`` model built tied). Once the job is built,
+    this lists every tie, the earlier layer first."""
 
     def __post_init__(self) -> None:
         if not self.layers or not all(isinstance(layer, nn.Module) for layer in self.layers):
@@ -110,6 +118,7 @@ class Job:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise LiveputError(f"Job.evaluate_every_steps must be an int >= 1, not {every!r}")
         self.layers = list(self.layers)
+        self.tied_weights = resolve_ties(self.layers, self.tied_weights)
 
     @property
     def num_layers(self) -> int:

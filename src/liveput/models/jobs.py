@@ -202,9 +202,10 @@ def causal_lm_job(
 
 
 def gpt2_config(
-    layers: int = 12, width: int = 768, heads: int = 12, positions: int = 1024
+    layers: int = 12, width: int = 768, heads: int = 12, positions: int = 1024, tied: bool = False
 ) -> Callable[[int, int], Any]:
-    """GPT-2's config maker (defaults: GPT-2 small's shape), dropout off."""
+    """GPT-2's config maker (defaults: GPT-2 small's shape, untied head), dropout off;
+    ``tied``: the head is the token embedding (GPT-2's own default)."""
 
     def make(vocab_size: int, seq_len: int) -> Any:
         transformers = require("transformers", "the GPT-2 jobs")
@@ -221,7 +222,7 @@ def gpt2_config(
             attn_pdrop=0.0,
             bos_token_id=None,
             eos_token_id=None,
-            tie_word_embeddings=False,
+            tie_word_embeddings=tied,
         )
 
     return make

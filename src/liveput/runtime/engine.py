@@ -44,6 +44,7 @@ from liveput.runtime.schedule import (
 )
 from liveput.runtime.step_times import StepTimer
 from liveput.runtime.store import Store
+from liveput.runtime.tied_gradients import TiedGradients
 from liveput.runtime.watchdog import ENDED_WITH_THE_JOB, FAILED_ELSEWHERE, Watchdog
 
 LOG = logging.getLogger(__name__)
@@ -342,6 +343,7 @@ class Engine:
         result = GenerationResult(Ending.FINISHED, self.last_applied)
         step = plan.start_step
         timer = StepTimer(self.store, plan) if position.pipeline == 0 and position.is_last else None
+        ties = TiedGradients.of_stage(self.job, plan, position)
         while step < plan.end_step:
             if protocol.step_outcome(self.store, plan.generation, step) == protocol.ABORTED:
                 result.ending = Ending.FENCED
@@ -363,13 +365,16 @@ class Engine:
                 flat, parameters = flat_gradients(layers, loss)
                 groups.allreduce_stage(flat)
                 loss = unflatten_gradients(flat, parameters)
+            ties.sum(layers, groups)
             nonfinite = position.is_last and not math.isfinite(loss)
             if nonfinite and self.job.training.on_nonfinite_loss == "stop":
                 # Never voted for, so never committed: no instance applies this step.
                 raise protocol.JobFailure(
                     f"the loss is {loss} at step {step}; the step was not committed"
                 )
-            decision = self.update.decide(layers, self.job.num_layers, groups, nonfinite)
+            decision = self.update.decide(
+                layers, self.job.num_layers, groups, nonfinite, ties.duplicates(layers)
+            )
             if nonfinite:
                 LOG.warning(
                     "instance %d: the loss is %s at step %d; its update is skipped",

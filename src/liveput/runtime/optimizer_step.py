@@ -88,11 +88,14 @@ class OptimizerStep:
         num_layers: int,
         groups: Groups | None = None,
         nonfinite_loss: bool = False,
+        duplicates: frozenset[int] = frozenset(),
     ) -> StepDecision:
         """Unscale the gradients and decide the update; with ``groups``, the stages of this
         pipeline exchange their squared norms (a collective: every stage calls it).
         ``nonfinite_loss``: the last stage saw a NaN or infinite loss (its norm entry is made
-        NaN, so every stage of the pipeline decides the same)."""
+        NaN, so every stage of the pipeline decides the same). ``duplicates``: ``id`` of the
+        parameters the norm leaves out (the later copy of tied weights: one matrix, counted
+        once)."""
         if self.loss_scale != 1.0:
             inverse = 1.0 / self.loss_scale
             for parameter in _parameters(layers):
@@ -105,7 +108,7 @@ class OptimizerStep:
             norms = [
                 p.grad.detach().float().norm(2)
                 for p in layer.module.parameters()
-                if p.grad is not None
+                if p.grad is not None and id(p) not in duplicates
             ]
             if norms:
                 squares[layer.index] = float(torch.stack(norms).double().pow(2).sum())

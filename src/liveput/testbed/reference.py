@@ -18,6 +18,7 @@ from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.layer_state import LayerState, fresh_layer
 from liveput.runtime.optimizer_step import OptimizerStep
 from liveput.runtime.schedule import StagePosition, compute_gradients
+from liveput.runtime.tied_gradients import TiedGradients
 
 __all__ = [
     "RTOL",
@@ -40,15 +41,15 @@ def reference_layers(job: Job, steps: int, device: str = "cpu") -> list[LayerSta
     schedule."""
     layers = [fresh_layer(job, i, torch.device(device)) for i in range(job.num_layers)]
     update = OptimizerStep(job.training)
+    ties = TiedGradients.of_whole_model(job)
     for step in range(steps):
         loss = compute_gradients(
             job, layers, StagePosition(0, 0, 1, 1, None, None), None, step, update.loss_scale
         )
-        update.apply(
-            layers,
-            step,
-            update.decide(layers, job.num_layers, nonfinite_loss=not math.isfinite(loss)),
-        )
+        ties.sum(layers, None)
+        nonfinite = not math.isfinite(loss)
+        decision = update.decide(layers, job.num_layers, None, nonfinite, ties.duplicates(layers))
+        update.apply(layers, step, decision)
     return layers
 
 
