@@ -7,6 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-unit lint bench system-deps clean
 
+# Python may cache the bytecode of liveput's own modules (__pycache__, ignored by git): the suite
+# starts hundreds of agent and CLI processes, and an environment that forbids the cache made each
+# one compile them again (about 0.5 CPU-s a process).
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
