@@ -121,6 +121,7 @@ def test_the_table_says_what_was_spent_against_the_budget():
     assert _budget_rows({**base, "budget_usd": None, "budget_usd_per_hour": None}) == []
 
 
+@pytest.mark.process  # `liveput train`: its store server and agents
 def test_train_within_a_budget_per_hour_reports_it(tmp_path, capsys):
     """No spot at all (the trace's one instance goes inside its notice lead): the job trains on
     on-demand instances only, at most one at a time within $3.50/h (p3.2xlarge: $3.06/h)."""
