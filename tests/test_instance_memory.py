@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import re
+import time
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from liveput.runtime import keys, protocol
 from liveput.runtime.coordinator import CoordinatorConfig
 from liveput.runtime.coordinator.policy import fit, history_trace
 from liveput.runtime.engine import Engine, EngineConfig
+from liveput.runtime.launch import JobSpec, run_coordinator
 from liveput.runtime.planning import profile_job, require_a_fit
 from liveput.runtime.stage_memory import StageBudget, stage_refusal
 from liveput.runtime.store import MemoryStore
@@ -189,6 +191,16 @@ def test_the_coordinator_plans_with_the_budget_and_refuses_one_nothing_fits(gpt2
         Coordinator(MemoryStore(), gpt2, dataclasses.replace(config, instance_memory_gb=0.3))
     with pytest.raises(LiveputError, match=r"no pipeline of its 14 layers fits 0.1 GB$"):
         Coordinator(MemoryStore(), gpt2, dataclasses.replace(config, instance_memory_gb=0.1))
+
+
+def test_liveput_coordinators_refusal_is_at_once_not_retried_as_a_store_outage(gpt2):
+    config = CoordinatorConfig(
+        num_steps=10, num_micro_batches=4, capacity=6, instance_memory_gb=0.3
+    )
+    started = time.monotonic()
+    with pytest.raises(LiveputError, match=r"the smallest that fits 0.3 GB is P=13 at D=1"):
+        run_coordinator(MemoryStore(), JobSpec("gpt2-small", "ckpt"), config, profile=gpt2)
+    assert time.monotonic() - started < 10.0  # not the store outage's 120 s
 
 
 def test_the_assembly_carries_the_budget_to_the_planner_and_the_agents(gpt2):

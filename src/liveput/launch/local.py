@@ -393,8 +393,7 @@ def _assemble(
     """The job assembled and its spec published, with its profile kept in the store (a resumed
     job plans with the profile it started with) measured on the device the agents train on;
     refused in one line when no configuration fits the instances' memory (or budget)."""
-    from liveput.perf.estimator import estimate_configs
-    from liveput.runtime.planning import require_a_fit
+    from liveput.runtime.planning import require_a_fit_before_start
 
     precision = None if request.training is None else request.training.precision
     profile = job_profile(store, request.model, request.data, device, precision)
@@ -402,10 +401,8 @@ def _assemble(
     if assembled.deadline is None:
         # A model (or memory budget) no configuration fits: one line before any agent starts
         # (the coordinator would refuse it as it starts, after the cloud).
-        capacity = assembled.config.capacity
-        planned = assembled.profile
-        assert planned is not None
-        require_a_fit(estimate_configs(planned, capacity), planned, capacity)
+        assert assembled.profile is not None
+        require_a_fit_before_start(assembled.profile, assembled.config.capacity)
     publish_spec(store, assembled.spec)
     return assembled
 

@@ -25,7 +25,7 @@ import torch
 from liveput.errors import LiveputError
 from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
-from liveput.perf.types import check_instance_memory_gb
+from liveput.perf.types import check_instance_memory_gb, with_instance_memory
 from liveput.runtime import keys
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
@@ -260,6 +260,12 @@ def run_coordinator(
         profile = through_outage(
             lambda: job_profile(store, spec.job, spec.data, device, precision), spec.store_outage_s
         )
+    if deadline is None:
+        # One line at once, not retried as a store outage would be.
+        from liveput.runtime.planning import require_a_fit_before_start
+
+        budgeted = with_instance_memory(profile, config.instance_memory_gb)
+        require_a_fit_before_start(budgeted, config.capacity)
     coordinator = through_outage(
         lambda: Coordinator(store, profile, config, deadline=deadline, market=market),
         spec.store_outage_s,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from liveput.errors import LiveputError
 from liveput.models.job import Job
 from liveput.perf.configuration import Configuration
-from liveput.perf.estimator import smallest_fit
+from liveput.perf.estimator import estimate_configs, smallest_fit
 from liveput.perf.partition import partition_layers
 from liveput.perf.types import ConfigTable, ModelProfile, with_instance_memory
 from liveput.plan.costs import CostModel
@@ -220,3 +220,9 @@ def require_a_fit(table: ConfigTable, profile: ModelProfile, capacity: int) -> N
         f"at least {table.memory_gb[best]:.3g} GB per instance "
         f"(D={int(table.data_parallel[best])}, P={int(table.pipeline_stages[best])}); {deeper}"
     )
+
+
+def require_a_fit_before_start(profile: ModelProfile, capacity: int) -> None:
+    """:func:`require_a_fit` on the profile's own table, before anything starts (agents, a
+    coordinator that would take the refusal for a store outage and retry it)."""
+    require_a_fit(estimate_configs(profile, capacity), profile, capacity)
