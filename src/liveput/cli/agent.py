@@ -310,6 +310,7 @@ def coordinator(
     deadline_policy: params.DeadlinePolicy = DEFAULTS.policy,
     store_wait_s: StoreWait = 120.0,
     device: Device = DEFAULTS.device,
+    instance_memory_gb: params.InstanceMemory = None,
 ) -> None:
     """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
     plans. Restarted with the same --etcd-dir, it resumes the job. With --provider, it also
@@ -337,6 +338,7 @@ def coordinator(
         start_grace_s=start_grace_s,
         heartbeat_timeout_s=heartbeat_timeout_s,
         notice_margin_s=notice_margin_s,
+        instance_memory_gb=instance_memory_gb,
     )
     job = resolve_job(model, data)  # an unknown model: one line, before anything starts
     check_job(job)  # a model mistake: one line naming the layer, before anything starts

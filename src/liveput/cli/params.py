@@ -160,6 +160,8 @@ OPTIONAL_PRICE_POSITIVE = optional(PRICE_POSITIVE)
 """Dollars > 0, or unset."""
 OPTIONAL_SOME_INSTANCES = optional(SOME_INSTANCES)
 """Instances >= 0, or unset."""
+OPTIONAL_MEMORY_GB = optional(number(0.0, 1e5, low_open=True))
+"""Memory per instance, GB > 0, or unset."""
 NAMES = comma_list("names")
 """Names (policies, predictors, models), comma-separated."""
 INSTANCE_TYPES = comma_list("instance types")
@@ -188,5 +190,16 @@ DeadlinePolicy = Annotated[
         "--deadline-policy",
         help="Deadline policy (with --deadline-hours): liveput, uniform-progress, greedy, "
         "on-demand or spot-only.",
+    ),
+]
+InstanceMemory = Annotated[
+    float | None,
+    typer.Option(
+        "--instance-memory-gb",
+        parser=OPTIONAL_MEMORY_GB,
+        help="Memory budget per instance, GB, in place of the profiled device's: only "
+        "configurations whose every stage (weights, gradients, optimizer state, activations "
+        "in flight) fits it are planned, and an agent refuses a stage over it (default: the "
+        "device's memory).",
     ),
 ]

@@ -78,6 +78,7 @@ class _JobOptions:
     device: str
     budget_usd: float | None = None
     budget_usd_per_hour: float | None = None
+    instance_memory_gb: float | None = None
 
     def deadline_job(self) -> DeadlineJob | None:
         """The deadline job of these options (None: none; a budget without a deadline, or
@@ -141,6 +142,7 @@ def train(
     activation_checkpointing: ActivationCheckpointing = False,
     on_nonfinite_loss: OnNonfiniteLoss = None,
     device: Device = DEFAULTS.device,
+    instance_memory_gb: params.InstanceMemory = None,
     job_file: JobFileOption = None,
 ) -> None:
     """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
@@ -148,6 +150,7 @@ def train(
         model, workers, trace_path, time_scale, steps, checkpoint_dir, checkpoint_every,
         notice_lead_s, notice_margin_s, seed, keep_checkpoints, deadline_hours, on_demand_max,
         instance_type, deadline_policy, device, budget_usd, budget_usd_per_hour,
+        instance_memory_gb,
     )  # fmt: skip
     options = job_options if job_file is None else _from_job_file(job_file)
     deadline = options.deadline_job()  # a bad deadline or budget: one line, before any work
@@ -187,6 +190,7 @@ def train(
         training=training,
         device=options.device,
         deadline=deadline,
+        instance_memory_gb=options.instance_memory_gb,
     )
     path, seed = options.trace_path, options.seed
     trace = read_trace(path) if path else generate_trace(options.workers, 5 / 60, seed)
@@ -338,6 +342,7 @@ def _from_job_file(path: Path) -> _JobOptions:
         instance_type=provider.instance_type,
         deadline_policy=objective.policy,
         device=job.device,
+        instance_memory_gb=job.instance_memory_gb,
     )
 
 

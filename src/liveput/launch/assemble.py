@@ -13,6 +13,7 @@ second default.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -119,6 +120,11 @@ class JobRequest:
     on_demand_on_top: bool = False
     """A deadline job's on-demand instances come on top of ``capacity`` (``liveput train``:
     its capacity is the trace's spot workers); else ``capacity`` counts them already."""
+    instance_memory_gb: float | None = None
+    """Per-instance memory budget, GB (``--instance-memory-gb``, the job file's
+    ``instance_memory_gb``): the planner takes it for the instances' memory, so only
+    configurations whose every stage fits it run, and an agent refuses a stage over it; None:
+    the memory of the instances the profile was measured on."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.capacity < 1 or self.initial_workers < 1:
@@ -133,6 +139,13 @@ class JobRequest:
         if self.heartbeat_timeout_s is not None and not self.heartbeat_timeout_s > 0:
             raise LiveputError(
                 f"job: --heartbeat-timeout must be positive, got {self.heartbeat_timeout_s:g}"
+            )
+        if self.instance_memory_gb is not None and not (
+            math.isfinite(self.instance_memory_gb) and self.instance_memory_gb > 0
+        ):
+            raise LiveputError(
+                f"job: --instance-memory-gb must be a finite number > 0, "
+                f"got {self.instance_memory_gb:g}"
             )
 
     @property
@@ -168,8 +181,9 @@ class AssembledJob:
     """The coordinator's settings."""
     profile: ModelProfile | None = None
     """The profile the coordinator plans with (the one given, with the job's activation
-    checkpointing: the layers are measured without recomputation); None: none was given, the
-    coordinator measures or reads one (:func:`~liveput.runtime.launch.run_coordinator`)."""
+    checkpointing, the layers being measured without recomputation, and the job's memory budget
+    for the instances' memory); None: none was given, the coordinator measures or reads one
+    (:func:`~liveput.runtime.launch.run_coordinator`)."""
     deadline: DeadlineContext | None = None
     """A deadline job's policy context, else None."""
 
@@ -191,14 +205,14 @@ def assemble_job(
     from liveput.models.jobs import resolve_job
     from liveput.runtime.coordinator import CoordinatorConfig
     from liveput.runtime.launch import JobSpec
+    from liveput.runtime.planning import planning_profile
     from liveput.runtime.prune import PruneConfig
 
     job = resolve_job(request.model, request.data)
     if request.training is not None:
         job = dataclasses.replace(job, training=request.training)
     if profile is not None:
-        recompute = "layer" if job.training.activation_checkpointing else "none"
-        profile = dataclasses.replace(profile, activation_checkpointing=recompute)
+        profile = planning_profile(profile, job, request.instance_memory_gb)
     heartbeat_timeout_s, outage_s = request.detection_times_s()
     spec = JobSpec(
         request.model,
@@ -211,6 +225,7 @@ def assemble_job(
         training=None if request.training is None else request.training.to_dict(),
         data=request.data,
         notice_margin_s=request.notice_margin_s,
+        instance_memory_gb=request.instance_memory_gb,
     )
     config = CoordinatorConfig(
         num_steps=request.steps,
@@ -224,6 +239,7 @@ def assemble_job(
         start_grace_s=request.start_grace_s,
         policy=request.policy if request.deadline is None else request.deadline.policy,
         prune=PruneConfig(fold_ledger=not request.local),
+        instance_memory_gb=request.instance_memory_gb,
     )
     deadline = None
     if request.deadline is not None:

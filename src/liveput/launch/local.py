@@ -27,6 +27,7 @@ from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble
 from liveput.launch.cloud import LocalCloud
 from liveput.launch.deadline import DeadlineJob
 from liveput.models.training import TrainingConfig
+from liveput.perf.types import check_instance_memory_gb
 from liveput.runtime import keys
 from liveput.runtime.checkpoint import final_weights_written
 from liveput.runtime.clock import MonotonicClock
@@ -105,6 +106,10 @@ class LocalTrainingConfig:
     model_path: str | None = None
     """Where the final model goes (``*.pt``: the unsplit model's state dict, plus ``*.hf/``
     for a transformers job), written before the checkpoints go; None: nowhere."""
+    instance_memory_gb: float | None = None
+    """Per-instance memory budget, GB, in place of this machine's memory (the profile's): only
+    configurations whose every stage fits it are planned, and an agent refuses a stage over it
+    (``JobRequest.instance_memory_gb``); None: none."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.steps < 1:
@@ -120,6 +125,7 @@ class LocalTrainingConfig:
                 f"train: --heartbeat-timeout must be positive, got {self.heartbeat_timeout_s:g}"
             )
         check_device_request(self.device, "train")
+        check_instance_memory_gb(self.instance_memory_gb, "train: --instance-memory-gb")
 
 
 @dataclass
@@ -209,6 +215,7 @@ def job_request(config: LocalTrainingConfig, checkpoint_dir: str, initial: int =
         local=True,
         deadline=config.deadline,
         on_demand_on_top=True,
+        instance_memory_gb=config.instance_memory_gb,
     )
 
 
@@ -384,10 +391,18 @@ def _assemble(
     store: Store, request: JobRequest, trace: Trace | IntervalTrace, device: str
 ) -> AssembledJob:
     """The job assembled and its spec published, with its profile kept in the store (a resumed
-    job plans with the profile it started with) measured on the device the agents train on."""
+    job plans with the profile it started with) measured on the device the agents train on;
+    refused in one line when no configuration fits the instances' memory (or budget)."""
+    from liveput.runtime.planning import require_a_fit_before_start
+
     precision = None if request.training is None else request.training.precision
     profile = job_profile(store, request.model, request.data, device, precision)
     assembled = assemble_job(request, trace=trace, profile=profile)
+    if assembled.deadline is None:
+        # A model (or memory budget) no configuration fits: one line before any agent starts
+        # (the coordinator would refuse it as it starts, after the cloud).
+        assert assembled.profile is not None
+        require_a_fit_before_start(assembled.profile, assembled.config.capacity)
     publish_spec(store, assembled.spec)
     return assembled
 

@@ -9,6 +9,7 @@ PyYAML's node marks (the file is composed, not just loaded), so every value know
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -169,6 +170,10 @@ class JobFile:
     device: str = "auto"
     """What each instance trains on: ``auto`` (CUDA where the instance has it), ``cpu``,
     ``cuda`` or ``cuda:K``; one agent per instance, on one device."""
+    instance_memory_gb: float | None = None
+    """Memory budget per instance, GB, in place of the profiled device's (``liveput train
+    --instance-memory-gb``): only configurations whose every stage fits it are planned, and an
+    agent refuses a stage over it; None: the device's memory."""
     state_dir: str | None = None
     """Where the job keeps its store data, token and exported model (default:
     ``.liveput/<name>`` beside the job file)."""
@@ -203,6 +208,13 @@ class JobFile:
             raise LiveputError("target_samples must be >= 1")
         if self.linger_s < 0:
             raise LiveputError("linger_s must be >= 0")
+        if self.instance_memory_gb is not None and not (
+            math.isfinite(self.instance_memory_gb) and self.instance_memory_gb > 0
+        ):
+            raise LiveputError(
+                f"instance_memory_gb must be a finite number of GB > 0, got "
+                f"{self.instance_memory_gb:g}"
+            )
         from liveput.runtime.device import check_device_request
 
         check_device_request(self.device, "device")

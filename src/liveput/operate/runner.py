@@ -254,6 +254,7 @@ def _training_config(
         keep_checkpoints=job.checkpoint.keep,
         token=token,
         device=job.device,
+        instance_memory_gb=job.instance_memory_gb,
         deadline=None
         if objective.deadline_hours is None
         else DeadlineJob(

@@ -46,18 +46,23 @@ flight, ``A_l`` the bytes layer l keeps for its backward per micro-batch
            compute for the activations of n_s micro-batches.
 
 A configuration is feasible when ``max_s M_s <= GPU memory``, ``P <= L``, ``m >= 1`` and P is at
-least the profile's known minimum depth.
+least the profile's known minimum depth. The GPU memory is the profile's instance type's, or a
+job's per-instance memory budget in its place (``types.with_instance_memory``); an agent checks the
+stage it is given against the same budget with :func:`stage_peak_bytes`, the same ``M_s`` for one
+stage's layers.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
 import numpy as np
 
+from liveput.errors import LiveputError
 from liveput.perf.partition import PartitionTable, partition_table
 from liveput.perf.types import ConfigTable, ModelProfile
 
@@ -195,6 +200,51 @@ def stage_memory_bytes(
         + table.stage_activation_memory[stages] * occupied
         + table.stage_input_bytes[stages] * in_flight
     )
+
+
+def stage_peak_bytes(
+    profile: ModelProfile, layers: range, stage: int, pipeline_stages: int, data_parallel: int
+) -> float:
+    """``M_s`` of the module docstring for one stage: the peak bytes of stage ``stage`` (0-based)
+    of a ``pipeline_stages``-deep pipeline among ``data_parallel``, holding ``layers``: its
+    weights, gradients and optimizer state, and the activations of the micro-batches it has in
+    flight under 1F1B (the most a pipeline computes when D does not divide them). The same
+    figure :func:`score` takes the most of, for one stage and whatever cut holds it."""
+    if not layers or not 0 <= stage < pipeline_stages or data_parallel < 1:
+        raise LiveputError(
+            f"{profile.model}: no stage {stage} of {pipeline_stages} holding layers {layers}"
+        )
+    micro = math.ceil(profile.global_batch_size / (data_parallel * profile.micro_batch_size))
+    in_flight = max(min(pipeline_stages - stage, micro), 0)
+    held = profile.layers[layers.start : layers.stop]
+    state = sum(layer.num_params for layer in held) * profile.state_bytes_per_param
+    memory = [layer.activation_memory_bytes for layer in held]
+    # Layer i's input is layer i - 1's output (the first layer's, the samples: not counted).
+    inputs = [profile.layers[i - 1].activation_bytes if i > 0 else 0 for i in layers]
+    if profile.activation_checkpointing == "none":
+        return float(state + sum(memory) * in_flight)
+    occupied = in_flight > 0
+    if profile.activation_checkpointing == "layer":
+        return float(state + max(memory) * occupied + sum(inputs) * in_flight)
+    return float(state + sum(memory) * occupied + inputs[0] * in_flight)
+
+
+def smallest_fit(profile: ModelProfile) -> tuple[int, float] | None:
+    """The shallowest pipeline of one replica (D = 1: its P instances) that fits the profile's
+    instance memory, with its peak memory per instance, GB; None when no depth up to the
+    model's layers does."""
+    stages = np.arange(1, profile.num_layers + 1)
+    table = score(
+        profile,
+        partition_table(profile, profile.num_layers),
+        np.ones_like(stages),
+        stages,
+        calibration_for(profile.model),
+    )
+    fits = np.flatnonzero(table.feasible)
+    if not len(fits):
+        return None
+    return int(table.pipeline_stages[fits[0]]), float(table.memory_gb[fits[0]])
 
 
 def iteration_features(

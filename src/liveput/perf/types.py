@@ -6,6 +6,7 @@ using D * P instances, each instance holding one stage of one pipeline.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -113,6 +114,28 @@ class ModelProfile:
         return np.array([layer.num_params for layer in self.layers], dtype=np.int64) * (
             self.state_bytes_per_param
         )
+
+
+def check_instance_memory_gb(memory_gb: float | None, name: str = "instance_memory_gb") -> None:
+    """A per-instance memory budget is None (none) or a finite number of GB > 0; anything else
+    is a one-line LiveputError naming the setting (``name``, e.g. ``job: instance_memory_gb``)."""
+    if memory_gb is not None and not (math.isfinite(memory_gb) and memory_gb > 0):
+        raise LiveputError(f"{name} must be a finite number of GB > 0, got {memory_gb:g}")
+
+
+def with_instance_memory(profile: ModelProfile, memory_gb: float | None) -> ModelProfile:
+    """``profile`` planned for instances of ``memory_gb`` GB each (a job's per-instance memory
+    budget, ``--instance-memory-gb``) instead of its instance type's own memory; None: as it is.
+
+    The budget replaces the memory the profile was measured with (the estimator's feasibility,
+    the planner's refusal, Bamboo's extra copy all read ``instance_type.gpu_memory_gb``): lower,
+    it makes a job that fits one instance need several; higher, it plans for instances larger
+    than the machine that measured the profile."""
+    check_instance_memory_gb(memory_gb, f"profile {profile.model}: instance memory")
+    if memory_gb is None or memory_gb == profile.instance_type.gpu_memory_gb:
+        return profile
+    instance = dataclasses.replace(profile.instance_type, gpu_memory_gb=float(memory_gb))
+    return dataclasses.replace(profile, instance_type=instance)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from liveput.errors import LiveputError
 from liveput.perf.costs import MigrationCostModel
+from liveput.perf.types import check_instance_memory_gb
 from liveput.runtime.prune import PruneConfig
 
 
@@ -70,6 +71,10 @@ class CoordinatorConfig:
     online_calibration: bool = True
     """Re-fit the throughput table to the step times the agents measure, once per interval
     when they changed (``perf.online``; not for deadline jobs, whose policy owns its table)."""
+    instance_memory_gb: float | None = None
+    """The job's per-instance memory budget, GB (``--instance-memory-gb``): it replaces the
+    profile's instance memory, so only configurations whose every stage fits it are planned
+    (``perf.types.with_instance_memory``); None: the profile's own."""
 
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.num_micro_batches < 1:
@@ -90,6 +95,7 @@ class CoordinatorConfig:
             raise LiveputError(
                 "coordinator: notice settle, notice margin and start grace must be >= 0"
             )
+        check_instance_memory_gb(self.instance_memory_gb, "coordinator: instance_memory_gb")
         if self.capacity < 1 or self.initial_workers < 1 or self.restore_after_failures < 1:
             raise LiveputError(
                 "coordinator: capacity, initial_workers and restore_after_failures must be >= 1"

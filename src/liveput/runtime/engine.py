@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from liveput.errors import LiveputError
 from liveput.models.job import Job
+from liveput.perf.types import check_instance_memory_gb
 from liveput.runtime import keys, protocol
 from liveput.runtime.arrival import await_peers
 from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
@@ -42,6 +43,7 @@ from liveput.runtime.schedule import (
     flat_gradients,
     unflatten_gradients,
 )
+from liveput.runtime.stage_memory import StageCheck
 from liveput.runtime.step_times import StepTimer
 from liveput.runtime.store import Store
 from liveput.runtime.tied_gradients import TiedGradients
@@ -78,10 +80,13 @@ class EngineConfig:
     shared_gpu: bool = False
     """Other instances may compute on the same GPU (agents sharing one machine): gloo, each
     message staged through CPU memory, since NCCL refuses two ranks on one GPU."""
+    instance_memory_gb: float | None = None
+    """The per-instance memory budget, GB: a stage over it is refused (:mod:`.stage_memory`)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0 or self.comm_timeout_s <= 0 or self.outcome_poll_s <= 0:
             raise LiveputError("engine: checkpoint_every >= 0 and positive timeouts required")
+        check_instance_memory_gb(self.instance_memory_gb, "engine: instance_memory_gb")
 
 
 class Engine:
@@ -115,6 +120,8 @@ class Engine:
         """Restore epoch of the layers' values (with ``last_applied``: the point they are at)."""
         self.update = OptimizerStep(job.training)
         """Unscaling, global norm, clipping, schedule, and the loss scaler's state."""
+        self.stage_check = StageCheck(job, store, instance, self.config.instance_memory_gb)
+        """Refuses a stage over the job's memory budget."""
 
     def _report(self, generation: int, ending: str = "") -> None:
         """Tell the coordinator what this instance holds (it plans from this, nothing else)."""
@@ -232,6 +239,7 @@ class Engine:
                     self.store, plan.generation, groups, self.instance, lambda: self._step
                 )
                 watchdog.start()
+            self.stage_check.check(plan)  # before any layer is allocated
             if plan.restore_step is not None:
                 self._restore(plan, needed)
                 self.last_applied = plan.restore_step

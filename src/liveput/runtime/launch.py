@@ -25,6 +25,7 @@ import torch
 from liveput.errors import LiveputError
 from liveput.models.jobs import resolve_job
 from liveput.models.training import TrainingConfig
+from liveput.perf.types import check_instance_memory_gb, with_instance_memory
 from liveput.runtime import keys
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
@@ -86,8 +87,13 @@ class JobSpec:
     """The file a built-in job that takes ``--data`` trains on (every agent must reach it)."""
     notice_margin_s: float = 20.0
     """The coordinator's ``notice_margin_s``, wall seconds (agents leave by it)."""
+    instance_memory_gb: float | None = None
+    """The job's per-instance memory budget, GB: each agent refuses a stage predicted over it
+    (:mod:`liveput.runtime.stage_memory`), with the job's profile kept in the store; None:
+    none (a spec published without one, by an older coordinator, has none)."""
 
     def __post_init__(self) -> None:
+        check_instance_memory_gb(self.instance_memory_gb, "job spec: instance_memory_gb")
         if self.checkpoint_every < 0:
             raise LiveputError("checkpoint_every must be >= 0")
         if self.store_outage_s <= 0 or self.keep_checkpoints < 1:
@@ -196,6 +202,7 @@ def run_agent(
                 checkpoint_every=spec.checkpoint_every,
                 device=device,
                 shared_gpu=spec.shared_gpu and device != "cpu",
+                instance_memory_gb=spec.instance_memory_gb,
             ),
             token=token.encode(),
         )
@@ -253,6 +260,12 @@ def run_coordinator(
         profile = through_outage(
             lambda: job_profile(store, spec.job, spec.data, device, precision), spec.store_outage_s
         )
+    if deadline is None:
+        # One line at once, not retried as a store outage would be.
+        from liveput.runtime.planning import require_a_fit_before_start
+
+        budgeted = with_instance_memory(profile, config.instance_memory_gb)
+        require_a_fit_before_start(budgeted, config.capacity)
     coordinator = through_outage(
         lambda: Coordinator(store, profile, config, deadline=deadline, market=market),
         spec.store_outage_s,

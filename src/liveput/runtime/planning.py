@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from liveput.errors import LiveputError
 from liveput.models.job import Job
 from liveput.perf.configuration import Configuration
+from liveput.perf.estimator import estimate_configs, smallest_fit
 from liveput.perf.partition import partition_layers
-from liveput.perf.types import ConfigTable, ModelProfile
+from liveput.perf.types import ConfigTable, ModelProfile, with_instance_memory
 from liveput.plan.costs import CostModel
 from liveput.plan.migration import CHECKPOINT, Assignment, MigrationPlan, Slot, plan_from_holdings
 from liveput.runtime.protocol import FRESH_START, RuntimePlan, Transfer
@@ -176,9 +177,22 @@ def profile_job(job: Job, repeats: int = 2, device: str = "cpu") -> ModelProfile
     )
 
 
+def planning_profile(
+    profile: ModelProfile, job: Job, instance_memory_gb: float | None = None
+) -> ModelProfile:
+    """The profile a job is planned with, and its agents check their stages against: the
+    measured one with the job's activation checkpointing (the layers are measured without
+    recomputation) and the job's per-instance memory budget, if any, for the instances' memory
+    (``perf.types.with_instance_memory``)."""
+    recompute = "layer" if job.training.activation_checkpointing else "none"
+    profile = dataclasses.replace(profile, activation_checkpointing=recompute)
+    return with_instance_memory(profile, instance_memory_gb)
+
+
 def require_a_fit(table: ConfigTable, profile: ModelProfile, capacity: int) -> None:
     """A one-line error when no configuration of up to ``capacity`` instances fits the model in
-    memory (naming the smallest memory per instance it would need), else nothing."""
+    memory (naming the least memory per instance it would need there, and the shallowest
+    pipeline that fits the instance memory, or budget, at all), else nothing."""
     if table.feasible.any():
         return
     memory_only = [
@@ -192,9 +206,23 @@ def require_a_fit(table: ConfigTable, profile: ModelProfile, capacity: int) -> N
             f"instances: {table.reason[0] if table.reason else 'none exists'}"
         )
     best = min(memory_only, key=lambda i: table.memory_gb[i])
+    limit_gb = profile.instance_type.gpu_memory_gb
+    fit = smallest_fit(profile)
+    deeper = (
+        f"no pipeline of its {profile.num_layers} layers fits {limit_gb:g} GB"
+        if fit is None
+        else f"the smallest that fits {limit_gb:g} GB is P={fit[0]} at D=1 "
+        f"({fit[1]:.3g} GB per instance, {fit[0]} instances)"
+    )
     raise LiveputError(
         f"{profile.model} fits no configuration of up to {capacity} instances of "
-        f"{profile.instance_type.name} ({profile.instance_type.gpu_memory_gb:g} GB each): it needs "
+        f"{profile.instance_type.name} ({limit_gb:g} GB each): it needs "
         f"at least {table.memory_gb[best]:.3g} GB per instance "
-        f"(D={int(table.data_parallel[best])}, P={int(table.pipeline_stages[best])})"
+        f"(D={int(table.data_parallel[best])}, P={int(table.pipeline_stages[best])}); {deeper}"
     )
+
+
+def require_a_fit_before_start(profile: ModelProfile, capacity: int) -> None:
+    """:func:`require_a_fit` on the profile's own table, before anything starts (agents, a
+    coordinator that would take the refusal for a store outage and retry it)."""
+    require_a_fit(estimate_configs(profile, capacity), profile, capacity)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from liveput.errors import LiveputError
-from liveput.perf.types import ModelProfile
+from liveput.perf.types import ModelProfile, with_instance_memory
 from liveput.policies import Provisioning
 from liveput.policies.deadline import DeadlineContext
 from liveput.runtime import keys
@@ -35,7 +35,8 @@ LOG = logging.getLogger(__name__)
 class Coordinator:
     """Observes the store, asks the policy step, carries out its answer; state lives in the
     store. ``objective``: what the policy plans for (by default the throughput objective, or a
-    deadline job's for ``deadline``, whose provisioning ``market`` carries out)."""
+    deadline job's for ``deadline``, whose provisioning ``market`` carries out). It plans with
+    ``profile`` for instances of ``config.instance_memory_gb`` GB when the job has that budget."""
 
     def __init__(
         self,
@@ -49,6 +50,8 @@ class Coordinator:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        # The job's memory budget, if it has one, stands for the instances' memory.
+        profile = with_instance_memory(profile, config.instance_memory_gb)
         self.profile = profile
         self.config = config
         self.clock = clock or MonotonicClock()

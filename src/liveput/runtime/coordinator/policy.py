@@ -115,19 +115,29 @@ def fit(
     profile: ModelProfile,
     config: CoordinatorConfig,
 ) -> Configuration | None:
-    """``wanted`` if it runs on ``num_instances``, else the fastest configuration that does."""
+    """``wanted`` if it runs on ``num_instances`` and the table has it feasible (it fits the
+    instances' memory, or the job's budget), else the fastest configuration that does."""
     limit = config.num_micro_batches
+    feasible = {
+        (int(d), int(p))
+        for d, p, ok in zip(table.data_parallel, table.pipeline_stages, table.feasible, strict=True)
+        if ok
+    }
 
     def runs(d: int, p: int) -> bool:
         return d * p <= num_instances and d <= limit and p <= profile.num_layers
 
-    if wanted is not None and runs(wanted.data_parallel, wanted.pipeline_stages):
+    if (
+        wanted is not None
+        and runs(wanted.data_parallel, wanted.pipeline_stages)
+        and (wanted.data_parallel, wanted.pipeline_stages) in feasible
+    ):
         return wanted
     best, best_rate = None, 0.0
-    for d, p, rate, ok in zip(
-        table.data_parallel, table.pipeline_stages, table.samples_per_s, table.feasible, strict=True
+    for d, p, rate in zip(
+        table.data_parallel, table.pipeline_stages, table.samples_per_s, strict=True
     ):
-        if ok and runs(int(d), int(p)) and rate > best_rate:
+        if (int(d), int(p)) in feasible and runs(int(d), int(p)) and rate > best_rate:
             best, best_rate = Configuration(int(d), int(p)), float(rate)
     return best
 
