@@ -171,7 +171,18 @@ def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profil
     )
     for instance in range(3):
         agents.start(instance)
-    run_until(coordinator.tick, lambda: coordinator.committed >= 4, 120, "training at 1x2")
+    # Training at 1x2 with the third instance in the plan as a spare (on a busy machine one
+    # agent may arrive after the first plan, and joins a later one).
+    run_until(
+        coordinator.tick,
+        lambda: (
+            coordinator.committed >= 4
+            and coordinator.plan is not None
+            and None in coordinator.plan.slots.values()
+        ),
+        120,
+        "training at 1x2 beside a spare",
+    )
     spare = next(i for i, s in coordinator.plan.slots.items() if s is None)
     noticed = coordinator.plan.instance_at(0, 1)  # the only holder of stage 1
     agents.processes[noticed].terminate()  # SIGTERM: its preemption notice
