@@ -61,6 +61,13 @@ class Member:
         """Seconds after its notice at which the job moves off it."""
         return moves_after_s(self.notice_lead_s, margin_s)
 
+    def end_in_s(self) -> float | None:
+        """Seconds left before the end its notice announces (None: no notice, or one that
+        announces no end); negative once that end has passed."""
+        if not self.noticed or self.notice_lead_s is None:
+            return None
+        return self.notice_lead_s - self.notice_age_s
+
 
 def moves_after_s(lead_s: float | None, margin_s: float) -> float:
     """Seconds after a notice with lead ``lead_s`` (None: none given) at which the job moves off
@@ -103,6 +110,11 @@ class CoordinatorView:
     """Seconds since the last step was seen committed."""
     interval_due: bool = False
     """An interval decision is due."""
+    checkpoint_requested: bool = False
+    """The plan's instances were asked to checkpoint the step they end at, and the plan was
+    fenced for it (Rule 9)."""
+    checkpoint_request_age_s: float = 0.0
+    """Seconds since that request was first seen."""
 
 
 class ActionKind(str, enum.Enum):
@@ -116,6 +128,9 @@ class ActionKind(str, enum.Enum):
     """Fence the running generation and publish a plan for ``target``."""
     FINISH = "finish"
     """Mark the job done."""
+    CHECKPOINT = "checkpoint"
+    """Ask the running generation's instances to checkpoint the step they end at, and fence
+    the generation at the next step boundary (Rule 9)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,9 @@ class Action:
     """Slots of the running plan that were lost (for the policy)."""
     noticed_workers: tuple[int, ...] = ()
     """Workers that are going (Rule 6: no other instance is up)."""
+    checkpoint_before_s: float | None = None
+    """For a checkpoint (Rule 9): seconds left before the earliest end the notices of the
+    last holders announce, by which the checkpoint is to be written."""
 
 
 Choose = Callable[[int, str, tuple[tuple[int, int], ...]], Configuration | None]

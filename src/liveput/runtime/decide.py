@@ -56,6 +56,14 @@ Rules, in order (numbered as in :func:`decide`):
    an instance that may only be starved (a busy machine delays heartbeats past
    ``suspect_after_s`` long before it kills anything). If it is dead after all, the plan it is
    in fails and the next one, made once its heartbeat timed out, restores as it would have.
+9. Just in time: when every current holder of some layer has a notice (a wipe-out with
+   notice: nowhere to move that layer to), ``jit_checkpoint_lead_s`` (at most
+   ``notice_margin_s``) before the earliest end those notices announce, the running plan is
+   fenced at the next step boundary and its instances checkpoint the step they end at (a
+   :data:`ActionKind.CHECKPOINT`); the coordinator waits for that checkpoint (at most the same
+   lead), then replans without the plan's going instances (they leave once their generation
+   ends): the next plan restores the step the job was at, and no step is redone. A notice that
+   announces no end (a bare SIGTERM) gives no time to aim at: Rule 6 trains on as before.
 """
 
 from __future__ import annotations
@@ -133,6 +141,9 @@ def _replan(
     epoch = plan.epoch if plan is not None else 0
     alive = _alive(view, config, suspects)
     margin = config.notice_margin_s
+    if view.checkpoint_requested and plan is not None:
+        # Rule 9: the plan's going instances checkpointed, and leave once their generation ends.
+        alive = {i: m for i, m in alive.items() if not (m.going(margin) and i in plan.slots)}
     workers = tuple(sorted(i for i, m in alive.items() if not m.going(margin)))
     # Rule 4: a going instance only sends (and only what is current).
     senders = tuple(sorted(i for i, m in alive.items() if m.going(margin)))
@@ -230,6 +241,75 @@ def _last_holders(view: CoordinatorView, config: CoordinatorConfig) -> frozenset
     )
 
 
+def _noticed_holders_end_s(view: CoordinatorView, config: CoordinatorConfig) -> float | None:
+    """Rule 9: seconds left before the earliest end announced to the current holders of a layer
+    that only instances with a notice hold (None: no such layer, or none of its holders' notices
+    announces an end)."""
+    plan = view.plan
+    assert plan is not None
+    point = (plan.epoch, view.committed)
+    holders: dict[int, list[Member]] = {}
+    for member in _alive(view, config).values():
+        if (member.held_epoch, member.held_step) == point:
+            for layer in member.layers:
+                holders.setdefault(layer, []).append(member)
+    ends = [
+        end_s
+        for members in holders.values()
+        if all(m.noticed for m in members)
+        for m in members
+        if (end_s := m.end_in_s()) is not None
+    ]
+    return min(ends, default=None)
+
+
+def _checkpoint_before_end(
+    view: CoordinatorView,
+    config: CoordinatorConfig,
+    choose: Choose,
+    suspects: frozenset[int],
+    unannounced: bool,
+) -> Action | None:
+    """Rule 9 (module docstring): the checkpoint asked for, waited for, then the replan without
+    the going instances; None when the rule does not apply. ``unannounced``: the plan is
+    failing, or a working instance was lost without a notice (the other rules' business)."""
+    plan = view.plan
+    assert plan is not None
+    lead_s = min(config.jit_checkpoint_lead_s, config.notice_margin_s)
+    saved = view.latest_checkpoint is not None and view.latest_checkpoint >= view.committed
+    if view.checkpoint_requested:
+        if not (saved or view.failures) and view.checkpoint_request_age_s < lead_s:
+            return Action(
+                ActionKind.WAIT,
+                f"checkpointing step {view.committed} before the end the notices announce",
+            )
+        lost_slots = tuple(
+            sorted(
+                slot
+                for i, slot in plan.slots.items()
+                if slot is not None
+                and (
+                    i in suspects
+                    or (member := view.members.get(i)) is None
+                    or member.going(config.notice_margin_s)
+                )
+            )
+        )
+        return _replan(view, config, choose, "checkpoint", suspects, lost_slots, "preemption")
+    if saved or unannounced or not view.all_arrived or view.committed < plan.start_step:
+        return None
+    end_s = _noticed_holders_end_s(view, config)
+    if end_s is None or end_s > lead_s:
+        return None
+    return Action(
+        ActionKind.CHECKPOINT,
+        f"checkpointing step {view.committed} or the next: every holder of a layer goes "
+        f"in {max(0.0, end_s):.1f} s",
+        "notice",
+        checkpoint_before_s=max(0.0, end_s),
+    )
+
+
 def _checkpoint_name(view: CoordinatorView) -> str:
     step = view.latest_checkpoint
     return "the initial weights" if step is None else f"step {step}"
@@ -273,6 +353,10 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
     going = {i for i, m in members.items() if m.going(margin)} - set(plan.noticed)
     lost = working & (suspects | going)
     stranded = bool(suspects) and not view.all_arrived
+    unannounced = bool(lost - going or view.failures or view.fenced or stranded)
+    jit = _checkpoint_before_end(view, config, choose, suspects, unannounced)  # Rule 9
+    if jit is not None:
+        return jit
     if lost and lost <= going and not (view.failures or view.fenced or stranded):
         if any(
             members[i].notice_age_s - members[i].moves_after_s(margin) < config.notice_settle_s

@@ -249,6 +249,7 @@ class Engine:
             position = stage_position(plan, slot)
             on_training()
             result = self._train(plan, groups, position, keep_going, started, needed)
+            self._save_if_asked(plan, result.ending, slot, needed)
             self._report(plan.generation, result.ending.value)
             return result
         except protocol.JobFailure as failure:
@@ -259,7 +260,9 @@ class Engine:
             raise
         except CommAborted:
             assert watchdog is not None
-            return self._aborted(plan, watchdog.reason, started)
+            result = self._aborted(plan, watchdog.reason, started)
+            self._save_if_asked(plan, result.ending, slot, needed)
+            return result
         except (RuntimeError, dist.DistBackendError, LiveputError) as error:
             return self._failed(plan, error, started)
         finally:
@@ -451,6 +454,24 @@ class Engine:
             share = checkpoint_share(layers, position)
             if share:
                 self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers)
+
+    def _save_if_asked(
+        self, plan: RuntimePlan, ending: Ending, slot: tuple[int, int] | None, needed: range
+    ) -> None:
+        """Its share of the step it ended at, when fenced for that checkpoint (decide's Rule 9)."""
+        # Nothing of this generation applied: its layers may not all be in place.
+        if ending is not Ending.FENCED or slot is None or self.last_applied < plan.start_step:
+            return
+        if self.checkpointer is not None:
+            every = self.config.checkpoint_every
+            self.checkpointer.save_if_asked(
+                plan.generation,
+                self.epoch,
+                self.last_applied,
+                checkpoint_share([self.layers[i] for i in needed], stage_position(plan, slot)),
+                self.job.num_layers,
+                periodic=bool(every) and (self.last_applied + 1) % every == 0,
+            )
 
     def _retry(self, action: Callable[[], object], timeout_s: float = 120.0) -> None:
         """Run a store write that must happen, through a store outage of up to ``timeout_s``."""
