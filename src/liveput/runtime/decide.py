@@ -278,7 +278,9 @@ def _checkpoint_before_end(
     lead_s = min(config.jit_checkpoint_lead_s, config.notice_margin_s)
     saved = view.latest_checkpoint is not None and view.latest_checkpoint >= view.committed
     if view.checkpoint_requested:
-        if not (saved or view.failures) and view.checkpoint_request_age_s < lead_s:
+        # Failure reports may follow the fence (a rank aborted in a collective): no reason to
+        # stop waiting; a writer that died leaves the checkpoint incomplete until the lead ends.
+        if not saved and view.checkpoint_request_age_s < lead_s:
             return Action(
                 ActionKind.WAIT,
                 f"checkpointing step {view.committed} before the end the notices announce",

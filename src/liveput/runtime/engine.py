@@ -49,14 +49,7 @@ from liveput.runtime.watchdog import ENDED_WITH_THE_JOB, FAILED_ELSEWHERE, Watch
 LOG = logging.getLogger(__name__)
 
 # Ending, GenerationResult and checkpoint_share are the engine's too (their home is generation).
-__all__ = [
-    "Engine",
-    "EngineConfig",
-    "Ending",
-    "GenerationResult",
-    "Rendezvous",
-    "checkpoint_share",
-]
+__all__ = ["Engine", "EngineConfig", "Ending", "GenerationResult", "Rendezvous", "checkpoint_share"]
 Rendezvous = Callable[[RuntimePlan, int], dist.Store]
 """``rendezvous(plan, rank)`` -> the c10d store the generation's process groups meet on."""
 _TRANSFER_TAG = 1 << 20
@@ -459,8 +452,11 @@ class Engine:
         self, plan: RuntimePlan, ending: Ending, slot: tuple[int, int] | None, needed: range
     ) -> None:
         """Its share of the step it ended at, when fenced for that checkpoint (decide's Rule 9)."""
-        # Nothing of this generation applied: its layers may not all be in place.
-        if ending is not Ending.FENCED or slot is None or self.last_applied < plan.start_step:
+        # A peer that left its collective at the fence may fail this rank's: its state is the
+        # last step applied all the same. With nothing of this generation applied, its layers
+        # may not all be in place.
+        ended = ending in (Ending.FENCED, Ending.FAILED)
+        if not ended or slot is None or self.last_applied < plan.start_step:
             return
         if self.checkpointer is not None:
             every = self.config.checkpoint_every
