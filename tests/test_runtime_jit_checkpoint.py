@@ -7,6 +7,8 @@ On views (a hypothesis test of when the rule fires) and with the in-memory model
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runtime_decide import TICK_S, make_coordinator, run, start
@@ -142,9 +144,17 @@ def test_after_the_request_it_waits_for_the_checkpoint_then_replans_without_the_
     action = decide(_checkpointing_view(latest_checkpoint=COMMITTED), CONFIG, _choose)
     assert action.kind is ActionKind.REPLAN and action.reason == "checkpoint"
     assert action.workers == (5,) and action.senders == () and action.holdings == {}
-    # Never written (a writer died): after the lead, the same replan (the older checkpoint).
+    # Never written (a writer died): after the lead, the same replan (the older checkpoint),
+    # or at once when the writer is silent; one that left after writing is no reason.
     action = decide(_checkpointing_view(checkpoint_request_age_s=5.0), CONFIG, _choose)
     assert action.kind is ActionKind.REPLAN and action.workers == (5,)
+    members = dict(_checkpointing_view().members)
+    members[1] = dataclasses.replace(members[1], heartbeat_age_s=2.0)
+    action = decide(_checkpointing_view(members=members), CONFIG, _choose)
+    assert action.kind is ActionKind.REPLAN and action.workers == (5,)
+    members[1] = dataclasses.replace(members[1], heartbeat_age_s=0.1, left=True)
+    action = decide(_checkpointing_view(members=members), CONFIG, _choose)
+    assert action.kind is ActionKind.WAIT
     # Nobody else: wait, and say the next plan restores the step checkpointed.
     alone = {i: m for i, m in _checkpointing_view().members.items() if i != 5}
     view = _checkpointing_view(members=alone, latest_checkpoint=COMMITTED)

@@ -279,8 +279,14 @@ def _checkpoint_before_end(
     saved = view.latest_checkpoint is not None and view.latest_checkpoint >= view.committed
     if view.checkpoint_requested:
         # Failure reports may follow the fence (a rank aborted in a collective): no reason to
-        # stop waiting; a writer that died leaves the checkpoint incomplete until the lead ends.
-        if not saved and view.checkpoint_request_age_s < lead_s:
+        # stop waiting. A silent writer (one that wrote leaves, and says so) is: it died.
+        silent = any(
+            (m := view.members.get(i)) is None
+            or (not m.left and m.heartbeat_age_s > config.suspect_after_s)
+            for i, slot in plan.slots.items()
+            if slot is not None
+        )
+        if not (saved or silent) and view.checkpoint_request_age_s < lead_s:
             return Action(
                 ActionKind.WAIT,
                 f"checkpointing step {view.committed} before the end the notices announce",
