@@ -61,8 +61,9 @@ Rules, in order (numbered as in :func:`decide`):
    ``notice_margin_s``) before the earliest end those notices announce, the running plan is
    fenced at the next step boundary and its instances checkpoint the step they end at (a
    :data:`ActionKind.CHECKPOINT`); the coordinator waits for that checkpoint (at most the same
-   lead), then replans without the plan's going instances (they leave once their generation
-   ends): the next plan restores the step the job was at, and no step is redone. A notice that
+   lead, less once a writer falls silent), then replans without the plan's going instances
+   (they leave once their generation ends): the next plan restores the step the job was at,
+   and no step is redone. A notice that
    announces no end (a bare SIGTERM) gives no time to aim at: Rule 6 trains on as before.
 """
 
