@@ -62,13 +62,18 @@ class AgentProcesses:
         argv_prefix: list[str] | None = None,
         host: str = "127.0.0.1",
         market: str = "spot",
+        notices: str = "sigterm",
+        extra_env: dict[str, str] | None = None,
     ) -> subprocess.Popen:
+        """``notices``: the agent's ``--notices`` (``emulator`` reads the notice file that
+        ``extra_env`` names, as the emulated cloud's agents do)."""
         tests = str(Path(__file__).parent)
         env = {
             **os.environ,
             "LIVEPUT_TOKEN": token or self.token,
             "LIVEPUT_MARKET": market,
             "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+            **(extra_env or {}),
         }
         log = open(self.log_dir / f"agent-{instance}.log", "ab")  # noqa: SIM115 - kept by Popen
         process = subprocess.Popen(
@@ -82,7 +87,7 @@ class AgentProcesses:
                 "--instance",
                 str(instance),
                 "--notices",
-                "sigterm",
+                notices,
                 "--host",
                 host,
             ],

@@ -3,6 +3,7 @@ clock (and one real run)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -308,7 +309,9 @@ def test_real_agents_get_the_signalled_notice_before_sigkill(
     # The agent's monitor polls every 30 s: only the signal can make it see the notice this soon.
     wait_until(lambda: "notice" in output(victim), "the victim to see its notice")
     seen = Notice.from_json(output(victim).splitlines()[1].removeprefix("notice "), "agent output")
-    assert seen == Notice("emulator", "terminate", 3.0, victim)
+    # The lead left when the agent read it (counted from the notice file's mtime).
+    assert dataclasses.replace(seen, lead_s=3.0) == Notice("emulator", "terminate", 3.0, victim)
+    assert seen.lead_s is not None and 2.0 < seen.lead_s <= 3.0
     assert alive(pids[victim])
     clock.set(6.0)
     (kill,) = cloud.step()

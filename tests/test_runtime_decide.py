@@ -9,6 +9,8 @@ fails on real instances.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -50,6 +52,8 @@ class ModelAgents:
         self.generation = -1
         self.phase = "idle"  # arriving, training, ended
         self.checkpoints: set[int] = set()
+        self.checkpoints_asked: list[int] = []
+        """Steps checkpointed because the coordinator asked (Rule 9), in order."""
         self.stale_trained = 0
         """Times a plan had an instance train on layers of another point (must stay 0)."""
 
@@ -136,6 +140,14 @@ class ModelAgents:
         if not all(self._heard(i) for i in working):
             return  # the step waits for the starved one
         if protocol.step_outcome(self.store, plan.generation, step) == protocol.ABORTED:
+            asked = self.store.get(keys.checkpoint_request(plan.generation)) is not None
+            if asked and step > plan.start_step:  # the step it ended at, as the engines write it
+                self.checkpoints.add(step - 1)
+                self.checkpoints_asked.append(step - 1)
+                self.store.set(
+                    keys.latest_checkpoint(),
+                    json.dumps({"epoch": plan.epoch, "step": step - 1}).encode(),
+                )
             for instance in plan.world:
                 self._report(plan, instance, "fenced")
             self.phase = "ended"
@@ -199,7 +211,12 @@ class EveryInstance(Policy):
 
 
 def make_coordinator(
-    store: MemoryStore, clock: ManualClock, steps: int, capacity: int = 6, initial: int = 4
+    store: MemoryStore,
+    clock: ManualClock,
+    steps: int,
+    capacity: int = 6,
+    initial: int = 4,
+    wall_clock: Callable[[], float] = time.time,
 ) -> Coordinator:
     profile = tiny_gpt_profile()
     config = CoordinatorConfig(
@@ -212,7 +229,7 @@ def make_coordinator(
         capacity=capacity,
         policy="test-every-instance",
     )
-    return Coordinator(store, profile, config, clock)
+    return Coordinator(store, profile, config, clock, wall_clock=wall_clock)
 
 
 def start(
@@ -649,20 +666,22 @@ def test_an_instance_silent_past_the_end_its_notice_announced_is_gone_without_a_
     timeout (60 s there) and the instance that came meanwhile, itself noticed, trained nothing."""
     store, clock, coordinator, agents = start(steps=4000, instances=1, initial=1)
     agents.notice(0, lead_s=8.0)
-    run(coordinator, agents, clock, int(5.0 / TICK_S))
+    run(coordinator, agents, clock, int(2.0 / TICK_S))
     assert coordinator.plan.noticed == [0]
-    generation, committed = coordinator.plan.generation, coordinator.committed
-    run(coordinator, agents, clock, int(2.5 / TICK_S))
+    generation = coordinator.plan.generation
+    run(coordinator, agents, clock, int(5.5 / TICK_S))
+    # It trained until the checkpoint due 5 s before its end (Rule 9), then stopped.
+    assert agents.checkpoints_asked == [coordinator.committed] and coordinator.committed > 5
     agents.kill(0)  # at its announced end
     # Silent past its end, well inside the heartbeat timeout (6 s here): gone.
     run(coordinator, agents, clock, int(2.5 / TICK_S))
-    assert coordinator.committed > committed + 10
     agents.join(1)
-    agents.notice(1, lead_s=10.0)
+    agents.notice(1, lead_s=20.0)
     run(coordinator, agents, clock, int(2.0 / TICK_S))
     plan = coordinator.plan
     assert plan.generation > generation and plan.slots.get(1) is not None, coordinator.status
     assert plan.noticed == [1] and plan.slots.get(0) is None
+    assert plan.restore_step == agents.checkpoints_asked[0]  # nothing redone
     # Silent before its end is not enough (a stopped process, a partition: the usual signals).
     agents.kill(1)
     run(coordinator, agents, clock, int(3.0 / TICK_S))

@@ -4,6 +4,7 @@ a coordinator restart, an etcd restart, and a peer without the job token."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from runtime_cluster import (
@@ -20,10 +21,13 @@ from runtime_cluster import (
 from liveput.models.jobs import resolve_job
 from liveput.runtime import keys, protocol
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
+from liveput.runtime.instance_env import NOTICE_FILE_ENV
 from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.notices import Notice, write_notice_file
 from liveput.runtime.planning import profile_job
-from liveput.runtime.store import SignedStore, TCPStoreBackend
+from liveput.runtime.prune import PruneConfig
+from liveput.runtime.store import SignedStore, TCPStoreBackend, readers
 
 STEPS = 100
 
@@ -154,6 +158,57 @@ def test_kills_without_notice_a_lost_stage_and_a_late_joiner_keep_training_exact
     assert report.restores <= len(unforced) + len(forced)
     assert (report.restores >= 1) == (report.steps_rolled_back > 0)
     assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
+
+
+def test_a_noticed_wipe_out_checkpoints_just_in_time_and_redoes_no_step(
+    profile, tmp_path, process_tier
+):
+    """Both instances of a 1x2 job get a notice 10 s ahead (the cloud's end for both): the job
+    trains on them until 4 s before that end (``jit_checkpoint_lead_s``), then their plan
+    checkpoints the step it ends at; the instance that comes after the wipe-out restores that
+    step. No periodic checkpoint is taken (``checkpoint_every=0``), so without that one the
+    restore went back to the initial weights and redid every step."""
+    hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
+    store = SignedStore(hosted, TOKEN)
+    publish_spec(store, JobSpec(JOB, str(tmp_path / "ckpt"), checkpoint_every=0))
+    agents = AgentProcesses(hosted.url, tmp_path)
+    try:
+        coordinator = Coordinator(
+            store,
+            profile,
+            coordinator_config(
+                policy="test-fixed-1x2",
+                initial_workers=2,
+                jit_checkpoint_lead_s=4.0,
+                prune=PruneConfig(fold_ledger=False),  # every restore record stays to count
+            ),
+        )
+        files = {i: tmp_path / f"notice-{i}.json" for i in (0, 1)}
+        for instance, path in files.items():
+            agents.start(instance, notices="emulator", extra_env={NOTICE_FILE_ENV: str(path)})
+        run_until(coordinator.tick, lambda: coordinator.committed >= 4, 120, "training at 1x2")
+        lead_s = 10.0
+        for path in files.values():
+            write_notice_file(path, Notice("emulator", "terminate", lead_s))
+        noticed_s = time.monotonic()
+        run_until(coordinator.tick, lambda: time.monotonic() - noticed_s >= lead_s, 60, "their end")
+        agents.kill(0, 1)  # the cloud's end, as announced (they may have left already)
+        trained = coordinator.committed
+        agents.start(2)
+        run_to_end(coordinator, agents)
+        assert agents.processes[2].wait(timeout=30) == 0
+        report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
+        assert report.exactly_once, report.problems
+        # A restore that rolls nothing back opens no restore epoch: none in the ledger.
+        assert (report.restores, report.steps_rolled_back) == (0, 0), (
+            f"{report.steps_rolled_back} of {trained + 1} steps redone"
+        )
+        restores = [e for e in readers.events(store) if e["kind"] == "checkpoint-restore"]
+        assert [e["start_step"] for e in restores] == [trained + 1]
+        assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
+    finally:
+        agents.close()
+        store.close()
 
 
 def test_an_agent_without_the_job_token_is_refused(cluster, profile):

@@ -222,3 +222,18 @@ def test_the_shared_readers_parse_their_families():
     store.add(keys.migrations("checkpoint-restore"), 1)
     store.add(keys.preemptions(), 4)
     assert readers.migrations(store) == {"pipeline": 2, "checkpoint-restore": 1}
+
+
+def test_the_notice_ends_and_checkpoint_requests_are_pruned_with_their_instance_and_generation():
+    from liveput.runtime.prune import is_dead
+
+    assert (keys.notice_end(7), keys.checkpoint_request(3)) == ("notice-end/7", "ckpt-now/3")
+    assert keys.family_of("notice-end/7") is keys.NOTICE_END
+    assert keys.family_of("notice/7") is keys.NOTICE  # prefixes that do not shadow each other
+    assert keys.family_of("ckpt-now/3") is keys.CHECKPOINT_REQUEST
+    assert keys.family_of("ckpt/0/3") is keys.CHECKPOINT
+    view = PruneView(
+        generation=3, committed=4, retire_before=2, checkpoint=(0, 3), forgotten=frozenset({1})
+    )
+    assert is_dead("notice-end/1", view) and not is_dead("notice-end/2", view)
+    assert is_dead("ckpt-now/1", view) and not is_dead("ckpt-now/2", view)

@@ -218,7 +218,7 @@ def test_signal_watcher_refuses_other_threads() -> None:
 
 def test_emulator_notice_needs_the_file_not_just_the_signal(tmp_path: Path) -> None:
     path = tmp_path / "i-0001.notice.json"
-    watcher = EmulatorNoticeWatcher(path)
+    watcher = EmulatorNoticeWatcher(path, now_unix_s=lambda: path.stat().st_mtime)
     wake = threading.Event()
     watcher.wake = wake
     try:
@@ -230,6 +230,18 @@ def test_emulator_notice_needs_the_file_not_just_the_signal(tmp_path: Path) -> N
     finally:
         watcher.close()
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+
+
+def test_an_emulator_notice_read_late_counts_its_lead_from_when_it_was_written(tmp_path):
+    """An agent still importing PyTorch read the notice seconds late and reported the whole
+    lead: the coordinator then aimed the checkpoint before the end (Rule 9) after the end."""
+    path = tmp_path / "i-0002.notice.json"
+    write_notice_file(path, Notice("emulator", "terminate", 12.0, "i-0002"))
+    os.utime(path, (1000.0, 1000.0))  # written at unix second 1000
+    watcher = EmulatorNoticeWatcher(path, signum=None, now_unix_s=lambda: 1003.5)
+    assert watcher.poll() == Notice("emulator", "terminate", 8.5, "i-0002")
+    late = EmulatorNoticeWatcher(path, signum=None, now_unix_s=lambda: 1020.0)
+    assert late.poll() == Notice("emulator", "terminate", 0.0, "i-0002")
 
 
 def test_emulator_notice_from_the_store() -> None:
@@ -261,7 +273,9 @@ def test_monitor_wakes_on_signal_and_survives_a_failing_source(
         done.set()
 
     monitor = NoticeMonitor(
-        [unreachable, EmulatorNoticeWatcher(path)], on_notice, interval_s=30.0
+        [unreachable, EmulatorNoticeWatcher(path, now_unix_s=lambda: path.stat().st_mtime)],
+        on_notice,
+        interval_s=30.0,
     ).start()
     try:
         time.sleep(0.3)
@@ -368,4 +382,5 @@ def test_a_notice_due_at_launch_waits_for_the_agents_watcher_instead_of_killing_
     code = processes._live["i-0000"].process.wait(30)
     out = (tmp_path / "i-0000.log").read_text()
     assert code == 0, out  # was -SIGUSR1
-    assert out.split() == ["12.5"]
+    # Read at least 0.5 s after it was written: the lead left then, not the 12.5 s written.
+    assert 0.0 < float(out.split()[0]) <= 12.0, out

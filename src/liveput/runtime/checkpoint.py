@@ -289,6 +289,31 @@ class Checkpointer:
             return False
         return True
 
+    def save_if_asked(
+        self,
+        generation: int,
+        epoch: int,
+        step: int,
+        share: list[LayerState],
+        num_layers: int,
+        periodic: bool,
+    ) -> bool:
+        """When the coordinator asked generation ``generation``'s instances to checkpoint the step
+        they end at (``ckpt-now/<g>``: every holder of a layer has a notice), write ``share`` of
+        step ``step`` now, unless ``periodic`` (the periodic checkpoint of that step has it), and
+        wait for the write: the instance may be gone soon after. Whether it was asked."""
+        try:
+            asked = self.store.get(keys.checkpoint_request(generation)) is not None
+        except LiveputError:
+            return False  # the store is down: the restore falls back to the periodic checkpoint
+        if not asked:
+            return False
+        if share and not periodic:
+            self.save_async(epoch, step, share, num_layers)
+        self.flush()
+        LOG.info("checkpoint of step %d asked before the notices' end: written", step)
+        return True
+
     def flush(self) -> None:
         with self._lock:
             pending = list(self._pending)

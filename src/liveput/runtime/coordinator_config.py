@@ -37,6 +37,13 @@ class CoordinatorConfig:
     announces; then the job moves off it (the margin covers the gathering, the plan and the
     layer transfer: a few seconds measured here, ``docs/runtime.md``). A notice whose lead is
     this or shorter, or that gives none, is acted on at once."""
+    jit_checkpoint_lead_s: float = 5.0
+    """Rule 9: when every current holder of some layer has a notice, this many wall seconds
+    before the earliest end those notices announce (at most ``notice_margin_s``) the running
+    generation ends at the next step boundary and its instances checkpoint the step they end
+    at, so the restore after them redoes no step. It covers the step in flight and the write of
+    an instance's share of the checkpoint (a fraction of a second for a small model on a local
+    disk; raise it for big layers on slow storage)."""
     suspect_after_s: float = 1.5
     """A plan member silent this long while its plan fails or meets is suspect (three missed
     heartbeats: instances killed together are not all detected at the same tick)."""
@@ -91,9 +98,18 @@ class CoordinatorConfig:
         )
         if min(times) <= 0 or self.finish_wait_s < 0:
             raise LiveputError("coordinator: intervals and timeouts must be positive")
-        if self.notice_settle_s < 0 or self.start_grace_s < 0 or self.notice_margin_s < 0:
+        if (
+            min(
+                self.notice_settle_s,
+                self.start_grace_s,
+                self.notice_margin_s,
+                self.jit_checkpoint_lead_s,
+            )
+            < 0
+        ):
             raise LiveputError(
-                "coordinator: notice settle, notice margin and start grace must be >= 0"
+                "coordinator: notice settle, notice margin, checkpoint lead and start grace "
+                "must be >= 0"
             )
         check_instance_memory_gb(self.instance_memory_gb, "coordinator: instance_memory_gb")
         if self.capacity < 1 or self.initial_workers < 1 or self.restore_after_failures < 1:

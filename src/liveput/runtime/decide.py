@@ -56,17 +56,29 @@ Rules, in order (numbered as in :func:`decide`):
    an instance that may only be starved (a busy machine delays heartbeats past
    ``suspect_after_s`` long before it kills anything). If it is dead after all, the plan it is
    in fails and the next one, made once its heartbeat timed out, restores as it would have.
+9. Just in time: when every current holder of some layer has a notice (a wipe-out with
+   notice: nowhere to move that layer to), ``jit_checkpoint_lead_s`` (at most
+   ``notice_margin_s``) before the earliest end those notices announce, the running plan is
+   fenced at the next step boundary and its instances checkpoint the step they end at (a
+   :data:`ActionKind.CHECKPOINT`); the coordinator waits for that checkpoint (at most the same
+   lead, less once a writer falls silent), then replans without the plan's going instances
+   (they leave once their generation ends): the next plan restores the step the job was at,
+   and no step is redone. A notice that
+   announces no end (a bare SIGTERM) gives no time to aim at: Rule 6 trains on as before.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-
 from liveput.perf.configuration import Configuration
 from liveput.runtime.coordinator_config import CoordinatorConfig
-from liveput.runtime.protocol import FailureReport, RuntimePlan
+from liveput.runtime.coordinator_view import (
+    Action,
+    ActionKind,
+    Choose,
+    CoordinatorView,
+    Member,
+    moves_after_s,
+)
 
 __all__ = [
     "Action",
@@ -78,142 +90,6 @@ __all__ = [
     "decide",
     "moves_after_s",
 ]
-
-
-@dataclass(frozen=True)
-class Member:
-    """One registered instance, as the coordinator sees it."""
-
-    host: str
-    """Address the others reach it at."""
-    heartbeat_age_s: float
-    """Seconds since its heartbeat last moved."""
-    noticed: bool = False
-    """It has a preemption notice (alive, can still send its layers)."""
-    on_demand: bool = False
-    """It is rented on-demand (never preempted): the planner spreads such over the stages."""
-    left: bool = False
-    """It said it left the job."""
-    done: bool = False
-    """It applied the job's last step and says so (its store writes are over)."""
-    layers: tuple[int, ...] = ()
-    """Layers it holds at ``(held_epoch, held_step)``."""
-    held_epoch: int = -1
-    """Restore epoch of its layers' values (-1: holds nothing known)."""
-    held_step: int = -2
-    """Last step applied to its layers."""
-    reported: int = -1
-    """Newest generation whose end it reported (its failure or its holdings after the end)."""
-    arrived: bool = False
-    """It arrived at the plan's start."""
-    notice_age_s: float = 0.0
-    """Seconds since its notice was first seen."""
-    notice_lead_s: float | None = None
-    """Seconds from its notice to its end, as the notice says (None: the notice gives none)."""
-
-    def going(self, margin_s: float) -> bool:
-        """It has a notice and less than ``margin_s`` of its lead left (module docstring)."""
-        return self.noticed and self.notice_age_s >= self.moves_after_s(margin_s)
-
-    def past_announced_end(self) -> bool:
-        """Its notice gave a lead and that lead is spent."""
-        return (
-            self.noticed
-            and self.notice_lead_s is not None
-            and self.notice_age_s >= self.notice_lead_s
-        )
-
-    def moves_after_s(self, margin_s: float) -> float:
-        """Seconds after its notice at which the job moves off it."""
-        return moves_after_s(self.notice_lead_s, margin_s)
-
-
-def moves_after_s(lead_s: float | None, margin_s: float) -> float:
-    """Seconds after a notice with lead ``lead_s`` (None: none given) at which the job moves off
-    its instance: the coordinator plans without it from then, and its agent leaves by the same
-    rule."""
-    return 0.0 if lead_s is None else max(0.0, lead_s - margin_s)
-
-
-@dataclass(frozen=True)
-class CoordinatorView:
-    """Everything a decision depends on."""
-
-    now_s: float
-    """Wall seconds since the coordinator started."""
-    members: Mapping[int, Member]
-    """Registered instances."""
-    plan: RuntimePlan | None
-    """The newest published plan."""
-    started: RuntimePlan | None
-    """The newest plan that ran (None: none yet)."""
-    committed: int
-    """The last step committed (-1: none)."""
-    fenced: bool = False
-    """The step after ``committed`` was aborted although this coordinator did not plan it."""
-    all_arrived: bool = False
-    """Every instance of the plan arrived."""
-    plan_age_s: float = 0.0
-    """Seconds since the plan was published (or first seen)."""
-    failures: Mapping[int, FailureReport] = field(default_factory=dict)
-    """Failure reports of the plan's generation."""
-    failure_age_s: float = 0.0
-    """Seconds since its first failure report was seen."""
-    failed_in_row: int = 0
-    """Plans in a row, the newest last, that failed or were superseded before running."""
-    latest_checkpoint: int | None = None
-    """Step of the newest complete checkpoint."""
-    last_step_recorded: bool = False
-    """The ledger has the job's last step."""
-    finish_age_s: float = 0.0
-    """Seconds since the last step was seen committed."""
-    interval_due: bool = False
-    """An interval decision is due."""
-
-
-class ActionKind(str, enum.Enum):
-    """What the executor does."""
-
-    NONE = "none"
-    """Nothing: training goes on."""
-    WAIT = "wait"
-    """Nothing yet, for the reason in ``status`` (instances, notices settling, a culprit)."""
-    REPLAN = "replan"
-    """Fence the running generation and publish a plan for ``target``."""
-    FINISH = "finish"
-    """Mark the job done."""
-
-
-@dataclass(frozen=True)
-class Action:
-    """A decision of the coordinator."""
-
-    kind: ActionKind
-    status: str
-    """What the job is doing, for people (progress display, logs)."""
-    reason: str = ""
-    """Why a plan: start, loss, failure, recovery or interval."""
-    target: Configuration | None = None
-    """Configuration of the new plan."""
-    workers: tuple[int, ...] = ()
-    """Instances that may take a slot, in order."""
-    senders: tuple[int, ...] = ()
-    """Going instances (module docstring) that may only send layers."""
-    holdings: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
-    """Current holders' layers (at ``committed``), of workers and senders."""
-    restore: bool = False
-    """Every layer from the newest complete checkpoint, whatever the holders have."""
-    suspects: frozenset[int] = frozenset()
-    """Plan members left out as lost or suspect."""
-    lost_slots: tuple[tuple[int, int], ...] = ()
-    """Slots of the running plan that were lost (for the policy)."""
-    noticed_workers: tuple[int, ...] = ()
-    """Workers that are going (Rule 6: no other instance is up)."""
-
-
-Choose = Callable[[int, str, tuple[tuple[int, int], ...]], Configuration | None]
-"""``choose(num_available, event, lost_slots)``: the configuration to run (the policy's answer
-fitted to what is available), or None when nothing can run."""
 
 
 def _suspects(view: CoordinatorView, config: CoordinatorConfig) -> frozenset[int]:
@@ -266,6 +142,9 @@ def _replan(
     epoch = plan.epoch if plan is not None else 0
     alive = _alive(view, config, suspects)
     margin = config.notice_margin_s
+    if view.checkpoint_requested and plan is not None:
+        # Rule 9: the plan's going instances checkpointed, and leave once their generation ends.
+        alive = {i: m for i, m in alive.items() if not (m.going(margin) and i in plan.slots)}
     workers = tuple(sorted(i for i, m in alive.items() if not m.going(margin)))
     # Rule 4: a going instance only sends (and only what is current).
     senders = tuple(sorted(i for i, m in alive.items() if m.going(margin)))
@@ -363,6 +242,83 @@ def _last_holders(view: CoordinatorView, config: CoordinatorConfig) -> frozenset
     )
 
 
+def _noticed_holders_end_s(view: CoordinatorView, config: CoordinatorConfig) -> float | None:
+    """Rule 9: seconds left before the earliest end announced to the current holders of a layer
+    that only instances with a notice hold (None: no such layer, or none of its holders' notices
+    announces an end)."""
+    plan = view.plan
+    assert plan is not None
+    point = (plan.epoch, view.committed)
+    holders: dict[int, list[Member]] = {}
+    for member in _alive(view, config).values():
+        if (member.held_epoch, member.held_step) == point:
+            for layer in member.layers:
+                holders.setdefault(layer, []).append(member)
+    ends = [
+        end_s
+        for members in holders.values()
+        if all(m.noticed for m in members)
+        for m in members
+        if (end_s := m.end_in_s()) is not None
+    ]
+    return min(ends, default=None)
+
+
+def _checkpoint_before_end(
+    view: CoordinatorView,
+    config: CoordinatorConfig,
+    choose: Choose,
+    suspects: frozenset[int],
+    unannounced: bool,
+) -> Action | None:
+    """Rule 9 (module docstring): the checkpoint asked for, waited for, then the replan without
+    the going instances; None when the rule does not apply. ``unannounced``: the plan is
+    failing, or a working instance was lost without a notice (the other rules' business)."""
+    plan = view.plan
+    assert plan is not None
+    lead_s = min(config.jit_checkpoint_lead_s, config.notice_margin_s)
+    saved = view.latest_checkpoint is not None and view.latest_checkpoint >= view.committed
+    if view.checkpoint_requested:
+        # Failure reports may follow the fence (a rank aborted in a collective): no reason to
+        # stop waiting. A silent writer (one that wrote leaves, and says so) is: it died.
+        silent = any(
+            (m := view.members.get(i)) is None
+            or (not m.left and m.heartbeat_age_s > config.suspect_after_s)
+            for i, slot in plan.slots.items()
+            if slot is not None
+        )
+        if not (saved or silent) and view.checkpoint_request_age_s < lead_s:
+            return Action(
+                ActionKind.WAIT,
+                f"checkpointing step {view.committed} before the end the notices announce",
+            )
+        lost_slots = tuple(
+            sorted(
+                slot
+                for i, slot in plan.slots.items()
+                if slot is not None
+                and (
+                    i in suspects
+                    or (member := view.members.get(i)) is None
+                    or member.going(config.notice_margin_s)
+                )
+            )
+        )
+        return _replan(view, config, choose, "checkpoint", suspects, lost_slots, "preemption")
+    if saved or unannounced or not view.all_arrived or view.committed < plan.start_step:
+        return None
+    end_s = _noticed_holders_end_s(view, config)
+    if end_s is None or end_s > lead_s:
+        return None
+    return Action(
+        ActionKind.CHECKPOINT,
+        f"checkpointing step {view.committed} or the next: every holder of a layer goes "
+        f"in {max(0.0, end_s):.1f} s",
+        "notice",
+        checkpoint_before_s=max(0.0, end_s),
+    )
+
+
 def _checkpoint_name(view: CoordinatorView) -> str:
     step = view.latest_checkpoint
     return "the initial weights" if step is None else f"step {step}"
@@ -406,6 +362,10 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
     going = {i for i, m in members.items() if m.going(margin)} - set(plan.noticed)
     lost = working & (suspects | going)
     stranded = bool(suspects) and not view.all_arrived
+    unannounced = bool(lost - going or view.failures or view.fenced or stranded)
+    jit = _checkpoint_before_end(view, config, choose, suspects, unannounced)  # Rule 9
+    if jit is not None:
+        return jit
     if lost and lost <= going and not (view.failures or view.fenced or stranded):
         if any(
             members[i].notice_age_s - members[i].moves_after_s(margin) < config.notice_settle_s

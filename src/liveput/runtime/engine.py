@@ -52,14 +52,7 @@ from liveput.runtime.watchdog import ENDED_WITH_THE_JOB, FAILED_ELSEWHERE, Watch
 LOG = logging.getLogger(__name__)
 
 # Ending, GenerationResult and checkpoint_share are the engine's too (their home is generation).
-__all__ = [
-    "Engine",
-    "EngineConfig",
-    "Ending",
-    "GenerationResult",
-    "Rendezvous",
-    "checkpoint_share",
-]
+__all__ = ["Engine", "EngineConfig", "Ending", "GenerationResult", "Rendezvous", "checkpoint_share"]
 Rendezvous = Callable[[RuntimePlan, int], dist.Store]
 """``rendezvous(plan, rank)`` -> the c10d store the generation's process groups meet on."""
 _TRANSFER_TAG = 1 << 20
@@ -258,6 +251,7 @@ class Engine:
             position = stage_position(plan, slot)
             on_training()
             result = self._train(plan, groups, position, keep_going, started, needed)
+            self._save_if_asked(plan, result.ending, slot, needed)
             self._report(plan.generation, result.ending.value)
             return result
         except protocol.JobFailure as failure:
@@ -268,7 +262,9 @@ class Engine:
             raise
         except CommAborted:
             assert watchdog is not None
-            return self._aborted(plan, watchdog.reason, started)
+            result = self._aborted(plan, watchdog.reason, started)
+            self._save_if_asked(plan, result.ending, slot, needed)
+            return result
         except (RuntimeError, dist.DistBackendError, LiveputError) as error:
             return self._failed(plan, error, started)
         finally:
@@ -466,6 +462,27 @@ class Engine:
             share = checkpoint_share(layers, position)
             if share:
                 self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers)
+
+    def _save_if_asked(
+        self, plan: RuntimePlan, ending: Ending, slot: tuple[int, int] | None, needed: range
+    ) -> None:
+        """Its share of the step it ended at, when fenced for that checkpoint (decide's Rule 9)."""
+        # A peer that left its collective at the fence may fail this rank's: its state is the
+        # last step applied all the same. With nothing of this generation applied, its layers
+        # may not all be in place.
+        ended = ending in (Ending.FENCED, Ending.FAILED)
+        if not ended or slot is None or self.last_applied < plan.start_step:
+            return
+        if self.checkpointer is not None:
+            every = self.config.checkpoint_every
+            self.checkpointer.save_if_asked(
+                plan.generation,
+                self.epoch,
+                self.last_applied,
+                checkpoint_share([self.layers[i] for i in needed], stage_position(plan, slot)),
+                self.job.num_layers,
+                periodic=bool(every) and (self.last_applied + 1) % every == 0,
+            )
 
     def _retry(self, action: Callable[[], object], timeout_s: float = 120.0) -> None:
         """Run a store write that must happen, through a store outage of up to ``timeout_s``."""

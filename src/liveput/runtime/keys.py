@@ -11,7 +11,9 @@ lists and deletes from it. The values' formats and who writes them:
   counter; ``notice/<id>``: its preemption notice; ``state/<id>``: its current state name;
   ``lost/<id>``: the coordinator counted it lost; ``holds/<id>``: what it holds
   (:class:`~liveput.runtime.protocol.Holding`), reported by its engine when a generation's state
-  is in place and when a generation ends for it.
+  is in place and when a generation ends for it. ``notice-end/<id>``: when the coordinator first
+  saw its notice and the end that notice announces (JSON: ``seen_unix_s``, ``end_unix_s`` or
+  null), so a restarted coordinator does not count the notice's lead afresh.
 - ``plan/current``: the generation number of the plan in force; ``plan/<g>``: plan g (JSON).
 - ``commit/<g>/<s>``: the commit counter of step s in generation g; ``done/<g>/<s>``: its outcome
   (the commit protocol: :mod:`liveput.runtime.protocol`).
@@ -24,7 +26,9 @@ lists and deletes from it. The values' formats and who writes them:
   restore that opened restore epoch ``epoch``; ``ledger-summary``: the records folded so far
   (:mod:`liveput.runtime.ledger`).
 - ``ckpt/<epoch>/<s>``: layers of checkpoint s saved so far; ``ckpt/latest``: the newest
-  complete; ``ckpt/complete``: the complete ones still on disk.
+  complete; ``ckpt/complete``: the complete ones still on disk. ``ckpt-now/<g>``: the
+  coordinator asks generation g's instances to checkpoint the step they end at (written before
+  it fences g; JSON: ``epoch``, ``before_s``, the seconds left to the notices' end).
 - ``job/spec``, ``job/profile``, ``job/file``: what the job is (the launch spec, the profile, the
   job file); ``job/error``: why the job cannot go on; ``job/done``: the job finished (its last
   step); ``job/stop``: ``liveput stop`` asked it to stop. ``ids/next``: instance ids handed out.
@@ -113,6 +117,7 @@ STATE = Family("state/", Scope.INSTANCE, Pruned.FORGOTTEN)
 HOLDING = Family("holds/", Scope.INSTANCE, Pruned.FORGOTTEN)
 NOTICE = Family("notice/", Scope.INSTANCE, Pruned.FORGOTTEN)
 LOST = Family("lost/", Scope.INSTANCE, Pruned.FORGOTTEN)
+NOTICE_END = Family("notice-end/", Scope.INSTANCE, Pruned.FORGOTTEN)
 COMMIT = Family("commit/", Scope.STEP, Pruned.RETIRED_OR_OLD_STEP)
 DONE = Family("done/", Scope.STEP, Pruned.RETIRED_OR_OLD_STEP)
 ARRIVED = Family("arrived/", Scope.GENERATION, Pruned.RETIRED)
@@ -121,6 +126,7 @@ FAILURE = Family("fail/", Scope.GENERATION, Pruned.RETIRED)
 FAILED = Family("failed/", Scope.GENERATION, Pruned.RETIRED)
 PLAN = Family("plan/", Scope.GENERATION, Pruned.SUCCESSOR_RETIRED)
 CHECKPOINT = Family("ckpt/", Scope.EPOCH, Pruned.OLDER_CHECKPOINT)
+CHECKPOINT_REQUEST = Family("ckpt-now/", Scope.GENERATION, Pruned.RETIRED)
 LEDGER = Family("ledger/", Scope.EPOCH, Pruned.FOLDED)
 RESTORE = Family("restore/", Scope.EPOCH, Pruned.FOLDED)
 LEDGER_SUMMARY = Family("ledger-summary", Scope.JOB, Pruned.NEVER)
@@ -142,6 +148,7 @@ FAMILIES: tuple[Family, ...] = (
     HOLDING,
     NOTICE,
     LOST,
+    NOTICE_END,
     COMMIT,
     DONE,
     ARRIVED,
@@ -150,6 +157,7 @@ FAMILIES: tuple[Family, ...] = (
     FAILED,
     PLAN,
     CHECKPOINT,
+    CHECKPOINT_REQUEST,
     LEDGER,
     RESTORE,
     LEDGER_SUMMARY,
@@ -206,6 +214,10 @@ def notice(instance: int) -> str:
 
 def lost(instance: int) -> str:
     return f"{LOST.prefix}{instance}"
+
+
+def notice_end(instance: int) -> str:
+    return f"{NOTICE_END.prefix}{instance}"
 
 
 # -- a generation's keys ---------------------------------------------------------------------------
@@ -283,6 +295,11 @@ def step_times(generation: int) -> str:
 def checkpoint_layers(epoch: int, step: int) -> str:
     """How many layers of checkpoint ``step`` (restore epoch ``epoch``) are saved (a counter)."""
     return f"{CHECKPOINT.prefix}{epoch}/{step}"
+
+
+def checkpoint_request(generation: int) -> str:
+    """Generation ``generation``'s instances are to checkpoint the step they end at."""
+    return f"{CHECKPOINT_REQUEST.prefix}{generation}"
 
 
 def latest_checkpoint() -> str:

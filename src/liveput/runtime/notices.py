@@ -16,10 +16,12 @@ Sources (lead times per ``../shared/reference/systems.md``: AWS gives 2 minutes,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
@@ -275,6 +277,10 @@ class EmulatorNoticeWatcher(NoticeWatcher):
     the notice, so a missed signal costs at most one poll interval. Installing the handler also
     stops SIGUSR1 from killing the process (its default action). Construct in the main thread when
     a signal is given.
+
+    A file's lead counts from when the file was written (its mtime, against ``now_unix_s``), as
+    an AWS notice's counts to the time it names: an agent still starting reads it seconds late,
+    and reported as written its end came seconds after the cloud's.
     """
 
     def __init__(
@@ -284,12 +290,14 @@ class EmulatorNoticeWatcher(NoticeWatcher):
         signum: int | None = signal.SIGUSR1,
         store: Store | None = None,
         store_key: str | None = None,
+        now_unix_s: Callable[[], float] = time.time,
     ) -> None:
         if notice_file is None and (store is None or not store_key):
             raise LiveputError("emulator notice watcher needs a notice file or a store and key")
         self._file = None if notice_file is None else Path(notice_file)
         self._store = store
         self._store_key = store_key
+        self._now_unix_s = now_unix_s
         self._signals: SignalNoticeWatcher | None = None
         self._notice: Notice | None = None
         if signum is not None:
@@ -307,7 +315,7 @@ class EmulatorNoticeWatcher(NoticeWatcher):
     def poll(self) -> Notice | None:
         if self._notice is not None:
             return self._notice
-        notice = None if self._file is None else read_notice_file(self._file)
+        notice = None if self._file is None else self._read_file(self._file)
         if notice is None and self._store is not None and self._store_key:
             raw = self._store.get(self._store_key)
             if raw is not None:
@@ -316,6 +324,17 @@ class EmulatorNoticeWatcher(NoticeWatcher):
                 )
         self._notice = notice
         return notice
+
+    def _read_file(self, path: Path) -> Notice | None:
+        """The file's notice, with the lead left now (class docstring)."""
+        notice = read_notice_file(path)
+        if notice is None or notice.lead_s is None:
+            return notice
+        try:
+            age_s = max(0.0, self._now_unix_s() - path.stat().st_mtime)
+        except FileNotFoundError:
+            return notice
+        return dataclasses.replace(notice, lead_s=max(0.0, notice.lead_s - age_s))
 
     def close(self) -> None:
         if self._signals is not None:

@@ -18,13 +18,14 @@ rule means:
   so a restarted coordinator does not take their absence for "not committed".
 - Everything of a *retired* generation (older than the newest one that ran, for at least
   ``generation_grace_s``: a straggler of it has long read its fence): its ``commit``, ``done``,
-  ``arrived``, ``started``, ``fail`` and ``failed`` keys; its ``plan`` once the generation after
-  it is retired too (holding reports name their generation's successor's start).
+  ``arrived``, ``started``, ``fail``, ``failed`` and ``ckpt-now`` keys; its ``plan`` once the
+  generation after it is retired too (holding reports name their generation's successor's
+  start).
 - ``ckpt/<e>/<s>`` counters of checkpoints older than the oldest one a restore may use
   (:func:`checkpoint_point`).
-- ``members``, ``hb``, ``state``, ``holds``, ``notice``, ``lost`` of an instance silent for
-  ``forget_after_s`` and not in the newest plan (an agent that comes back re-registers when its
-  heartbeat counter starts again from 1).
+- ``members``, ``hb``, ``state``, ``holds``, ``notice``, ``lost``, ``notice-end`` of an instance
+  silent for ``forget_after_s`` and not in the newest plan (an agent that comes back
+  re-registers when its heartbeat counter starts again from 1).
 
 ``events/<g>`` (the plans' history, one per replan), ``stats/`` counters and ``coord/history``
 (one number per decision interval) are kept: they grow with replans and wall time, not with steps.

@@ -66,8 +66,8 @@ class Coordinator:
         self.status = "starting"  # what the job is doing, in words (the progress display's)
         self.action: Action | None = None  # the last decision
         self.started_s = self.clock.now_s()
-        self.observer = Observer(store, config, self.clock, self.started_s)
-        self.publisher = Publisher(store, profile, config, self.clock, self.started_s)
+        self.observer = Observer(store, config, self.clock, self.started_s, wall_clock)
+        self.publisher = Publisher(store, profile, config, self.clock, self.started_s, wall_clock)
         self.stall = upkeep.StallWatch(config.stall_warning_s)
         self.pruner = Pruner(store, config.prune, profile.global_batch_size)
         self.progress = self.observer.recover()
@@ -128,6 +128,8 @@ class Coordinator:
             return False
         if action.kind is ActionKind.REPLAN:
             self.publisher.publish(action, view, self.progress, self.observer)
+        if action.kind is ActionKind.CHECKPOINT:
+            self.publisher.request_checkpoint(action, self.progress)
         self.stall.watch(self.clock.now_s(), self.progress, self.status, self.observer)
         self._prune()
         return True

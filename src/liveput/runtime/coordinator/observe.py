@@ -1,9 +1,11 @@
 """The coordinator's observation: the store read into decide's :class:`CoordinatorView`.
 
-It reads members, heartbeats, notices, what each instance reports holding, failure reports,
-arrivals, the committed step, the newest plan and the newest that ran. It writes nothing: what an
-observation leaves in the store (losses counted, the interval's instance count, a plan marked
-started) is :mod:`.publish`'s.
+It reads members, heartbeats, notices (counted from when a coordinator of the job first saw
+them: ``notice-end/<id>``), what each instance reports holding, failure reports, arrivals, the
+committed step, the newest plan and the newest that ran, and whether the plan was fenced for a
+checkpoint (Rule 9). It writes nothing: what an observation leaves in the store (losses
+counted, the interval's instance count, a plan marked started, when a notice was seen) is
+:mod:`.publish`'s.
 
 The :class:`JobProgress` is what the coordinator knows of the job's progress. The store holds all of
 it, so a restarted coordinator reads it back (:meth:`Observer.recover`) and carries on.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -65,11 +68,19 @@ class Observer:
     last moved, when a notice, a failure or a plan was first seen) and the plans it read."""
 
     def __init__(
-        self, store: Store, config: CoordinatorConfig, clock: Clock, started_s: float
+        self,
+        store: Store,
+        config: CoordinatorConfig,
+        clock: Clock,
+        started_s: float,
+        wall_clock: Callable[[], float],
     ) -> None:
         self.store = store
         self.config = config
         self.clock = clock
+        self.wall_clock = wall_clock
+        """Unix seconds: what the store keeps of when a notice was seen reads the same in the
+        next coordinator's process (the clock's seconds do not)."""
         self.started_s = started_s
         """Clock time the coordinator started (views count from it)."""
         self.next_interval_s = started_s
@@ -88,6 +99,7 @@ class Observer:
     def recover(self) -> JobProgress:
         """The job's progress as the store has it (a restarted coordinator carries on)."""
         progress = JobProgress(protocol.current_plan(self.store), last_commit_s=self.started_s)
+        self.recover_notices()
         plan = progress.plan
         if plan is not None:
             raw = self.store.get(keys.coordinator_started())
@@ -106,6 +118,18 @@ class Observer:
                 progress.committed,
             )
         return progress
+
+    def recover_notices(self) -> None:
+        """Count each notice an earlier coordinator saw from when it saw it (``notice-end/<id>``),
+        not from now: its lead is partly spent, and counted afresh the job would move off
+        the instance only after its end."""
+        now, wall_now = self.clock.now_s(), self.wall_clock()
+        for instance, raw in readers.by_instance(self.store, keys.NOTICE_END).items():
+            try:
+                seen_unix_s = float(json.loads(raw)["seen_unix_s"])
+            except (ValueError, KeyError, TypeError):
+                continue  # unreadable: the notice counts from now, as before it was kept
+            self.first_seen[keys.notice(instance)] = now - max(0.0, wall_now - seen_unix_s)
 
     def load(self, generation: int) -> protocol.RuntimePlan | None:
         """Plan ``generation`` (None: not published)."""
@@ -131,6 +155,7 @@ class Observer:
             del self.plans[generation]
             self.first_seen.pop(keys.plan(generation), None)
             self.first_seen.pop(keys.failures(generation), None)
+            self.first_seen.pop(keys.checkpoint_request(generation), None)
 
     def since(self, key: str, now: float) -> float:
         return now - self.first_seen.setdefault(key, now)
@@ -237,6 +262,8 @@ class Observer:
         fenced = outcome == protocol.ABORTED and progress.fence != (plan.generation, committed + 1)
         failures = protocol.failures(self.store, plan.generation)
         finishing = committed + 1 >= self.config.num_steps
+        request = keys.checkpoint_request(plan.generation)
+        checkpoint_requested = self.store.get(request) is not None
         return Observed(
             CoordinatorView(
                 now_s=now - self.started_s,
@@ -254,6 +281,8 @@ class Observer:
                 last_step_recorded=finishing and self.recorded(plan.epoch, committed),
                 finish_age_s=self.since("finish", now) if finishing else 0.0,
                 interval_due=interval_due,
+                checkpoint_requested=checkpoint_requested,
+                checkpoint_request_age_s=self.since(request, now) if checkpoint_requested else 0.0,
             ),
             newly_started,
         )
@@ -288,9 +317,8 @@ class Observer:
 
 def _notice_lead_s(raw: bytes | None) -> float | None:
     """The lead a reported notice gives, wall seconds (None: none, or not readable). It counts
-    from when this coordinator first saw the notice: a restarted coordinator gives a noticed
-    instance up to its whole lead again, and one killed before it moves is a loss without a
-    notice (slower, never wrong)."""
+    from when a coordinator of the job first saw the notice (``notice-end/<id>`` keeps when: a
+    restarted coordinator counts on, :meth:`Observer.recover_notices`)."""
     if raw is None:
         return None
     try:

@@ -1,4 +1,6 @@
-"""What the coordinator writes: what an observation leaves, fences, plans, restore records, events.
+"""What the coordinator writes: what an observation leaves, fences, plans, restore records, events,
+checkpoint requests (decide's Rule 9) and when each notice was seen (a restarted coordinator
+counts its lead on).
 
 For a new plan it fences the running generation at the next step boundary
 (:func:`~liveput.runtime.protocol.fence`), plans it with
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 
 from liveput.perf.types import ModelProfile
 from liveput.runtime import keys, protocol
@@ -34,6 +37,7 @@ class Publisher:
         config: CoordinatorConfig,
         clock: Clock,
         started_s: float,
+        wall_clock: Callable[[], float],
     ) -> None:
         self.store = store
         self.profile = profile
@@ -41,13 +45,18 @@ class Publisher:
         self.clock = clock
         self.started_s = started_s
         """Clock time the coordinator started (events count from it)."""
+        self.wall_clock = wall_clock
+        """Unix seconds, for what a later coordinator reads (when a notice was seen)."""
+        self.notices_kept: set[int] = set()
+        """Instances whose notice's ``notice-end/<id>`` is in the store."""
 
     def record(self, observed: Observed) -> None:
-        """What an observation leaves: each instance lost (gone or noticed) counted once as a
-        preemption; at an interval, the spot instances up (the history forecasts are about);
-        a plan that ran for the first time marked started."""
+        """What an observation leaves: when each notice was seen; each instance lost (gone or
+        noticed) counted once as a preemption; at an interval, the spot instances up (the
+        history forecasts are about); a plan that ran for the first time marked started."""
         view = observed.view
         timeout_s = self.config.heartbeat_timeout_s
+        self._keep_notices(view)
         for instance, member in view.members.items():
             gone = member.left or member.heartbeat_age_s > timeout_s
             if (gone or member.noticed) and self.store.compare_and_set(
@@ -71,6 +80,49 @@ class Publisher:
         if observed.newly_started and view.plan is not None:
             protocol.mark_started(self.store, view.plan.generation)
             self.store.set(keys.coordinator_started(), str(view.plan.generation).encode())
+
+    def _keep_notices(self, view: CoordinatorView) -> None:
+        """When each notice was first seen and the end it announces, in unix seconds, once per
+        notice (kept if an earlier coordinator wrote it): a restarted coordinator counts its
+        lead on from there."""
+        wall_now = self.wall_clock()
+        for instance, member in view.members.items():
+            if not member.noticed or instance in self.notices_kept:
+                continue
+            seen_unix_s = wall_now - member.notice_age_s
+            lead_s = member.notice_lead_s
+            record = {
+                "seen_unix_s": round(seen_unix_s, 3),
+                "end_unix_s": None if lead_s is None else round(seen_unix_s + lead_s, 3),
+            }
+            self.store.compare_and_set(keys.notice_end(instance), None, json.dumps(record).encode())
+            self.notices_kept.add(instance)
+
+    def request_checkpoint(self, action: Action, progress: JobProgress) -> int:
+        """Rule 9: ask the running generation's instances to checkpoint the step they end at,
+        then fence it at the next step boundary; that step."""
+        plan = progress.plan
+        assert plan is not None
+        # The request first: an instance that sees the fence sees the request.
+        self.store.set(
+            keys.checkpoint_request(plan.generation),
+            json.dumps(
+                {"epoch": plan.epoch, "before_s": round(action.checkpoint_before_s or 0.0, 3)}
+            ).encode(),
+        )
+        start = protocol.fence(
+            self.store, plan.generation, progress.committed + 1, plan.num_working
+        )
+        progress.fence = (plan.generation, start)
+        progress.committed = start - 1
+        LOG.info(
+            "plan %d: every holder of a layer has a notice, the first ends in %.1f s; "
+            "checkpointing step %d",
+            plan.generation,
+            action.checkpoint_before_s or 0.0,
+            start - 1,
+        )
+        return start - 1
 
     def finish(self, committed: int) -> None:
         """Mark the job done after step ``committed``."""

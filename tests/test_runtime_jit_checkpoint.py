@@ -1,0 +1,222 @@
+"""Rule 9 of the coordinator: when every current holder of some layer has a notice, the running
+plan checkpoints the step it ends at just before the earliest end announced, and the restore after
+the wipe-out redoes no step. And notices keep their announced end through a coordinator restart.
+
+On views (a hypothesis test of when the rule fires) and with the in-memory model agents of
+``test_runtime_decide`` (a manual clock, no processes)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_runtime_decide import TICK_S, make_coordinator, run, start
+
+from liveput.perf.configuration import Configuration
+from liveput.runtime import keys
+from liveput.runtime.clock import ManualClock
+from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView, Member, decide
+from liveput.runtime.protocol import RuntimePlan
+from liveput.runtime.store import readers
+
+CONFIG = CoordinatorConfig(
+    num_steps=1000, num_micro_batches=8, notice_margin_s=20.0, jit_checkpoint_lead_s=5.0
+)
+COMMITTED = 40
+
+
+def _plan(data_parallel: int, stages: int) -> RuntimePlan:
+    """Plan 3 at ``data_parallel`` x ``stages``, instance ``d * stages + p`` at slot (d, p)."""
+    slots = {d * stages + p: (d, p) for d in range(data_parallel) for p in range(stages)}
+    return RuntimePlan(
+        3,
+        0,
+        30,
+        1000,
+        data_parallel,
+        stages,
+        [0, 2 * stages],
+        slots,
+        dict.fromkeys(slots, "h"),
+        [],
+        "none",
+        None,
+    )
+
+
+def _choose(count: int, event: str, lost: tuple) -> Configuration:
+    return Configuration(1, 1)
+
+
+# A notice: no notice, one without an announced end, or (lead, seconds since it came).
+NOTICE = st.one_of(
+    st.none(),
+    st.just("no end"),
+    st.tuples(st.floats(0.0, 120.0), st.floats(0.0, 130.0)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.data(),
+    st.booleans(),
+)
+def test_the_checkpoint_is_asked_exactly_when_only_noticed_instances_hold_a_layer_near_its_end(
+    data_parallel, stages, data, saved
+):
+    plan = _plan(data_parallel, stages)
+    members = {}
+    for instance, (_, stage) in plan.slots.items():
+        notice = data.draw(NOTICE, label=f"notice of {instance}")
+        fields: dict = {}
+        if notice == "no end":
+            fields = dict(noticed=True, notice_lead_s=None, notice_age_s=1.0)
+        elif notice is not None:
+            lead_s, age_s = notice
+            fields = dict(noticed=True, notice_lead_s=lead_s, notice_age_s=age_s)
+        members[instance] = Member(
+            "h",
+            0.1,
+            layers=(2 * stage, 2 * stage + 1),
+            held_epoch=0,
+            held_step=COMMITTED,
+            arrived=True,
+            **fields,
+        )
+    view = CoordinatorView(
+        100.0,
+        members,
+        plan,
+        plan,
+        COMMITTED,
+        all_arrived=True,
+        latest_checkpoint=COMMITTED if saved else 29,
+    )
+    action = decide(view, CONFIG, _choose)
+    # Brute force: per stage (its two layers), its holders all noticed, the earliest end
+    # announced among them.
+    ends = []
+    for stage in range(stages):
+        holders = [members[i] for i, s in plan.slots.items() if s is not None and s[1] == stage]
+        if all(m.noticed for m in holders):
+            ends += [
+                m.notice_lead_s - m.notice_age_s for m in holders if m.notice_lead_s is not None
+            ]
+    due = bool(ends) and min(ends) <= 5.0 and not saved
+    assert (action.kind is ActionKind.CHECKPOINT) == due, (action, ends)
+    if due:
+        assert action.checkpoint_before_s == max(0.0, min(ends))
+
+
+def _checkpointing_view(**changes) -> CoordinatorView:  # noqa: ANN003
+    """Plan 3 at 2x1 on 0 and 1, both noticed with 3 s left, asked to checkpoint 1 s ago."""
+    plan = _plan(2, 1)
+    noticed = dict(noticed=True, notice_lead_s=10.0, notice_age_s=7.0)
+    held = dict(layers=(0, 1), held_epoch=0, held_step=COMMITTED, arrived=True)
+    members = {
+        0: Member("h", 0.1, **noticed, **held),
+        1: Member("h", 0.1, **noticed, **held),
+        5: Member("h", 0.1),  # a newcomer without a notice
+    }
+    values: dict = dict(
+        now_s=100.0,
+        members=members,
+        plan=plan,
+        started=plan,
+        committed=COMMITTED,
+        all_arrived=True,
+        latest_checkpoint=29,
+        checkpoint_requested=True,
+        checkpoint_request_age_s=1.0,
+    )
+    values.update(changes)
+    return CoordinatorView(**values)
+
+
+def test_after_the_request_it_waits_for_the_checkpoint_then_replans_without_the_going_ones():
+    action = decide(_checkpointing_view(), CONFIG, _choose)
+    assert action.kind is ActionKind.WAIT
+    assert action.status == f"checkpointing step {COMMITTED} before the end the notices announce"
+    # Written: the next plan is on the newcomer alone (the noticed ones leave).
+    action = decide(_checkpointing_view(latest_checkpoint=COMMITTED), CONFIG, _choose)
+    assert action.kind is ActionKind.REPLAN and action.reason == "checkpoint"
+    assert action.workers == (5,) and action.senders == () and action.holdings == {}
+    # Never written (a writer died): after the lead, the same replan (the older checkpoint),
+    # or at once when the writer is silent; one that left after writing is no reason.
+    action = decide(_checkpointing_view(checkpoint_request_age_s=5.0), CONFIG, _choose)
+    assert action.kind is ActionKind.REPLAN and action.workers == (5,)
+    members = dict(_checkpointing_view().members)
+    members[1] = dataclasses.replace(members[1], heartbeat_age_s=2.0)
+    action = decide(_checkpointing_view(members=members), CONFIG, _choose)
+    assert action.kind is ActionKind.REPLAN and action.workers == (5,)
+    members[1] = dataclasses.replace(members[1], heartbeat_age_s=0.1, left=True)
+    action = decide(_checkpointing_view(members=members), CONFIG, _choose)
+    assert action.kind is ActionKind.WAIT
+    # Nobody else: wait, and say the next plan restores the step checkpointed.
+    alone = {i: m for i, m in _checkpointing_view().members.items() if i != 5}
+    view = _checkpointing_view(members=alone, latest_checkpoint=COMMITTED)
+    action = decide(view, CONFIG, _choose)
+    assert action.kind is ActionKind.WAIT
+    assert action.status == (
+        f"waiting for instances (none available; the next plan restores from step {COMMITTED})"
+    )
+
+
+def test_a_noticed_wipe_out_restores_the_step_it_was_at():
+    """Four instances at 2x2 all get a notice 12 s ahead (inside the 20-s margin: the job
+    trains on them while they last, Rule 6); 5 s before that end their plan checkpoints the step
+    it ends at, and the instance that comes after them restores it: nothing is redone."""
+    store, clock, coordinator, agents = start(steps=2000, instances=4)
+    run(coordinator, agents, clock, 40)
+    assert coordinator.plan.num_working == 4 and coordinator.committed > 10
+    for instance in range(4):
+        agents.notice(instance, lead_s=12.0)
+    run(coordinator, agents, clock, int(6.0 / TICK_S))
+    assert agents.checkpoints_asked == []  # still training on them
+    run(coordinator, agents, clock, int(3.0 / TICK_S))
+    assert agents.checkpoints_asked == [coordinator.committed], coordinator.status
+    saved = coordinator.committed
+    for instance in range(4):
+        agents.kill(instance)  # at the end the notices announced
+    run(coordinator, agents, clock, int(4.0 / TICK_S))
+    assert coordinator.committed == saved and "waiting for instances" in coordinator.status
+    agents.join(4)
+    run(coordinator, agents, clock, int(3.0 / TICK_S))
+    plan = coordinator.plan
+    assert plan.restore_step == saved and plan.start_step == saved + 1  # nothing redone
+    assert coordinator.committed > saved and agents.stale_trained == 0
+    restores = [e for e in readers.events(store) if e["kind"] == "checkpoint-restore"]
+    assert [e["start_step"] for e in restores] == [saved + 1]
+
+
+def test_a_restarted_coordinator_counts_a_notice_from_when_it_came():
+    """A notice with a 60-s lead moves the job off its instance 40 s after it came (20-s
+    margin). The coordinator restarts 30 s after the notice; the new one moves off it 10 s
+    later, not 40 s (the notice's lead counted afresh from its restart, past its end)."""
+    store, clock, coordinator, agents = start(steps=4000, instances=5)
+    wall_s = 1000.0  # the wall clock both coordinators read, in unix seconds
+
+    def wall_clock() -> float:
+        return wall_s + clock.now_s()
+
+    coordinator = make_coordinator(store, clock, steps=4000, wall_clock=wall_clock)
+    run(coordinator, agents, clock, 40)
+    plan = coordinator.plan
+    victim = next(i for i, s in plan.slots.items() if s is not None)
+    agents.notice(victim, lead_s=60.0)
+    noticed_at_s = wall_clock()
+    run(coordinator, agents, clock, int(30.0 / TICK_S))
+    assert coordinator.plan.slots.get(victim) is not None  # still training on it
+    record = store.get(keys.notice_end(victim))
+    assert record is not None and b'"end_unix_s": ' in record
+    wall_s, clock = wall_clock(), ManualClock()  # a new process: its clock starts again
+    recovered = make_coordinator(store, clock, steps=4000, wall_clock=wall_clock)
+    while recovered.plan.slots.get(victim) is not None:
+        assert wall_clock() - noticed_at_s < 45.0, recovered.status
+        run(recovered, agents, clock, 1)
+    moved_after_s = wall_clock() - noticed_at_s
+    assert 40.0 <= moved_after_s <= 40.0 + CONFIG.notice_settle_s + 3 * TICK_S
+    assert recovered.plan.restore_step is None and agents.stale_trained == 0
