@@ -14,18 +14,17 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from liveput.errors import LiveputError
 from liveput.models.job import Job
-from liveput.perf.types import check_instance_memory_gb
 from liveput.runtime import keys, protocol
 from liveput.runtime.arrival import await_peers
 from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
 from liveput.runtime.comm import CommAborted, Groups
+from liveput.runtime.engine_config import EngineConfig
 from liveput.runtime.generation import (
     Ending,
     GenerationResult,
@@ -51,35 +50,12 @@ from liveput.runtime.watchdog import ENDED_WITH_THE_JOB, FAILED_ELSEWHERE, Watch
 
 LOG = logging.getLogger(__name__)
 
-# Ending, GenerationResult and checkpoint_share are the engine's too (their home is generation).
+# EngineConfig, Ending, GenerationResult and checkpoint_share are the engine's too (their homes
+# are engine_config and generation).
 __all__ = ["Engine", "EngineConfig", "Ending", "GenerationResult", "Rendezvous", "checkpoint_share"]
 Rendezvous = Callable[[RuntimePlan, int], dist.Store]
 """``rendezvous(plan, rank)`` -> the c10d store the generation's process groups meet on."""
 _TRANSFER_TAG = 1 << 20
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Settings of the training engine."""
-
-    checkpoint_every: int = 10
-    """K: checkpoint every K committed steps (0: never)."""
-    comm_timeout_s: float = 30.0
-    """Timeout of a process-group operation, seconds."""
-    outcome_poll_s: float = 2.0
-    """How long one wait for a step's outcome blocks before checking for a stop, seconds."""
-    device: str = "cpu"
-    """``cpu`` (gloo) or ``cuda[:i]`` (NCCL, tensors on the device)."""
-    shared_gpu: bool = False
-    """Other instances may compute on the same GPU (agents sharing one machine): gloo, each
-    message staged through CPU memory, since NCCL refuses two ranks on one GPU."""
-    instance_memory_gb: float | None = None
-    """The per-instance memory budget, GB: a stage over it is refused (:mod:`.stage_memory`)."""
-
-    def __post_init__(self) -> None:
-        if self.checkpoint_every < 0 or self.comm_timeout_s <= 0 or self.outcome_poll_s <= 0:
-            raise LiveputError("engine: checkpoint_every >= 0 and positive timeouts required")
-        check_instance_memory_gb(self.instance_memory_gb, "engine: instance_memory_gb")
 
 
 class Engine:
