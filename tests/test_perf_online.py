@@ -295,8 +295,8 @@ def test_the_runtime_measures_what_it_runs_and_the_coordinator_refits(tmp_path):
     # What the coordinator makes of them: the times of a machine known to compute 1.6x slower
     # than the profile says, published as the engines publish theirs. (Times measured in threads
     # on a busy machine may sit at the fit's bounds, which keep the prior: no fit to test.)
-    # The feature columns: compute, transfer, slot overhead, all-reduce, fixed overhead.
-    times_s = measured_features(profile, measured) @ np.array([1.6, 1.0, 0.0, 1.0, 0.0])
+    slower = prior_theta(Calibration(compute_scale=1.6))
+    times_s = measured_features(profile, measured) @ slower
     known = [dataclasses.replace(m, iteration_s=float(t)) for m, t in zip(measured, times_s)]
     store = MemoryStore()
     for generation, m in enumerate(known):
