@@ -22,7 +22,7 @@ from liveput.policies.base import POLICIES, Decision, Observation, Policy
 from liveput.runtime import keys, protocol
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
-from liveput.runtime.decide import ActionKind, CoordinatorView, Member, decide
+from liveput.runtime.decide import Action, ActionKind, CoordinatorView, Member, decide
 from liveput.runtime.notices import Notice
 from liveput.runtime.protocol import FRESH_START, FailureReport, Holding, RuntimePlan
 from liveput.runtime.store import MemoryStore, readers
@@ -532,6 +532,25 @@ def test_the_first_plan_counts_noticed_instances_among_the_initial_ones_but_leav
         lambda n, e, lost: Configuration(n, 1),
     )
     assert alone.kind is ActionKind.WAIT and alone.status == "waiting for instances: 1 of 2 up"
+
+
+def test_the_first_plan_waits_for_no_more_instances_than_the_provisioning_holds():
+    """A deadline policy holding one instance of the two the job may have: the first plan
+    comes with that one, not after the whole start grace (it cost a deadline job 30 s)."""
+    config = CoordinatorConfig(
+        num_steps=100, num_micro_batches=4, initial_workers=2, start_grace_s=30.0
+    )
+    one = {0: Member("h", 0.1)}
+
+    def first(held: int | None) -> Action:
+        view = CoordinatorView(2.0, one, None, None, -1, instances_held=held)
+        return decide(view, config, lambda n, e, lost: Configuration(n, 1))
+
+    assert first(1).kind is ActionKind.REPLAN and first(1).workers == (0,)
+    assert first(None).status == "waiting for instances: 1 of 2 up"
+    assert first(2).status == "waiting for instances: 1 of 2 up"
+    assert first(5).status == "waiting for instances: 1 of 2 up"  # never more than asked
+    assert first(0).kind is ActionKind.REPLAN  # on-demand pending: the one up starts
 
 
 EVENT = st.one_of(

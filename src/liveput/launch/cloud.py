@@ -13,6 +13,7 @@ from liveput.cloud.market import HolderMarket
 from liveput.cloud.processes import Launcher
 from liveput.policies.base import Provisioning
 from liveput.runtime.clock import Clock
+from liveput.runtime.coordinator.objective import EarlierCoordinators
 from liveput.traces import IntervalTrace, Trace
 
 if TYPE_CHECKING:
@@ -97,24 +98,32 @@ class LocalCloud:
             self.holder.close()
         self.provider.close()
 
-    def summary(self, job: DeadlineJob) -> dict:
+    def summary(self, job: DeadlineJob, earlier: EarlierCoordinators | None = None) -> dict:
         """The deadline fields of the ``--json`` document (cloud hours, dollars, and what was
-        spent against the job's budget: ``within_budget`` is None without one)."""
+        spent against the job's budget: ``within_budget`` is None without one).
+
+        A resumed job counts from its first coordinator (``earlier``): ``finished_hours`` and
+        ``deadline_met`` take in the cloud hours before this run, ``usd`` the dollars billed
+        then (``usd_before_resume``; ``usd_spot`` and ``usd_on_demand`` are this run's)."""
+        earlier = earlier or EarlierCoordinators()
         records = self.provider.instances()
         now_s = self.provider.now_s()
         bill = BillingAccount.bill(records, now_s)
         peak = peak_holding(records, now_s)
-        finished_s = now_s if self.finished_s is None else self.finished_s
+        before_s = earlier.elapsed_wall_s * self.provider.config.time_scale
+        finished_s = before_s + (now_s if self.finished_s is None else self.finished_s)
+        usd = earlier.usd + bill.usd
         within = None
         if job.budget_usd is not None:
-            within = bill.usd <= job.budget_usd + 1e-9
+            within = usd <= job.budget_usd + 1e-9
         elif job.budget_usd_per_hour is not None:
             within = peak.usd_per_hour <= job.budget_usd_per_hour + 1e-9
         return {
             "deadline_hours": job.deadline_hours,
             "finished_hours": round(finished_s / 3600.0, 4),
             "deadline_met": finished_s <= job.deadline_hours * 3600.0,
-            "usd": round(bill.usd, 4),
+            "usd": round(usd, 4),
+            "usd_before_resume": round(earlier.usd, 4),
             "usd_spot": round(bill.usd_spot, 4),
             "usd_on_demand": round(bill.usd_on_demand, 4),
             "on_demand_hours": round(bill.on_demand_hours, 4),

@@ -32,6 +32,7 @@ from liveput.runtime import keys
 from liveput.runtime.checkpoint import final_weights_written
 from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.coordinator import Coordinator
+from liveput.runtime.coordinator.objective import DeadlineObjective, EarlierCoordinators
 from liveput.runtime.device import (
     check_device_request,
     describe_device,
@@ -298,6 +299,8 @@ class _LocalRun:
         self.store, self.cloud, self.config, self.started_s = store, cloud, config, started_s
         self.on_progress, self.on_tick = on_progress, on_tick
         self.devices: dict[str, str] = {}
+        self.earlier = EarlierCoordinators()
+        """What the job's earlier coordinators spent (a resumed deadline job's)."""
 
     def drive(self, assembled: AssembledJob) -> None:
         """Start the cloud and run the coordinator until the job is done."""
@@ -315,6 +318,8 @@ class _LocalRun:
             deadline=assembled.deadline,
             market=cloud.market,
         )
+        if isinstance(coordinator.objective, DeadlineObjective):
+            self.earlier = coordinator.objective.earlier
         if cloud.market is not None:
             cloud.start_background(interval_s)
             cloud_started_s = time.monotonic()
@@ -360,7 +365,7 @@ class _LocalRun:
             log_dir=str(log_dir),
             steps=report.records,
             events=readers.events(self.store),
-            deadline=None if deadline is None else self.cloud.summary(deadline),
+            deadline=None if deadline is None else self.cloud.summary(deadline, self.earlier),
             devices=dict(sorted(self.devices.items(), key=lambda kv: int(kv[0]))),
             device=describe_device(device),
         )

@@ -31,7 +31,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from liveput.errors import LiveputError
 from liveput.perf.configuration import Configuration, MigrationKind
@@ -178,6 +177,9 @@ def plan_from_holdings(
     missing = need[None, :, :] & ~holding[:, None, :]
     cost = (missing * layer_bytes[None, None, :]).sum(axis=2).astype(float)
     _place_on_demand(cost, survivors, slots, target, set(on_demand), float(layer_bytes.sum()))
+    # Imported here: scipy.optimize costs an agent process (which never plans) a CPU-second.
+    from scipy.optimize import linear_sum_assignment
+
     rows, columns = linear_sum_assignment(cost)
     new_slots: dict[int, Slot | None] = dict.fromkeys(survivors)
     holders = {

@@ -115,6 +115,9 @@ class CoordinatorView:
     fenced for it (Rule 9)."""
     checkpoint_request_age_s: float = 0.0
     """Seconds since that request was first seen."""
+    instances_held: int | None = None
+    """Instances the objective's latest provisioning holds (a deadline job's market; None: no
+    provisioning yet, or the market offers them all): a first plan waits for no more."""
 
 
 class ActionKind(str, enum.Enum):

@@ -28,7 +28,8 @@ committed, ``epoch`` the restore epoch of the plan. An instance is
 
 Rules, in order (numbered as in :func:`decide`):
 
-1. No plan yet: start once ``initial_workers`` have registered or ``start_grace_s`` passed.
+1. No plan yet: start once ``initial_workers`` have registered (no more than the objective's
+   provisioning holds, at least one) or ``start_grace_s`` passed.
    Instances with a preemption notice count toward ``initial_workers`` (waiting for them to
    be replaced would only lose time) but the plan is made on the others when there are any.
 2. The last step committed: finish once the ledger has it and every live worker of the plan
@@ -334,7 +335,10 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         up = [i for i, m in alive.items() if not m.going(margin)]
         num_going = len(alive) - len(up)
         # Rule 6 (in _replan): going instances are planned on when no other is up.
-        if alive and (len(alive) >= config.initial_workers or view.now_s >= config.start_grace_s):
+        wanted = config.initial_workers
+        if view.instances_held is not None:  # a deadline policy that holds fewer: none to wait for
+            wanted = max(1, min(wanted, view.instances_held))
+        if alive and (len(alive) >= wanted or view.now_s >= config.start_grace_s):
             return _replan(view, config, choose, "start", frozenset(), (), "interval")
         noticed = (
             f"; {num_going} with a preemption notice, used from "
@@ -344,7 +348,7 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         )
         return Action(
             ActionKind.WAIT,
-            f"waiting for instances: {len(up)} of {config.initial_workers} up{noticed}",
+            f"waiting for instances: {len(up)} of {wanted} up{noticed}",
         )
     if view.committed + 1 >= config.num_steps:  # Rule 2
         workers_done = all(

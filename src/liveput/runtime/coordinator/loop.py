@@ -10,6 +10,7 @@ a generation that was fenced but whose successor was never published is simply p
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -107,6 +108,9 @@ class Coordinator:
         if failure is not None:
             raise LiveputError(failure.decode())
         view = self.observe()
+        held = self.provisioning
+        if held is not None and held.spot_hold is not None:
+            view = dataclasses.replace(view, instances_held=held.spot_hold + held.on_demand)
         self.available = available(view, self.config)
         answer = step(self._inputs(view), self.config, self.profile, self.planning, self.objective)
         if answer.policy_error is not None:

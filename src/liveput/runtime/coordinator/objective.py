@@ -157,6 +157,16 @@ class ThroughputObjective(CoordinatorObjective):
         )
 
 
+@dataclass(frozen=True)
+class EarlierCoordinators:
+    """What a deadline job's earlier coordinators spent (a resumed or restarted one's account)."""
+
+    elapsed_wall_s: float = 0.0
+    """Wall seconds from the job's first coordinator's start to this one's."""
+    usd: float = 0.0
+    """Dollars their providers billed, as last recorded in the store."""
+
+
 class DeadlineObjective(CoordinatorObjective):
     """The job's work by its deadline at the least cost (module docstring); ``config.policy``
     names a deadline policy; ``market`` (None: no provider) carries out its provisioning."""
@@ -190,6 +200,11 @@ class DeadlineObjective(CoordinatorObjective):
             }
             self.elapsed_before_s = max(now_unix_s - self.kept["started_unix_s"], 0.0)
         self._keep(0.0)
+
+    @property
+    def earlier(self) -> EarlierCoordinators:
+        """What the job's earlier coordinators spent (zeros for its first)."""
+        return EarlierCoordinators(self.elapsed_before_s, self.kept["usd_before"])
 
     def seconds_to_deadline(self, time_s: float, config: CoordinatorConfig) -> float:
         """Policy seconds left at this coordinator's policy time ``time_s``, counting the wall

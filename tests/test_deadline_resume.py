@@ -1,0 +1,147 @@
+"""A deadline job whose launcher (coordinator, provider and agents) is killed halfway and resumed:
+the deadline and the bill count from the job's first coordinator, not from the resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from liveput.runtime import keys
+from liveput.runtime.store import open_store
+
+LIVEPUT = [sys.executable, "-m", "liveput.cli.main"]
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+STEPS = 200
+TIME_SCALE = 60.0
+"""Trace seconds per wall second: the deadline's two trace hours are two wall minutes."""
+DEADLINE_HOURS = 2.0
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _status(job_file: Path) -> dict:
+    done = subprocess.run(
+        [*LIVEPUT, "status", str(job_file), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _group_gone(group: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return False
+    return True
+
+
+def _wait(condition, timeout_s: float, what: str):  # noqa: ANN001, ANN202
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+@pytest.mark.process
+def test_a_deadline_job_killed_halfway_finishes_by_its_first_deadline_and_bills_on(tmp_path):
+    trace = tmp_path / "spot.json"  # two spot instances for three trace hours
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [2] * 18}))
+    state = tmp_path / "state"
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"""
+name: deadline-resume
+model: tiny-gpt-small
+steps: {STEPS}
+state_dir: {state}
+checkpoint: {{every: 3, keep: 2}}
+provider: {{workers: 2, trace: {trace}, time_scale: {TIME_SCALE:g}, on_demand_max: 2}}
+objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
+""")
+    launched = subprocess.run(
+        [*LIVEPUT, "launch", str(job_file), "--detach", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+    )
+    assert launched.returncode == 0, launched.stderr
+    place = json.loads(launched.stdout)
+    token = Path(place["token_file"]).read_text().strip()
+    launcher = json.loads((state / "job.json").read_text())["pid"]
+    resumed = None
+    try:
+        with open_store(place["store"], token=token) as store:
+            # A fifth of the steps, with a checkpoint to restore from (the status lags the steps
+            # by up to a decision interval, and the job would be done before the kill).
+            _wait(
+                lambda: (
+                    store.get("ckpt/latest") is not None
+                    and json.loads(store.get(keys.status_now()) or b"{}").get("step", 0)
+                    >= STEPS // 5
+                ),
+                120,
+                f"{STEPS // 5} steps and a checkpoint",
+            )
+            kept = json.loads(store.get(keys.coordinator_deadline()))
+            at_kill = json.loads(store.get(keys.status_now()))["step"]
+            usd_status_before = _status(job_file)["usd"]["total"]
+            os.killpg(launcher, signal.SIGKILL)
+            killed_unix_s = time.time()
+        _wait(lambda: _group_gone(launcher), 10, "the launcher's group gone")
+        assert kept["usd"] > 0  # the killed coordinator's provider had billed something
+        resumed = subprocess.run(
+            [*LIVEPUT, "resume", str(job_file), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+        )
+        ended_unix_s = time.time()
+        assert resumed.returncode == 0, (at_kill, resumed.stderr[-3000:])
+        summary = json.loads(resumed.stdout)
+        assert summary["exactly_once"] is True and summary["steps_completed"] == STEPS
+        # The deadline counts from the first coordinator: the trace hours before the kill and
+        # through the break are in the finish, which is still within the original deadline.
+        before_kill_h = (killed_unix_s - kept["started_unix_s"]) * TIME_SCALE / 3600.0
+        until_end_h = (ended_unix_s - kept["started_unix_s"]) * TIME_SCALE / 3600.0
+        assert before_kill_h < summary["finished_hours"] <= until_end_h
+        assert summary["deadline_met"] is True and summary["finished_hours"] <= DEADLINE_HOURS
+        # The bill goes on: what the first provider billed (as last kept) plus this one's.
+        assert summary["usd_before_resume"] >= round(kept["usd"], 4) > 0
+        assert summary["usd"] == pytest.approx(
+            summary["usd_before_resume"] + summary["usd_spot"] + summary["usd_on_demand"],
+            abs=2e-4,
+        )
+        assert _status(job_file)["usd"]["total"] >= usd_status_before
+    finally:
+        if not _group_gone(launcher):
+            os.killpg(launcher, signal.SIGKILL)
+        subprocess.run(
+            [*LIVEPUT, "stop", str(job_file)],
+            capture_output=True,
+            timeout=60,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+        )
