@@ -28,15 +28,19 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def _status(job_file: Path) -> dict:
-    done = subprocess.run(
-        [*LIVEPUT, "status", str(job_file), "--json"],
+def _cli(*argv: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*LIVEPUT, *argv],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout_s,
         env=_env(),
         stdin=subprocess.DEVNULL,
     )
+
+
+def _status(job_file: Path) -> dict:
+    done = _cli("status", str(job_file), "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -77,19 +81,11 @@ checkpoint: {{every: 3, keep: 2}}
 provider: {{workers: 2, trace: {trace}, time_scale: {TIME_SCALE:g}, on_demand_max: 2}}
 objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
 """)
-    launched = subprocess.run(
-        [*LIVEPUT, "launch", str(job_file), "--detach", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-    )
+    launched = _cli("launch", str(job_file), "--detach", "--json", timeout_s=120)
     assert launched.returncode == 0, launched.stderr
     place = json.loads(launched.stdout)
     token = Path(place["token_file"]).read_text().strip()
     launcher = json.loads((state / "job.json").read_text())["pid"]
-    resumed = None
     try:
         with open_store(place["store"], token=token) as store:
             # A fifth of the steps, with a checkpoint to restore from (the status lags the steps
@@ -110,14 +106,7 @@ objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
             killed_unix_s = time.time()
         _wait(lambda: _group_gone(launcher), 10, "the launcher's group gone")
         assert kept["usd"] > 0  # the killed coordinator's provider had billed something
-        resumed = subprocess.run(
-            [*LIVEPUT, "resume", str(job_file), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env=_env(),
-            stdin=subprocess.DEVNULL,
-        )
+        resumed = _cli("resume", str(job_file), "--json", timeout_s=240)
         ended_unix_s = time.time()
         assert resumed.returncode == 0, (at_kill, resumed.stderr[-3000:])
         summary = json.loads(resumed.stdout)
@@ -138,10 +127,4 @@ objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
     finally:
         if not _group_gone(launcher):
             os.killpg(launcher, signal.SIGKILL)
-        subprocess.run(
-            [*LIVEPUT, "stop", str(job_file)],
-            capture_output=True,
-            timeout=60,
-            env=_env(),
-            stdin=subprocess.DEVNULL,
-        )
+        _cli("stop", str(job_file))
