@@ -14,6 +14,7 @@ import torch
 from runtime_cluster import JOB, TOKEN, AgentProcesses
 
 from liveput.models.jobs import resolve_job
+from liveput.runtime import keys
 from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, reset_latest
 from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 from liveput.runtime.launch import JobSpec, publish_spec
@@ -48,6 +49,29 @@ def test_a_checkpoint_that_is_not_the_latest_never_prunes_the_latest(tmp_path):
     checkpointer.save_async(1, 2, layers, job.num_layers)  # completes, but is not the latest
     checkpointer.close()
     assert latest_checkpoint(store) == 4 and (tmp_path / "step-4").is_dir()
+
+
+def test_a_checkpoint_an_evaluation_still_reads_is_pruned_only_once_it_is_read(tmp_path):
+    """Evaluations run behind training (on a busy machine, two checkpoints behind): the one of
+    step 1 stays on disk until its result is recorded, then goes at the next prune. Before, it
+    was pruned under the evaluation, whose result became a FileNotFoundError."""
+    store = MemoryStore()
+    job = resolve_job(JOB)
+    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    checkpointer = Checkpointer(store, str(tmp_path), keep=2)
+    checkpointer.still_read = lambda step: step == 1 and store.get(keys.evaluation(1)) is None
+
+    def save(step: int) -> list[str]:
+        checkpointer.save_async(0, step, layers, job.num_layers)
+        checkpointer.flush()
+        return sorted(p.name for p in tmp_path.iterdir())
+
+    assert save(1) == ["step-1"] and save(3) == ["step-1", "step-3"]
+    assert save(4) == ["step-1", "step-3", "step-4"]
+    assert checkpointer.load_layer(1, 0)["module"].keys() == layers[0].module.state_dict().keys()
+    store.set(keys.evaluation(1), b'{"step": 1, "epoch": 0}')
+    assert save(5) == ["step-4", "step-5"]
+    checkpointer.close()
 
 
 @pytest.mark.process

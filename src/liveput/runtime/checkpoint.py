@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -137,6 +138,10 @@ class Checkpointer:
         self._lock = threading.Lock()
         self.listeners: list[CheckpointListener] = []
         """Told of each checkpoint whose last layer this instance wrote."""
+        self.still_read: Callable[[int], bool] = lambda step: False
+        """Whether the checkpoint of a step is still to be read by someone other than a restore
+        (an evaluation of it not yet recorded, on whichever instance runs it): pruning leaves
+        it on disk, and on the complete list, until a later prune finds it read."""
 
     def _path(self, step: int, layer: int) -> str:
         return f"{self.root}/step-{step}/layer-{layer}.pt"
@@ -209,11 +214,14 @@ class Checkpointer:
 
         Complete steps are listed in ``ckpt/complete``; after a restore the job may complete a
         step again, which counts once, as the newest. Only a checkpoint that became the latest
-        prunes, and the latest is never pruned: a restore may be reading it."""
+        prunes, and the latest is never pruned: a restore may be reading it; neither is one
+        :attr:`still_read` (an evaluation may be reading it)."""
         while True:
             raw = self.store.get(keys.complete_checkpoints())
             steps = [s for s in (json.loads(raw) if raw else []) if s != step] + [step]
             kept, dropped = steps[-self.keep :], steps[: -self.keep]
+            waiting = [s for s in dropped if self.still_read(s)]
+            kept, dropped = [*waiting, *kept], [s for s in dropped if s not in waiting]
             if self.store.compare_and_set(
                 keys.complete_checkpoints(), raw, json.dumps(kept).encode()
             ):
