@@ -81,7 +81,15 @@ checkpoint: {{every: 3, keep: 2}}
 provider: {{workers: 2, trace: {trace}, time_scale: {TIME_SCALE:g}, on_demand_max: 2}}
 objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
 """)
-    launched = _cli("launch", str(job_file), "--detach", "--json", timeout_s=120)
+    try:
+        launched = _cli("launch", str(job_file), "--detach", "--json", timeout_s=120)
+    except subprocess.TimeoutExpired:  # the launcher's own log says where it stood
+        log = state / "launch.log"
+        _cli("stop", str(job_file))  # the launcher runs on in the background: stop the job
+        raise AssertionError(
+            "the job did not start in 120 s; its launcher's log ends: "
+            + (log.read_text()[-3000:] if log.exists() else "(none)")
+        ) from None
     assert launched.returncode == 0, launched.stderr
     place = json.loads(launched.stdout)
     token = Path(place["token_file"]).read_text().strip()
