@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import liveput
 from liveput.cli.main import main
 from liveput.models.jobs import resolve_job
 from liveput.operate.jobfile import parse_job_file
@@ -125,6 +126,38 @@ def test_status_of_an_unreachable_store_is_one_line(capsys):
         port = closed.getsockname()[1]
     line = _refused(["status", "--store", f"etcd://127.0.0.1:{port}", "--token", "t"], capsys)
     assert f"127.0.0.1:{port}" in line
+
+
+@pytest.mark.process
+def test_status_of_a_job_whose_store_stops_as_it_is_read_comes_from_its_folder(
+    tmp_path, capsys, monkeypatch
+):
+    """The job ends, and its launcher stops its store, between status's first look at the store
+    and its read: the status kept in the job's folder is shown, not an error (a `status` poll
+    at a job's end failed so, once in a few runs beside another job)."""
+    from liveput.operate import recorder
+    from liveput.operate.runner import JOB_JSON, STATUS_JSON
+    from liveput.runtime.store import SignedStore, TCPStoreBackend
+
+    state = tmp_path / "state"
+    state.mkdir()
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"name: ending\nmodel: tiny-gpt\nsteps: 3\nstate_dir: {state}\n")
+    (state / "token").write_text("secret\n")
+    hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
+    store = SignedStore(hosted, "secret")
+    place = {"store": hosted.url, "token_file": str(state / "token"), "dashboard": None}
+    (state / JOB_JSON).write_text(json.dumps({**place, "pid": os.getpid()}))
+    (state / STATUS_JSON).write_text(json.dumps({"job": "ending", "state": "finished", "step": 3}))
+
+    def store_stops_as_it_is_read(handle, events):  # noqa: ANN001, ANN202
+        store.close()
+        raise liveput.LiveputError(f"store {hosted.url} unreachable: ConnectionFailedError")
+
+    monkeypatch.setattr(recorder, "read_status", store_stops_as_it_is_read)
+    assert main(["status", str(job_file), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["state"], shown["step"]) == ("finished", 3)
 
 
 # --- a job's life --------------------------------------------------------------------------------

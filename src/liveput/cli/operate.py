@@ -276,20 +276,28 @@ def status(
         else:
             console.print(_status_view(kept))
         return
-    with _open(store, token_file, token, job_file) as handle:
-        if watch and not as_json:
+    try:
+        with _open(store, token_file, token, job_file) as handle:
+            if watch and not as_json:
+                snapshot = _stale(read_status(handle, events))
+                with Live(_status_view(snapshot), console=console, auto_refresh=False) as live:
+                    while snapshot["state"] not in ("finished", "failed"):
+                        time.sleep(1.0)
+                        snapshot = _stale(read_status(handle, events))
+                        live.update(_status_view(snapshot), refresh=True)
+                return
             snapshot = _stale(read_status(handle, events))
-            with Live(_status_view(snapshot), console=console, auto_refresh=False) as live:
-                while snapshot["state"] not in ("finished", "failed"):
-                    time.sleep(1.0)
-                    snapshot = _stale(read_status(handle, events))
-                    live.update(_status_view(snapshot), refresh=True)
-            return
-        snapshot = _stale(read_status(handle, events))
-        if as_json:
-            print_json(snapshot)
-        else:
-            console.print(_status_view(snapshot))
+    except LiveputError:
+        # The job may have ended, and its store stopped, since the look above: its folder
+        # has the last status (written before the store stops).
+        ended = _kept_status(job_file, store, events)
+        if ended is None:
+            raise
+        snapshot = ended
+    if as_json:
+        print_json(snapshot)
+    else:
+        console.print(_status_view(snapshot))
 
 
 def _kept_status(job_file: Path | None, store: str | None, events: int) -> dict | None:
