@@ -32,7 +32,7 @@ from liveput.runtime import keys
 from liveput.runtime.checkpoint import final_weights_written
 from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.coordinator import Coordinator
-from liveput.runtime.coordinator.objective import DeadlineObjective, EarlierCoordinators
+from liveput.runtime.coordinator.objective import EarlierCoordinators
 from liveput.runtime.device import (
     check_device_request,
     describe_device,
@@ -318,8 +318,7 @@ class _LocalRun:
             deadline=assembled.deadline,
             market=cloud.market,
         )
-        if isinstance(coordinator.objective, DeadlineObjective):
-            self.earlier = coordinator.objective.earlier
+        self.earlier = coordinator.objective.earlier
         if cloud.market is not None:
             cloud.start_background(interval_s)
             cloud_started_s = time.monotonic()

@@ -111,6 +111,12 @@ class Evaluation:
         self._pending: list[Future] = []
         self._lock = threading.Lock()
         checkpointer.listeners.append(self)
+        checkpointer.still_read = self.unrecorded
+
+    def unrecorded(self, step: int) -> bool:
+        """Whether step ``step`` is evaluated and its result not yet recorded (by any instance):
+        its checkpoint must stay on disk until it is."""
+        return self.job.evaluation_due(step) and self.store.get(keys.evaluation(step)) is None
 
     def checkpoint_complete(self, epoch: int, step: int) -> None:
         if not self.job.evaluation_due(step):

@@ -192,9 +192,6 @@ def run_agent(
         )
         if job.evaluate is not None:
             Evaluation(job, store, instance, checkpointer)  # told of each checkpoint it completes
-            checkpointer.still_read = lambda step: (
-                job.evaluation_due(step) and store.get(keys.evaluation(step)) is None
-            )
         engine = Engine(
             job,
             instance,

@@ -73,6 +73,16 @@ class MarketView(Protocol):
         """Hold what the policy wants from now on."""
 
 
+@dataclass(frozen=True)
+class EarlierCoordinators:
+    """What a deadline job's earlier coordinators spent (a resumed or restarted one's account)."""
+
+    elapsed_wall_s: float = 0.0
+    """Wall seconds from the job's first coordinator's start to this one's."""
+    usd: float = 0.0
+    """Dollars their providers billed, as last recorded in the store."""
+
+
 class CoordinatorObjective(ABC):
     """What the policy plans for; the defaults are an objective that neither provisions nor
     reads the market."""
@@ -121,6 +131,12 @@ class CoordinatorObjective(ABC):
         """Take up what an earlier coordinator of the job kept in ``store`` (or keep it there,
         for a later one); ``now_unix_s`` is wall time, comparable across processes."""
 
+    @property
+    def earlier(self) -> EarlierCoordinators:
+        """What the job's earlier coordinators spent, as :meth:`recover` found it (zeros: an
+        objective that keeps no account)."""
+        return EarlierCoordinators()
+
 
 class ThroughputObjective(CoordinatorObjective):
     """The most samples per second (module docstring)."""
@@ -155,16 +171,6 @@ class ThroughputObjective(CoordinatorObjective):
                 ),
             ),
         )
-
-
-@dataclass(frozen=True)
-class EarlierCoordinators:
-    """What a deadline job's earlier coordinators spent (a resumed or restarted one's account)."""
-
-    elapsed_wall_s: float = 0.0
-    """Wall seconds from the job's first coordinator's start to this one's."""
-    usd: float = 0.0
-    """Dollars their providers billed, as last recorded in the store."""
 
 
 class DeadlineObjective(CoordinatorObjective):
@@ -203,7 +209,6 @@ class DeadlineObjective(CoordinatorObjective):
 
     @property
     def earlier(self) -> EarlierCoordinators:
-        """What the job's earlier coordinators spent (zeros for its first)."""
         return EarlierCoordinators(self.elapsed_before_s, self.kept["usd_before"])
 
     def seconds_to_deadline(self, time_s: float, config: CoordinatorConfig) -> float:
