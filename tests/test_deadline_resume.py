@@ -7,63 +7,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_support import cli, group_members, job_status, wait_for
 
 from liveput.runtime import keys
 from liveput.runtime.store import open_store
 
-LIVEPUT = [sys.executable, "-m", "liveput.cli.main"]
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 STEPS = 200
 TIME_SCALE = 60.0
 """Trace seconds per wall second: the deadline's two trace hours are two wall minutes."""
 DEADLINE_HOURS = 2.0
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-
-def _cli(*argv: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*LIVEPUT, *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def _status(job_file: Path) -> dict:
-    done = _cli("status", str(job_file), "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def _group_gone(group: int) -> bool:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            return False
-    return True
-
-
-def _wait(condition, timeout_s: float, what: str):  # noqa: ANN001, ANN202
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 @pytest.mark.process
@@ -82,10 +38,10 @@ provider: {{workers: 2, trace: {trace}, time_scale: {TIME_SCALE:g}, on_demand_ma
 objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
 """)
     try:
-        launched = _cli("launch", str(job_file), "--detach", "--json", timeout_s=120)
+        launched = cli("launch", str(job_file), "--detach", "--json", timeout=120)
     except subprocess.TimeoutExpired:  # the launcher's own log says where it stood
         log = state / "launch.log"
-        _cli("stop", str(job_file))  # the launcher runs on in the background: stop the job
+        cli("stop", str(job_file))  # the launcher runs on in the background: stop the job
         raise AssertionError(
             "the job did not start in 120 s; its launcher's log ends: "
             + (log.read_text()[-3000:] if log.exists() else "(none)")
@@ -98,7 +54,7 @@ objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
         with open_store(place["store"], token=token) as store:
             # A fifth of the steps, with a checkpoint to restore from (the status lags the steps
             # by up to a decision interval, and the job would be done before the kill).
-            _wait(
+            wait_for(
                 lambda: (
                     store.get("ckpt/latest") is not None
                     and json.loads(store.get(keys.status_now()) or b"{}").get("step", 0)
@@ -109,12 +65,12 @@ objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
             )
             kept = json.loads(store.get(keys.coordinator_deadline()))
             at_kill = json.loads(store.get(keys.status_now()))["step"]
-            usd_status_before = _status(job_file)["usd"]["total"]
+            usd_status_before = job_status(job_file)["usd"]["total"]
             os.killpg(launcher, signal.SIGKILL)
             killed_unix_s = time.time()
-        _wait(lambda: _group_gone(launcher), 10, "the launcher's group gone")
+        wait_for(lambda: not group_members(launcher), 10, "the launcher's group gone")
         assert kept["usd"] > 0  # the killed coordinator's provider had billed something
-        resumed = _cli("resume", str(job_file), "--json", timeout_s=240)
+        resumed = cli("resume", str(job_file), "--json", timeout=240)
         ended_unix_s = time.time()
         assert resumed.returncode == 0, (at_kill, resumed.stderr[-3000:])
         summary = json.loads(resumed.stdout)
@@ -131,8 +87,8 @@ objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
             summary["usd_before_resume"] + summary["usd_spot"] + summary["usd_on_demand"],
             abs=2e-4,
         )
-        assert _status(job_file)["usd"]["total"] >= usd_status_before
+        assert job_status(job_file)["usd"]["total"] >= usd_status_before
     finally:
-        if not _group_gone(launcher):
+        if group_members(launcher):
             os.killpg(launcher, signal.SIGKILL)
-        _cli("stop", str(job_file))
+        cli("stop", str(job_file))

@@ -9,13 +9,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
+from cli_support import LIVEPUT, cli, cli_env, group_members, job_status, wait_for
 
 import liveput
 from liveput.cli.main import main
@@ -23,24 +23,6 @@ from liveput.models.jobs import resolve_job
 from liveput.operate.jobfile import parse_job_file
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.store import open_store
-
-LIVEPUT = [sys.executable, "-m", "liveput.cli.main"]
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-
-def _cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*LIVEPUT, *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -174,35 +156,6 @@ def _browser():
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
-def _wait(condition, timeout_s: float, what: str):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
-def _live_members(group: int) -> list[int]:
-    """Processes of process group ``group`` that are not zombies."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if int(fields[2]) == group and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
-
-
-def _status(job_file: Path) -> dict:
-    done = _cli("status", str(job_file), "--json", timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
 @pytest.mark.process
 @pytest.mark.slow
 def test_a_launched_job_is_watched_killed_resumed_and_exports_its_model(tmp_path):
@@ -219,7 +172,7 @@ notices: {{lead_s: 30}}
 dashboard: {{port: 0}}
 metrics: {{tensorboard: {tmp_path / "tb"}}}
 """)
-    done = _cli("launch", str(job_file), "--detach", "--json")
+    done = cli("launch", str(job_file), "--detach", "--json")
     assert done.returncode == 0, done.stderr
     place = json.loads(done.stdout)
     assert set(place) == {"store", "token_file", "dashboard"}
@@ -230,21 +183,21 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
         browser = _browser()
         try:
             browser.get(place["dashboard"])
-            _wait(lambda: browser.find_element("id", "job").text == "e2e", 30, "job shown")
+            wait_for(lambda: browser.find_element("id", "job").text == "e2e", 30, "job shown")
             browser.execute_script("window.notReloaded = true;")
-            first = _wait(lambda: _step(browser) >= 1 and _step(browser), 60, "a step shown")
-            _wait(lambda: _step(browser) > first, 60, "a later step shown")
+            first = wait_for(lambda: _step(browser) >= 1 and _step(browser), 60, "a step shown")
+            wait_for(lambda: _step(browser) > first, 60, "a later step shown")
             assert browser.execute_script("return window.notReloaded === true;")
             assert browser.find_element("id", "state").text == "running"
             assert browser.find_element("id", "plot-samples").find_elements("tag name", "polyline")
         finally:
             browser.quit()
-        status = _status(job_file)
+        status = job_status(job_file)
         assert status["state"] == "running" and status["step"] >= 1
         assert status["configuration"] != "-" and status["usd"]["total"] > 0
         assert set(status["instances"]) == {"spot", "on-demand"}
         assert any(e["kind"] == "plan" and e["reason"] for e in status["events"])
-        wrong = _cli("status", "--store", place["store"], "--token", "not-the-token")
+        wrong = cli("status", "--store", place["store"], "--token", "not-the-token")
         assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1
         assert "wrong job token" in wrong.stderr
         with urllib.request.urlopen(place["dashboard"] + "metrics", timeout=10) as reply:
@@ -252,7 +205,7 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
         assert 'liveput_step{job="e2e"}' in metrics and "liveput_instances{" in metrics
         # Coordinator and agents all gone (the launcher's process group), the store left.
         with open_store(place["store"], token=token) as store:
-            _wait(
+            wait_for(
                 lambda: (
                     store.get("ckpt/latest") is not None
                     and json.loads(store.get("status/now"))["step"] >= 4
@@ -262,18 +215,18 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
             )
         killed_unix_s = time.time()
         os.killpg(launcher, signal.SIGKILL)
-        _wait(lambda: not _live_members(launcher), 10, "the launcher's group gone")
+        wait_for(lambda: not group_members(launcher), 10, "the launcher's group gone")
         resumed = subprocess.Popen(
             [*LIVEPUT, "resume", str(job_file), "--json"],
-            env=_env(),
+            env=cli_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             stdin=subprocess.DEVNULL,
         )
         try:
-            _wait(lambda: _status(job_file)["state"] != "running", 240, "the job ends")
-            status = _status(job_file)
+            wait_for(lambda: job_status(job_file)["state"] != "running", 240, "the job ends")
+            status = job_status(job_file)
             assert status["state"] == "finished", status
             assert status["step"] == steps
             # Nothing was left to hold the layers: the resumed job restores the newest
@@ -291,8 +244,8 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
             # read the job's folder.
             out, err = resumed.communicate(timeout=60)
             assert not (tmp_path / "state" / "etcd" / "etcd.pid").exists()  # etcd stopped
-            assert _status(job_file)["state"] == "finished"
-            assert _cli("stop", str(job_file)).returncode == 0
+            assert job_status(job_file)["state"] == "finished"
+            assert cli("stop", str(job_file)).returncode == 0
         finally:
             if resumed.poll() is None:
                 resumed.kill()
@@ -324,7 +277,7 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
     board.Reload()
     assert {"loss", "samples_per_s", "usd/total"} <= set(board.Tags()["scalars"])
     # Launching it again is refused and loses nothing.
-    again = _cli("launch", str(job_file))
+    again = cli("launch", str(job_file))
     assert again.returncode == 2 and "already holds job 'e2e'" in again.stderr
     assert (tmp_path / "state" / "model.pt").exists()
     assert (tmp_path / "state" / "etcd" / "data").exists()
