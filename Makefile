@@ -57,11 +57,13 @@ lint: setup
 UNIT_TESTS := $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
 
 # Every test: the linters, the unit tier, then the `process` tier (agents, etcd, network
-# namespaces, servers) one test at a time, since those tests measure timeouts and share the
-# machine's two cores.
+# namespaces, servers), two files at a time, and last, one at a time, the `serial` ones: they
+# measure time against a budget of their own (heartbeat timeouts, a deadline from a profile
+# measured as the job starts, a fault campaign), which a neighbour's load would eat into.
 test: lint system-deps
 	$(UNIT_TESTS)
-	$(BIN)/python -m pytest -q -m process
+	$(BIN)/python -m pytest -q -m "process and not serial" -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -m serial
 
 test-unit: setup
 	$(UNIT_TESTS)

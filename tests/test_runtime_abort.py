@@ -171,11 +171,13 @@ def _reference() -> list:
 
 
 @pytest.mark.process
+@pytest.mark.serial
 def test_a_frozen_instance_releases_its_peers_at_the_heartbeat_timeout(tmp_path):
     _check(_fault_mid_step(tmp_path, "stop"))
 
 
 @pytest.mark.process
+@pytest.mark.serial
 def test_a_partitioned_host_releases_its_peers_at_the_heartbeat_timeout(tmp_path):
     _check(_fault_mid_step(tmp_path, "partition"))
 

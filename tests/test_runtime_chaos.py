@@ -28,6 +28,7 @@ def test_a_campaign_deals_every_kind_and_etcd_kinds_to_etcd_runs():
 
 
 @pytest.mark.process
+@pytest.mark.serial
 def test_a_seeded_campaign_loses_and_doubles_no_step(tmp_path):
     result = run_campaign(
         CampaignConfig(

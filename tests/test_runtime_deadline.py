@@ -19,6 +19,7 @@ a 90-s on-demand launch, then training; measured as the job starts, so slower on
 300 steps by 0.08 h left too little room, and a busy machine made the deadline infeasible."""
 
 
+@pytest.mark.serial
 def test_without_spot_the_deadline_policy_rents_on_demand_and_meets_the_deadline(tmp_path):
     """The one spot instance of the trace goes at 20 s, inside its own notice lead, so it never
     runs: the job can only train on on-demand instances, which the liveput deadline policy asks
