@@ -102,6 +102,32 @@ def test_a_dashboard_port_in_use_or_an_unwritable_checkpoint_url_starts_nothing(
 
 
 @pytest.mark.process
+def test_a_detached_job_that_fails_as_it_starts_says_why_at_once_and_leaves_nothing_running(
+    tmp_path,
+):
+    # Its launcher used to keep the store up for the job file's linger_s (600 s) before it
+    # exited with the error: `launch --detach` waited its 300 s, then named only the log.
+    trace = tmp_path / "spot.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1] * 6}))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"""
+name: too-soon
+model: tiny-gpt
+steps: 400
+state_dir: {tmp_path / "state"}
+provider: {{workers: 1, trace: {trace}, time_scale: 60, on_demand_max: 1}}
+objective: {{kind: deadline, deadline_hours: 0.001}}
+""")
+    done = cli("launch", str(job_file), "--detach", "--json", timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: deadline 0.001 h is shorter than"), lines
+    launcher = json.loads((tmp_path / "state" / "job.json").read_text())["pid"]
+    wait_for(lambda: not group_members(launcher), 10, "the launcher's group gone")
+    assert not (tmp_path / "state" / "etcd" / "etcd.pid").exists()
+
+
+@pytest.mark.process
 def test_status_of_an_unreachable_store_is_one_line(capsys):
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))

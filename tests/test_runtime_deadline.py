@@ -15,8 +15,8 @@ from liveput.traces import Trace
 STEPS = 100
 DEADLINE_HOURS = 0.12
 """Four times the fastest finish the job's profile predicts for STEPS on a quiet machine (0.03 h:
-a 90-s on-demand launch, then training; measured as the job starts, so slower on a busy machine):
-300 steps by 0.08 h left too little room, and a busy machine made the deadline infeasible."""
+a 90-s on-demand launch, then training): 300 steps by 0.08 h left too little room. The training
+runs on the wall clock, which a busy machine slows: the test runs alone (``serial``)."""
 
 
 @pytest.mark.serial

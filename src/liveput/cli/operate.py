@@ -162,7 +162,7 @@ def _detach(command: list[str], job: JobFile, as_json: bool) -> None:
     log_path = state_dir / "launch.log"
     with open(log_path, "ab") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "liveput.cli.main", *command, "--background"],
+            [sys.executable, "-m", "liveput.cli.main", "--verbose", *command, "--background"],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

@@ -5,7 +5,8 @@ on disk), ``token`` (the job token, mode 0600), ``job.json`` (store URL, token f
 URL, the launcher's pid), ``checkpoints/`` (unless the file names a URL), ``logs/`` and, once
 finished, ``model.pt``. The launcher runs the store (a local etcd), the coordinator, the
 emulated provider and its agents, the dashboard and the metrics. A launcher in the background
-(``--detach``) keeps the store up ``linger_s`` after the job ends (or until ``liveput stop``);
+(``--detach``) keeps the store up ``linger_s`` after the job finishes (or until ``liveput stop``;
+a job that fails ends its launcher at once, so ``launch --detach`` reports the error);
 one in the foreground returns when the job ends and takes its store down with it: no process
 outlives the command that started it unless it was detached. Either way the job's last status
 is kept in ``status.json``, where ``liveput status`` reads it once the store is gone. The
@@ -137,8 +138,9 @@ def run_job(
     on_ready: Callable[[JobPlace], None] | None = None,
     linger: bool = True,
 ) -> dict:
-    """Run ``job`` to its end (or continue it with ``resume``), then (``linger``) keep its store
-    up ``job.linger_s``; its summary. The last status is kept in the state directory.
+    """Run ``job`` to its end (or continue it with ``resume``), then (``linger``, and only if
+    it ran through) keep its store up ``job.linger_s``; its summary. The last status is kept in
+    the state directory.
 
     Bad input is refused before anything of an existing job is touched."""
     from liveput.models.jobs import resolve_job
@@ -183,6 +185,7 @@ def run_job(
         raise
     store = None
     started = False
+    ran_through = False  # a job that fails says so at once: its launcher does not linger
     try:
         store = open_store(etcd.url, token=token, timeout_s=10.0)
         if resume:
@@ -204,9 +207,11 @@ def run_job(
         if dashboard is not None:
             dashboard.serve(etcd.url, token)
         started = True
-        return _train(
+        summary = _train(
             job, model, num_steps, store, token, checkpoint_url, state_dir, place, on_ready
         )
+        ran_through = True
+        return summary
     except KeyboardInterrupt:
         started = False  # Ctrl-C: no lingering; the data stays on disk for a resume
         raise
@@ -214,7 +219,7 @@ def run_job(
         try:
             if started and store is not None:
                 keep_status(store, state_dir)
-            if started and linger:
+            if started and linger and ran_through:
                 _linger(store, job.linger_s)
         finally:
             if dashboard is not None:

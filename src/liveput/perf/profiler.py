@@ -18,7 +18,7 @@ import os
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -185,6 +185,31 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def _clock(device: torch.device) -> Callable[[], float]:
+    """The clock a layer is timed on. On the CPU, the thread's CPU time: the layer runs on this
+    one thread (``_agents_threads``), so that is what it costs a core of its own, however many
+    other processes share the machine (its wall time grows with them). On a GPU, wall time,
+    around synchronizations."""
+    return time.thread_time if device.type == "cpu" else time.perf_counter
+
+
+@contextlib.contextmanager
+def _agents_threads(device: torch.device) -> Iterator[None]:
+    """On the CPU, one intra-op thread for the measurement, as every agent trains
+    (``runtime.launch``). Timed with more threads, a layer measured as it would not run, and a
+    machine shared with other processes slowed those threads' joint operations 10 to 30 times
+    (tiny-gpt-small beside three busy processes), where one thread slowed by the load alone."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @dataclass
 class _Timing:
     """One layer's medians per micro-batch, and its outputs of the last pass."""
@@ -204,26 +229,27 @@ def _time_layer(
     in_flight = len(sources)
     has_params = any(True for _ in layer.parameters())
     optimizer = torch.optim.Adam(layer.parameters(), lr=1e-4) if has_params else None
+    clock = _clock(device)
     forwards, backwards, steps = [], [], []
     outputs: list[torch.Tensor] = []
     for attempt in range(repeats + 1):
         _sync(device)
-        start = time.perf_counter()
+        start = clock()
         with _autocast(precision, device):
             outputs = [layer(source) for source in sources]
         _sync(device)
-        middle = time.perf_counter()
+        middle = clock()
         for output in outputs:
             output.backward(torch.ones_like(output) / output.numel())
         _sync(device)
-        end = time.perf_counter()
+        end = clock()
         step_s = 0.0
         if optimizer is not None:
-            before = time.perf_counter()
+            before = clock()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             _sync(device)
-            step_s = time.perf_counter() - before
+            step_s = clock() - before
         if attempt:  # the first pass is a warm-up
             forwards.append((middle - start) / in_flight)
             backwards.append((end - middle) / in_flight)
@@ -243,12 +269,13 @@ def _loss_forward_s(
     precision: str,
 ) -> float:
     """What the loss adds to the last layer's forward (it is part of its forward and backward)."""
-    start = time.perf_counter()
+    clock = _clock(source.device)
+    start = clock()
     with _autocast(precision, source.device):
         last_loss = loss(layer(source))
     last_loss.backward()
     _sync(source.device)
-    return (time.perf_counter() - start) / 3
+    return (clock() - start) / 3
 
 
 def _measured_instance(device: torch.device) -> InstanceType:
@@ -307,7 +334,9 @@ def profile_model(
     distinct micro-batches, then their backwards, each micro-batch's output kept until its
     backward. A layer's figure is the median over ``repeats`` passes (after a warm-up) divided
     by ``in_flight``: timing one cached input over and over measured up to 20% faster than the
-    runtime computes, and single slow passes (a shared machine) must not move the profile.
+    runtime computes, and single slow passes (a shared machine) must not move the profile. On
+    the CPU the layers run on one thread, as each agent trains, timed by that thread's CPU time,
+    so a machine busy with other work measures what a core of its own would.
     ``device`` is ``cpu``, ``cuda[:k]`` or ``auto`` (CUDA when present); ``precision`` ``fp32``,
     ``bf16`` or ``fp16`` (forwards under ``torch.autocast``, as the engine trains);
     ``on_layer(done, total)`` reports progress.
@@ -322,18 +351,19 @@ def profile_model(
 
     layers_out: list[LayerProfile] = []
     last = len(target.layers) - 1
-    for index, layer in enumerate(target.layers):
-        measured, activations = _profile_layer(
-            index,
-            layer.to(torch_device),
-            activations,
-            loss if index == last else None,
-            repeats,
-            precision,
-        )
-        layers_out.append(measured)
-        if on_layer is not None:
-            on_layer(index + 1, len(target.layers))
+    with _agents_threads(torch_device):
+        for index, layer in enumerate(target.layers):
+            measured, activations = _profile_layer(
+                index,
+                layer.to(torch_device),
+                activations,
+                loss if index == last else None,
+                repeats,
+                precision,
+            )
+            layers_out.append(measured)
+            if on_layer is not None:
+                on_layer(index + 1, len(target.layers))
     return ModelProfile(
         model=target.name,
         instance_type=_measured_instance(torch_device),
