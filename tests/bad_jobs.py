@@ -9,6 +9,7 @@ measures on the first few samples, never triggers it).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -80,10 +81,13 @@ class BackwardBomb(nn.Module):
         return _FailingBackward.apply(self.linear(x), _bad(x))
 
 
-def _job(first: nn.Module, dataset: torch.utils.data.Dataset, name: str) -> Job:
+def _job(first: Callable[[], nn.Module], dataset: torch.utils.data.Dataset, name: str) -> Job:
+    """``first`` makes the first layer after the seed is set: made by the caller, its weights
+    came from whatever the random generator held, so two resolutions of one job (a run and its
+    reference) differed whenever a test before them had drawn a different count of numbers."""
     torch.manual_seed(0)
     return Job(
-        layers=[first, nn.Sequential(nn.Tanh(), nn.Linear(4, 4)), nn.Linear(4, 1)],
+        layers=[first(), nn.Sequential(nn.Tanh(), nn.Linear(4, 4)), nn.Linear(4, 1)],
         dataset=dataset,
         loss_fn=nn.functional.mse_loss,
         optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.01),
@@ -94,21 +98,21 @@ def _job(first: nn.Module, dataset: torch.utils.data.Dataset, name: str) -> Job:
 
 
 def forward_bomb_job() -> Job:
-    return _job(ForwardBomb(), _Indexed(SAMPLES), "forward-bomb")
+    return _job(ForwardBomb, _Indexed(SAMPLES), "forward-bomb")
 
 
 def backward_bomb_job() -> Job:
-    return _job(BackwardBomb(), _Indexed(SAMPLES), "backward-bomb")
+    return _job(BackwardBomb, _Indexed(SAMPLES), "backward-bomb")
 
 
 def nan_loss_job() -> Job:
-    return _job(nn.Linear(4, 4), _Indexed(SAMPLES, nan_from=_FIRST_BAD), "nan-loss")
+    return _job(lambda: nn.Linear(4, 4), _Indexed(SAMPLES, nan_from=_FIRST_BAD), "nan-loss")
 
 
 def nan_once_skipped_job() -> Job:
     """The loss is NaN at step ``BAD_STEP`` only; the job skips such a step's update."""
     job = _job(
-        nn.Linear(4, 4),
+        lambda: nn.Linear(4, 4),
         _Indexed(SAMPLES, nan_from=_FIRST_BAD, nan_until=_FIRST_BAD + BATCH),
         "nan-once",
     )
@@ -116,4 +120,4 @@ def nan_once_skipped_job() -> Job:
 
 
 def short_dataset_job() -> Job:
-    return _job(nn.Linear(4, 4), _Indexed(BATCH - 3), "short-dataset")
+    return _job(lambda: nn.Linear(4, 4), _Indexed(BATCH - 3), "short-dataset")

@@ -137,7 +137,9 @@ def test_a_nonfinite_loss_configured_to_skip_skips_that_update_on_every_stage(tm
     assert parameter_mismatches([got[i] for i in range(job.num_layers)], want) == []
     assert all(torch.isfinite(v).all() for layer in want for v in layer.values())
     # Skipped, not trained on: the same job with a clean step 5 ends elsewhere.
-    clean = bad_jobs._job(torch.nn.Linear(4, 4), bad_jobs._Indexed(bad_jobs.SAMPLES), "clean")
+    clean = bad_jobs._job(
+        lambda: torch.nn.Linear(4, 4), bad_jobs._Indexed(bad_jobs.SAMPLES), "clean"
+    )
     assert parameter_mismatches(reference_parameters(clean, STEPS), want) != []
 
 
