@@ -2,8 +2,11 @@
 
 ``--json`` writes ``{"traces": [{"trace": name, "systems": {system: {"samples": n, ...}},
 "simulated": {"liveput": n, "liveput-restart": n}}]}`` (field names fixed for scripts); a system
-that could not run has ``"samples": null`` and an ``"error"``. ``"bound_samples"``: what no system
-trains more than on the trace here (``peers_sim.upper_bound``), when the rates were measured.
+that could not run has ``"samples": null`` and an ``"error"``. Each system's
+``"downtime_by_event_kind"`` maps ``loss``, ``total-loss`` and ``arrival`` to ``{"events",
+"median_s", "p95_s", "each_s"}`` (``bench.peers_events`` defines them). ``"bound_samples"``:
+what no system trains more than on the trace here (``peers_sim.upper_bound``), when the rates
+were measured.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bench.peers_events import KINDS, by_kind, event_downtimes, trace_events
 from bench.peers_run import SystemRun
 
 SYSTEMS = ("liveput", "liveput-restart", "torchrun", "torchft")
@@ -33,6 +37,7 @@ def _system_entry(run: Outcome, liveput: Outcome, steady: float | None) -> dict:
         "ratio_to_liveput": round(run.samples / base, 4) if base else None,
         "downtime_per_event_s": [round(d, 2) for d in downtimes],
         "mean_downtime_s": round(statistics.mean(downtimes), 2) if downtimes else None,
+        "downtime_by_event_kind": _by_event_kind(run),
         "restarts_or_migrations": int(run.restarts),
         "final_loss": None if run.final_loss is None else round(float(run.final_loss), 4),
         "no_preemption_samples_per_s": steady,
@@ -40,6 +45,13 @@ def _system_entry(run: Outcome, liveput: Outcome, steady: float | None) -> dict:
         "kills_s": [round(t, 2) for t in run.kills_s],
         "launches_s": [round(t, 2) for t in run.launches_s],
     }
+
+
+def _by_event_kind(run: SystemRun) -> dict[str, dict]:
+    """``peers_events.by_kind`` of the run's trace events, on its timeline."""
+    events = trace_events(run.initial_instances, run.kills_s, run.launches_s)
+    end_s = max([run.timeline[-1][0] if run.timeline else 0.0, *(e.at_s for e in events)])
+    return by_kind(events, event_downtimes(events, run.timeline, end_s))
 
 
 def to_json_document(
@@ -98,12 +110,36 @@ def table(document: dict) -> str:
                 f"{figures['restarts_or_migrations']:>10}"
                 f"{'-' if loss is None else f'{loss:.3f}':>12}{steady_text:>14}"
             )
+        lines.extend(_event_kind_lines(entry["systems"]))
         if "bound_samples" in entry:
             lines.append(
                 f"  bound: {entry['bound_samples']} samples (every instance at the best "
                 "measured rate, nothing lost)"
             )
     return "\n".join(lines)
+
+
+def _event_kind_lines(systems: Mapping[str, dict]) -> list[str]:
+    """Downtime per event kind, the systems side by side: median / p95 s (events measured)."""
+    ran = {name: f for name, f in systems.items() if f.get("downtime_by_event_kind") is not None}
+    kinds = [k for k in KINDS if any(k in f["downtime_by_event_kind"] for f in ran.values())]
+    if not kinds:
+        return []
+    lines = [
+        "  downtime per event kind, median / p95 s (events):",
+        f"  {'kind':<16}" + "".join(f"{name:>20}" for name in ran),
+    ]
+    for kind in kinds:
+        cells = []
+        for figures in ran.values():
+            got = figures["downtime_by_event_kind"].get(kind)
+            if got is None or got["median_s"] is None:
+                cells.append(f"{'-':>20}")
+            else:
+                text = f"{got['median_s']:.1f} / {got['p95_s']:.1f} ({got['events']})"
+                cells.append(f"{text:>20}")
+        lines.append(f"  {kind:<16}" + "".join(cells))
+    return lines
 
 
 def plot(document: dict, path: Path) -> None:

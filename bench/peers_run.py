@@ -91,6 +91,8 @@ class SystemRun:
     final_loss: float | None = None
     extra: dict = field(default_factory=dict)
     """System-specific counts (liveput: migrations by kind)."""
+    initial_instances: int = 0
+    """Instances the cloud held at its start (what tells a total loss from a loss)."""
 
     def downtimes_s(self) -> list[float]:
         """Per kill after the first step: from the last progress before it to the first
@@ -246,6 +248,7 @@ def run_liveput(
         launches,
         restarts=max(state["plans"], 0),
         final_loss=state["loss"],
+        initial_instances=trace_schedule(trace)[0],
     )
 
 
@@ -336,6 +339,7 @@ def run_torchrun(trace: Trace, settings: RunSettings, work: Path) -> SystemRun:
         launches,
         restarts=max(starts - 1, 0),
         final_loss=loss,
+        initial_instances=trace_schedule(trace)[0],
     )
 
 

@@ -31,6 +31,7 @@ from bench.peers_run import (
     scheduled_times,
     tree_launcher,
 )
+from liveput.cloud.replay import trace_schedule
 from liveput.models.jobs import resolve_job
 from liveput.traces import Trace
 
@@ -137,6 +138,7 @@ def run_torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | 
         launches,
         restarts=max(starts - 1, 0),
         final_loss=loss,
+        initial_instances=trace_schedule(trace)[0],
     )
 
 

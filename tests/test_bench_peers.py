@@ -144,3 +144,72 @@ def test_any_trace_is_cut_and_rescaled_to_the_benchmarks_instances(tmp_path: Pat
     assert [cut.count_at(t) for t in (30.0, 90.0, 200.0)] == [4, 3, 1]
     with pytest.raises(SystemExit, match="--trace .*missing.csv: no such file"):
         main(["--trace", str(tmp_path / "missing.csv")])
+
+
+def test_events_are_grouped_kills_and_arrivals_told_apart_by_what_is_left() -> None:
+    from bench.peers_events import Event, trace_events
+
+    # 2 instances: one lost; one added; both lost at once (0.3 s apart); one back, then another.
+    events = trace_events(2, [10.0, 30.0, 30.3], [20.0, 40.0, 41.0])
+    assert events == [
+        Event("loss", 10.0),
+        Event("arrival", 20.0),
+        Event("total-loss", 30.0, back_s=40.0),
+        Event("arrival", 41.0),
+    ]
+    # Kills 1 s apart are two events; a launch at a kill's moment comes after it.
+    assert [e.kind for e in trace_events(3, [5.0, 6.0], [])] == ["loss", "loss"]
+    assert trace_events(1, [5.0], [5.0]) == [Event("total-loss", 5.0, back_s=5.0)]
+    assert trace_events(1, [5.0], []) == [Event("total-loss", 5.0, back_s=None)]
+
+
+def test_downtime_per_event_kind_against_a_hand_made_timeline() -> None:
+    from bench.peers_events import Event, by_kind, event_downtimes
+
+    events = [
+        Event("loss", 10.0),
+        Event("arrival", 20.0),
+        Event("total-loss", 30.0, back_s=40.0),
+        Event("arrival", 50.0),
+    ]
+    # A step (10 samples) every second, sampled twice a second as liveput's ticks are.
+    steps = (
+        [(t, 10 * t) for t in range(1, 10)]  # steps at 1..9
+        + [(t, 10 * (t - 4)) for t in range(13, 20)]  # again at 13 where it was: past 90 at 14
+        + [(t, 10 * (t - 4)) for t in range(20, 31)]
+        + [(41, 220)]  # one back at 40; restored at 41 (behind where it was)
+        + [(t, 10 * (t - 20)) for t in range(43, 50)]  # trains again at 43
+        + [(t, 10 * (t - 20)) for t in (50, 51, 55, 56, 57)]  # the arrival stops it 4 s
+    )
+    timeline = [(0.0, 0)]
+    for t, samples in steps:
+        timeline += [(t - 0.5, timeline[-1][1]), (float(t), samples)]
+    downtimes = event_downtimes(events, timeline, end_s=58.0)
+    assert downtimes == [14.0 - 9.0, 1.0, 43.0 - 40.0, 55.0 - 51.0]
+    kinds = by_kind(events, downtimes)
+    assert kinds["loss"] == {"events": 1, "median_s": 5.0, "p95_s": 5.0, "each_s": [5.0]}
+    assert kinds["arrival"]["median_s"] == 2.5 and kinds["arrival"]["each_s"] == [1.0, 4.0]
+    assert kinds["total-loss"]["each_s"] == [3.0]
+    # Before the first step is start-up, not an event's downtime; nothing is measured without
+    # steps, or after a total loss no instance came back from.
+    assert event_downtimes([Event("loss", 0.5)], timeline, 58.0) == [None]
+    assert event_downtimes(events, [(0.0, 0)], 58.0) == [None] * 4
+    assert event_downtimes([Event("total-loss", 10.0)], timeline, 58.0) == [None]
+
+
+def test_the_table_puts_each_systems_downtime_per_event_kind_side_by_side() -> None:
+    from bench.peers_report import table
+
+    def run(name: str, resumed_s: float) -> SystemRun:
+        timeline = [(0.0, 0), (1.0, 10), (2.0, 20), (resumed_s, 30), (resumed_s + 1, 40)]
+        return SystemRun(name, 40, timeline, [2.5], initial_instances=2)
+
+    document = to_json_document(
+        [("t", {"liveput": run("liveput", 4.0), "torchft": run("torchft", 6.0)}, {})]
+    )
+    figures = document["traces"][0]["systems"]
+    assert figures["liveput"]["downtime_by_event_kind"]["loss"]["median_s"] == 2.0
+    assert figures["torchft"]["downtime_by_event_kind"]["loss"]["median_s"] == 4.0
+    lines = table(document).splitlines()
+    assert lines[-2].split() == ["kind", "liveput", "torchft"]
+    assert lines[-1].split() == ["loss", "2.0", "/", "2.0", "(1)", "4.0", "/", "4.0", "(1)"]
