@@ -3,6 +3,7 @@ instances, or (a deadline job) renting through a holder from a trace of spot cap
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,9 +12,13 @@ from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, Spo
 from liveput.cloud.holding import InstanceHolder
 from liveput.cloud.market import HolderMarket
 from liveput.cloud.processes import Launcher
+from liveput.cloud.types import InstanceState
 from liveput.policies.base import Provisioning
+from liveput.runtime import keys
 from liveput.runtime.clock import Clock
 from liveput.runtime.coordinator.objective import EarlierCoordinators
+from liveput.runtime.instance_env import instance_number
+from liveput.runtime.store import Store
 from liveput.traces import IntervalTrace, Trace
 
 if TYPE_CHECKING:
@@ -85,6 +90,16 @@ class LocalCloud:
     def instances(self) -> dict[str, int]:
         return self.provider.pids()
 
+    def ended_instances(self) -> list[int]:
+        """The job's instance numbers of the instances the cloud has ended (preempted, released,
+        or exited)."""
+        return sorted(
+            number
+            for record in self.provider.instances()
+            if record.state == InstanceState.TERMINATED
+            and (number := instance_number(record.instance_id)) is not None
+        )
+
     @property
     def preemptions(self) -> int:
         return self.provider.preemptions
@@ -133,3 +148,16 @@ class LocalCloud:
             "budget_usd_per_hour": job.budget_usd_per_hour,
             "within_budget": within,
         }
+
+
+def tell_gone(store: Store, ended: Iterable[int], told: set[int]) -> None:
+    """``gone/<n>`` for each registered instance of ``ended`` (the cloud ended it) not yet in
+    ``told``, which then holds it: the coordinator counts it dead at its next look instead of a
+    heartbeat timeout later, which after a total loss without a notice kept the first instance
+    back waiting that long to restore. An instance that never registered has nothing to plan
+    around (and no keys for pruning to forget with it)."""
+    for number in ended:
+        if number in told or store.get(keys.member(number)) is None:
+            continue
+        store.set(keys.gone(number), b"1")
+        told.add(number)

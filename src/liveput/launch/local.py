@@ -24,7 +24,7 @@ from liveput.cloud.processes import command_launcher
 from liveput.errors import LiveputError
 from liveput.files import check_writable_url
 from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble_job
-from liveput.launch.cloud import LocalCloud
+from liveput.launch.cloud import LocalCloud, tell_gone
 from liveput.launch.deadline import DeadlineJob
 from liveput.models.training import TrainingConfig
 from liveput.perf.types import check_instance_memory_gb
@@ -301,6 +301,8 @@ class _LocalRun:
         self.devices: dict[str, str] = {}
         self.earlier = EarlierCoordinators()
         """What the job's earlier coordinators spent (a resumed deadline job's)."""
+        self.gone: set[int] = set()
+        """Instances whose end the cloud reported and this run told the coordinator of."""
 
     def drive(self, assembled: AssembledJob) -> None:
         """Start the cloud and run the coordinator until the job is done."""
@@ -324,6 +326,7 @@ class _LocalRun:
             cloud_started_s = time.monotonic()
         devices_read_s = 0.0
         while coordinator.tick():
+            tell_gone(store, cloud.ended_instances(), self.gone)
             if time.monotonic() - devices_read_s >= 1.0:
                 _record_devices(store, self.devices)
                 devices_read_s = time.monotonic()

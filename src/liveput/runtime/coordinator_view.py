@@ -27,7 +27,7 @@ class Member:
     on_demand: bool = False
     """It is rented on-demand (never preempted): the planner spreads such over the stages."""
     left: bool = False
-    """It said it left the job."""
+    """It said it left the job, or the cloud said its instance ended (``gone/<id>``)."""
     done: bool = False
     """It applied the job's last step and says so (its store writes are over)."""
     layers: tuple[int, ...] = ()

@@ -10,7 +10,9 @@ committed, ``epoch`` the restore epoch of the plan. An instance is
 
 - *dead* when its heartbeat has not moved for ``heartbeat_timeout_s``, or for
   ``suspect_after_s`` once the end its notice announced has passed (the cloud said it would
-  go, and nobody else may be there to report it), or it said it left;
+  go, and nobody else may be there to report it), or it said it left, or the cloud said its
+  instance ended (no heartbeat timeout to wait for: a total loss restores as soon as an
+  instance is back);
 - *going* when it has a preemption notice whose lead is (nearly) spent: ``notice_margin_s``
   before the end its notice announces, or at once for a notice that gives no lead. Until then a
   noticed instance trains like any other: the lead is paid-for time, and moving off it at the

@@ -9,7 +9,9 @@ lists and deletes from it. The values' formats and who writes them:
 
 - ``members/<id>``: an agent's registration (JSON: host, market); ``hb/<id>``: its heartbeat
   counter; ``notice/<id>``: its preemption notice; ``state/<id>``: its current state name;
-  ``lost/<id>``: the coordinator counted it lost; ``holds/<id>``: what it holds
+  ``lost/<id>``: the coordinator counted it lost; ``gone/<id>``: the cloud ended its instance
+  (written by the executor that rents it, which sees the cloud's word before any heartbeat
+  times out); ``holds/<id>``: what it holds
   (:class:`~liveput.runtime.protocol.Holding`), reported by its engine when a generation's state
   is in place and when a generation ends for it. ``notice-end/<id>``: when the coordinator first
   saw its notice and the end that notice announces (JSON: ``seen_unix_s``, ``end_unix_s`` or
@@ -117,6 +119,7 @@ STATE = Family("state/", Scope.INSTANCE, Pruned.FORGOTTEN)
 HOLDING = Family("holds/", Scope.INSTANCE, Pruned.FORGOTTEN)
 NOTICE = Family("notice/", Scope.INSTANCE, Pruned.FORGOTTEN)
 LOST = Family("lost/", Scope.INSTANCE, Pruned.FORGOTTEN)
+GONE = Family("gone/", Scope.INSTANCE, Pruned.FORGOTTEN)
 NOTICE_END = Family("notice-end/", Scope.INSTANCE, Pruned.FORGOTTEN)
 COMMIT = Family("commit/", Scope.STEP, Pruned.RETIRED_OR_OLD_STEP)
 DONE = Family("done/", Scope.STEP, Pruned.RETIRED_OR_OLD_STEP)
@@ -148,6 +151,7 @@ FAMILIES: tuple[Family, ...] = (
     HOLDING,
     NOTICE,
     LOST,
+    GONE,
     NOTICE_END,
     COMMIT,
     DONE,
@@ -210,6 +214,10 @@ def holding(instance: int) -> str:
 
 def notice(instance: int) -> str:
     return f"{NOTICE.prefix}{instance}"
+
+
+def gone(instance: int) -> str:
+    return f"{GONE.prefix}{instance}"
 
 
 def lost(instance: int) -> str:

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from liveput.runtime.instance_env import (
     MARKET_ENV,
     NOTICE_FILE_ENV,
     NOTICE_SOURCES,
+    instance_number,
 )
 from liveput.runtime.notices import (
     AwsNoticeWatcher,
@@ -110,10 +110,10 @@ def instance_id_from_env() -> int | None:
     text = os.environ.get(INSTANCE_ID_ENV)
     if not text:
         return None
-    digits = re.sub(r"\D", "", text)
-    if not digits:
+    number = instance_number(text)
+    if number is None:
         raise LiveputError(f"{INSTANCE_ID_ENV}={text!r} holds no instance number")
-    return int(digits)
+    return number
 
 
 def notice_watchers(sources: list[str]) -> list[NoticeWatcher]:

@@ -185,6 +185,7 @@ class Observer:
         self.refresh_heartbeats(now)
         states = readers.by_instance(self.store, keys.STATE)
         notices = readers.by_instance(self.store, keys.NOTICE)
+        gone = readers.by_instance(self.store, keys.GONE)
         holdings = self.holdings = protocol.holdings(self.store)
         plan = progress.plan
         arrived = set() if plan is None else protocol.arrivals(self.store, plan.generation)
@@ -202,7 +203,7 @@ class Observer:
                 on_demand=registration.get("market") == "on-demand",
                 heartbeat_age_s=age_s,
                 noticed=instance in notices,
-                left=states.get(instance) == b"left",
+                left=states.get(instance) == b"left" or instance in gone,
                 done=states.get(instance) == b"done",
                 layers=() if holding is None else holding.layers,
                 held_epoch=epoch,
