@@ -19,6 +19,7 @@ moments of growth are what they have in common. Times are wall seconds from the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,27 +55,22 @@ def trace_events(
     while index < len(changes):
         at_s, is_launch = changes[index]
         if is_launch:
-            events.append(Event("arrival" if alive > 0 else "back", at_s))
+            if alive > 0:
+                events.append(Event("arrival", at_s))
+            elif events and events[-1].kind == "total-loss" and events[-1].back_s is None:
+                events[-1] = dataclasses.replace(events[-1], back_s=at_s)  # the first one back
             alive += 1
             index += 1
             continue
         while (
             index < len(changes)
             and not changes[index][1]
-            and changes[index][0] - at_s <= (TOGETHER_S)
+            and changes[index][0] - at_s <= TOGETHER_S
         ):
             alive -= 1
             index += 1
         events.append(Event("loss" if alive > 0 else "total-loss", at_s))
-    resolved: list[Event] = []
-    for position, event in enumerate(events):
-        if event.kind == "back":
-            continue  # the end of a total loss, not an event of its own
-        if event.kind == "total-loss":
-            back = next((e.at_s for e in events[position + 1 :] if e.kind == "back"), None)
-            event = Event(event.kind, event.at_s, back)
-        resolved.append(event)
-    return resolved
+    return events
 
 
 def step_times(timeline: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
@@ -128,11 +124,11 @@ def by_kind(events: Sequence[Event], downtimes: Sequence[float | None]) -> dict[
     each of them (``each_s``); kinds the trace does not have are left out."""
     out = {}
     for kind in KINDS:
+        if not any(e.kind == kind for e in events):
+            continue
         measured = [
             d for e, d in zip(events, downtimes, strict=True) if e.kind == kind and d is not None
         ]
-        if not any(e.kind == kind for e in events):
-            continue
         out[kind] = {
             "events": len(measured),
             "median_s": round(float(np.median(measured)), 2) if measured else None,

@@ -23,14 +23,15 @@ def _registered(store: MemoryStore, *instances: int) -> None:
 def test_only_registered_instances_are_told_gone_and_each_once() -> None:
     store = MemoryStore()
     _registered(store, 0, 1)
-    told: set[int] = set()
-    tell_gone(store, [0, 7], told)  # 7 never registered: nothing of it to plan around
-    assert told == {0}
+    seen: set[int] = set()
+    tell_gone(store, [0, 7], seen)  # 7 never registered: nothing of it to plan around
     assert store.get(keys.gone(0)) == b"1" and store.get(keys.gone(7)) is None
     store.delete(keys.gone(0))
-    tell_gone(store, [0, 1], told)  # told once: not written again
+    _registered(store, 7)  # an ended instance is looked at once, not at every tick
+    tell_gone(store, [0, 1, 7], seen)  # told once: not written again
     assert store.get(keys.gone(0)) is None and store.get(keys.gone(1)) == b"1"
-    assert told == {0, 1}
+    assert store.get(keys.gone(7)) is None
+    assert seen == {0, 1, 7}
     assert keys.family_of(keys.gone(1)) is keys.GONE
     assert keys.GONE.pruned is keys.Pruned.FORGOTTEN  # forgotten with its instance
 

@@ -150,14 +150,16 @@ class LocalCloud:
         }
 
 
-def tell_gone(store: Store, ended: Iterable[int], told: set[int]) -> None:
+def tell_gone(store: Store, ended: Iterable[int], seen: set[int]) -> None:
     """``gone/<n>`` for each registered instance of ``ended`` (the cloud ended it) not yet in
-    ``told``, which then holds it: the coordinator counts it dead at its next look instead of a
+    ``seen``, which then holds it: the coordinator counts it dead at its next look instead of a
     heartbeat timeout later, which after a total loss without a notice kept the first instance
-    back waiting that long to restore. An instance that never registered has nothing to plan
-    around (and no keys for pruning to forget with it)."""
+    back waiting that long to restore. Each ended instance is looked at once: one that never
+    registered (its process is gone, it never will) has nothing to plan around, and no keys for
+    pruning to forget with it."""
     for number in ended:
-        if number in told or store.get(keys.member(number)) is None:
+        if number in seen:
             continue
-        store.set(keys.gone(number), b"1")
-        told.add(number)
+        seen.add(number)
+        if store.get(keys.member(number)) is not None:
+            store.set(keys.gone(number), b"1")

@@ -301,8 +301,8 @@ class _LocalRun:
         self.devices: dict[str, str] = {}
         self.earlier = EarlierCoordinators()
         """What the job's earlier coordinators spent (a resumed deadline job's)."""
-        self.gone: set[int] = set()
-        """Instances whose end the cloud reported and this run told the coordinator of."""
+        self.ended_seen: set[int] = set()
+        """Instances whose end the cloud reported and this run has looked at (``tell_gone``)."""
 
     def drive(self, assembled: AssembledJob) -> None:
         """Start the cloud and run the coordinator until the job is done."""
@@ -326,7 +326,7 @@ class _LocalRun:
             cloud_started_s = time.monotonic()
         devices_read_s = 0.0
         while coordinator.tick():
-            tell_gone(store, cloud.ended_instances(), self.gone)
+            tell_gone(store, cloud.ended_instances(), self.ended_seen)
             if time.monotonic() - devices_read_s >= 1.0:
                 _record_devices(store, self.devices)
                 devices_read_s = time.monotonic()
