@@ -2,8 +2,8 @@
 plan checkpoints the step it ends at just before the earliest end announced, and the restore after
 the wipe-out redoes no step. And notices keep their announced end through a coordinator restart.
 
-On views (a hypothesis test of when the rule fires) and with the in-memory model agents of
-``test_runtime_decide`` (a manual clock, no processes)."""
+On views (a hypothesis test of when the rule fires), with the in-memory model agents of
+``test_runtime_decide`` (a manual clock, no processes), and on one engine whose step fails."""
 
 from __future__ import annotations
 
@@ -13,12 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runtime_decide import TICK_S, make_coordinator, run, start
 
+from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
+from liveput.runtime import engine as engine_module
 from liveput.runtime import keys
+from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView, Member, decide
-from liveput.runtime.protocol import RuntimePlan
-from liveput.runtime.store import readers
+from liveput.runtime.engine import Ending, Engine, EngineConfig
+from liveput.runtime.protocol import FRESH_START, RuntimePlan
+from liveput.runtime.store import MemoryStore, readers
 
 CONFIG = CoordinatorConfig(
     num_steps=1000, num_micro_batches=8, notice_margin_s=20.0, jit_checkpoint_lead_s=5.0
@@ -220,3 +224,35 @@ def test_a_restarted_coordinator_counts_a_notice_from_when_it_came():
     moved_after_s = wall_clock() - noticed_at_s
     assert 40.0 <= moved_after_s <= 40.0 + CONFIG.notice_settle_s + 3 * TICK_S
     assert recovered.plan.restore_step is None and agents.stale_trained == 0
+
+
+def test_a_rank_whose_connection_a_fenced_peer_reset_still_writes_its_share(tmp_path, monkeypatch):
+    """A peer that leaves its communication at the fence for the checkpoint may reset this
+    rank's connection mid-step before this rank's watchdog aborts it (a ``RuntimeError`` from
+    gloo, not ``CommAborted``): the share of the last step it applied is written all the same.
+    Before, only an abort by the watchdog wrote it, and under load the restore after the
+    wipe-out went back to the initial weights."""
+    job = resolve_job("tiny-gpt-small")
+    store = MemoryStore()
+    checkpointer = Checkpointer(store, str(tmp_path / "ckpt"))
+    engine = Engine(
+        job, 0, store, rendezvous=None, checkpointer=checkpointer, config=EngineConfig()
+    )
+    plan = RuntimePlan(
+        1, 0, 0, 50, 1, 1, [0, job.num_layers], {0: (0, 0)}, {0: "h"}, [], "none", FRESH_START
+    )
+    store.set(keys.checkpoint_request(plan.generation), b"1")
+    real = engine_module.compute_gradients
+
+    def reset_at_step_3(job, layers, position, groups, step, loss_scale):
+        if step == 3:
+            raise RuntimeError("Read error [127.0.0.1]:1: Connection reset by peer")
+        return real(job, layers, position, groups, step, loss_scale)
+
+    monkeypatch.setattr(engine_module, "compute_gradients", reset_at_step_3)
+    result = engine.run_generation(plan)
+    checkpointer.close()
+    assert result.ending is Ending.FAILED and result.last_applied == 2
+    assert latest_checkpoint(store) == 2
+    for index in range(job.num_layers):
+        assert (tmp_path / "ckpt" / "step-2" / f"layer-{index}.pt").is_file()

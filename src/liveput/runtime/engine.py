@@ -242,7 +242,12 @@ class Engine:
             self._save_if_asked(plan, result.ending, slot, needed)
             return result
         except (RuntimeError, dist.DistBackendError, LiveputError) as error:
-            return self._failed(plan, error, started)
+            # A peer that left its communication at a fence for a checkpoint may reset this
+            # rank's connection before this rank's watchdog aborts it: its share is due all the
+            # same, or the restore after the wipe-out goes back to an older checkpoint.
+            result = self._failed(plan, error, started)
+            self._save_if_asked(plan, result.ending, slot, needed)
+            return result
         finally:
             if watchdog is not None:
                 watchdog.done.set()
