@@ -8,6 +8,7 @@ On views (a hypothesis test of when the rule fires), with the in-memory model ag
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,7 @@ from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.runtime import engine as engine_module
 from liveput.runtime import keys
-from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint
+from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, latest_write_s
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView, Member, decide
 from liveput.runtime.engine import Ending, Engine, EngineConfig
@@ -61,15 +62,21 @@ NOTICE = st.one_of(
 )
 
 
+# A measured step or checkpoint write time, seconds, or none measured yet.
+MEASURED = st.one_of(st.none(), st.floats(0.0, 3.0))
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(1, 3),
     st.integers(1, 3),
     st.data(),
     st.booleans(),
+    MEASURED,
+    MEASURED,
 )
 def test_the_checkpoint_is_asked_exactly_when_only_noticed_instances_hold_a_layer_near_its_end(
-    data_parallel, stages, data, saved
+    data_parallel, stages, data, saved, step_s, write_s
 ):
     plan = _plan(data_parallel, stages)
     members = {}
@@ -98,6 +105,8 @@ def test_the_checkpoint_is_asked_exactly_when_only_noticed_instances_hold_a_laye
         COMMITTED,
         all_arrived=True,
         latest_checkpoint=COMMITTED if saved else 29,
+        step_s=step_s,
+        checkpoint_write_s=write_s,
     )
     action = decide(view, CONFIG, _choose)
     # Brute force: per stage (its two layers), its holders all noticed, the earliest end
@@ -109,7 +118,12 @@ def test_the_checkpoint_is_asked_exactly_when_only_noticed_instances_hold_a_laye
             ends += [
                 m.notice_lead_s - m.notice_age_s for m in holders if m.notice_lead_s is not None
             ]
-    due = bool(ends) and min(ends) <= 5.0 and not saved
+    # The lead: 3 measured steps and writes, between 1 s and the configured 5 s (5 s until both
+    # are measured).
+    lead_s = 5.0
+    if step_s is not None and write_s is not None:
+        lead_s = sorted([1.0, 3 * (step_s + write_s), 5.0])[1]
+    due = bool(ends) and min(ends) <= lead_s and not saved
     assert (action.kind is ActionKind.CHECKPOINT) == due, (action, ends)
     if due:
         assert action.checkpoint_before_s == max(0.0, min(ends))
@@ -194,6 +208,47 @@ def test_a_noticed_wipe_out_restores_the_step_it_was_at():
     assert coordinator.committed > saved and agents.stale_trained == 0
     restores = [e for e in readers.events(store) if e["kind"] == "checkpoint-restore"]
     assert [e["start_step"] for e in restores] == [saved + 1]
+
+
+def test_with_steps_and_writes_measured_the_checkpoint_is_asked_later():
+    """The same wipe-out with a step and a checkpoint write measured (0.1 s each, as the
+    agents publish them): the lead is 1 s (three of each is less than the 1-s floor), not 5 s,
+    so the job trains 4 s longer on the going instances and still redoes nothing."""
+    store, clock, coordinator, agents = start(steps=2000, instances=4)
+    run(coordinator, agents, clock, 40)
+    plan = coordinator.plan
+    record = {"data_parallel": plan.data_parallel, "pipeline_stages": plan.pipeline_stages}
+    record.update(step_s=0.1, steps=20)
+    store.set(keys.step_times(plan.generation), json.dumps(record).encode())
+    latest = json.loads(store.get(keys.latest_checkpoint()))
+    store.set(keys.latest_checkpoint(), json.dumps({**latest, "write_s": 0.1}).encode())
+    for instance in range(4):
+        agents.notice(instance, lead_s=12.0)
+    run(coordinator, agents, clock, int(10.6 / TICK_S))
+    assert agents.checkpoints_asked == [], coordinator.status  # 1.4 s left: still training
+    run(coordinator, agents, clock, int(1.0 / TICK_S))
+    assert agents.checkpoints_asked == [coordinator.committed], coordinator.status
+    saved = coordinator.committed
+    for instance in range(4):
+        agents.kill(instance)
+    agents.join(4)
+    run(coordinator, agents, clock, int(6.0 / TICK_S))
+    assert coordinator.plan.restore_step == saved and coordinator.committed > saved
+
+
+def test_a_checkpoint_records_how_long_its_write_took(tmp_path):
+    store = MemoryStore()
+    checkpointer = Checkpointer(store, str(tmp_path))
+    job = resolve_job("tiny-gpt-small")
+    engine = Engine(job, 0, store, rendezvous=None, checkpointer=checkpointer)
+    engine._restore(
+        RuntimePlan(0, 0, 0, 1, 1, 1, [0, job.num_layers], {0: (0, 0)}, {}, [], "none", -1),
+        range(job.num_layers),
+    )
+    checkpointer.save_async(0, 4, list(engine.layers.values()), job.num_layers)
+    checkpointer.close()
+    assert latest_checkpoint(store) == 4
+    assert 0.0 < latest_write_s(store) < 60.0
 
 
 def test_a_restarted_coordinator_counts_a_notice_from_when_it_came():

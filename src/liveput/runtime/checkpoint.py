@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
@@ -87,6 +88,16 @@ def latest_checkpoint(store: Store) -> int | None:
     return None if step < 0 else step
 
 
+def latest_write_s(store: Store) -> float | None:
+    """Seconds the newest complete checkpoint's last writer took from its snapshot to its
+    layers counted (None: not recorded, as after a restore reset the latest)."""
+    raw = store.get(keys.latest_checkpoint())
+    if raw is None:
+        return None
+    write_s = json.loads(raw).get("write_s")
+    return None if write_s is None else float(write_s)
+
+
 def reset_latest(store: Store, epoch: int, step: int) -> None:
     """A restore to ``step`` opens restore epoch ``epoch``: checkpoints of older epochs beyond
     ``step`` no longer count (the job will redo those steps), whatever they finish writing."""
@@ -148,13 +159,21 @@ class Checkpointer:
 
     def save_async(self, epoch: int, step: int, layers: list[LayerState], num_layers: int) -> None:
         """Snapshot ``layers`` after step ``step`` now; write them in the background."""
+        taken_s = time.perf_counter()
         snapshot = [(layer.index, layer.state_dict()) for layer in layers]
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()]
-            self._pending.append(self._pool.submit(self._write, epoch, step, snapshot, num_layers))
+            self._pending.append(
+                self._pool.submit(self._write, epoch, step, snapshot, num_layers, taken_s)
+            )
 
     def _write(
-        self, epoch: int, step: int, snapshot: list[tuple[int, dict]], num_layers: int
+        self,
+        epoch: int,
+        step: int,
+        snapshot: list[tuple[int, dict]],
+        num_layers: int,
+        taken_s: float,
     ) -> None:
         try:
             if _order(self.store.get(keys.latest_checkpoint()))[0] > epoch:
@@ -174,7 +193,7 @@ class Checkpointer:
                 del payload
                 self.fs.mv(partial, self._path(step, index))
             if self.store.add(keys.checkpoint_layers(epoch, step), len(snapshot)) == num_layers:
-                if self._mark_latest(epoch, step):
+                if self._mark_latest(epoch, step, time.perf_counter() - taken_s):
                     self._prune(step)
                 for listener in self.listeners:
                     listener.checkpoint_complete(epoch, step)
@@ -198,13 +217,16 @@ class Checkpointer:
         except Exception:  # noqa: BLE001 - the store is gone too: the log has said it
             LOG.warning("could not record the failed checkpoint in the store")
 
-    def _mark_latest(self, epoch: int, step: int) -> bool:
-        """Make (epoch, step) the latest checkpoint unless a newer one is; whether it did."""
+    def _mark_latest(self, epoch: int, step: int, write_s: float) -> bool:
+        """Make (epoch, step) the latest checkpoint unless a newer one is; whether it did.
+        ``write_s``: seconds from this writer's snapshot to its layers counted (a checkpoint
+        asked for before a wipe-out must fit in its lead: the coordinator aims it with this)."""
         while True:
             raw = self.store.get(keys.latest_checkpoint())
             if _order(raw) >= (epoch, step):
                 return False
-            value = json.dumps({"epoch": epoch, "step": step}).encode()
+            record = {"epoch": epoch, "step": step, "write_s": round(write_s, 4)}
+            value = json.dumps(record).encode()
             if self.store.compare_and_set(keys.latest_checkpoint(), raw, value):
                 LOG.info("checkpoint of step %d complete", step)
                 return True

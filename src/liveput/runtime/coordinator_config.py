@@ -38,12 +38,19 @@ class CoordinatorConfig:
     layer transfer: a few seconds measured here, ``docs/runtime.md``). A notice whose lead is
     this or shorter, or that gives none, is acted on at once."""
     jit_checkpoint_lead_s: float = 5.0
-    """Rule 9: when every current holder of some layer has a notice, this many wall seconds
-    before the earliest end those notices announce (at most ``notice_margin_s``) the running
-    generation ends at the next step boundary and its instances checkpoint the step they end
-    at, so the restore after them redoes no step. It covers the step in flight and the write of
-    an instance's share of the checkpoint (a fraction of a second for a small model on a local
-    disk; raise it for big layers on slow storage)."""
+    """Rule 9: when every current holder of some layer has a notice, at most this many wall
+    seconds (and at most ``notice_margin_s``) before the earliest end those notices announce,
+    the running generation ends at the next step boundary and its instances checkpoint the step
+    they end at, so the restore after them redoes no step. The lead covers the step in flight
+    and the write of an instance's share of the checkpoint; once both are measured it is
+    ``jit_checkpoint_safety`` times their sum (``decide.checkpoint_lead_s``), and this until
+    then. It is also the longest wait for that checkpoint."""
+    jit_checkpoint_safety: float = 3.0
+    """Rule 9's measured lead is this many times a step plus a checkpoint write (the newest
+    measured of each): a loaded machine's step or write may take twice its median."""
+    jit_checkpoint_min_lead_s: float = 1.0
+    """Rule 9's measured lead is at least this, wall seconds: it also covers the notice's way
+    to the coordinator and the coordinator's tick."""
     suspect_after_s: float = 1.5
     """A plan member silent this long while its plan fails or meets is suspect (three missed
     heartbeats: instances killed together are not all detected at the same tick)."""
@@ -104,12 +111,14 @@ class CoordinatorConfig:
                 self.start_grace_s,
                 self.notice_margin_s,
                 self.jit_checkpoint_lead_s,
+                self.jit_checkpoint_min_lead_s,
+                self.jit_checkpoint_safety,
             )
             < 0
         ):
             raise LiveputError(
-                "coordinator: notice settle, notice margin, checkpoint lead and start grace "
-                "must be >= 0"
+                "coordinator: notice settle, notice margin, checkpoint lead, safety and "
+                "least lead, and start grace must be >= 0"
             )
         check_instance_memory_gb(self.instance_memory_gb, "coordinator: instance_memory_gb")
         if self.capacity < 1 or self.initial_workers < 1 or self.restore_after_failures < 1:

@@ -115,6 +115,12 @@ class CoordinatorView:
     fenced for it (Rule 9)."""
     checkpoint_request_age_s: float = 0.0
     """Seconds since that request was first seen."""
+    step_s: float | None = None
+    """The running generation's measured median step time, seconds (None: not measured yet,
+    or no instance has a notice: only Rule 9 reads it)."""
+    checkpoint_write_s: float | None = None
+    """Seconds the newest checkpoint that recorded it took to write, from its writer's
+    snapshot (None: none recorded yet, or no instance has a notice)."""
     instances_held: int | None = None
     """Instances the objective's latest provisioning holds (a deadline job's market; None: no
     provisioning yet, or the market offers them all): a first plan waits for no more."""

@@ -60,14 +60,16 @@ Rules, in order (numbered as in :func:`decide`):
    ``suspect_after_s`` long before it kills anything). If it is dead after all, the plan it is
    in fails and the next one, made once its heartbeat timed out, restores as it would have.
 9. Just in time: when every current holder of some layer has a notice (a wipe-out with
-   notice: nowhere to move that layer to), ``jit_checkpoint_lead_s`` (at most
-   ``notice_margin_s``) before the earliest end those notices announce, the running plan is
-   fenced at the next step boundary and its instances checkpoint the step they end at (a
-   :data:`ActionKind.CHECKPOINT`); the coordinator waits for that checkpoint (at most the same
-   lead, less once a writer falls silent), then replans without the plan's going instances
-   (they leave once their generation ends): the next plan restores the step the job was at,
-   and no step is redone. A notice that
-   announces no end (a bare SIGTERM) gives no time to aim at: Rule 6 trains on as before.
+   notice: nowhere to move that layer to), a lead before the earliest end those notices
+   announce (:func:`checkpoint_lead_s`: a few measured steps and checkpoint writes, at most
+   ``jit_checkpoint_lead_s`` and ``notice_margin_s``), the running plan is fenced at the next
+   step boundary and its instances checkpoint the step they end at (a
+   :data:`ActionKind.CHECKPOINT`); the coordinator waits for that checkpoint (at most
+   ``jit_checkpoint_lead_s``, less once a writer falls silent), then replans without the
+   plan's going instances (they leave once their generation ends): the next plan restores the
+   step the job was at, and no step is redone. Every second of the lead is a second the
+   instances could have trained, hence aimed from measurements. A notice that announces no end
+   (a bare SIGTERM) gives no time to aim at: Rule 6 trains on as before.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ __all__ = [
     "CoordinatorConfig",
     "CoordinatorView",
     "Member",
+    "checkpoint_lead_s",
     "decide",
     "moves_after_s",
 ]
@@ -267,6 +270,17 @@ def _noticed_holders_end_s(view: CoordinatorView, config: CoordinatorConfig) -> 
     return min(ends, default=None)
 
 
+def checkpoint_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
+    """Rule 9's lead, wall seconds: ``jit_checkpoint_safety`` x (a step + a checkpoint
+    write), at least ``jit_checkpoint_min_lead_s``, both measured (the view's); at most
+    ``jit_checkpoint_lead_s`` and ``notice_margin_s``, which it is while either is unmeasured."""
+    cap_s = min(config.jit_checkpoint_lead_s, config.notice_margin_s)
+    if view.step_s is None or view.checkpoint_write_s is None:
+        return cap_s
+    measured_s = config.jit_checkpoint_safety * (view.step_s + view.checkpoint_write_s)
+    return min(cap_s, max(config.jit_checkpoint_min_lead_s, measured_s))
+
+
 def _checkpoint_before_end(
     view: CoordinatorView,
     config: CoordinatorConfig,
@@ -279,9 +293,9 @@ def _checkpoint_before_end(
     failing, or a working instance was lost without a notice (the other rules' business)."""
     plan = view.plan
     assert plan is not None
-    lead_s = min(config.jit_checkpoint_lead_s, config.notice_margin_s)
     saved = view.latest_checkpoint is not None and view.latest_checkpoint >= view.committed
     if view.checkpoint_requested:
+        wait_s = min(config.jit_checkpoint_lead_s, config.notice_margin_s)
         # Failure reports may follow the fence (a rank aborted in a collective): no reason to
         # stop waiting. A silent writer (one that wrote leaves, and says so) is: it died.
         silent = any(
@@ -290,7 +304,7 @@ def _checkpoint_before_end(
             for i, slot in plan.slots.items()
             if slot is not None
         )
-        if not (saved or silent) and view.checkpoint_request_age_s < lead_s:
+        if not (saved or silent) and view.checkpoint_request_age_s < wait_s:
             return Action(
                 ActionKind.WAIT,
                 f"checkpointing step {view.committed} before the end the notices announce",
@@ -311,7 +325,7 @@ def _checkpoint_before_end(
     if saved or unannounced or not view.all_arrived or view.committed < plan.start_step:
         return None
     end_s = _noticed_holders_end_s(view, config)
-    if end_s is None or end_s > lead_s:
+    if end_s is None or end_s > checkpoint_lead_s(view, config):
         return None
     return Action(
         ActionKind.CHECKPOINT,

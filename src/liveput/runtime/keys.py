@@ -28,9 +28,11 @@ lists and deletes from it. The values' formats and who writes them:
   restore that opened restore epoch ``epoch``; ``ledger-summary``: the records folded so far
   (:mod:`liveput.runtime.ledger`).
 - ``ckpt/<epoch>/<s>``: layers of checkpoint s saved so far; ``ckpt/latest``: the newest
-  complete; ``ckpt/complete``: the complete ones still on disk. ``ckpt-now/<g>``: the
-  coordinator asks generation g's instances to checkpoint the step they end at (written before
-  it fences g; JSON: ``epoch``, ``before_s``, the seconds left to the notices' end).
+  complete (JSON: ``epoch``, ``step``, and ``write_s``, the seconds its last writer took from
+  the snapshot to its layers counted; absent after a restore reset it); ``ckpt/complete``: the
+  complete ones still on disk. ``ckpt-now/<g>``: the coordinator asks generation g's instances
+  to checkpoint the step they end at (written before it fences g; JSON: ``epoch``,
+  ``before_s``, the seconds left to the notices' end).
 - ``job/spec``, ``job/profile``, ``job/file``: what the job is (the launch spec, the profile, the
   job file); ``job/error``: why the job cannot go on; ``job/done``: the job finished (its last
   step); ``job/stop``: ``liveput stop`` asked it to stop. ``ids/next``: instance ids handed out.

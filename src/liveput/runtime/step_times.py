@@ -71,6 +71,19 @@ class StepTimer:
             LOG.debug("step times not published: %s", error)
 
 
+def plan_step_s(store: Store, plan: RuntimePlan) -> float | None:
+    """The median step time ``plan``'s generation published, seconds; until it has, that of
+    the generations before it at the same configuration (None: none measured)."""
+    raw = store.get(keys.step_times(plan.generation))
+    if raw is not None:
+        return float(json.loads(raw)["step_s"])
+    configuration = (plan.data_parallel, plan.pipeline_stages)
+    for measurement in read_measurements(store):
+        if (measurement.data_parallel, measurement.pipeline_stages) == configuration:
+            return measurement.iteration_s
+    return None
+
+
 def read_measurements(store: Store) -> list[Measurement]:
     """Every generation's published step times, one measurement per configuration (the
     intervals of its generations pooled by their counts: a step-weighted mean of medians)."""

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 from liveput.errors import LiveputError
 from liveput.runtime import keys, ledger, protocol
-from liveput.runtime.checkpoint import latest_checkpoint
+from liveput.runtime.checkpoint import latest_checkpoint, latest_write_s
 from liveput.runtime.clock import Clock
 from liveput.runtime.decide import CoordinatorConfig, CoordinatorView, Member
 from liveput.runtime.notices import Notice
 from liveput.runtime.prune import read_floor
+from liveput.runtime.step_times import plan_step_s
 from liveput.runtime.store import Store, readers
 
 LOG = logging.getLogger(__name__)
@@ -95,6 +96,9 @@ class Observer:
         """What each instance reported holding at the last observation."""
         self.unheard: dict[int, bytes] = {}
         """Heartbeats found at a recovery that have not moved since (module docstring)."""
+        self.checkpoint_write_s: float | None = None
+        """The newest checkpoint write time recorded (a restore's reset of the latest
+        checkpoint records none, and the write time does not change with it)."""
 
     def recover(self) -> JobProgress:
         """The job's progress as the store has it (a restarted coordinator carries on)."""
@@ -265,6 +269,13 @@ class Observer:
         finishing = committed + 1 >= self.config.num_steps
         request = keys.checkpoint_request(plan.generation)
         checkpoint_requested = self.store.get(request) is not None
+        step_s = write_s = None
+        if any(member.noticed for member in members.values()):  # only Rule 9 reads these
+            step_s = plan_step_s(self.store, plan)
+            recorded = latest_write_s(self.store)
+            if recorded is not None:
+                self.checkpoint_write_s = recorded
+            write_s = self.checkpoint_write_s
         return Observed(
             CoordinatorView(
                 now_s=now - self.started_s,
@@ -284,6 +295,8 @@ class Observer:
                 interval_due=interval_due,
                 checkpoint_requested=checkpoint_requested,
                 checkpoint_request_age_s=self.since(request, now) if checkpoint_requested else 0.0,
+                step_s=step_s,
+                checkpoint_write_s=write_s,
             ),
             newly_started,
         )
