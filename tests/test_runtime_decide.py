@@ -298,6 +298,52 @@ def test_on_demand_members_hold_every_stage_so_losing_all_spot_ones_needs_no_res
     assert coordinator.committed > committed and agents.stale_trained == 0
 
 
+@POLICIES.register("test-counting")
+class Counting(EveryInstance):
+    """Every instance, as ``test-every-instance``; counts the times it is asked."""
+
+    name = "test-counting"
+    asked = 0
+
+    def decide(self, observation: Observation) -> Decision:
+        Counting.asked += 1
+        return super().decide(observation)
+
+
+def test_instances_that_arrive_mid_interval_join_once_they_settled_in_one_move():
+    """Intervals of a minute: two instances that register 0.2 s apart are trained on about a
+    second later (0.5 s after the second), in one move, not at the next interval; the policy
+    is asked once for them, not at every tick after."""
+    store, clock = MemoryStore(), ManualClock()
+    config = CoordinatorConfig(
+        num_steps=10_000,
+        num_micro_batches=8,
+        interval_s=60.0,
+        tick_s=TICK_S,
+        heartbeat_timeout_s=6.0,
+        initial_workers=2,
+        policy="test-counting",
+    )
+    coordinator = Coordinator(store, tiny_gpt_profile(), config, clock)
+    agents = ModelAgents(store, coordinator.profile.num_layers)
+    for instance in range(2):
+        agents.join(instance)
+    run(coordinator, agents, clock, 20)
+    assert coordinator.plan.num_working == 2 and coordinator.committed > 5
+    Counting.asked = 0
+    agents.join(2)
+    run(coordinator, agents, clock, 1)
+    agents.join(3)
+    run(coordinator, agents, clock, 2)
+    assert coordinator.plan.num_working == 2 and Counting.asked == 0  # settling
+    run(coordinator, agents, clock, 5)
+    assert coordinator.plan.num_working == 4 and Counting.asked == 1, coordinator.status
+    assert readers.events(store)[-1]["reason"] == "arrival"
+    run(coordinator, agents, clock, 40)
+    assert Counting.asked == 1 and len(readers.events(store)) == 2
+    assert agents.stale_trained == 0
+
+
 def test_a_plan_that_never_ran_is_not_what_the_next_plan_starts_from():
     """A livelock this guards against: after a plan that never ran, the coordinator planned from it
     and asked instances that never received layers to send them, again and again."""

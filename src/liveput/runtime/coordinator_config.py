@@ -32,6 +32,9 @@ class CoordinatorConfig:
     notice_settle_s: float = 0.5
     """Instances going together (a cloud preempting several at once) are gathered for this long
     before planning, so that one migration handles them all."""
+    arrival_settle_s: float = 0.5
+    """An instance that registers outside the plan has the policy asked at once (Rule 7), once
+    no other has registered for this long: instances booted together join in one move."""
     notice_margin_s: float = 20.0
     """A noticed instance trains until this many wall seconds before the end its notice
     announces; then the job moves off it (the margin covers the gathering, the plan and the
@@ -108,6 +111,7 @@ class CoordinatorConfig:
         if (
             min(
                 self.notice_settle_s,
+                self.arrival_settle_s,
                 self.start_grace_s,
                 self.notice_margin_s,
                 self.jit_checkpoint_lead_s,
@@ -117,8 +121,8 @@ class CoordinatorConfig:
             < 0
         ):
             raise LiveputError(
-                "coordinator: notice settle, notice margin, checkpoint lead, safety and "
-                "least lead, and start grace must be >= 0"
+                "coordinator: notice and arrival settle, notice margin, checkpoint lead, "
+                "safety and least lead, and start grace must be >= 0"
             )
         check_instance_memory_gb(self.instance_memory_gb, "coordinator: instance_memory_gb")
         if self.capacity < 1 or self.initial_workers < 1 or self.restore_after_failures < 1:

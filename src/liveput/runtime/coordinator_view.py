@@ -110,6 +110,9 @@ class CoordinatorView:
     """Seconds since the last step was seen committed."""
     interval_due: bool = False
     """An interval decision is due."""
+    arrival: bool = False
+    """Instances registered outside every plan so far, and none for ``arrival_settle_s``:
+    the policy is asked now rather than at the next interval (Rule 7). True once per arrival."""
     checkpoint_requested: bool = False
     """The plan's instances were asked to checkpoint the step they end at, and the plan was
     fenced for it (Rule 9)."""

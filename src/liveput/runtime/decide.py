@@ -53,7 +53,11 @@ Rules, in order (numbered as in :func:`decide`):
    ``noticed``, so their going is no news) rather than wait with nothing running; a step after
    the newest checkpoint may then be redone. As soon as an instance that is not going is up,
    the job moves to it (the going ones send their layers).
-7. At an interval: ask the policy; replan when its configuration differs from the running one.
+7. At an interval, and when instances registered outside every plan so far (an arrival,
+   gathered for ``arrival_settle_s``): ask the policy; replan when its configuration differs
+   from the running one. An instance that boots mid-interval is not left idle until the next
+   (a minute, where a cloud instance takes one or two to boot); the forecasting policy's
+   history keeps one count per interval all the same.
 8. A last holder stays in the plan until its heartbeat times out (or a peer names it): left
    out, its layers would come from the checkpoint, a restore and the steps since it lost, for
    an instance that may only be starved (a busy machine delays heartbeats past
@@ -421,9 +425,10 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         i not in working and not m.going(margin) for i, m in _alive(view, config).items()
     ):  # Rule 6
         return _replan(view, config, choose, "arrival", frozenset(), (), "interval")
-    if view.interval_due:  # Rule 7
+    if view.interval_due or view.arrival:  # Rule 7
         available = sum(not m.going(margin) for m in _alive(view, config).values())
         target = choose(available, "interval", ())
         if target is not None and target != Configuration(plan.data_parallel, plan.pipeline_stages):
-            return _replan(view, config, choose, "interval", frozenset(), (), "interval", target)
+            reason = "interval" if view.interval_due else "arrival"
+            return _replan(view, config, choose, reason, frozenset(), (), "interval", target)
     return Action(ActionKind.NONE, f"training {plan.data_parallel}x{plan.pipeline_stages}")

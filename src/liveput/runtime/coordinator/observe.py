@@ -96,6 +96,8 @@ class Observer:
         """What each instance reported holding at the last observation."""
         self.unheard: dict[int, bytes] = {}
         """Heartbeats found at a recovery that have not moved since (module docstring)."""
+        self.planned: set[int] = set()
+        """Instances some plan named, or whose arrival the policy was asked about (Rule 7)."""
         self.checkpoint_write_s: float | None = None
         """The newest checkpoint write time recorded (a restore's reset of the latest
         checkpoint records none, and the write time does not change with it)."""
@@ -232,6 +234,24 @@ class Observer:
             count += 1
         return max(0, count)
 
+    def arrival(self, members: dict[int, Member], plan: protocol.RuntimePlan, now: float) -> bool:
+        """Rule 7: instances up, not going, that no plan named and whose arrival was not
+        flagged yet, the newest registered ``arrival_settle_s`` ago or more (then flagged)."""
+        self.planned.update(plan.world)
+        margin_s = self.config.notice_margin_s
+        new = [
+            i
+            for i, m in members.items()
+            if i not in self.planned
+            and not (m.left or m.going(margin_s))
+            and m.heartbeat_age_s <= self.config.suspect_after_s
+        ]
+        settled = all(self.since(keys.member(i), now) >= self.config.arrival_settle_s for i in new)
+        if not new or not settled:
+            return False
+        self.planned.update(new)
+        return True
+
     def observe(self, progress: JobProgress) -> Observed:
         """What the decision needs, read from the store; ``progress`` follows what it read (the
         committed step, the plan that started)."""
@@ -255,6 +275,7 @@ class Observer:
                 )
             )
         committed = progress.committed
+        arrival = self.arrival(members, plan, now)
         all_arrived = self.store.get(keys.all_arrived(plan.generation)) is not None
         newly_started = (
             all_arrived
@@ -293,6 +314,7 @@ class Observer:
                 last_step_recorded=finishing and self.recorded(plan.epoch, committed),
                 finish_age_s=self.since("finish", now) if finishing else 0.0,
                 interval_due=interval_due,
+                arrival=arrival,
                 checkpoint_requested=checkpoint_requested,
                 checkpoint_request_age_s=self.since(request, now) if checkpoint_requested else 0.0,
                 step_s=step_s,
