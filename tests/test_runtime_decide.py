@@ -217,17 +217,19 @@ def make_coordinator(
     capacity: int = 6,
     initial: int = 4,
     wall_clock: Callable[[], float] = time.time,
+    interval_s: float = 2.0,
+    policy: str = "test-every-instance",
 ) -> Coordinator:
     profile = tiny_gpt_profile()
     config = CoordinatorConfig(
         num_steps=steps,
         num_micro_batches=8,
-        interval_s=2.0,
+        interval_s=interval_s,
         tick_s=TICK_S,
         heartbeat_timeout_s=6.0,
         initial_workers=initial,
         capacity=capacity,
-        policy="test-every-instance",
+        policy=policy,
     )
     return Coordinator(store, profile, config, clock, wall_clock=wall_clock)
 
@@ -315,16 +317,9 @@ def test_instances_that_arrive_mid_interval_join_once_they_settled_in_one_move()
     second later (0.5 s after the second), in one move, not at the next interval; the policy
     is asked once for them, not at every tick after."""
     store, clock = MemoryStore(), ManualClock()
-    config = CoordinatorConfig(
-        num_steps=10_000,
-        num_micro_batches=8,
-        interval_s=60.0,
-        tick_s=TICK_S,
-        heartbeat_timeout_s=6.0,
-        initial_workers=2,
-        policy="test-counting",
+    coordinator = make_coordinator(
+        store, clock, steps=10_000, initial=2, interval_s=60.0, policy="test-counting"
     )
-    coordinator = Coordinator(store, tiny_gpt_profile(), config, clock)
     agents = ModelAgents(store, coordinator.profile.num_layers)
     for instance in range(2):
         agents.join(instance)
