@@ -18,7 +18,7 @@ from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.runtime import engine as engine_module
 from liveput.runtime import keys
-from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, latest_write_s
+from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, latest_record
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView, Member, decide
 from liveput.runtime.engine import Ending, Engine, EngineConfig
@@ -247,8 +247,9 @@ def test_a_checkpoint_records_how_long_its_write_took(tmp_path):
     )
     checkpointer.save_async(0, 4, list(engine.layers.values()), job.num_layers)
     checkpointer.close()
-    assert latest_checkpoint(store) == 4
-    assert 0.0 < latest_write_s(store) < 60.0
+    step, write_s = latest_record(store)
+    assert step == latest_checkpoint(store) == 4
+    assert write_s is not None and 0.0 < write_s < 60.0
 
 
 def test_a_restarted_coordinator_counts_a_notice_from_when_it_came():

@@ -81,21 +81,20 @@ def _order(raw: bytes | None) -> tuple[int, int]:
 
 def latest_checkpoint(store: Store) -> int | None:
     """Step of the newest complete checkpoint of the current restore epoch's line, or None."""
-    raw = store.get(keys.latest_checkpoint())
-    if raw is None:
-        return None
-    step = int(json.loads(raw)["step"])
-    return None if step < 0 else step
+    return latest_record(store)[0]
 
 
-def latest_write_s(store: Store) -> float | None:
-    """Seconds the newest complete checkpoint's last writer took from its snapshot to its
-    layers counted (None: not recorded, as after a restore reset the latest)."""
+def latest_record(store: Store) -> tuple[int | None, float | None]:
+    """(:func:`latest_checkpoint`, the seconds its last writer took from its snapshot to its
+    layers counted), from one read; the seconds are None where not recorded (a restore's reset
+    of the latest records none)."""
     raw = store.get(keys.latest_checkpoint())
     if raw is None:
-        return None
-    write_s = json.loads(raw).get("write_s")
-    return None if write_s is None else float(write_s)
+        return None, None
+    record = json.loads(raw)
+    step = int(record["step"])
+    write_s = record.get("write_s")
+    return None if step < 0 else step, None if write_s is None else float(write_s)
 
 
 def reset_latest(store: Store, epoch: int, step: int) -> None:

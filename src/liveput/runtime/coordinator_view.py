@@ -119,11 +119,12 @@ class CoordinatorView:
     checkpoint_request_age_s: float = 0.0
     """Seconds since that request was first seen."""
     step_s: float | None = None
-    """The running generation's measured median step time, seconds (None: not measured yet,
-    or no instance has a notice: only Rule 9 reads it)."""
+    """The plan's generation's measured median step time, seconds; until it has one, its
+    configuration's in earlier generations (None: not measured, or no instance has a notice:
+    only Rule 9 reads it)."""
     checkpoint_write_s: float | None = None
     """Seconds the newest checkpoint that recorded it took to write, from its writer's
-    snapshot (None: none recorded yet, or no instance has a notice)."""
+    snapshot (None: none recorded yet)."""
     instances_held: int | None = None
     """Instances the objective's latest provisioning holds (a deadline job's market; None: no
     provisioning yet, or the market offers them all): a first plan waits for no more."""

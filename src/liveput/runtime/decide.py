@@ -278,11 +278,16 @@ def checkpoint_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float
     """Rule 9's lead, wall seconds: ``jit_checkpoint_safety`` x (a step + a checkpoint
     write), at least ``jit_checkpoint_min_lead_s``, both measured (the view's); at most
     ``jit_checkpoint_lead_s`` and ``notice_margin_s``, which it is while either is unmeasured."""
-    cap_s = min(config.jit_checkpoint_lead_s, config.notice_margin_s)
     if view.step_s is None or view.checkpoint_write_s is None:
-        return cap_s
+        return _longest_lead_s(config)
     measured_s = config.jit_checkpoint_safety * (view.step_s + view.checkpoint_write_s)
-    return min(cap_s, max(config.jit_checkpoint_min_lead_s, measured_s))
+    return min(_longest_lead_s(config), max(config.jit_checkpoint_min_lead_s, measured_s))
+
+
+def _longest_lead_s(config: CoordinatorConfig) -> float:
+    """Rule 9's lead before anything is measured, its cap, and the longest wait for the
+    checkpoint: ``jit_checkpoint_lead_s``, at most ``notice_margin_s``."""
+    return min(config.jit_checkpoint_lead_s, config.notice_margin_s)
 
 
 def _checkpoint_before_end(
@@ -299,7 +304,6 @@ def _checkpoint_before_end(
     assert plan is not None
     saved = view.latest_checkpoint is not None and view.latest_checkpoint >= view.committed
     if view.checkpoint_requested:
-        wait_s = min(config.jit_checkpoint_lead_s, config.notice_margin_s)
         # Failure reports may follow the fence (a rank aborted in a collective): no reason to
         # stop waiting. A silent writer (one that wrote leaves, and says so) is: it died.
         silent = any(
@@ -308,7 +312,7 @@ def _checkpoint_before_end(
             for i, slot in plan.slots.items()
             if slot is not None
         )
-        if not (saved or silent) and view.checkpoint_request_age_s < wait_s:
+        if not (saved or silent) and view.checkpoint_request_age_s < _longest_lead_s(config):
             return Action(
                 ActionKind.WAIT,
                 f"checkpointing step {view.committed} before the end the notices announce",

@@ -71,15 +71,20 @@ class StepTimer:
             LOG.debug("step times not published: %s", error)
 
 
-def plan_step_s(store: Store, plan: RuntimePlan) -> float | None:
-    """The median step time ``plan``'s generation published, seconds; until it has, that of
-    the generations before it at the same configuration (None: none measured)."""
-    raw = store.get(keys.step_times(plan.generation))
-    if raw is not None:
-        return float(json.loads(raw)["step_s"])
-    configuration = (plan.data_parallel, plan.pipeline_stages)
+def generation_step_s(store: Store, generation: int) -> float | None:
+    """The median step time generation ``generation`` published, seconds (None: none yet)."""
+    raw = store.get(keys.step_times(generation))
+    return None if raw is None else float(json.loads(raw)["step_s"])
+
+
+def configuration_step_s(store: Store, data_parallel: int, pipeline_stages: int) -> float | None:
+    """The step time every generation at ``data_parallel`` x ``pipeline_stages`` measured, pooled
+    as :func:`read_measurements` pools it (None: none measured)."""
     for measurement in read_measurements(store):
-        if (measurement.data_parallel, measurement.pipeline_stages) == configuration:
+        if (measurement.data_parallel, measurement.pipeline_stages) == (
+            data_parallel,
+            pipeline_stages,
+        ):
             return measurement.iteration_s
     return None
 

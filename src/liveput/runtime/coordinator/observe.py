@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from liveput.errors import LiveputError
 from liveput.runtime import keys, ledger, protocol
-from liveput.runtime.checkpoint import latest_checkpoint, latest_write_s
+from liveput.runtime.checkpoint import latest_record
 from liveput.runtime.clock import Clock
 from liveput.runtime.decide import CoordinatorConfig, CoordinatorView, Member
 from liveput.runtime.notices import Notice
 from liveput.runtime.prune import read_floor
-from liveput.runtime.step_times import plan_step_s
+from liveput.runtime.step_times import configuration_step_s, generation_step_s
 from liveput.runtime.store import Store, readers
 
 LOG = logging.getLogger(__name__)
@@ -101,6 +101,9 @@ class Observer:
         self.checkpoint_write_s: float | None = None
         """The newest checkpoint write time recorded (a restore's reset of the latest
         checkpoint records none, and the write time does not change with it)."""
+        self.earlier_step_s: tuple[int, float | None] = (-1, None)
+        """(generation, the step time earlier generations at its configuration measured): read
+        once per generation, until it publishes its own."""
 
     def recover(self) -> JobProgress:
         """The job's progress as the store has it (a restarted coordinator carries on)."""
@@ -290,13 +293,11 @@ class Observer:
         finishing = committed + 1 >= self.config.num_steps
         request = keys.checkpoint_request(plan.generation)
         checkpoint_requested = self.store.get(request) is not None
-        step_s = write_s = None
-        if any(member.noticed for member in members.values()):  # only Rule 9 reads these
-            step_s = plan_step_s(self.store, plan)
-            recorded = latest_write_s(self.store)
-            if recorded is not None:
-                self.checkpoint_write_s = recorded
-            write_s = self.checkpoint_write_s
+        latest, write_s = latest_record(self.store)
+        if write_s is not None:
+            self.checkpoint_write_s = write_s
+        noticed = any(member.noticed for member in members.values())
+        step_s = self.step_s(plan) if noticed else None  # only Rule 9 reads it
         return Observed(
             CoordinatorView(
                 now_s=now - self.started_s,
@@ -310,7 +311,7 @@ class Observer:
                 failures=failures,
                 failure_age_s=self.since(keys.failures(plan.generation), now) if failures else 0.0,
                 failed_in_row=self.failed_in_row(progress, bool(failures)),
-                latest_checkpoint=latest_checkpoint(self.store),
+                latest_checkpoint=latest,
                 last_step_recorded=finishing and self.recorded(plan.epoch, committed),
                 finish_age_s=self.since("finish", now) if finishing else 0.0,
                 interval_due=interval_due,
@@ -318,10 +319,21 @@ class Observer:
                 checkpoint_requested=checkpoint_requested,
                 checkpoint_request_age_s=self.since(request, now) if checkpoint_requested else 0.0,
                 step_s=step_s,
-                checkpoint_write_s=write_s,
+                checkpoint_write_s=self.checkpoint_write_s,
             ),
             newly_started,
         )
+
+    def step_s(self, plan: protocol.RuntimePlan) -> float | None:
+        """``plan``'s generation's measured step time; until it has one, its configuration's
+        in earlier generations (one read of them all, once per generation)."""
+        measured = generation_step_s(self.store, plan.generation)
+        if measured is not None:
+            return measured
+        if self.earlier_step_s[0] != plan.generation:
+            earlier = configuration_step_s(self.store, plan.data_parallel, plan.pipeline_stages)
+            self.earlier_step_s = (plan.generation, earlier)
+        return self.earlier_step_s[1]
 
     def recorded(self, epoch: int, step: int) -> bool:
         """Whether the ledger has step ``step`` of epoch ``epoch`` (as a record, or folded)."""
