@@ -12,10 +12,12 @@ STAMP := $(VENV)/.installed
 # one compile them again (about 0.5 CPU-s a process).
 unexport PYTHONDONTWRITEBYTECODE
 
+# --no-compile: pip would compile every module of every package (torch's thousands among them),
+# which took 55 of a fresh setup's 89 s; Python compiles the few the job imports on first use.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-compile -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -57,12 +59,14 @@ lint: setup
 UNIT_TESTS := $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
 
 # Every test: the linters, the unit tier, then the `process` tier (agents, etcd, network
-# namespaces, servers), two files at a time, and last, one at a time, the `serial` ones: they
+# namespaces, servers), three files at a time on the two cores (a third of its tests' time is
+# waiting on the wall clock: a trace replayed, a notice's lead, a browser), and last, one at a
+# time, the `serial` ones: they
 # measure time against a budget of their own (heartbeat timeouts, a deadline from a profile
 # measured as the job starts, a fault campaign), which a neighbour's load would eat into.
 test: lint system-deps
 	$(UNIT_TESTS)
-	$(BIN)/python -m pytest -q -m "process and not serial" -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -m "process and not serial" -n 3 --dist loadfile
 	$(BIN)/python -m pytest -q -m serial
 
 test-unit: setup

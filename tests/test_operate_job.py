@@ -168,6 +168,39 @@ def test_status_of_a_job_whose_store_stops_as_it_is_read_comes_from_its_folder(
     assert (shown["state"], shown["step"]) == ("finished", 3)
 
 
+@pytest.mark.process
+def test_status_and_stop_of_an_ended_job_whose_store_is_gone_do_not_wait_for_it(
+    tmp_path, capsys, monkeypatch
+):
+    """Its store's address refuses connections (the launcher stopped its etcd): status and stop
+    answer from the job's folder without opening the store, whose client would have waited
+    out its 5-s timeout."""
+    import liveput.runtime.store
+    from liveput.operate.runner import JOB_JSON, STATUS_JSON
+
+    state = tmp_path / "state"
+    state.mkdir()
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"name: ended\nmodel: tiny-gpt\nsteps: 3\nstate_dir: {state}\n")
+    (state / "token").write_text("secret\n")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    place = {"store": f"etcd://127.0.0.1:{port}", "token_file": str(state / "token")}
+    (state / JOB_JSON).write_text(json.dumps({**place, "dashboard": None, "pid": os.getpid()}))
+    (state / STATUS_JSON).write_text(json.dumps({"job": "ended", "state": "finished", "step": 3}))
+
+    def no_store(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the store of an ended job was opened")
+
+    monkeypatch.setattr(liveput.runtime.store, "open_store", no_store)
+    assert main(["status", str(job_file), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["state"], shown["step"], shown["stale_s"]) == ("finished", 3, None)
+    assert main(["stop", str(job_file)]) == 0
+    assert "nothing to stop" in capsys.readouterr().err
+
+
 # --- a job's life --------------------------------------------------------------------------------
 
 

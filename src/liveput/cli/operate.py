@@ -303,13 +303,18 @@ def status(
 def _kept_status(job_file: Path | None, store: str | None, events: int) -> dict | None:
     """The ended job's last status from its folder, when its store no longer answers (None:
     ask the store, which is newer while it is up: a lingering or resumed job's)."""
-    from liveput.operate.runner import read_kept_status
+    from liveput.operate.runner import read_kept_status, read_place, store_running
 
     if job_file is None or store is not None:
         return None
-    kept = read_kept_status(_job(job_file).state_path, events)
+    state_dir = _job(job_file).state_path
+    kept = read_kept_status(state_dir, events)
     if kept is None:
         return None
+    place = read_place(state_dir)
+    if place is None or not store_running(place):
+        kept["stale_s"] = None
+        return kept
     try:
         with _open(None, None, None, job_file) as handle:
             handle.get(keys.status_now())

@@ -34,8 +34,8 @@ from liveput.files import check_writable_url
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
 from liveput.runtime import keys
-from liveput.runtime.store import Store, open_store, readers
-from liveput.runtime.store.etcd_server import pid_alive
+from liveput.runtime.store import Store, open_store, parse_host_port, readers
+from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd, pid_alive
 
 if TYPE_CHECKING:
     from liveput.launch.local import LocalTrainingConfig
@@ -145,7 +145,6 @@ def run_job(
     Bad input is refused before anything of an existing job is touched."""
     from liveput.models.jobs import resolve_job
     from liveput.models.validate import check_job
-    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 
     state_dir = job.state_path
     place = read_place(state_dir)
@@ -434,8 +433,6 @@ def stop_job(
     """Ask the job's launcher to stop (a running job ends, a lingering store goes); whether it
     was seen to end within ``wait_s``. A launcher that is gone (killed) left its etcd running,
     on purpose (a resume adopts it): with ``state_dir``, that etcd is stopped too."""
-    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
-
     store.set(keys.job_stop(), b"1")
     if place is None:
         return True
@@ -446,10 +443,23 @@ def stop_job(
         time.sleep(0.2)
     if state_dir is not None:
         store.close()
-        etcd = LocalEtcd(
-            EtcdConfig(state_dir / "etcd", client_port=int(place.store.rsplit(":", 1)[1]))
-        )
-        if etcd._running_pid() is not None:
+        etcd = _job_etcd(state_dir, place)
+        if etcd.running_pid() is not None:
             etcd.start()  # adopts it
             etcd.stop()
     return True
+
+
+def store_running(place: JobPlace) -> bool:
+    """Whether anything answers at the job's store address: the etcd of a job that has ended
+    refuses at once, where asking it as a store would wait out the client's timeout (5 s)."""
+    host, port = parse_host_port(place.store)
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _job_etcd(state_dir: Path, place: JobPlace) -> LocalEtcd:
+    return LocalEtcd(EtcdConfig(state_dir / "etcd", client_port=int(place.store.rsplit(":", 1)[1])))

@@ -138,7 +138,7 @@ class LocalEtcd:
         except (urllib.error.URLError, OSError):
             return False
 
-    def _running_pid(self) -> int | None:
+    def running_pid(self) -> int | None:
         """The pid of an etcd still running on this directory (a previous owner's), if any."""
         try:
             pid = int(self.pid_file.read_text().strip())
@@ -157,7 +157,7 @@ class LocalEtcd:
         answers. LiveputError (one line) if it cannot."""
         if self.pid is not None:
             raise LiveputError(f"etcd on {self.config.directory} is already running here")
-        pid = self._running_pid()
+        pid = self.running_pid()
         if pid is not None:
             if not self._wait_healthy(None):
                 raise LiveputError(
