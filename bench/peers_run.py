@@ -234,6 +234,8 @@ def run_liveput(
         log_dir=str(work / "logs"),
         timeout_s=settings.window_s + 600,
         policy=policy,
+        # Each instance's agent imports torch as it boots, as the other systems' processes do.
+        fork_agents=False,
     )
     try:
         run_local_training(config, trace, progress)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from liveput.cloud.agent_forks import ForkedAgent, ForkServer
 from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
@@ -47,55 +48,35 @@ def assert_same_parameters(got, want) -> None:  # noqa: ANN001
 
 
 class AgentProcesses:
-    """Agent processes (``python -m liveput.runtime``), killed at the end of the test."""
+    """Agent processes (``python -m liveput.runtime``, forked from this test process's fork
+    server, as ``liveput train`` starts them), killed at the end of the test."""
 
     def __init__(self, store_url: str, log_dir: Path, token: str = TOKEN) -> None:
         self.store_url = store_url
         self.log_dir = log_dir
         self.token = token
-        self.processes: dict[int, subprocess.Popen] = {}
+        self.processes: dict[int, ForkedAgent] = {}
 
     def start(
         self,
         instance: int,
         token: str | None = None,
-        argv_prefix: list[str] | None = None,
         host: str = "127.0.0.1",
         market: str = "spot",
         notices: str = "sigterm",
         extra_env: dict[str, str] | None = None,
-    ) -> subprocess.Popen:
+    ) -> ForkedAgent:
         """``notices``: the agent's ``--notices`` (``emulator`` reads the notice file that
         ``extra_env`` names, as the emulated cloud's agents do)."""
-        tests = str(Path(__file__).parent)
         env = {
-            **os.environ,
+            **_agent_environment(),
             "LIVEPUT_TOKEN": token or self.token,
             "LIVEPUT_MARKET": market,
-            "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
             **(extra_env or {}),
         }
-        log = open(self.log_dir / f"agent-{instance}.log", "ab")  # noqa: SIM115 - kept by Popen
-        process = subprocess.Popen(
-            [
-                *(argv_prefix or []),
-                sys.executable,
-                "-m",
-                "liveput.runtime",
-                "--store",
-                self.store_url,
-                "--instance",
-                str(instance),
-                "--notices",
-                notices,
-                "--host",
-                host,
-            ],
-            env=env,
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-        )
+        args = ["--store", self.store_url, "--instance", str(instance)]
+        args += ["--notices", notices, "--host", host]
+        process = _fork_server().spawn(args, env, None, self.log_dir / f"agent-{instance}.log")
         self.processes[instance] = process
         return process
 
@@ -121,6 +102,20 @@ class AgentProcesses:
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=10)
+
+
+def _agent_environment() -> dict[str, str]:
+    """This environment, with the tests' folder on the agents' path (their jobs live here)."""
+    tests = str(Path(__file__).parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+
+
+@functools.cache
+def _fork_server() -> ForkServer:
+    """One per test process (an xdist worker), closed as it exits."""
+    server = ForkServer(env=_agent_environment())
+    atexit.register(server.close)
+    return server
 
 
 def run_until(

@@ -12,19 +12,23 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
+from liveput.cloud.agent_forks import ForkServer
 from liveput.errors import LiveputError
 from liveput.runtime import keys
+from liveput.runtime.entry import AGENT_MODULE
 from liveput.runtime.instance_env import INSTANCE_ID_ENV, MARKET_ENV, NOTICE_FILE_ENV
 from liveput.runtime.notices import Notice, write_notice_file
 from liveput.runtime.store import Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LaunchSpec", "Launcher", "command_launcher", "InstanceProcesses"]
+__all__ = ["AgentProcess", "LaunchSpec", "Launcher", "command_launcher", "InstanceProcesses"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,22 @@ class LaunchSpec:
         }
 
 
-Launcher = Callable[[LaunchSpec], subprocess.Popen]
+class AgentProcess(Protocol):
+    """What the emulated provider uses of an instance's process: a :class:`subprocess.Popen`,
+    or an agent forked by a :class:`~liveput.cloud.agent_forks.ForkServer`."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+    def terminate(self) -> None: ...
+
+
+Launcher = Callable[[LaunchSpec], AgentProcess]
 """Starts the agent process of a new instance."""
 
 
@@ -59,16 +78,21 @@ def command_launcher(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     log_dir: Path | None = None,
+    fork_server: ForkServer | None = None,
 ) -> Launcher:
     """A launcher running ``template`` with ``{instance_id}`` and ``{notice_file}`` filled in.
 
     The process gets ``env`` (default: this process's environment) plus :attr:`LaunchSpec.env`;
-    with ``log_dir``, its stdout and stderr go to ``log_dir/<instance_id>.log``.
+    with ``log_dir``, its stdout and stderr go to ``log_dir/<instance_id>.log``. With
+    ``fork_server``, a template that is this interpreter's lean agent (``python -m
+    liveput.runtime ...``) is forked from that server instead of started anew.
     """
     if not template:
         raise LiveputError("agent command template is empty")
 
-    def launch(spec: LaunchSpec) -> subprocess.Popen:
+    forked = fork_server if list(template[:3]) == [sys.executable, "-m", AGENT_MODULE] else None
+
+    def launch(spec: LaunchSpec) -> AgentProcess:
         fields = {"instance_id": spec.instance_id, "notice_file": str(spec.notice_file)}
         try:
             argv = [part.format(**fields) for part in template]
@@ -77,6 +101,9 @@ def command_launcher(
                 f"agent command template {list(template)}: bad placeholder {exc}"
             ) from None
         full_env = {**(os.environ if env is None else env), **spec.env}
+        if forked is not None:
+            log_path = None if log_dir is None else Path(log_dir) / f"{spec.instance_id}.log"
+            return forked.spawn(argv[3:], full_env, cwd, log_path)
         if log_dir is None:
             return subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL)
         with open(Path(log_dir) / f"{spec.instance_id}.log", "ab") as out:
@@ -89,7 +116,7 @@ def command_launcher(
 
 @dataclass
 class _Process:
-    process: subprocess.Popen
+    process: AgentProcess
     notice_file: Path
 
 
@@ -196,7 +223,7 @@ class InstanceProcesses:
         self._live.clear()
 
     @staticmethod
-    def _wait(instance_id: str, process: subprocess.Popen) -> None:
+    def _wait(instance_id: str, process: AgentProcess) -> None:
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from liveput.cloud.agent_forks import ForkServer
 from liveput.cloud.processes import command_launcher
 from liveput.errors import LiveputError
 from liveput.files import check_writable_url
@@ -111,6 +112,11 @@ class LocalTrainingConfig:
     """Per-instance memory budget, GB, in place of this machine's memory (the profile's): only
     configurations whose every stage fits it are planned, and an agent refuses a stage over it
     (``JobRequest.instance_memory_gb``); None: none."""
+    fork_agents: bool = True
+    """Fork each instance's agent from one process that has imported torch and the agent
+    (:mod:`liveput.cloud.agent_forks`): it starts in milliseconds where a new interpreter takes
+    about 1.5 CPU-seconds. False: each a new ``python -m liveput.runtime``, as an instance that
+    boots imports them (a benchmark that compares start-up with other systems' processes)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.steps < 1:
@@ -241,12 +247,16 @@ def run_local_training(
         checkpoint_dir = config.checkpoint_dir or str(Path(scratch) / "checkpoints")
         store, url = _open_store(config, token)
         cloud: LocalCloud | None = None
+        forks: ForkServer | None = None
         finished = False
         try:
+            agent_env = {**os.environ, "LIVEPUT_TOKEN": token}
+            # Started first: it imports torch while the job is assembled.
+            forks = ForkServer(env=agent_env) if config.fork_agents else None
             request = job_request(config, checkpoint_dir, _initial_count(trace))
             assembled = _assemble(store, request, trace, device)
             launcher = command_launcher(
-                agent_command(url), env={**os.environ, "LIVEPUT_TOKEN": token}, log_dir=log_dir
+                agent_command(url), env=agent_env, log_dir=log_dir, fork_server=forks
             )
             notice_dir = Path(scratch) / "notices"
             notice_dir.mkdir()
@@ -281,6 +291,8 @@ def run_local_training(
                     _wait_agents(cloud)
                 else:  # interrupted or failed: stop every agent now, not after a grace
                     cloud.close()
+            if forks is not None:
+                forks.close()
             store.close()
 
 

@@ -1,0 +1,107 @@
+"""Agents forked from the fork server behave, to their launcher, as the processes ``exec`` starts:
+their arguments, environment, folder and log file are their own, their exit codes and signal
+deaths are reported as ``Popen`` reports them, the notice signal sent the moment one exists does
+not end it, and the emulated provider's launcher forks only the lean agent's command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from liveput.cloud.agent_forks import ForkedAgent, ForkServer
+from liveput.cloud.processes import LaunchSpec, command_launcher
+from liveput.runtime.entry import NOTICE_SIGNAL, agent_command
+
+pytestmark = pytest.mark.process
+
+
+@pytest.fixture
+def silent_store():
+    """A store address that takes connections and never answers: an agent waits there."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def server():
+    forks = ForkServer()
+    yield forks
+    forks.close()
+
+
+def test_an_agent_gets_its_own_arguments_streams_and_exit_code(server, tmp_path):
+    log = tmp_path / "agent.log"
+    bad = server.spawn(["--store", "nowhere://x", "--no-such-option"], dict(os.environ), None, log)
+    assert bad.wait(timeout=30) == 2  # argparse's exit, as `python -m liveput.runtime` gives
+    assert "--no-such-option" in log.read_text()
+    helped = server.spawn(["--help"], dict(os.environ), tmp_path, tmp_path / "help.log")
+    assert helped.wait(timeout=30) == 0 and helped.poll() == 0
+    assert "usage: python -m liveput.runtime" in (tmp_path / "help.log").read_text()
+
+
+def test_a_killed_agent_reports_its_signal_and_a_notice_at_its_start_does_not_end_it(
+    server, silent_store, tmp_path
+):
+    """The store it is given never answers, so the agent waits in its connect; the notice
+    signal comes at once (a notice due at launch); it lives on until SIGKILL."""
+    env = {**os.environ, "LIVEPUT_TOKEN": "t"}
+    agent = server.spawn(
+        ["--store", silent_store, "--notices", "sigterm"], env, tmp_path, tmp_path / "a.log"
+    )
+    os.kill(agent.pid, NOTICE_SIGNAL)
+    with pytest.raises(subprocess.TimeoutExpired):
+        agent.wait(timeout=1.0)
+    assert agent.poll() is None
+    agent.kill()
+    assert agent.wait(timeout=10) == -signal.SIGKILL
+    agent.kill()  # ended: nothing happens
+
+
+def test_environment_and_folder_are_the_agents_own(silent_store, tmp_path):
+    """The server runs with a job token in its environment; an agent given an environment
+    without one says so and exits (its environment replaced the server's, not merged into
+    it); an agent runs in the folder it was given."""
+    forks = ForkServer(env={**os.environ, "LIVEPUT_TOKEN": "the-servers"}, cwd=Path("/"))
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "LIVEPUT_TOKEN"}
+        tokenless = forks.spawn(["--store", silent_store], env, tmp_path, tmp_path / "t.log")
+        assert tokenless.wait(timeout=30) == 2
+        assert "error: LIVEPUT_TOKEN is not set" in (tmp_path / "t.log").read_text()
+        agent = forks.spawn(
+            ["--store", silent_store], {**env, "LIVEPUT_TOKEN": "t"}, tmp_path, None
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while Path(f"/proc/{agent.pid}/cwd").resolve() != tmp_path.resolve():
+                assert time.monotonic() < deadline, "the agent never ran in its folder"
+                time.sleep(0.05)
+            assert agent.poll() is None  # waiting for its store, with its token
+        finally:
+            agent.kill()
+            agent.wait(timeout=10)
+    finally:
+        forks.close()
+
+
+def test_the_launcher_forks_the_lean_agent_only(server, silent_store, tmp_path):
+    notice = tmp_path / "i-0.notice.json"
+    forked = command_launcher(agent_command(silent_store), log_dir=tmp_path, fork_server=server)(
+        LaunchSpec("i-0", notice)
+    )
+    assert isinstance(forked, ForkedAgent)
+    forked.kill()
+    assert forked.wait(timeout=10) == -signal.SIGKILL
+    plain = command_launcher(["sleep", "30"], log_dir=tmp_path, fork_server=server)(
+        LaunchSpec("i-1", notice)
+    )
+    assert isinstance(plain, subprocess.Popen)
+    plain.kill()
+    plain.wait(timeout=10)
