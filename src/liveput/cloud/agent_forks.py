@@ -91,11 +91,14 @@ class ForkServer:
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        argv_prefix: Sequence[str] = (),
     ) -> None:
+        """``argv_prefix``: what runs the server (``ip netns exec HOST``: it and its agents in
+        a network namespace)."""
         # Its log (what it says before it forks, and its own errors) goes to the launcher's
         # standard error.
         self._process = subprocess.Popen(
-            [python, "-c", SERVER_CODE],
+            [*argv_prefix, python, "-c", SERVER_CODE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=dict(os.environ if env is None else env),
@@ -156,6 +159,12 @@ class ForkServer:
         if code is None and self._gone and not _alive(pid):
             return -signal.SIGKILL  # its parent, the server, is gone: nobody saw its status
         return code
+
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """End the server (agents still running run on: their launcher ends them)."""

@@ -28,7 +28,7 @@ from liveput.runtime.store import Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentProcess", "LaunchSpec", "Launcher", "command_launcher", "InstanceProcesses"]
+__all__ = ["LaunchedProcess", "LaunchSpec", "Launcher", "command_launcher", "InstanceProcesses"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class LaunchSpec:
         }
 
 
-class AgentProcess(Protocol):
+class LaunchedProcess(Protocol):
     """What the emulated provider uses of an instance's process: a :class:`subprocess.Popen`,
     or an agent forked by a :class:`~liveput.cloud.agent_forks.ForkServer`."""
 
@@ -68,7 +68,7 @@ class AgentProcess(Protocol):
     def terminate(self) -> None: ...
 
 
-Launcher = Callable[[LaunchSpec], AgentProcess]
+Launcher = Callable[[LaunchSpec], LaunchedProcess]
 """Starts the agent process of a new instance."""
 
 
@@ -92,7 +92,7 @@ def command_launcher(
 
     forked = fork_server if list(template[:3]) == [sys.executable, "-m", AGENT_MODULE] else None
 
-    def launch(spec: LaunchSpec) -> AgentProcess:
+    def launch(spec: LaunchSpec) -> LaunchedProcess:
         fields = {"instance_id": spec.instance_id, "notice_file": str(spec.notice_file)}
         try:
             argv = [part.format(**fields) for part in template]
@@ -116,7 +116,7 @@ def command_launcher(
 
 @dataclass
 class _Process:
-    process: AgentProcess
+    process: LaunchedProcess
     notice_file: Path
 
 
@@ -223,7 +223,7 @@ class InstanceProcesses:
         self._live.clear()
 
     @staticmethod
-    def _wait(instance_id: str, process: AgentProcess) -> None:
+    def _wait(instance_id: str, process: LaunchedProcess) -> None:
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:

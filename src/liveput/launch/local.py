@@ -9,6 +9,7 @@ one trace minute, i.e. ``60 / time_scale`` wall seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from liveput.files import check_writable_url
 from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble_job
 from liveput.launch.cloud import LocalCloud, tell_gone
 from liveput.launch.deadline import DeadlineJob
+from liveput.launch.evaluations import attach_evaluations, gather_evaluations
 from liveput.models.training import TrainingConfig
 from liveput.perf.types import check_instance_memory_gb
 from liveput.runtime import keys
@@ -48,7 +50,7 @@ from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_stor
 from liveput.traces import IntervalTrace, Trace
 
 if TYPE_CHECKING:
-    from liveput.models.job import Job
+    pass
 
 LOG = logging.getLogger(__name__)
 MIGRATION_KINDS = ("intra-stage", "inter-stage", "pipeline", "checkpoint-restore")
@@ -113,10 +115,8 @@ class LocalTrainingConfig:
     configurations whose every stage fits it are planned, and an agent refuses a stage over it
     (``JobRequest.instance_memory_gb``); None: none."""
     fork_agents: bool = True
-    """Fork each instance's agent from one process that has imported torch and the agent
-    (:mod:`liveput.cloud.agent_forks`): it starts in milliseconds where a new interpreter takes
-    about 1.5 CPU-seconds. False: each a new ``python -m liveput.runtime``, as an instance that
-    boots imports them (a benchmark that compares start-up with other systems' processes)."""
+    """Fork the agents from one process that imported torch (:mod:`liveput.cloud.agent_forks`);
+    False: each a new interpreter that imports it, as a booting instance does (a benchmark)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.steps < 1:
@@ -243,16 +243,17 @@ def run_local_training(
     log_dir = _log_dir(config)
     if config.checkpoint_dir is not None:  # every checkpoint would fail there: refuse now
         check_writable_url(config.checkpoint_dir, "train: --checkpoint-dir")
-    with tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch:
+    agent_env = {**os.environ, "LIVEPUT_TOKEN": token}
+    with (
+        tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch,
+        # The agents' fork server first: it imports torch while the job is assembled.
+        ForkServer(env=agent_env) if config.fork_agents else contextlib.nullcontext() as forks,
+    ):
         checkpoint_dir = config.checkpoint_dir or str(Path(scratch) / "checkpoints")
         store, url = _open_store(config, token)
         cloud: LocalCloud | None = None
-        forks: ForkServer | None = None
         finished = False
         try:
-            agent_env = {**os.environ, "LIVEPUT_TOKEN": token}
-            # Started first: it imports torch while the job is assembled.
-            forks = ForkServer(env=agent_env) if config.fork_agents else None
             request = job_request(config, checkpoint_dir, _initial_count(trace))
             assembled = _assemble(store, request, trace, device)
             launcher = command_launcher(
@@ -275,8 +276,10 @@ def run_local_training(
             run.drive(assembled)
             report = verify_ledger(store, assembled.job.global_batch_size, config.steps)
             result = run.result(report, assembled.job.global_batch_size, log_dir, device)
-            result.evaluations = _evaluations(store, assembled.job, config, cloud, started)
-            _attach_evaluations(result.steps, result.evaluations)
+            result.evaluations = gather_evaluations(
+                store, assembled.job, config.steps, config.timeout_s, cloud, started
+            )
+            attach_evaluations(result.steps, result.evaluations)
             result.checkpoints_failed = final_weights_written(store, "train")
             if config.model_path is not None:
                 export_final(checkpoint_dir, assembled.job.layers, Path(config.model_path))
@@ -291,8 +294,6 @@ def run_local_training(
                     _wait_agents(cloud)
                 else:  # interrupted or failed: stop every agent now, not after a grace
                     cloud.close()
-            if forks is not None:
-                forks.close()
             store.close()
 
 
@@ -446,34 +447,6 @@ def _record_devices(store: Store, devices: dict[str, str]) -> None:
             continue
         if device:
             devices[str(instance)] = device
-
-
-def _evaluations(
-    store: Store, job: Job, config: LocalTrainingConfig, cloud: LocalCloud, started_s: float
-) -> list[dict]:
-    """The job's evaluations of the run. The last ones may still run when the last step
-    commits (an agent finishes its evaluations before it exits): they are waited for while an
-    agent is left, within the run's ``timeout_s``; one whose agent was lost is left out."""
-    due = [step for step in range(config.steps) if job.evaluation_due(step)]
-    found = readers.evaluations(store, due)
-    while len(found) < len(due) and cloud.instances:
-        if time.monotonic() - started_s > config.timeout_s:
-            break
-        time.sleep(0.2)
-        found.update(readers.evaluations(store, [s for s in due if s not in found]))
-    missing = [step for step in due if step not in found]
-    if missing:
-        LOG.warning("train: no evaluation after step(s) %s (their instance was lost)", missing)
-    fields = ("step", "metrics", "error", "instance", "eval_s")
-    return [{k: found[s][k] for k in fields if k in found[s]} for s in sorted(found)]
-
-
-def _attach_evaluations(records: list[dict], evaluations: list[dict]) -> None:
-    """Each evaluation in its step's ledger record (the per-step log's line), as ``eval``."""
-    by_step = {e["step"]: e.get("metrics", {"error": e.get("error")}) for e in evaluations}
-    for record in records:
-        if record.get("step") in by_step:
-            record["eval"] = by_step[record["step"]]
 
 
 def _initial_count(trace: Trace | IntervalTrace) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from liveput.cloud.agent_forks import ForkedAgent, ForkServer
 from liveput.runtime import keys, protocol
 from liveput.runtime.entry import agent_command
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
@@ -110,8 +111,8 @@ class AgentProcess:
     """Its instance id."""
     host: int
     """The namespace host it runs in."""
-    process: subprocess.Popen
-    """Its process (``ip netns exec`` execs the agent: same pid)."""
+    process: ForkedAgent
+    """Its process, forked from its host's fork server."""
     stopped: bool = False
     """SIGSTOPped and not yet continued."""
 
@@ -141,6 +142,7 @@ class ChaosCluster:
         self._hosted: TCPStoreBackend | None = None
         self._next_instance = 0
         self.store: Store | None = None
+        self._forks: dict[int, ForkServer] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -228,19 +230,21 @@ class ChaosCluster:
         instance = self._next_instance
         self._next_instance += 1
         host = self.free_host()
-        with open(self.logs / f"agent-{instance}.log", "ab") as log:
-            process = self.hosts.popen(
-                host,
-                agent_command(
-                    self.url, notices="sigterm", instance=instance, host=self.hosts.address(host)
-                ),
-                env=self._env(),
-                stdout=log,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-            )
+        command = agent_command(
+            self.url, notices="sigterm", instance=instance, host=self.hosts.address(host)
+        )
+        process = self._fork_server(host).spawn(
+            command[3:], self._env(), None, self.logs / f"agent-{instance}.log"
+        )
         self.agents[instance] = AgentProcess(instance, host, process)
         return instance
+
+    def _fork_server(self, host: int) -> ForkServer:
+        """Host ``host``'s fork server (started at its first agent): its agents are in its
+        network namespace, and start without importing torch each."""
+        if host not in self._forks:
+            self._forks[host] = ForkServer(env=self._env(), argv_prefix=self.hosts.argv(host, []))
+        return self._forks[host]
 
     def alive(self) -> list[int]:
         """Instances whose process runs (stopped ones included)."""
@@ -280,6 +284,9 @@ class ChaosCluster:
         if self.coordinator is not None and self.coordinator.poll() is None:
             self.coordinator.kill()
             self.coordinator.wait(timeout=10)
+        for server in self._forks.values():
+            server.close()
+        self._forks.clear()
         if self.store is not None:
             self.store.close()
 
