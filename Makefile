@@ -66,8 +66,8 @@ UNIT_TESTS := $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
 # measured as the job starts, a fault campaign), which a neighbour's load would eat into.
 test: lint system-deps
 	$(UNIT_TESTS)
-	$(BIN)/python -m pytest -q -m "process and not serial" -n 3 --dist loadfile
-	$(BIN)/python -m pytest -q -m serial
+	$(BIN)/python -m pytest -q -m "process and not serial" -n 3 --dist loadfile --durations=12
+	$(BIN)/python -m pytest -q -m serial --durations=4
 
 test-unit: setup
 	$(UNIT_TESTS)
