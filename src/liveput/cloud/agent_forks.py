@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from liveput.runtime.store.etcd_server import pid_alive
+
 SERVER_CODE = "from liveput.cloud.agent_forks import serve; serve()"
 """The server's ``python -c`` program (not ``-m``: the package imports this module first)."""
 PRELOADED = ("liveput.runtime.launch", "liveput.runtime.agent", "liveput.models.jobs")
@@ -156,7 +158,7 @@ class ForkServer:
 
     def _exit_code(self, pid: int) -> int | None:
         code = self._exits.get(pid)
-        if code is None and self._gone and not _alive(pid):
+        if code is None and self._gone and not pid_alive(pid):
             return -signal.SIGKILL  # its parent, the server, is gone: nobody saw its status
         return code
 
@@ -195,16 +197,6 @@ class ForkServer:
             self._gone = True
             self._ended.notify_all()
         self._pids.put(None)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- the server ------------------------------------------------------------------------------
