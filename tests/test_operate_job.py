@@ -78,6 +78,24 @@ def test_bad_job_files_are_one_line_naming_the_key_and_line(tmp_path, capsys, te
     assert not (tmp_path / ".liveput").exists()
 
 
+@pytest.mark.parametrize(
+    "content, expected",
+    [(None, "no such trace file"), ("time,event\nsoon,add\n", "trace.csv")],
+)
+def test_a_missing_or_malformed_trace_is_one_line_and_starts_nothing(
+    tmp_path, capsys, content, expected
+):
+    """Refused before the store, the agents or the job's folder exist (it was refused after
+    them, under a warning that the job's status could not be kept)."""
+    trace = tmp_path / "trace.csv"
+    if content is not None:
+        trace.write_text(content)
+    path = tmp_path / "j.yaml"
+    path.write_text(f"steps: 5\nstate_dir: {tmp_path / 'state'}\nprovider: {{trace: {trace}}}\n")
+    assert expected in _refused(["launch", str(path)], capsys)
+    assert not (tmp_path / "state").exists()
+
+
 @pytest.mark.process
 def test_a_dashboard_port_in_use_or_an_unwritable_checkpoint_url_starts_nothing(tmp_path, capsys):
     with socket.socket() as busy:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from liveput.models.job import Job
     from liveput.operate.metrics import TensorBoardScalars
     from liveput.runtime.coordinator import Coordinator
+    from liveput.traces import IntervalTrace, Trace
 
 LOG = logging.getLogger(__name__)
 JOB_JSON = "job.json"
@@ -162,6 +163,7 @@ def run_job(
         )
     model = resolve_job(job.model)
     check_job(model)  # a model mistake: one line naming the layer, before anything starts
+    trace = _job_trace(job)  # a trace file that is missing or malformed: the same
     num_steps = job.num_steps(model.global_batch_size)
     checkpoint_url = job.checkpoint.url or str(state_dir / "checkpoints")
     dashboard = None
@@ -207,7 +209,7 @@ def run_job(
             dashboard.serve(etcd.url, token)
         started = True
         summary = _train(
-            job, model, num_steps, store, token, checkpoint_url, state_dir, place, on_ready
+            job, model, trace, num_steps, store, token, checkpoint_url, state_dir, place, on_ready
         )
         ran_through = True
         return summary
@@ -270,9 +272,20 @@ def _training_config(
     )
 
 
+def _job_trace(job: JobFile) -> Trace | IntervalTrace:
+    """The trace the job file names, or the one it generates from its seed."""
+    from liveput.traces import generate_trace, read_trace
+
+    provider = job.provider
+    if provider.trace:
+        return read_trace(Path(provider.trace))
+    return generate_trace(provider.workers, 5 / 60, provider.trace_seed)
+
+
 def _train(
     job: JobFile,
     model: Job,
+    trace: Trace | IntervalTrace,
     num_steps: int,
     store: Store,
     token: str,
@@ -286,7 +299,6 @@ def _train(
     from liveput.operate.export import export_model
     from liveput.operate.metrics import TensorBoardScalars, step_evaluations, step_losses
     from liveput.runtime.device import resolve_device
-    from liveput.traces import generate_trace, read_trace
 
     provider = job.provider
     spec = load_catalog("aws").get(provider.instance_type)
@@ -308,11 +320,6 @@ def _train(
     )
     board = None if job.metrics.tensorboard is None else TensorBoardScalars(job.metrics.tensorboard)
     config = _training_config(job, num_steps, token, checkpoint_url, state_dir, place)
-    trace = (
-        read_trace(Path(provider.trace))
-        if provider.trace
-        else generate_trace(provider.workers, 5 / 60, provider.trace_seed)
-    )
     last: dict[str, Coordinator] = {}
     ready = False
 
