@@ -96,6 +96,16 @@ def test_a_missing_or_malformed_trace_is_one_line_and_starts_nothing(
     assert not (tmp_path / "state").exists()
 
 
+def test_a_job_that_never_reported_a_status_keeps_none_and_says_nothing(tmp_path, caplog):
+    from liveput.operate.runner import STATUS_JSON, keep_status
+    from liveput.runtime.store import MemoryStore
+
+    with caplog.at_level("DEBUG", logger="liveput"):
+        keep_status(MemoryStore(), tmp_path)
+    assert not (tmp_path / STATUS_JSON).exists()
+    assert [r for r in caplog.records if r.levelno >= 30] == []
+
+
 @pytest.mark.process
 def test_a_dashboard_port_in_use_or_an_unwritable_checkpoint_url_starts_nothing(tmp_path, capsys):
     with socket.socket() as busy:

@@ -399,8 +399,10 @@ def keep_status(store: Store, state_dir: Path) -> None:
     from liveput.operate.recorder import read_status
 
     try:
+        if store.get(keys.status_now()) is None:  # a job that failed as it started: none to keep
+            return
         snapshot = read_status(store, events=10_000)
-    except LiveputError as error:  # the store is gone or never had a status: nothing to keep
+    except LiveputError as error:  # the store is gone: nothing to keep
         LOG.warning("could not keep the job's status: %s", error)
         return
     partial = state_dir / (STATUS_JSON + ".partial")
