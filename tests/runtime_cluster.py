@@ -17,6 +17,7 @@ from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
 from liveput.runtime.coordinator import Coordinator
+from liveput.runtime.entry import agent_args
 from liveput.testbed import reference
 from liveput.testbed.reference import final_parameters, parameter_mismatches
 
@@ -74,8 +75,7 @@ class AgentProcesses:
             "LIVEPUT_MARKET": market,
             **(extra_env or {}),
         }
-        args = ["--store", self.store_url, "--instance", str(instance)]
-        args += ["--notices", notices, "--host", host]
+        args = agent_args(self.store_url, notices=notices, instance=instance, host=host)
         process = _fork_server().spawn(args, env, None, self.log_dir / f"agent-{instance}.log")
         self.processes[instance] = process
         return process

@@ -1,7 +1,7 @@
 """Agent processes forked from one warm process, so that each does not import torch again.
 
 An emulated instance's agent is ``python -m liveput.runtime ...`` (:func:`liveput.runtime.entry.
-agent_command`). Started with ``exec``, each spends about 1.5 CPU-seconds importing torch and the
+agent_command`). Started with ``exec``, each spends about 1.2 CPU-seconds importing torch and the
 agent before it can register: a local job of four instances on two cores waits about 3 s for
 them, an arrival waits for its import, and a test suite that starts hundreds of agents spends
 minutes there. A :class:`ForkServer` imports them once, in a child process of its own, and forks
@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -255,7 +255,7 @@ def _report_exits(answers: IO[bytes]) -> None:
         answers.write(json.dumps({"exit": pid, "code": code}).encode() + b"\n")
 
 
-def _child(request: dict, main: object, server_fds: list[int]) -> None:
+def _child(request: dict, main: Callable[[list[str]], int], server_fds: list[int]) -> None:
     """The forked agent: the server's pipes closed, its own streams, environment and folder,
     then the agent's ``main`` and exit, as ``python -m liveput.runtime`` runs them."""
     code = 1
@@ -275,7 +275,7 @@ def _child(request: dict, main: object, server_fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = ["python -m liveput.runtime", *request["args"]]
-        code = main(request["args"])  # type: ignore[operator]
+        code = main(request["args"])
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
     except BaseException:  # noqa: BLE001 - an agent's crash is its own exit, as with exec

@@ -90,7 +90,8 @@ def command_launcher(
     if not template:
         raise LiveputError("agent command template is empty")
 
-    forked = fork_server if list(template[:3]) == [sys.executable, "-m", AGENT_MODULE] else None
+    lean = [sys.executable, "-m", AGENT_MODULE]
+    forked = fork_server if list(template[: len(lean)]) == lean else None
 
     def launch(spec: LaunchSpec) -> LaunchedProcess:
         fields = {"instance_id": spec.instance_id, "notice_file": str(spec.notice_file)}
@@ -103,7 +104,7 @@ def command_launcher(
         full_env = {**(os.environ if env is None else env), **spec.env}
         if forked is not None:
             log_path = None if log_dir is None else Path(log_dir) / f"{spec.instance_id}.log"
-            return forked.spawn(argv[3:], full_env, cwd, log_path)
+            return forked.spawn(argv[len(lean) :], full_env, cwd, log_path)
         if log_dir is None:
             return subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL)
         with open(Path(log_dir) / f"{spec.instance_id}.log", "ab") as out:

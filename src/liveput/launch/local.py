@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from liveput.cloud.agent_forks import ForkServer
 from liveput.cloud.processes import command_launcher
@@ -48,9 +47,6 @@ from liveput.runtime.ledger import LedgerReport, verify_ledger
 from liveput.runtime.model_files import export_final
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store, readers
 from liveput.traces import IntervalTrace, Trace
-
-if TYPE_CHECKING:
-    pass
 
 LOG = logging.getLogger(__name__)
 MIGRATION_KINDS = ("intra-stage", "inter-stage", "pipeline", "checkpoint-restore")

@@ -452,7 +452,8 @@ def stop_job(
         time.sleep(0.2)
     if state_dir is not None:
         store.close()
-        etcd = _job_etcd(state_dir, place)
+        _, port = parse_host_port(place.store)
+        etcd = LocalEtcd(EtcdConfig(state_dir / "etcd", client_port=port))
         if etcd.running_pid() is not None:
             etcd.start()  # adopts it
             etcd.stop()
@@ -468,7 +469,3 @@ def store_running(place: JobPlace) -> bool:
             return True
     except OSError:
         return False
-
-
-def _job_etcd(state_dir: Path, place: JobPlace) -> LocalEtcd:
-    return LocalEtcd(EtcdConfig(state_dir / "etcd", client_port=int(place.store.rsplit(":", 1)[1])))

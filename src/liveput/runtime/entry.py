@@ -69,14 +69,32 @@ def agent_command(
     python: str = sys.executable,
 ) -> list[str]:
     """The lean agent's command line (the token goes in ``LIVEPUT_TOKEN``, never on it)."""
-    argv = [python, "-m", AGENT_MODULE, "--store", store_url, "--notices", notices]
+    return [
+        python,
+        "-m",
+        AGENT_MODULE,
+        *agent_args(store_url, notices=notices, instance=instance, host=host, device=device),
+    ]
+
+
+def agent_args(
+    store_url: str,
+    *,
+    notices: str = LEAN_NOTICES,
+    instance: int | None = None,
+    host: str | None = None,
+    device: str | None = None,
+) -> list[str]:
+    """The lean agent's arguments, after ``python -m liveput.runtime`` (a fork server's agent
+    takes them alone)."""
+    args = ["--store", store_url, "--notices", notices]
     if instance is not None:
-        argv += ["--instance", str(instance)]
+        args += ["--instance", str(instance)]
     if host is not None:
-        argv += ["--host", host]
+        args += ["--host", host]
     if device is not None:
-        argv += ["--device", device]
-    return argv
+        args += ["--device", device]
+    return args
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from liveput.cloud.agent_forks import ForkedAgent, ForkServer
 from liveput.runtime import keys, protocol
-from liveput.runtime.entry import agent_command
+from liveput.runtime.entry import agent_args
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
 from liveput.testbed.errors import TestbedError
 from liveput.testbed.etcd import EtcdServer
@@ -230,11 +230,11 @@ class ChaosCluster:
         instance = self._next_instance
         self._next_instance += 1
         host = self.free_host()
-        command = agent_command(
+        args = agent_args(
             self.url, notices="sigterm", instance=instance, host=self.hosts.address(host)
         )
         process = self._fork_server(host).spawn(
-            command[3:], self._env(), None, self.logs / f"agent-{instance}.log"
+            args, self._env(), None, self.logs / f"agent-{instance}.log"
         )
         self.agents[instance] = AgentProcess(instance, host, process)
         return instance
