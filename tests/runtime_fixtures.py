@@ -14,6 +14,7 @@ A missing ``etcd`` or ``ip`` fails the test loudly; nothing here skips.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,8 +36,14 @@ __all__ = [
 
 @pytest.fixture(scope="session")
 def etcd_server(process_tier: None) -> Iterator[EtcdServer]:
-    """A real etcd server for the whole test session, stopped and removed at the end."""
-    with tempfile.TemporaryDirectory(prefix="liveput-etcd-") as tmp:
+    """A real etcd server for the whole test session, stopped and removed at the end.
+
+    Its data sits in memory (``/dev/shm``) where the machine has it: etcd syncs its log to disk on
+    every write, and on a disk busy with the suite's other writes one sync took 2.6 s (5 s once,
+    past a client's timeout), where the same writes in memory took at most 0.17 s."""
+    memory = Path("/dev/shm")
+    in_memory = memory if memory.is_dir() and os.access(memory, os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="liveput-etcd-", dir=in_memory) as tmp:
         server = EtcdServer(data_dir=Path(tmp) / "data")
         server.start()
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -124,8 +125,9 @@ def test_a_deadline_job_from_the_cli_holds_spot_and_rents_no_on_demand_it_does_n
 ) -> None:
     """`liveput coordinator --deadline-hours`: a few steps, a whole hour, spot all along: the
     deadline policy starts no on-demand instance, and holds only the spot instance it needs (one
-    does four steps in an hour): the other is given back as a spare during the run, so one is
-    left to release at the end."""
+    does four steps in an hour): the other is given back as a spare during the run, so at most
+    one is left to release at the end (none where its agent exited on the job's end before the
+    command gave it back: the provider counts an instance whose agent ended as gone)."""
     trace = tmp_path / "two.json"
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [2, 2, 2]}))
     with socket.socket() as probe:
@@ -174,7 +176,7 @@ def test_a_deadline_job_from_the_cli_holds_spot_and_rents_no_on_demand_it_does_n
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "deadline met: done at" in done.stderr and "job done" in done.stderr, done.stderr
-    assert "released 1 instance(s)" in done.stderr, done.stderr
+    assert re.search(r"^released [01] instance\(s\)", done.stderr, flags=re.M), done.stderr
     logs = sorted(p.name for p in (tmp_path / "liveput-provider" / "logs").iterdir())
     assert logs == ["e-0000.log", "e-0001.log"]  # spot only: no on-demand agent started
 
