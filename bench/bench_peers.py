@@ -13,6 +13,8 @@ after the notice lead. Systems:
 - ``liveput-restart``: the same runtime with the ``reactive`` policy, whose every change is a
   restart from the newest checkpoint (the simulator's reactive baseline, executed for real);
 - ``torchrun``: plain DDP under TorchElastic (:mod:`bench.peers_ddp`);
+- ``torchrun-fsdp`` (only when ``--systems`` names it): the same under FSDP2 with DCP
+  checkpoints (:mod:`bench.peers_fsdp`), as users run a model that needs sharding;
 - ``torchft``: per-step fault tolerance (:mod:`bench.peers_torchft`), installed in the
   benchmark's own environment ``bench/.peers-venv``.
 
@@ -127,6 +129,7 @@ RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
     "liveput": lambda t, s, w: run_liveput(t, s, w, "liveput", "liveput"),
     "liveput-restart": lambda t, s, w: run_liveput(t, s, w, "reactive", "liveput-restart"),
     "torchrun": run_torchrun,
+    "torchrun-fsdp": lambda t, s, w: run_torchrun(t, s, w, "bench.peers_fsdp", "torchrun-fsdp"),
     "torchft": _torchft,
 }
 
@@ -198,7 +201,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--plot", type=Path, help="write the samples-over-time plot here (PNG)")
     parser.add_argument("--seeds", default="20,22", help="seeds of the generated traces")
-    parser.add_argument("--systems", default=",".join(peers_report.SYSTEMS))
+    parser.add_argument(
+        "--systems",
+        default=",".join(peers_report.DEFAULT_SYSTEMS),
+        help=f"comma-separated, of {', '.join(peers_report.SYSTEMS)} (default %(default)s)",
+    )
     parser.add_argument(
         "--time-scale",
         type=float,

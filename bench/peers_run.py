@@ -275,9 +275,16 @@ def read_progress(
     return timeline, starts, loss
 
 
-def run_torchrun(trace: Trace, settings: RunSettings, work: Path) -> SystemRun:
-    """The DDP peer (:mod:`bench.peers_ddp`), one torchrun agent per instance, elastic over a
-    c10d store this process hosts (not on any instance)."""
+def run_torchrun(
+    trace: Trace,
+    settings: RunSettings,
+    work: Path,
+    module: str = "bench.peers_ddp",
+    system: str = "torchrun",
+) -> SystemRun:
+    """A torchrun peer (``module``: :mod:`bench.peers_ddp`, or :mod:`bench.peers_fsdp`), one
+    torchrun agent per instance, elastic over a c10d store this process hosts (not on any
+    instance)."""
     from torch.distributed import TCPStore
 
     batch = resolve_job(settings.job).global_batch_size
@@ -302,7 +309,7 @@ def run_torchrun(trace: Trace, settings: RunSettings, work: Path) -> SystemRun:
         "--rdzv-conf=is_host=false,last_call_timeout=1,keep_alive_interval=1,"
         "keep_alive_max_attempt=3",
         "-m",
-        "bench.peers_ddp",
+        module,
         "--job",
         settings.job,
         "--checkpoint-dir",
@@ -334,7 +341,7 @@ def run_torchrun(trace: Trace, settings: RunSettings, work: Path) -> SystemRun:
     timeline, starts, loss = read_progress(progress_file, start_unix, batch)
     timeline = [(t, s) for t, s in timeline if t <= settings.window_s]
     return SystemRun(
-        "torchrun",
+        system,
         timeline[-1][1],
         timeline,
         kills,

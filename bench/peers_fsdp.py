@@ -1,0 +1,182 @@
+"""The torchrun peer as users run a model too big for one instance: FSDP2 and DCP checkpoints.
+
+One torchrun agent per instance, as :mod:`bench.peers_ddp`, elastic over the same c10d
+rendezvous, restarting every worker on each membership change. The model is the liveput job's
+layers, each sharded across the workers with ``torch.distributed.fsdp.fully_shard`` (FSDP2: a
+layer's parameters, gradients and optimizer state live split over the ranks and are gathered
+only while it runs), then the whole model, as torchtitan shards a transformer. The checkpoints are
+``torch.distributed.checkpoint`` (DCP) folders: every rank writes its own shards, and a restart
+with another number of workers loads them re-split to its own (DCP reshards on load).
+
+The computation is the DDP peer's: step ``s`` trains on the samples ``s * B .. s * B + B - 1``,
+rank r of W on the micro-batches :func:`~liveput.models.job.replica_micro_batches` gives
+pipeline r of W, its loss weighted by ``W * n_r / B`` (FSDP averages the gradients over the
+ranks as DDP does), one optimizer over the (sharded) parameters. Progress lines as the DDP peer's.
+
+Run: ``torchrun ... -m bench.peers_fsdp --checkpoint-dir DIR --progress FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
+
+from bench.peers_ddp import DDPConfig, _local_batch, build_model
+from liveput.models.jobs import resolve_job
+
+CHECKPOINT_PREFIX = "step-"
+PARTIAL_SUFFIX = ".partial"
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete DCP checkpoint: written as ``step-N.partial/``, renamed by rank 0
+    once every rank's shards and the metadata are in."""
+    found = sorted(
+        path
+        for path in directory.glob(f"{CHECKPOINT_PREFIX}*")
+        if path.is_dir() and not path.name.endswith(PARTIAL_SUFFIX)
+    )
+    return found[-1] if found else None
+
+
+def shard(model: nn.Sequential) -> nn.Sequential:
+    """Each layer with parameters its own FSDP2 unit, then the model (the rest: none here)."""
+    for layer in model:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def _save(
+    directory: Path,
+    next_step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    keep: int,
+    rank: int,
+) -> None:
+    final = directory / f"{CHECKPOINT_PREFIX}{next_step:010d}"
+    partial = final.with_name(final.name + PARTIAL_SUFFIX)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    # Collective: it returns once every rank's shards and rank 0's metadata are written.
+    dcp.save(
+        {"model": model_state, "optimizer": optimizer_state, "next_step": next_step},
+        checkpoint_id=str(partial),
+    )
+    if rank == 0:
+        os.replace(partial, final)
+        # The older complete ones past ``keep``, and what a kill left half written.
+        stale = [p for p in directory.glob(f"*{PARTIAL_SUFFIX}") if p.is_dir()]
+        complete = sorted(p for p in directory.glob(f"{CHECKPOINT_PREFIX}*") if p not in stale)
+        for old in [*complete[:-keep], *stale]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state: dict = {"model": model_state, "optimizer": optimizer_state, "next_step": 0}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+    return int(state["next_step"])
+
+
+def train(config: DDPConfig) -> nn.Sequential:
+    """Train from the newest checkpoint (or the initial weights) to ``config.steps``; the
+    (sharded) model. Needs an initialized default process group."""
+    torch.set_num_threads(1)
+    # The job's output layers return views; nothing here changes them in place afterwards.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    job = resolve_job(config.job)
+    model = shard(build_model(job))
+    optimizer = job.optimizer(list(model.parameters()))
+    directory = Path(config.checkpoint_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    latest = latest_checkpoint(directory)
+    step = 0 if latest is None else _load(latest, model, optimizer)
+    progress = (
+        open(config.progress_file, "a", buffering=1)  # noqa: SIM115
+        if rank == 0 and config.progress_file
+        else None
+    )
+    if progress is not None:
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        progress.write(
+            json.dumps({"t": time.time(), "start": step, "world": world, "restart": restart}) + "\n"
+        )
+    try:
+        while step < config.steps:
+            inputs, targets = _local_batch(job, step, rank, world)
+            weight = world * len(inputs) / job.global_batch_size
+            loss = job.loss_fn(model(inputs), targets) * weight
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step % config.checkpoint_every == 0:
+                _save(directory, step, model, optimizer, config.keep_checkpoints, rank)
+            if progress is not None:
+                progress.write(
+                    json.dumps(
+                        {
+                            "t": time.time(),
+                            "step": step - 1,
+                            "world": world,
+                            "loss": float(loss.detach()) / weight,
+                        }
+                    )
+                    + "\n"
+                )
+    finally:
+        if progress is not None:
+            progress.close()
+    return model
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's whole (unsharded) parameters, on every rank."""
+    return {
+        name: value.full_tensor() if hasattr(value, "full_tensor") else value
+        for name, value in model.state_dict().items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--job", default="tiny-gpt")
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=1_000_000_000)
+    parser.add_argument("--progress")
+    parser.add_argument("--final", help="rank 0 writes the whole trained weights here at the end")
+    args = parser.parse_args()
+    config = DDPConfig(
+        args.checkpoint_dir, args.job, args.checkpoint_every, args.steps, args.progress
+    )
+    dist.init_process_group("gloo")
+    try:
+        model = train(config)
+        weights = full_state(model)
+        if args.final and dist.get_rank() == 0:
+            torch.save(weights, args.final)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
