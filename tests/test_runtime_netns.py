@@ -91,3 +91,51 @@ def test_agents_on_separate_hosts_train_the_same_model(tmp_path):
     assert_same_parameters(
         final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS, "tiny-gpt-small")
     )
+
+
+_RECEIVE = """
+import socket, sys, time
+server = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+print("ready", flush=True)
+connection, _ = server.accept()
+received, first = 0, None
+while chunk := connection.recv(1 << 16):
+    first = first or time.monotonic()
+    received += len(chunk)
+print(received, time.monotonic() - first, flush=True)
+"""
+_SEND = """
+import socket, sys
+with socket.create_connection((sys.argv[1], int(sys.argv[2]))) as connection:
+    connection.sendall(bytes(int(sys.argv[3])))
+"""
+
+
+def _transfer_mbit_per_s(hosts: NetnsHosts, size_bytes: int) -> float:
+    """Megabits per second host 0 sends to host 1 (from the first byte to the last)."""
+    receiver = hosts.popen(
+        1, [sys.executable, "-c", _RECEIVE, str(PORT)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert receiver.stdout.readline().strip() == "ready"
+        sent = hosts.run(
+            0, [sys.executable, "-c", _SEND, hosts.address(1), str(PORT), str(size_bytes)]
+        )
+        assert sent.returncode == 0, sent.stderr
+        received, seconds = receiver.communicate(timeout=60)[0].split()
+    finally:
+        receiver.kill()
+    assert int(received) == size_bytes
+    return size_bytes * 8 / 1e6 / float(seconds)
+
+
+def test_a_shaped_link_carries_what_its_rate_allows():
+    with NetnsHosts(2, link_mbit=40) as hosts:
+        shaped = _transfer_mbit_per_s(hosts, 4_000_000)  # 0.8 s at 40 Mbit/s
+        assert 0.7 * 40 < shaped < 1.1 * 40, shaped
+        hosts.set_link_rate(1, 12)  # what host 1 receives, now slower than host 0 sends
+        slower = _transfer_mbit_per_s(hosts, 1_500_000)
+        assert 0.7 * 12 < slower < 1.1 * 12, slower
+        hosts.set_link_rate(0, None)
+        hosts.set_link_rate(1, None)
+        assert _transfer_mbit_per_s(hosts, 40_000_000) > 5 * 40  # unshaped: the kernel's copy

@@ -1,8 +1,11 @@
 """Linux network-namespace hosts: N namespaces joined by veth pairs to a bridge in a switch
 namespace, each with an address of a /24 that exists only inside them (optionally the root
-namespace on the bridge too), and commands run inside them (``ip netns exec``).
+namespace on the bridge too), and commands run inside them (``ip netns exec``). A host's link
+can be shaped to a rate (``tc``'s token bucket on both ends of its veth), as a cloud instance's
+network interface is.
 
-Needs root and ``ip`` (``iproute2``); a missing one is a :class:`TestbedError`, never a skip.
+Needs root, ``ip`` and ``tc`` (``iproute2``); a missing one is a :class:`TestbedError`, never a
+skip.
 """
 
 from __future__ import annotations
@@ -24,17 +27,24 @@ NETNS_SUBNET = "10.77.0"
 GATEWAY_OCTET = 254
 """Last octet of the root namespace's address on the bridge, for hosts with a gateway."""
 _netns_serial = itertools.count()
+BURST_S = 0.01
+"""A shaped link's bucket holds this many seconds of its rate (at least 64 KiB): a shorter one
+cannot pass the kernel's large segments at high rates, a longer one lets bursts pass the rate."""
 
 
-def _ip(*args: str) -> None:
-    binary = shutil.which("ip")
+def _run_iproute2(tool: str, *args: str) -> None:
+    binary = shutil.which(tool)
     if not binary:
         raise TestbedError(
-            "`ip` is not installed: run `make system-deps` (Debian package iproute2)"
+            f"`{tool}` is not installed: run `make system-deps` (Debian package iproute2)"
         )
     result = subprocess.run([binary, *args], capture_output=True, text=True, timeout=20)
     if result.returncode != 0:
-        raise TestbedError(f"ip {' '.join(args)}: {result.stderr.strip()}")
+        raise TestbedError(f"{tool} {' '.join(args)}: {result.stderr.strip()}")
+
+
+def _ip(*args: str) -> None:
+    _run_iproute2("ip", *args)
 
 
 @dataclass
@@ -52,10 +62,15 @@ class NetnsHosts:
     """The namespace of each host."""
     switch: str = ""
     """The namespace holding the bridge."""
+    link_mbit: float | None = None
+    """Every host's link rate, megabits per second each way (None: as fast as the kernel
+    copies); :meth:`set_link_rate` changes one host's."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.count <= 200:
             raise ValueError(f"NetnsHosts count must be in [1, 200], got {self.count}")
+        if self.link_mbit is not None and not self.link_mbit > 0:
+            raise ValueError(f"NetnsHosts link_mbit must be > 0, got {self.link_mbit}")
         octets = self.subnet.split(".")
         if len(octets) != 3 or not all(o.isdigit() and int(o) < 256 for o in octets):
             raise ValueError(
@@ -104,6 +119,8 @@ class NetnsHosts:
                 _ip("-n", name, "addr", "add", f"{self.address(index)}/24", "dev", "eth0")
                 _ip("-n", name, "link", "set", "eth0", "up")
                 _ip("-n", name, "link", "set", "lo", "up")
+                if self.link_mbit is not None:
+                    self.set_link_rate(index, self.link_mbit)
             if self.gateway:
                 # Root-side end named after the tag: deleting the switch namespace deletes it.
                 _ip(
@@ -150,6 +167,28 @@ class NetnsHosts:
         """Take host ``index``'s network link down (a partition: it reaches nobody, nobody
         reaches it) or bring it back up."""
         _ip("-n", self.names[index], "link", "set", "eth0", "up" if up else "down")
+
+    def set_link_rate(self, index: int, mbit: float | None) -> None:
+        """Shape host ``index``'s link to ``mbit`` megabits per second each way (a token bucket
+        on its end of the veth for what it sends, on the switch's end for what it receives), or
+        take the shaping off (None)."""
+        ends = (("-n", self.names[index], "eth0"), ("-n", self.switch, f"port{index}"))
+        for flag, namespace, device in ends:
+            if mbit is None:
+                subprocess.run(
+                    ["tc", flag, namespace, "qdisc", "del", "dev", device, "root"],
+                    capture_output=True,
+                    timeout=20,
+                )  # nothing to take off is no error
+                continue
+            if not mbit > 0:
+                raise ValueError(f"link rate must be > 0 Mbit/s, got {mbit}")
+            burst_bytes = max(64 * 1024, int(mbit * 1e6 / 8 * BURST_S))
+            _run_iproute2(
+                "tc", flag, namespace, "qdisc", "replace", "dev", device, "root", "tbf",
+                "rate", f"{int(mbit * 1000)}kbit", "burst", str(burst_bytes),
+                "latency", "100ms",
+            )  # fmt: skip
 
     def destroy(self) -> None:
         """Delete every namespace created (their veth links go with them)."""
