@@ -23,6 +23,7 @@ import copy
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,55 @@ def _local_batch(job: Job, step: int, rank: int, world: int) -> tuple[torch.Tens
     return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
 
 
+def run_steps(
+    config: DDPConfig,
+    job: Job,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    save: Callable[[int], None],
+) -> None:
+    """Train ``model`` (wrapped for data parallelism) from ``step`` to ``config.steps``, calling
+    ``save(next_step)`` on every rank after every K-th step; rank 0 writes the progress lines."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    progress = (
+        open(config.progress_file, "a", buffering=1)  # noqa: SIM115
+        if rank == 0 and config.progress_file
+        else None
+    )
+    if progress is not None:
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        progress.write(
+            json.dumps({"t": time.time(), "start": step, "world": world, "restart": restart}) + "\n"
+        )
+    try:
+        while step < config.steps:
+            inputs, targets = _local_batch(job, step, rank, world)
+            weight = world * len(inputs) / job.global_batch_size
+            loss = job.loss_fn(model(inputs), targets) * weight
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step % config.checkpoint_every == 0:
+                save(step)
+            if progress is not None:
+                progress.write(
+                    json.dumps(
+                        {
+                            "t": time.time(),
+                            "step": step - 1,
+                            "world": world,
+                            "loss": float(loss.detach()) / weight,
+                        }
+                    )
+                    + "\n"
+                )
+    finally:
+        if progress is not None:
+            progress.close()
+
+
 def train(config: DDPConfig) -> nn.Sequential:
     """Train from the newest checkpoint (or the initial weights) to ``config.steps``; the model.
 
@@ -111,56 +161,34 @@ def train(config: DDPConfig) -> nn.Sequential:
         optimizer.load_state_dict(state["optimizer"])
         step = int(state["next_step"])
     ddp = DistributedDataParallel(model) if world > 1 else model
-    progress = (
-        open(config.progress_file, "a", buffering=1)  # noqa: SIM115
-        if rank == 0 and config.progress_file
-        else None
-    )
-    if progress is not None:
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        progress.write(
-            json.dumps({"t": time.time(), "start": step, "world": world, "restart": restart}) + "\n"
-        )
-    try:
-        while step < config.steps:
-            inputs, targets = _local_batch(job, step, rank, world)
-            weight = world * len(inputs) / job.global_batch_size
-            loss = job.loss_fn(ddp(inputs), targets) * weight
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            if rank == 0 and step % config.checkpoint_every == 0:
-                _save(directory, step, model, optimizer, config.keep_checkpoints)
-            if progress is not None:
-                progress.write(
-                    json.dumps(
-                        {
-                            "t": time.time(),
-                            "step": step - 1,
-                            "world": world,
-                            "loss": float(loss.detach()) / weight,
-                        }
-                    )
-                    + "\n"
-                )
-    finally:
-        if progress is not None:
-            progress.close()
+
+    def save(next_step: int) -> None:
+        if rank == 0:
+            _save(directory, next_step, model, optimizer, config.keep_checkpoints)
+
+    run_steps(config, job, ddp, optimizer, step, save)
     return model
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def worker_arguments(description: str) -> argparse.ArgumentParser:
+    """The command line of a torchrun peer's worker (this one's, and :mod:`bench.peers_fsdp`'s)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--checkpoint-dir", required=True)
     parser.add_argument("--job", default="tiny-gpt")
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--steps", type=int, default=1_000_000_000)
     parser.add_argument("--progress")
-    args = parser.parse_args()
-    config = DDPConfig(
+    return parser
+
+
+def worker_config(args: argparse.Namespace) -> DDPConfig:
+    return DDPConfig(
         args.checkpoint_dir, args.job, args.checkpoint_every, args.steps, args.progress
     )
+
+
+def main() -> None:
+    config = worker_config(worker_arguments(__doc__.splitlines()[0]).parse_args())
     dist.init_process_group("gloo")
     try:
         train(config)

@@ -18,11 +18,8 @@ Run: ``torchrun ... -m bench.peers_fsdp --checkpoint-dir DIR --progress FILE``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import time
 import warnings
 from pathlib import Path
 
@@ -33,7 +30,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from bench.peers_ddp import DDPConfig, _local_batch, build_model
+from bench.peers_ddp import DDPConfig, build_model, run_steps, worker_arguments, worker_config
 from liveput.models.jobs import resolve_job
 
 CHECKPOINT_PREFIX = "step-"
@@ -101,7 +98,7 @@ def train(config: DDPConfig) -> nn.Sequential:
     torch.set_num_threads(1)
     # The job's output layers return views; nothing here changes them in place afterwards.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     job = resolve_job(config.job)
     model = shard(build_model(job))
     optimizer = job.optimizer(list(model.parameters()))
@@ -109,42 +106,11 @@ def train(config: DDPConfig) -> nn.Sequential:
     directory.mkdir(parents=True, exist_ok=True)
     latest = latest_checkpoint(directory)
     step = 0 if latest is None else _load(latest, model, optimizer)
-    progress = (
-        open(config.progress_file, "a", buffering=1)  # noqa: SIM115
-        if rank == 0 and config.progress_file
-        else None
-    )
-    if progress is not None:
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        progress.write(
-            json.dumps({"t": time.time(), "start": step, "world": world, "restart": restart}) + "\n"
-        )
-    try:
-        while step < config.steps:
-            inputs, targets = _local_batch(job, step, rank, world)
-            weight = world * len(inputs) / job.global_batch_size
-            loss = job.loss_fn(model(inputs), targets) * weight
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            if step % config.checkpoint_every == 0:
-                _save(directory, step, model, optimizer, config.keep_checkpoints, rank)
-            if progress is not None:
-                progress.write(
-                    json.dumps(
-                        {
-                            "t": time.time(),
-                            "step": step - 1,
-                            "world": world,
-                            "loss": float(loss.detach()) / weight,
-                        }
-                    )
-                    + "\n"
-                )
-    finally:
-        if progress is not None:
-            progress.close()
+
+    def save(next_step: int) -> None:
+        _save(directory, next_step, model, optimizer, config.keep_checkpoints, rank)
+
+    run_steps(config, job, model, optimizer, step, save)
     return model
 
 
@@ -157,23 +123,18 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint-dir", required=True)
-    parser.add_argument("--job", default="tiny-gpt")
-    parser.add_argument("--checkpoint-every", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=1_000_000_000)
-    parser.add_argument("--progress")
+    parser = worker_arguments(__doc__.splitlines()[0])
     parser.add_argument("--final", help="rank 0 writes the whole trained weights here at the end")
     args = parser.parse_args()
-    config = DDPConfig(
-        args.checkpoint_dir, args.job, args.checkpoint_every, args.steps, args.progress
-    )
     dist.init_process_group("gloo")
     try:
-        model = train(config)
+        model = train(worker_config(args))
         weights = full_state(model)
         if args.final and dist.get_rank() == 0:
             torch.save(weights, args.final)
+        # Every rank leaves the group together: one that tore its gloo context down while
+        # rank 0 was still writing the weights aborted in C++ on its way out (2 runs of 5).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
