@@ -259,6 +259,19 @@ def _simplex_weights_match_brute_force(seed: int) -> None:
     assert weights @ gram @ weights + 2 * linear @ weights <= values.min() + 1e-9
 
 
+def test_simplex_weights_remembered_are_the_same_and_the_callers_own() -> None:
+    rng = np.random.default_rng(3)
+    gaps = rng.normal(size=(2, 8))
+    gram, linear = gaps @ gaps.T, gaps @ rng.normal(size=8)
+    first = simplex_weights(gram, linear)
+    again = simplex_weights(gram.copy(), linear.copy())
+    assert np.array_equal(first, again) and first is not again
+    first[:] = -1.0  # a caller writing into its weights changes nobody else's
+    assert np.array_equal(simplex_weights(gram, linear), again)
+    other = simplex_weights(gram, linear + 1.0)
+    assert not np.array_equal(other, again)  # another problem is solved, not remembered
+
+
 def test_auto_member_weights_minimize_crps_like_brute_force() -> None:
     trace = generate_trace(24, 6, seed=11, regime="volatile").resample(60)
     auto = AutoPredictor(replay=0, prior_forecasts=0)
