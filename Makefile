@@ -68,9 +68,9 @@ UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not process" 
 # namespaces, servers), three files at a time on the two cores (a third of its tests' time is
 # waiting on the wall clock: a trace replayed, a notice's lead, a browser), the longest files
 # first (tests/conftest.py orders them; xdist would order files by their number of tests), and
-# last, one at a time, the `serial` ones: they
-# measure time against a budget of their own (heartbeat timeouts, a deadline from a profile
-# measured as the job starts, a fault campaign), which a neighbour's load would eat into.
+# last, one at a time, the `serial` ones: they measure time against a budget of their own
+# (heartbeat timeouts, a deadline from a profile measured as the job starts, a fault campaign),
+# which a neighbour's load would eat into.
 test: lint system-deps
 	$(UNIT_TESTS)
 	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "process and not serial" -n 3 --dist loadfile \
