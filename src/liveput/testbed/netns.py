@@ -172,20 +172,20 @@ class NetnsHosts:
         """Shape host ``index``'s link to ``mbit`` megabits per second each way (a token bucket
         on its end of the veth for what it sends, on the switch's end for what it receives), or
         take the shaping off (None)."""
-        ends = (("-n", self.names[index], "eth0"), ("-n", self.switch, f"port{index}"))
-        for flag, namespace, device in ends:
+        if mbit is not None and not mbit > 0:
+            raise ValueError(f"link rate must be > 0 Mbit/s, got {mbit}")
+        for namespace, device in ((self.names[index], "eth0"), (self.switch, f"port{index}")):
             if mbit is None:
+                # Nothing to take off is no error.
                 subprocess.run(
-                    ["tc", flag, namespace, "qdisc", "del", "dev", device, "root"],
+                    ["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"],
                     capture_output=True,
                     timeout=20,
-                )  # nothing to take off is no error
+                )
                 continue
-            if not mbit > 0:
-                raise ValueError(f"link rate must be > 0 Mbit/s, got {mbit}")
             burst_bytes = max(64 * 1024, int(mbit * 1e6 / 8 * BURST_S))
             _run_iproute2(
-                "tc", flag, namespace, "qdisc", "replace", "dev", device, "root", "tbf",
+                "tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
                 "rate", f"{int(mbit * 1000)}kbit", "burst", str(burst_bytes),
                 "latency", "100ms",
             )  # fmt: skip
