@@ -39,13 +39,9 @@ from pathlib import Path
 
 from bench import peers_report
 from bench.inputs import P3_TRACE, real_trace
+from bench.peers_regime import REGIMES, Regime, interpolated, sharded_minimum
 from bench.peers_run import RunSettings, SystemRun, run_liveput, run_torchrun, scratch
 from liveput.traces import IntervalTrace, Trace, generate_trace, read_trace
-
-WORKERS = 4
-"""Instances requested (the two cores of this machine run them; one thread each)."""
-STEADY_INSTANCES = 2
-"""Instances of the no-preemption runs (one per core: per-step overhead, not contention)."""
 
 
 def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trace:
@@ -91,8 +87,10 @@ def cut_trace(
     return Trace.from_counts(f"{name}-{workers}", np.array(times), np.array(counts), span_s)
 
 
-def user_traces(paths: list[str], start_s: float, span_s: float) -> list[tuple[str, Trace]]:
-    """Traces the user names (any format the CLI reads), cut and rescaled to ``WORKERS``; a
+def user_traces(
+    paths: list[str], start_s: float, span_s: float, workers: int
+) -> list[tuple[str, Trace]]:
+    """Traces the user names (any format the CLI reads), cut and rescaled to ``workers``; a
     missing or unreadable one ends the benchmark with a message (it never skips one)."""
     from liveput.errors import LiveputError
 
@@ -104,18 +102,18 @@ def user_traces(paths: list[str], start_s: float, span_s: float) -> list[tuple[s
             full = read_trace(Path(path))
         except LiveputError as error:
             sys.exit(f"bench peers: --trace {path}: {error}")
-        chosen.append((Path(path).stem, cut_trace(full, WORKERS, start_s, span_s, Path(path).stem)))
+        chosen.append((Path(path).stem, cut_trace(full, workers, start_s, span_s, Path(path).stem)))
     return chosen
 
 
-def traces(quick: bool, seeds: list[int]) -> list[tuple[str, Trace, int]]:
+def traces(quick: bool, seeds: list[int], workers: int) -> list[tuple[str, Trace, int]]:
     """(name, trace, seed): the generated 5-minute trace per seed, and the p3 cut."""
     chosen = [
-        (f"generated-{WORKERS}-seed{s}", generate_trace(WORKERS, 5 / 60, s), s) for s in seeds
+        (f"generated-{workers}-seed{s}", generate_trace(workers, 5 / 60, s), s) for s in seeds
     ]
     if quick:
         return chosen[:1]
-    chosen.append(("p3-cut", p3_cut(WORKERS), seeds[0]))
+    chosen.append(("p3-cut", p3_cut(workers), seeds[0]))
     return chosen
 
 
@@ -125,11 +123,20 @@ def _torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str
     return run_torchft(trace, settings, work)
 
 
+def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
+    from liveput.models.jobs import resolve_job
+
+    layers = resolve_job(settings.job).layers
+    parameters = sum(p.numel() for layer in layers for p in layer.parameters())
+    minimum = sharded_minimum(parameters, settings.instance_memory_gb)
+    return run_torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp", minimum)
+
+
 RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
     "liveput": lambda t, s, w: run_liveput(t, s, w, "liveput", "liveput"),
     "liveput-restart": lambda t, s, w: run_liveput(t, s, w, "reactive", "liveput-restart"),
     "torchrun": run_torchrun,
-    "torchrun-fsdp": lambda t, s, w: run_torchrun(t, s, w, "bench.peers_fsdp", "torchrun-fsdp"),
+    "torchrun-fsdp": _torchrun_fsdp,
     "torchft": _torchft,
 }
 
@@ -142,11 +149,11 @@ def _run(system: str, trace: Trace, settings: RunSettings) -> SystemRun | str:
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def steady_runs(settings: RunSettings, systems: list[str]) -> dict[str, SystemRun]:
-    """Each system on ``STEADY_INSTANCES`` that stay the whole window (no preemption)."""
+def steady_runs(settings: RunSettings, systems: list[str], instances: int) -> dict[str, SystemRun]:
+    """Each system on ``instances`` that stay the whole window (no preemption)."""
     constant = Trace(
-        f"constant-{STEADY_INSTANCES}",
-        STEADY_INSTANCES,
+        f"constant-{instances}",
+        instances,
         [],
         [],
         [],
@@ -164,21 +171,28 @@ def steady_runs(settings: RunSettings, systems: list[str]) -> dict[str, SystemRu
 
 
 def rates_by_count(
-    settings: RunSettings, steady: SystemRun | None, window_s: float
+    settings: RunSettings,
+    steady: SystemRun | None,
+    window_s: float,
+    regime: Regime,
+    counts: tuple[int, ...] | None = None,
 ) -> dict[int, float]:
-    """liveput's samples/s with ``n`` instances and no preemption, ``n = 1 .. WORKERS``, each
-    after a third of its window (the simulator's throughput per instance count: the instances
-    share this machine's cores). ``steady``: the run of ``STEADY_INSTANCES`` already made."""
+    """liveput's samples/s with ``n`` instances and no preemption, ``n`` from the regime's
+    fewest to its workers (``counts`` only, the others interpolated, where given), each after a
+    third of its window (the simulator's throughput per instance count: the instances share
+    this machine's cores). ``steady``: the run of the regime's steady instances already made."""
+    every = range(regime.fewest_instances, regime.workers + 1)
     rates = {}
-    for count in range(1, WORKERS + 1):
-        if count == STEADY_INSTANCES and steady is not None:
+    for count in every if counts is None else counts:
+        if count == regime.steady_instances and steady is not None:
             rates[count] = steady.rate(settings.window_s / 3)
             continue
         constant = Trace(f"constant-{count}", count, [], [], [], window_s * settings.time_scale)
         run = _run("liveput", constant, dataclasses.replace(settings, window_s=window_s))
         if isinstance(run, SystemRun):
             rates[count] = run.rate(window_s / 3)
-    return {count: round(rate, 2) for count, rate in rates.items() if rate > 0}
+    rates = interpolated({n: r for n, r in rates.items() if r > 0}, every)
+    return {count: round(rate, 2) for count, rate in rates.items()}
 
 
 def steady_rates(runs: dict[str, SystemRun], window_s: float) -> dict[str, float]:
@@ -198,19 +212,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="one trace, one seed (under 10 minutes)"
     )
+    parser.add_argument(
+        "--regime",
+        choices=sorted(REGIMES),
+        default="data-parallel",
+        help="data-parallel: tiny-gpt on loopback (default); pipeline: gpt2-small under a "
+        "memory budget on hosts with shaped links",
+    )
+    parser.add_argument(
+        "--link-mbit",
+        type=float,
+        default=None,
+        help="each instance's link, Mbit/s (default: the regime's; pipeline 100)",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--plot", type=Path, help="write the samples-over-time plot here (PNG)")
-    parser.add_argument("--seeds", default="20,22", help="seeds of the generated traces")
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        help="seeds of the generated traces (default: data-parallel 20,22; pipeline 20)",
+    )
     parser.add_argument(
         "--systems",
-        default=",".join(peers_report.DEFAULT_SYSTEMS),
-        help=f"comma-separated, of {', '.join(peers_report.SYSTEMS)} (default %(default)s)",
+        default=None,
+        help=f"comma-separated, of {', '.join(peers_report.SYSTEMS)} (default: the regime's: "
+        + "; ".join(f"{r.name} {','.join(r.systems)}" for r in REGIMES.values())
+        + ")",
     )
     parser.add_argument(
         "--time-scale",
         type=float,
         default=None,
-        help="trace seconds per wall second (default 2; 4 with --quick)",
+        help="trace seconds per wall second (default: data-parallel 2, 4 with --quick; "
+        "pipeline 1, 2 with --quick)",
     )
     parser.add_argument(
         "--notice-margin",
@@ -237,58 +271,78 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-sim", action="store_true", help="skip the simulator's prediction")
     args = parser.parse_args(argv or [])
     logging.basicConfig(level=logging.WARNING)
-    systems = [s for s in args.systems.split(",") if s]
+    regime = REGIMES[args.regime]
+    systems = [s for s in (args.systems or ",".join(regime.systems)).split(",") if s]
     unknown = sorted(set(systems) - set(RUNNERS))
     if unknown:
         parser.error(f"unknown systems {unknown}; known: {', '.join(RUNNERS)}")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(regime.seeds)
     if args.time_scale is None:
-        args.time_scale = 4.0 if args.quick else 2.0
+        args.time_scale = regime.quick_time_scale if args.quick else regime.time_scale
     if args.notice_lead < 0 or args.trace_span <= 0:
         parser.error("--notice-lead must be >= 0 and --trace-span > 0")
+    if args.link_mbit is not None and not args.link_mbit > 0:
+        parser.error("--link-mbit must be > 0")
     chosen = (
         [
             (name, trace, seeds[0])
-            for name, trace in user_traces(args.trace, args.trace_start, args.trace_span)
+            for name, trace in user_traces(
+                args.trace, args.trace_start, args.trace_span, regime.workers
+            )
         ]
         if args.trace
-        else traces(args.quick, seeds)
+        else traces(args.quick, seeds, regime.workers)
     )
     base = RunSettings(
+        job=regime.job,
         time_scale=args.time_scale,
         work_dir=args.work_dir,
         notice_margin_s=args.notice_margin,
         notice_lead_s=args.notice_lead,
+        instance_memory_gb=regime.instance_memory_gb,
+        link_mbit=args.link_mbit if args.link_mbit is not None else regime.link_mbit,
     )
     # No-preemption runs first: liveput's gives the start-up time the simulator is told.
-    steady_settings = RunSettings(
-        job=base.job,
-        time_scale=args.time_scale,
-        window_s=45.0 if args.quick else 90.0,
-        work_dir=args.work_dir,
-        notice_margin_s=args.notice_margin,
-        notice_lead_s=args.notice_lead,
+    steady_settings = dataclasses.replace(
+        base, window_s=regime.steady_window_s / 2 if args.quick else regime.steady_window_s
     )
     print(
-        f"no preemption: {', '.join(systems)} ({steady_settings.window_s:.0f} s each) ...",
+        f"{regime.name} regime: {base.job}"
+        + (f", {base.instance_memory_gb:g} GB per instance" if base.instance_memory_gb else "")
+        + (f", links shaped to {base.link_mbit:g} Mbit/s" if base.link_mbit else ""),
         flush=True,
     )
-    steady = steady_runs(steady_settings, systems)
+    print(
+        f"no preemption on {regime.steady_instances}: {', '.join(systems)} "
+        f"({steady_settings.window_s:.0f} s each) ...",
+        flush=True,
+    )
+    steady = steady_runs(steady_settings, systems, regime.steady_instances)
     measured, by_count = None, {}
     if not args.no_sim:
         from bench.peers_sim import measure
 
         startup_s = first_step_s(steady["liveput"]) if "liveput" in steady else None
-        print(f"liveput on 1 to {WORKERS} instances, no preemption ...", flush=True)
+        print(
+            f"liveput on {regime.fewest_instances} to {regime.workers} instances, "
+            "no preemption ...",
+            flush=True,
+        )
         by_count = rates_by_count(
-            steady_settings, steady.get("liveput"), 20.0 if args.quick else 30.0
+            steady_settings,
+            steady.get("liveput"),
+            regime.count_window_s * (2 / 3 if args.quick else 1),
+            regime,
+            regime.quick_counts if args.quick else None,
         )
         print(
             "samples/s by instance count: "
             + ", ".join(f"{n}: {rate:.1f}" for n, rate in by_count.items()),
             flush=True,
         )
-        measured = measure(base.job, startup_s or 0.0, by_count)
+        measured = measure(
+            base.job, startup_s or 0.0, by_count, base.instance_memory_gb, base.link_mbit
+        )
         print(
             "measured here: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in measured.downtimes_s.items()),
@@ -310,10 +364,17 @@ def main(argv: list[str] | None = None) -> None:
     document = peers_report.to_json_document(
         results, steady_rates(steady, steady_settings.window_s)
     )
+    document["regime"] = {
+        "name": regime.name,
+        "job": base.job,
+        "workers": regime.workers,
+        "instance_memory_gb": base.instance_memory_gb,
+        "link_mbit": base.link_mbit,
+    }
     if by_count:
         document["liveput_samples_per_s_by_instances"] = {str(n): r for n, r in by_count.items()}
     print(peers_report.table(document))
-    _verdicts(document)
+    _verdicts(document, regime)
     if args.json:
         args.json.write_text(json.dumps(document, indent=1) + "\n")
         print(f"wrote {args.json}")
@@ -322,12 +383,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.plot}")
 
 
-def _verdicts(document: dict) -> None:
+def _verdicts(document: dict, regime: Regime) -> None:
     for entry in document["traces"]:
         systems, simulated = entry["systems"], entry["simulated"]
         live = systems.get("liveput", {}).get("samples")
-        for peer, target in (("torchrun", 1.5), ("torchft", 1.0)):
+        for peer, target in regime.targets:
             other = systems.get(peer, {}).get("samples")
+            if live is not None and other == 0:
+                print(f"{entry['trace']}: liveput {live}, {peer} trained nothing")
             if live and other:
                 ratio = live / other
                 bound = entry.get("bound_samples")

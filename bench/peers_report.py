@@ -19,9 +19,6 @@ from bench.peers_events import KINDS, by_kind, event_downtimes, trace_events
 from bench.peers_run import SystemRun
 
 SYSTEMS = ("liveput", "liveput-restart", "torchrun", "torchft", "torchrun-fsdp")
-DEFAULT_SYSTEMS = SYSTEMS[:4]
-"""What runs unless ``--systems`` names more: the FSDP2 peer is the torchrun peer of models
-that need sharding, here the same computation with more communication."""
 SIMULATED = ("liveput", "liveput-restart")
 
 Outcome = SystemRun | str

@@ -13,23 +13,30 @@ final loss.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.peers_hosts import BENCH_SUBNET, HostPool, TreePopen, shaped_hosts
 from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
 from liveput.cloud.processes import Launcher, LaunchSpec
 from liveput.cloud.replay import trace_schedule
-from liveput.launch.local import LocalTrainingConfig, Progress, run_local_training
+from liveput.launch.local import (
+    LauncherFactory,
+    LocalTrainingConfig,
+    Progress,
+    run_local_training,
+)
 from liveput.models.jobs import resolve_job
 from liveput.runtime.clock import MonotonicClock
+from liveput.testbed import free_port
 from liveput.traces import Trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,6 +66,14 @@ class RunSettings:
     """Seed of the emulated cloud's victims."""
     work_dir: str = ""
     """Where logs, checkpoints and progress files go (empty: a temporary directory)."""
+    instance_memory_gb: float | None = None
+    """Each instance's memory, GB: liveput plans only stages that fit it (``--instance-memory-gb``)
+    and the FSDP peer waits for enough instances that its shards fit it; None: no budget."""
+    link_mbit: float | None = None
+    """Each instance's link, Mbit/s each way: instances run on network-namespace hosts
+    (:mod:`bench.peers_hosts`); None: every instance on this machine's loopback."""
+    subnet: str = BENCH_SUBNET
+    """First three octets of those hosts' addresses (two runs at once on one machine need two)."""
 
     def __post_init__(self) -> None:
         if (
@@ -66,10 +81,12 @@ class RunSettings:
             or self.window_s <= 0
             or self.checkpoint_every < 1
             or self.notice_margin_s < 0
+            or (self.instance_memory_gb is not None and not self.instance_memory_gb > 0)
+            or (self.link_mbit is not None and not self.link_mbit > 0)
         ):
             raise ValueError(
-                "peers: time scale, window and checkpoint interval must be positive, "
-                "the notice margin >= 0"
+                "peers: time scale, window, checkpoint interval, memory and link rate must be "
+                "positive, the notice margin >= 0"
             )
 
 
@@ -116,37 +133,6 @@ class SystemRun:
         if len(points) < 2 or points[-1][0] <= points[0][0]:
             return 0.0
         return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-class TreePopen(subprocess.Popen):
-    """A process whose :meth:`kill` SIGKILLs it and every process under it: an instance's
-    processes (torchrun's workers run in their own sessions, so a process group is not enough)."""
-
-    def kill(self) -> None:
-        for pid in [self.pid, *_descendants(self.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def tree_launcher(
@@ -203,6 +189,17 @@ def scheduled_times(trace: Trace, settings: RunSettings) -> tuple[list[float], l
     )
 
 
+@contextlib.contextmanager
+def placement(settings: RunSettings, instances: int) -> Iterator[HostPool | None]:
+    """Hosts for ``instances`` with shaped links where ``settings`` asks for them, else None
+    (every instance on this machine's loopback)."""
+    if settings.link_mbit is None:
+        yield None
+        return
+    with shaped_hosts(instances, settings.link_mbit, settings.subnet) as hosts:
+        yield HostPool(hosts)
+
+
 def run_liveput(
     trace: Trace, settings: RunSettings, work: Path, policy: str, system: str
 ) -> SystemRun:
@@ -221,9 +218,46 @@ def run_liveput(
         if elapsed >= settings.window_s:
             raise WindowOver
 
+    workers = max(1, trace.max_count())
+    with placement(settings, workers) as pool:
+        if pool is None:
+            store_url, factory = None, None
+        else:
+            # The store on the gateway (outside every instance), each agent at its host's address.
+            store_url = (
+                f"tcp://{pool.hosts.gateway_address}:{free_port(pool.hosts.gateway_address)}"
+            )
+
+            def factory(template: list[str], env: Mapping[str, str], log_dir: Path) -> Launcher:
+                return pool.launcher([*template, "--host", "{host}"], env, log_dir, REPO)
+
+        _train_liveput(trace, settings, work, policy, progress, workers, store_url, factory)
+    kills, launches = scheduled_times(trace, settings)
+    return SystemRun(
+        system,
+        timeline[-1][1] if timeline else 0,
+        timeline,
+        kills,
+        launches,
+        restarts=max(state["plans"], 0),
+        final_loss=state["loss"],
+        initial_instances=trace_schedule(trace)[0],
+    )
+
+
+def _train_liveput(
+    trace: Trace,
+    settings: RunSettings,
+    work: Path,
+    policy: str,
+    progress: Callable[[Progress], None],
+    workers: int,
+    store_url: str | None,
+    factory: LauncherFactory | None,
+) -> None:
     config = LocalTrainingConfig(
         model=settings.job,
-        workers=max(1, trace.max_count()),
+        workers=workers,
         steps=10_000_000,
         time_scale=settings.time_scale,
         notice_lead_s=settings.notice_lead_s,
@@ -236,22 +270,13 @@ def run_liveput(
         policy=policy,
         # Each instance's agent imports torch as it boots, as the other systems' processes do.
         fork_agents=False,
+        instance_memory_gb=settings.instance_memory_gb,
+        store_url=store_url,
     )
     try:
-        run_local_training(config, trace, progress)
+        run_local_training(config, trace, progress, launcher_factory=factory)
     except WindowOver:
         pass
-    kills, launches = scheduled_times(trace, settings)
-    return SystemRun(
-        system,
-        timeline[-1][1] if timeline else 0,
-        timeline,
-        kills,
-        launches,
-        restarts=max(state["plans"], 0),
-        final_loss=state["loss"],
-        initial_instances=trace_schedule(trace)[0],
-    )
 
 
 def read_progress(
@@ -281,14 +306,30 @@ def run_torchrun(
     work: Path,
     module: str = "bench.peers_ddp",
     system: str = "torchrun",
+    minimum: int = 1,
 ) -> SystemRun:
     """A torchrun peer (``module``: :mod:`bench.peers_ddp`, or :mod:`bench.peers_fsdp`), one
     torchrun agent per instance, elastic over a c10d store this process hosts (not on any
-    instance)."""
+    instance); it trains on ``minimum`` instances or more."""
+    maximum = max(1, trace.max_count())
+    with placement(settings, maximum) as pool:
+        return _run_torchrun(trace, settings, work, module, system, minimum, pool)
+
+
+def _run_torchrun(
+    trace: Trace,
+    settings: RunSettings,
+    work: Path,
+    module: str,
+    system: str,
+    minimum: int,
+    pool: HostPool | None,
+) -> SystemRun:
     from torch.distributed import TCPStore
 
     batch = resolve_job(settings.job).global_batch_size
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    address = "127.0.0.1" if pool is None else pool.hosts.gateway_address
+    store = TCPStore(address, 0, is_master=True, wait_for_workers=False, multi_tenant=True)
     progress_file = work / "progress.jsonl"
     (work / "logs").mkdir(parents=True, exist_ok=True)
     (work / "notices").mkdir(parents=True, exist_ok=True)
@@ -297,13 +338,13 @@ def run_torchrun(
         sys.executable,
         "-m",
         "torch.distributed.run",
-        f"--nnodes=1:{maximum}",
+        f"--nnodes={min(minimum, maximum)}:{maximum}",
         "--nproc-per-node=1",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{store.port}",
+        f"--rdzv-endpoint={address}:{store.port}",
         "--rdzv-id=peers",
         "--max-restarts=1000000",
-        "--local-addr=127.0.0.1",
+        "--local-addr=127.0.0.1" if pool is None else "--local-addr={host}",
         # A careful user's settings for short runs: close a round 1 s after the minimum is
         # there (default 30 s), declare a silent node dead after 3 missed 1-s keep-alives.
         "--rdzv-conf=is_host=false,last_call_timeout=1,keep_alive_interval=1,"
@@ -326,9 +367,13 @@ def run_torchrun(
         ),
         "OMP_NUM_THREADS": "1",
     }
-    cloud = replayed_cloud(
-        trace, tree_launcher(template, env, work / "logs"), work / "notices", settings
-    )
+    if pool is None:
+        launcher = tree_launcher(template, env, work / "logs")
+    else:
+        # Gloo binds to the host's own interface (every host names it eth0).
+        env["GLOO_SOCKET_IFNAME"] = "eth0"
+        launcher = pool.launcher(template, env, work / "logs", REPO)
+    cloud = replayed_cloud(trace, launcher, work / "notices", settings)
     start_unix = time.time()
     start = time.monotonic()
     cloud.start_background()

@@ -49,7 +49,7 @@ from liveput.models.jobs import resolve_job
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.estimator import estimate_configs
 from liveput.perf.online import refit
-from liveput.perf.types import ConfigTable, Measurement, ModelProfile
+from liveput.perf.types import ConfigTable, Measurement, ModelProfile, with_instance_memory
 from liveput.runtime.planning import profile_job
 from liveput.sim.config import SimulationConfig
 from liveput.sim.engine import OnlineCalibration, make_context, simulate_policy
@@ -94,11 +94,17 @@ def measured_table(table: ConfigTable, samples_per_s_by_count: Mapping[int, floa
 
 
 def measure(
-    job_name: str, startup_s: float, samples_per_s_by_count: Mapping[int, float] | None = None
+    job_name: str,
+    startup_s: float,
+    samples_per_s_by_count: Mapping[int, float] | None = None,
+    instance_memory_gb: float | None = None,
+    link_mbit: float | None = None,
 ) -> Measured:
     """Profile the job and time its migrations here (about a minute on two idle cores);
     ``startup_s`` and the samples/s per instance count are measured by the caller (runs
-    with no preemption)."""
+    with no preemption). The profile plans for instances of ``instance_memory_gb`` and moves
+    state over links of ``link_mbit`` where the benchmark gives them (the migrations timed here
+    run over loopback: their fixed part is what they measure)."""
     import torch
 
     from bench.bench_runtime import downtimes
@@ -107,7 +113,10 @@ def measure(
     # out about ten times slower than the runtime's steps (the simulator predicted 7 % of them).
     torch.set_num_threads(1)
     job = resolve_job(job_name)
-    profile = profile_job(job)
+    profile = with_instance_memory(profile_job(job), instance_memory_gb)
+    if link_mbit is not None:
+        instance = dataclasses.replace(profile.instance_type, network_gbps=link_mbit / 1000)
+        profile = dataclasses.replace(profile, instance_type=instance)
     with tempfile.TemporaryDirectory(prefix="peers-costs-") as directory:
         measured = downtimes(job, directory)
     costs = MigrationCostModel(

@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 from bench.peers_ddp import DDPConfig, latest_checkpoint, train
 from bench.peers_report import SYSTEMS, to_json_document
-from bench.peers_run import SystemRun
+from bench.peers_run import RunSettings, SystemRun
+from liveput.traces import Trace
 
 JOB = "tiny-gpt-small"
 
@@ -127,20 +128,23 @@ def test_upper_bound_against_a_count_of_each_second() -> None:
 def test_any_trace_is_cut_and_rescaled_to_the_benchmarks_instances(tmp_path: Path) -> None:
     import numpy as np
 
-    from bench.bench_peers import WORKERS, main, p3_cut, user_traces
+    from bench.bench_peers import main, p3_cut, user_traces
+    from bench.peers_regime import DATA_PARALLEL
     from liveput.traces import Trace, write_trace
 
+    workers = DATA_PARALLEL.workers
+
     # The real p3 cut the benchmark runs: its 4 preemption events in 5 minutes, kept.
-    p3 = p3_cut(WORKERS)
-    assert p3.initial_count == WORKERS and list(p3.times_s) == [30.0, 150.0, 210.0, 270.0]
+    p3 = p3_cut(workers)
+    assert p3.initial_count == workers and list(p3.times_s) == [30.0, 150.0, 210.0, 270.0]
     assert list(p3.removed) == [1, 1, 1, 1]
     # A 16-instance trace of the user's: halved losses never vanish, the span is cut.
     own = Trace.from_counts(
         "own", np.array([0.0, 60.0, 120.0, 500.0]), np.array([16, 15, 8, 16]), 900.0
     )
     write_trace(own, tmp_path / "own.csv")
-    [(name, cut)] = user_traces([str(tmp_path / "own.csv")], 0.0, 300.0)
-    assert name == "own" and cut.end_s == 300.0 and cut.initial_count == WORKERS
+    [(name, cut)] = user_traces([str(tmp_path / "own.csv")], 0.0, 300.0, workers)
+    assert name == "own" and cut.end_s == 300.0 and cut.initial_count == workers
     assert [cut.count_at(t) for t in (30.0, 90.0, 200.0)] == [4, 3, 1]
     with pytest.raises(SystemExit, match="--trace .*missing.csv: no such file"):
         main(["--trace", str(tmp_path / "missing.csv")])
@@ -213,3 +217,69 @@ def test_the_table_puts_each_systems_downtime_per_event_kind_side_by_side() -> N
     lines = table(document).splitlines()
     assert lines[-2].split() == ["kind", "liveput", "torchft"]
     assert lines[-1].split() == ["loss", "2.0", "/", "2.0", "(1)", "4.0", "/", "4.0", "(1)"]
+
+
+def test_a_sharded_peer_waits_for_the_fewest_instances_its_shards_fit() -> None:
+    import random
+
+    from bench.peers_regime import BYTES_PER_PARAMETER, sharded_minimum
+
+    rng = random.Random(7)
+    for _ in range(200):
+        parameters = rng.randrange(1, 10**9)
+        memory_gb = rng.uniform(0.01, 20.0)
+        fewest = next(
+            n for n in range(1, 10**6) if parameters * BYTES_PER_PARAMETER / n <= memory_gb * 1e9
+        )
+        assert sharded_minimum(parameters, memory_gb) == fewest
+    assert sharded_minimum(86_000_000, None) == 1
+    # gpt2-small's 86 M parameters (1.38 GB of state) on 0.9-GB instances: two.
+    assert sharded_minimum(86_000_000, 0.9) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--regime", "pipeline", "--link-mbit", "0"], "--link-mbit must be > 0"),
+        (["--regime", "sharded"], "invalid choice: 'sharded'"),
+        (["--regime", "pipeline", "--systems", "liveput,fsdp"], "unknown systems ['fsdp']"),
+    ],
+)
+def test_bad_benchmark_options_are_one_line_before_anything_runs(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.bench_peers import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_settings_refuse_a_memory_budget_or_link_rate_that_is_not_positive() -> None:
+    with pytest.raises(ValueError, match="memory and link rate must be positive"):
+        RunSettings(instance_memory_gb=0.0)
+    with pytest.raises(ValueError, match="memory and link rate must be positive"):
+        RunSettings(link_mbit=-5.0)
+    assert RunSettings(instance_memory_gb=0.9, link_mbit=50.0).link_mbit == 50.0
+
+
+def test_agents_started_elsewhere_are_not_forked_here() -> None:
+    from liveput.launch.local import LocalTrainingConfig, run_local_training
+
+    with pytest.raises(ValueError, match="launcher_factory starts agents without forks"):
+        run_local_training(
+            LocalTrainingConfig(fork_agents=True),
+            Trace("constant", 1, [], [], [], 60.0),
+            launcher_factory=lambda template, env, log_dir: None,  # type: ignore[arg-type,return-value]
+        )
+
+
+def test_unmeasured_instance_counts_lie_on_the_line_between_measured_ones() -> None:
+    from bench.peers_regime import interpolated
+
+    rates = interpolated({3: 1.0, 8: 2.0}, range(2, 10))
+    assert sorted(rates) == [3, 4, 5, 6, 7, 8]  # none below or above what was measured
+    assert rates[3] == 1.0 and rates[8] == 2.0
+    assert [round(rates[n], 6) for n in (4, 5, 6, 7)] == [1.2, 1.4, 1.6, 1.8]
+    assert interpolated({4: 3.0}, range(1, 5)) == {4: 3.0}

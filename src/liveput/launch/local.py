@@ -16,12 +16,12 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from liveput.cloud.agent_forks import ForkServer
-from liveput.cloud.processes import command_launcher
+from liveput.cloud.processes import Launcher, command_launcher
 from liveput.errors import LiveputError
 from liveput.files import check_writable_url
 from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble_job
@@ -222,16 +222,26 @@ def job_request(config: LocalTrainingConfig, checkpoint_dir: str, initial: int =
     )
 
 
+LauncherFactory = Callable[[list[str], Mapping[str, str], Path], Launcher]
+"""Builds the agents' launcher from their command line, environment (the job token included)
+and log directory."""
+
+
 def run_local_training(
     config: LocalTrainingConfig,
     trace: Trace | IntervalTrace,
     on_progress: Callable[[Progress], None] | None = None,
     on_tick: Callable[[Coordinator, bool], None] | None = None,
+    launcher_factory: LauncherFactory | None = None,
 ) -> TrainingResult:
     """Train ``config.model`` on the emulated cloud replaying ``trace``; blocks until done.
 
     ``on_tick(coordinator, done)`` is called after every tick of the coordinator (``done``: the
-    last one), in its thread; a LiveputError it raises ends the run."""
+    last one), in its thread; a LiveputError it raises ends the run. ``launcher_factory``
+    starts the agents instead of this machine's processes (a test bed's hosts; ``fork_agents``
+    must then be off)."""
+    if launcher_factory is not None and config.fork_agents:
+        raise ValueError("run_local_training: a launcher_factory starts agents without forks")
     started = time.monotonic()
     token = config.token or secrets.token_hex(16)
     # A CUDA request on a machine without CUDA: one line, before anything starts.
@@ -252,8 +262,12 @@ def run_local_training(
         try:
             request = job_request(config, checkpoint_dir, _initial_count(trace))
             assembled = _assemble(store, request, trace, device)
-            launcher = command_launcher(
-                agent_command(url), env=agent_env, log_dir=log_dir, fork_server=forks
+            launcher = (
+                command_launcher(
+                    agent_command(url), env=agent_env, log_dir=log_dir, fork_server=forks
+                )
+                if launcher_factory is None
+                else launcher_factory(agent_command(url), agent_env, log_dir)
             )
             notice_dir = Path(scratch) / "notices"
             notice_dir.mkdir()

@@ -1,0 +1,117 @@
+"""The two regimes ``bench peers`` compares the systems in.
+
+- ``data-parallel`` (the default): ``tiny-gpt``, a model that fits one instance, its state a few
+  MB; every instance on this machine's loopback. Data parallelism alone is the best
+  configuration there, and per-step healing (torchft) is as good as anything.
+- ``pipeline``: ``gpt2-small`` under a per-instance memory budget that no instance fits alone
+  (liveput plans pipelines of 3 stages or more; the FSDP peer shards over enough instances),
+  each instance on a host of its own whose link is shaped so that moving one stage's state takes
+  many steps' time, as moving gigabytes over a spot instance's 10 Gb/s does next to a
+  one-second step on a GPU (``docs/peers.md``, "The pipeline regime", derives the rate).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BYTES_PER_PARAMETER = 16
+"""fp32 weights, gradients and Adam's two moments."""
+
+
+@dataclass(frozen=True)
+class Regime:
+    """What one regime fixes for every system it runs."""
+
+    name: str
+    """``data-parallel`` or ``pipeline`` (``--regime``)."""
+    job: str
+    """Built-in liveput job every system trains."""
+    systems: tuple[str, ...]
+    """Systems run when ``--systems`` names none."""
+    instance_memory_gb: float | None = None
+    """Each instance's memory budget, GB (None: the machine's)."""
+    link_mbit: float | None = None
+    """Each instance's link, Mbit/s each way (None: loopback, not shaped)."""
+    workers: int = 4
+    """Instances requested: every trace is cut or generated for this many (the two cores of this
+    machine run them; one thread each)."""
+    seeds: tuple[int, ...] = (20, 22)
+    """Seeds of the generated traces (the full benchmark; ``--quick`` runs the first)."""
+    steady_instances: int = 2
+    """Instances of the no-preemption runs."""
+    fewest_instances: int = 1
+    """Fewest instances a configuration of the job fits on (gpt2-small at 1.1 GB: a pipeline of
+    3 stages); the throughput table starts there."""
+    time_scale: float = 2.0
+    """Trace seconds per wall second (the full benchmark)."""
+    quick_time_scale: float = 4.0
+    """Trace seconds per wall second (``--quick``)."""
+    steady_window_s: float = 90.0
+    """Wall seconds of each no-preemption run (the full benchmark; a third with ``--quick``
+    is not enough to pass start-up, so half)."""
+    count_window_s: float = 30.0
+    """Wall seconds of each run per instance count (the simulator's throughput table)."""
+    quick_counts: tuple[int, ...] | None = None
+    """Instance counts ``--quick`` measures (the others interpolated); None: every count."""
+    targets: tuple[tuple[str, float], ...] = (("torchrun", 1.5), ("torchft", 1.0))
+    """(peer, least ratio of liveput's samples to the peer's) the verdicts check."""
+
+    def __post_init__(self) -> None:
+        if self.instance_memory_gb is not None and not self.instance_memory_gb > 0:
+            raise ValueError(f"regime {self.name}: instance memory must be > 0 GB")
+        if self.link_mbit is not None and not self.link_mbit > 0:
+            raise ValueError(f"regime {self.name}: link rate must be > 0 Mbit/s")
+
+
+DATA_PARALLEL = Regime(
+    "data-parallel", "tiny-gpt", ("liveput", "liveput-restart", "torchrun", "torchft")
+)
+PIPELINE = Regime(
+    "pipeline",
+    "gpt2-small",
+    ("liveput", "liveput-restart", "torchrun-fsdp"),
+    instance_memory_gb=1.1,
+    link_mbit=100.0,
+    # Eight, so that the traces keep the three a pipeline needs most of the time (cut to
+    # four, the generated traces spend most of their minutes below three).
+    workers=8,
+    seeds=(20,),
+    steady_instances=8,
+    fewest_instances=3,
+    time_scale=1.5,
+    quick_time_scale=3.0,
+    steady_window_s=150.0,
+    count_window_s=60.0,
+    quick_counts=(3, 8),
+    # torchft's HSDP peer does not exist yet: the best other peer is liveput-restart.
+    targets=(("torchrun-fsdp", 1.5), ("liveput-restart", 1.2)),
+)
+REGIMES = {regime.name: regime for regime in (DATA_PARALLEL, PIPELINE)}
+
+
+def sharded_minimum(parameters: int, instance_memory_gb: float | None) -> int:
+    """The fewest instances over which a fully sharded job of ``parameters`` fits
+    ``instance_memory_gb`` each: its weights, gradients and optimizer state split evenly, the
+    gathered layer and the activations not counted (in the sharded peer's favour)."""
+    if instance_memory_gb is None:
+        return 1
+    return max(1, math.ceil(parameters * BYTES_PER_PARAMETER / (instance_memory_gb * 1e9)))
+
+
+def interpolated(rates: dict[int, float], counts: range) -> dict[int, float]:
+    """``rates`` measured at some instance counts, the others of ``counts`` between two measured
+    ones linearly interpolated (outside them: left out)."""
+    measured = sorted(rates)
+    out = {}
+    for count in counts:
+        if count in rates:
+            out[count] = rates[count]
+            continue
+        below = [n for n in measured if n < count]
+        above = [n for n in measured if n > count]
+        if below and above:
+            low, high = below[-1], above[0]
+            share = (count - low) / (high - low)
+            out[count] = rates[low] + share * (rates[high] - rates[low])
+    return out
