@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -302,6 +303,9 @@ def main(argv: list[str] | None = None) -> None:
         instance_memory_gb=regime.instance_memory_gb,
         link_mbit=args.link_mbit if args.link_mbit is not None else regime.link_mbit,
     )
+    # Stopped by a signal, the benchmark still removes its hosts (their gateway address would
+    # take the next run's traffic) and stops its instances.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # No-preemption runs first: liveput's gives the start-up time the simulator is told.
     steady_settings = dataclasses.replace(
         base, window_s=regime.steady_window_s / 2 if args.quick else regime.steady_window_s

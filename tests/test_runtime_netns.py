@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from runtime_cluster import TOKEN, assert_same_parameters, final_parameters, reference_parameters
 from runtime_fixtures import NetnsHosts
 
@@ -139,3 +140,15 @@ def test_a_shaped_link_carries_what_its_rate_allows():
         hosts.set_link_rate(0, None)
         hosts.set_link_rate(1, None)
         assert _transfer_mbit_per_s(hosts, 40_000_000) > 5 * 40  # unshaped: the kernel's copy
+
+
+def test_hosts_refuse_a_gateway_address_another_interface_holds() -> None:
+    """A test bed killed before it removed itself leaves its gateway's address behind; hosts
+    with the same address would send their traffic to that dead bridge, so creating them is
+    refused in one line instead."""
+    from liveput.testbed import TestbedError
+
+    with NetnsHosts(1, gateway=True, subnet="10.80.0") as first:
+        with pytest.raises(TestbedError, match=r"10\.80\.0\.254 is already on interface \S+gw"):
+            NetnsHosts(1, gateway=True, subnet="10.80.0").create()
+        assert first.run(0, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"]).returncode == 0

@@ -90,6 +90,8 @@ class NetnsHosts:
     def create(self) -> NetnsHosts:
         """Create the namespaces, the bridge and the links (cleans up if any step fails)."""
         tag = f"lp{os.getpid()}x{next(_netns_serial)}"
+        if self.gateway:
+            self._refuse_a_taken_gateway()
         self.switch = f"{tag}sw"
         try:
             _ip("netns", "add", self.switch)
@@ -143,6 +145,22 @@ class NetnsHosts:
             self.destroy()
             raise
         return self
+
+    def _refuse_a_taken_gateway(self) -> None:
+        # A second interface with the gateway's address would take the hosts' traffic to a
+        # bridge they are not on (a test bed killed before it removed itself leaves one).
+        binary = shutil.which("ip") or "ip"
+        taken = subprocess.run(
+            [binary, "-o", "-4", "addr", "show", "to", self.gateway_address],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.split()
+        if taken:
+            raise TestbedError(
+                f"{self.gateway_address} is already on interface {taken[1]} (a test bed that "
+                f"was killed?): remove it with `ip link del {taken[1]}` or use another subnet"
+            )
 
     def argv(self, index: int, command: Sequence[str]) -> list[str]:
         """``command`` wrapped to run inside host ``index``'s namespace."""
