@@ -271,6 +271,8 @@ def _train_liveput(
         # Each instance's agent imports torch as it boots, as the other systems' processes do.
         fork_agents=False,
         instance_memory_gb=settings.instance_memory_gb,
+        # The planner told the links' rate, as a profile of the cloud's instance type would.
+        network_gbps=None if settings.link_mbit is None else settings.link_mbit / 1000,
         store_url=store_url,
     )
     try:

@@ -353,3 +353,22 @@ def test_train_with_a_budget_no_configuration_fits_is_one_line(tmp_path, monkeyp
         lines[0],
     )
     assert not list((tmp_path / "liveput-logs").glob("i-*.log"))  # no agent was started
+
+
+def test_the_planner_told_of_slow_links_keeps_replicas_off_them(gpt2):
+    """At 10 Gb/s two pipelines of four beat one of eight; at 0.1 Gb/s each step's gradient
+    all-reduce between the replicas costs more than the second pipeline gains, so the assembly
+    carries the links' rate to the planner and its best configuration of 8 is one pipeline."""
+    request = JobRequest("tiny-gpt-small", 10, "ckpt", instance_memory_gb=0.9)
+    fast = assemble_job(request, profile=gpt2)
+    slow = assemble_job(dataclasses.replace(request, network_gbps=0.1), profile=gpt2)
+    assert fast.profile is not None and slow.profile is not None
+    assert slow.profile.instance_type.network_gbps == 0.1
+    assert slow.profile.instance_type.gpu_memory_gb == 0.9
+    best_fast = estimate_configs(fast.profile, 8).best_for(8)
+    best_slow = estimate_configs(slow.profile, 8).best_for(8)
+    assert best_fast is not None and best_slow is not None
+    assert best_fast[0] > 1 and best_slow[0] == 1, (best_fast, best_slow)
+    for value in (0.0, -1.0, math.nan):
+        with pytest.raises(LiveputError, match=r"^job: the network rate must be a finite"):
+            dataclasses.replace(request, network_gbps=value)

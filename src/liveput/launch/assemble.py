@@ -125,6 +125,10 @@ class JobRequest:
     ``instance_memory_gb``): the planner takes it for the instances' memory, so only
     configurations whose every stage fits it run, and an agent refuses a stage over it; None:
     the memory of the instances the profile was measured on."""
+    network_gbps: float | None = None
+    """The instances' link rate, Gb/s each way, that the planner assumes (an emulated cluster
+    whose links are shaped: ``bench peers --regime pipeline``); None: the rate of the
+    instances the profile was measured on."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.capacity < 1 or self.initial_workers < 1:
@@ -146,6 +150,13 @@ class JobRequest:
             raise LiveputError(
                 f"job: --instance-memory-gb must be a finite number > 0, "
                 f"got {self.instance_memory_gb:g}"
+            )
+        if self.network_gbps is not None and not (
+            math.isfinite(self.network_gbps) and self.network_gbps > 0
+        ):
+            raise LiveputError(
+                f"job: the network rate must be a finite number of Gb/s > 0, "
+                f"got {self.network_gbps:g}"
             )
 
     @property
@@ -203,6 +214,7 @@ def assemble_job(
     # Imported here: the CLI imports this module for its defaults, and these import PyTorch.
     from liveput.launch.deadline import deadline_context
     from liveput.models.jobs import resolve_job
+    from liveput.perf.types import with_network
     from liveput.runtime.coordinator import CoordinatorConfig
     from liveput.runtime.launch import JobSpec
     from liveput.runtime.planning import planning_profile
@@ -212,7 +224,9 @@ def assemble_job(
     if request.training is not None:
         job = dataclasses.replace(job, training=request.training)
     if profile is not None:
-        profile = planning_profile(profile, job, request.instance_memory_gb)
+        profile = with_network(
+            planning_profile(profile, job, request.instance_memory_gb), request.network_gbps
+        )
     heartbeat_timeout_s, outage_s = request.detection_times_s()
     spec = JobSpec(
         request.model,

@@ -110,6 +110,9 @@ class LocalTrainingConfig:
     """Per-instance memory budget, GB, in place of this machine's memory (the profile's): only
     configurations whose every stage fits it are planned, and an agent refuses a stage over it
     (``JobRequest.instance_memory_gb``); None: none."""
+    network_gbps: float | None = None
+    """The instances' link rate the planner assumes, Gb/s (``JobRequest.network_gbps``; agents
+    on hosts whose links are shaped); None: the profile's."""
     fork_agents: bool = True
     """Fork the agents from one process that imported torch (:mod:`liveput.cloud.agent_forks`);
     False: each a new interpreter that imports it, as a booting instance does (a benchmark)."""
@@ -219,6 +222,7 @@ def job_request(config: LocalTrainingConfig, checkpoint_dir: str, initial: int =
         deadline=config.deadline,
         on_demand_on_top=True,
         instance_memory_gb=config.instance_memory_gb,
+        network_gbps=config.network_gbps,
     )
 
 

@@ -138,6 +138,20 @@ def with_instance_memory(profile: ModelProfile, memory_gb: float | None) -> Mode
     return dataclasses.replace(profile, instance_type=instance)
 
 
+def with_network(profile: ModelProfile, network_gbps: float | None) -> ModelProfile:
+    """``profile`` planned for instances linked at ``network_gbps`` Gb/s each way instead of
+    its instance type's own rate (the estimator's gradient all-reduce and activation transfers,
+    the migration costs' state moves all read ``instance_type.network_gbps``); None: as it is."""
+    if network_gbps is not None and not (math.isfinite(network_gbps) and network_gbps > 0):
+        raise LiveputError(
+            f"profile {profile.model}: network must be > 0 Gb/s, got {network_gbps:g}"
+        )
+    if network_gbps is None or network_gbps == profile.instance_type.network_gbps:
+        return profile
+    instance = dataclasses.replace(profile.instance_type, network_gbps=float(network_gbps))
+    return dataclasses.replace(profile, instance_type=instance)
+
+
 @dataclass(frozen=True)
 class ConfigTable:
     """Throughput and memory of every candidate configuration, scored at once."""
