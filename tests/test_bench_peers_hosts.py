@@ -43,14 +43,15 @@ def test_each_instance_runs_on_a_free_host_and_a_gone_instance_frees_its_host(
         launch = pool.launcher(template, dict(os.environ), tmp_path, tmp_path)
         processes = [launch(_spec(tmp_path, n)) for n in range(1 + SPARE_HOSTS)]
         try:
+            for n in range(len(processes)):
+                _wait_for_output(tmp_path / f"i-{n:04d}.log")
             with pytest.raises(RuntimeError, match="all 3 hosts are busy"):
                 launch(_spec(tmp_path, 9))
             # Killing the first instance (and what it started) frees its host for the next.
             processes[0].kill()
             processes[0].wait(timeout=10)
             processes.append(launch(_spec(tmp_path, 3)))
-            for process in processes[1:]:
-                _wait_for_output(tmp_path / f"i-{processes.index(process):04d}.log")
+            _wait_for_output(tmp_path / "i-0003.log")
             seen = [_address_seen(tmp_path / f"i-{n:04d}.log") for n in range(4)]
         finally:
             for process in processes:

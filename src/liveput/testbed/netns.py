@@ -210,6 +210,14 @@ class NetnsHosts:
 
     def destroy(self) -> None:
         """Delete every namespace created (their veth links go with them)."""
+        if self.gateway and self.switch:
+            # Its own deletion now: a namespace that a dying process still holds outlives `ip
+            # netns del` for a while, and its gateway address with it (the next hosts refuse it).
+            subprocess.run(
+                ["ip", "link", "del", self.switch.removesuffix("sw") + "gw"],
+                capture_output=True,
+                timeout=20,
+            )
         for name in [*self.names, self.switch]:
             if name:
                 subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
