@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import signal
@@ -124,12 +125,16 @@ def _torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str
     return run_torchft(trace, settings, work)
 
 
-def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
+@functools.cache
+def _parameters(job: str) -> int:
+    """The built-in job's parameter count (its layers built once per benchmark)."""
     from liveput.models.jobs import resolve_job
 
-    layers = resolve_job(settings.job).layers
-    parameters = sum(p.numel() for layer in layers for p in layer.parameters())
-    minimum = sharded_minimum(parameters, settings.instance_memory_gb)
+    return sum(p.numel() for layer in resolve_job(job).layers for p in layer.parameters())
+
+
+def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
+    minimum = sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
     return run_torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp", minimum)
 
 

@@ -52,6 +52,21 @@ class TreePopen(subprocess.Popen):
                 pass
 
 
+def start_tree(
+    argv: Sequence[str], env: Mapping[str, str], spec: LaunchSpec, log_dir: Path, cwd: Path
+) -> TreePopen:
+    """Start instance ``spec``'s process, its output in ``<log_dir>/<instance id>.log``."""
+    with open(log_dir / f"{spec.instance_id}.log", "ab") as out:
+        return TreePopen(
+            argv,
+            env={**env, **spec.env},
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
+
+
 SPARE_HOSTS = 2
 """Hosts beyond the trace's peak: a killed instance's processes may outlive it a moment."""
 
@@ -84,15 +99,7 @@ class HostPool:
                 argv = [
                     part.format(instance_id=spec.instance_id, host=address) for part in template
                 ]
-                with open(log_dir / f"{spec.instance_id}.log", "ab") as out:
-                    process = TreePopen(
-                        self.hosts.argv(index, argv),
-                        env={**env, **spec.env},
-                        cwd=cwd,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=out,
-                    )
+                process = start_tree(self.hosts.argv(index, argv), env, spec, log_dir, cwd)
                 self._on_host[index] = process
                 return process
 

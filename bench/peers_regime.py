@@ -58,12 +58,6 @@ class Regime:
     targets: tuple[tuple[str, float], ...] = (("torchrun", 1.5), ("torchft", 1.0))
     """(peer, least ratio of liveput's samples to the peer's) the verdicts check."""
 
-    def __post_init__(self) -> None:
-        if self.instance_memory_gb is not None and not self.instance_memory_gb > 0:
-            raise ValueError(f"regime {self.name}: instance memory must be > 0 GB")
-        if self.link_mbit is not None and not self.link_mbit > 0:
-            raise ValueError(f"regime {self.name}: link rate must be > 0 Mbit/s")
-
 
 DATA_PARALLEL = Regime(
     "data-parallel", "tiny-gpt", ("liveput", "liveput-restart", "torchrun", "torchft")

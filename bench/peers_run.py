@@ -2,9 +2,10 @@
 
 Every system meets the same :class:`~liveput.cloud.emulated.EmulatedProvider` replaying the trace at
 the same time scale, the same seeded victims, preemption = SIGKILL of every process of the
-instance (the agent and whatever it started: :class:`TreePopen`) after the notice lead. Notices
-(file and signal) go to systems that can use them: liveput's agents; torchrun and torchft have no
-notice handling (a SIGUSR1 would kill their agents early), so theirs get the file only.
+instance (the agent and whatever it started: :class:`~bench.peers_hosts.TreePopen`) after the
+notice lead. Notices (file and signal) go to systems that can use them: liveput's agents;
+torchrun and torchft have no notice handling (a SIGUSR1 would kill their agents early), so
+theirs get the file only.
 
 A run yields a :class:`SystemRun`: the progress timeline ``(seconds since the cloud started,
 samples trained)`` with rollbacks showing as drops, the kills' times, restarts or migrations, the
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.peers_hosts import BENCH_SUBNET, HostPool, TreePopen, shaped_hosts
+from bench.peers_hosts import BENCH_SUBNET, HostPool, shaped_hosts, start_tree
 from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
 from liveput.cloud.processes import Launcher, LaunchSpec
 from liveput.cloud.replay import trace_schedule
@@ -138,19 +139,12 @@ class SystemRun:
 def tree_launcher(
     template: Sequence[str], env: Mapping[str, str], log_dir: Path, cwd: Path = REPO
 ) -> Launcher:
-    """Like :func:`liveput.cloud.processes.command_launcher`, starting :class:`TreePopen`s."""
+    """Like :func:`liveput.cloud.processes.command_launcher`, each instance's process a
+    :class:`~bench.peers_hosts.TreePopen`."""
 
     def launch(spec: LaunchSpec) -> subprocess.Popen:
         argv = [part.format(instance_id=spec.instance_id) for part in template]
-        with open(log_dir / f"{spec.instance_id}.log", "ab") as out:
-            return TreePopen(
-                argv,
-                env={**env, **spec.env},
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-            )
+        return start_tree(argv, env, spec, log_dir, cwd)
 
     return launch
 

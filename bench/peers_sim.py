@@ -49,7 +49,13 @@ from liveput.models.jobs import resolve_job
 from liveput.perf.costs import MigrationCostModel
 from liveput.perf.estimator import estimate_configs
 from liveput.perf.online import refit
-from liveput.perf.types import ConfigTable, Measurement, ModelProfile, with_instance_memory
+from liveput.perf.types import (
+    ConfigTable,
+    Measurement,
+    ModelProfile,
+    with_instance_memory,
+    with_network,
+)
 from liveput.runtime.planning import profile_job
 from liveput.sim.config import SimulationConfig
 from liveput.sim.engine import OnlineCalibration, make_context, simulate_policy
@@ -113,10 +119,10 @@ def measure(
     # out about ten times slower than the runtime's steps (the simulator predicted 7 % of them).
     torch.set_num_threads(1)
     job = resolve_job(job_name)
-    profile = with_instance_memory(profile_job(job), instance_memory_gb)
-    if link_mbit is not None:
-        instance = dataclasses.replace(profile.instance_type, network_gbps=link_mbit / 1000)
-        profile = dataclasses.replace(profile, instance_type=instance)
+    profile = with_network(
+        with_instance_memory(profile_job(job), instance_memory_gb),
+        None if link_mbit is None else link_mbit / 1000,
+    )
     with tempfile.TemporaryDirectory(prefix="peers-costs-") as directory:
         measured = downtimes(job, directory)
     costs = MigrationCostModel(

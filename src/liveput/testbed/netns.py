@@ -124,11 +124,10 @@ class NetnsHosts:
                 if self.link_mbit is not None:
                     self.set_link_rate(index, self.link_mbit)
             if self.gateway:
-                # Root-side end named after the tag: deleting the switch namespace deletes it.
                 _ip(
                     "link",
                     "add",
-                    f"{tag}gw",
+                    self._gateway_link,
                     "type",
                     "veth",
                     "peer",
@@ -139,12 +138,18 @@ class NetnsHosts:
                 )
                 _ip("-n", self.switch, "link", "set", "gw", "master", "br0")
                 _ip("-n", self.switch, "link", "set", "gw", "up")
-                _ip("addr", "add", f"{self.gateway_address}/24", "dev", f"{tag}gw")
-                _ip("link", "set", f"{tag}gw", "up")
+                _ip("addr", "add", f"{self.gateway_address}/24", "dev", self._gateway_link)
+                _ip("link", "set", self._gateway_link, "up")
         except BaseException:
             self.destroy()
             raise
         return self
+
+    @property
+    def _gateway_link(self) -> str:
+        # The root namespace's end, named after the set's tag: deleting the switch namespace
+        # deletes it, and destroy deletes it first.
+        return f"{self.switch.removesuffix('sw')}gw"
 
     def _refuse_a_taken_gateway(self) -> None:
         # A second interface with the gateway's address would take the hosts' traffic to a
@@ -214,7 +219,7 @@ class NetnsHosts:
             # Its own deletion now: a namespace that a dying process still holds outlives `ip
             # netns del` for a while, and its gateway address with it (the next hosts refuse it).
             subprocess.run(
-                ["ip", "link", "del", self.switch.removesuffix("sw") + "gw"],
+                ["ip", "link", "del", self._gateway_link],
                 capture_output=True,
                 timeout=20,
             )
