@@ -231,6 +231,13 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="each instance's link, Mbit/s (default: the regime's; pipeline 100)",
     )
+    parser.add_argument(
+        "--checkpoints",
+        choices=("local", "object-store"),
+        default=None,
+        help="where every system checkpoints: a local folder, or an S3 bucket behind the "
+        "shaped links (default: the regime's: data-parallel local, pipeline object-store)",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--plot", type=Path, help="write the samples-over-time plot here (PNG)")
     parser.add_argument(
@@ -249,8 +256,12 @@ def main(argv: list[str] | None = None) -> None:
         "--time-scale",
         type=float,
         default=None,
-        help="trace seconds per wall second (default: data-parallel 2, 4 with --quick; "
-        "pipeline 1, 2 with --quick)",
+        help="trace seconds per wall second (default: the regime's: "
+        + "; ".join(
+            f"{r.name} {r.time_scale:g}, {r.quick_time_scale:g} with --quick"
+            for r in REGIMES.values()
+        )
+        + ")",
     )
     parser.add_argument(
         "--notice-margin",
@@ -289,6 +300,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--notice-lead must be >= 0 and --trace-span > 0")
     if args.link_mbit is not None and not args.link_mbit > 0:
         parser.error("--link-mbit must be > 0")
+    link_mbit = args.link_mbit if args.link_mbit is not None else regime.link_mbit
+    object_store = (
+        regime.object_store if args.checkpoints is None else args.checkpoints == "object-store"
+    )
+    if object_store and link_mbit is None:
+        parser.error("--checkpoints object-store needs shaped links (--link-mbit)")
     chosen = (
         [
             (name, trace, seeds[0])
@@ -306,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
         notice_margin_s=args.notice_margin,
         notice_lead_s=args.notice_lead,
         instance_memory_gb=regime.instance_memory_gb,
-        link_mbit=args.link_mbit if args.link_mbit is not None else regime.link_mbit,
+        link_mbit=link_mbit,
+        object_store=object_store,
     )
     # Stopped by a signal, the benchmark still removes its hosts (their gateway address would
     # take the next run's traffic) and stops its instances.
@@ -318,7 +336,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{regime.name} regime: {base.job}"
         + (f", {base.instance_memory_gb:g} GB per instance" if base.instance_memory_gb else "")
-        + (f", links shaped to {base.link_mbit:g} Mbit/s" if base.link_mbit else ""),
+        + (f", links shaped to {base.link_mbit:g} Mbit/s" if base.link_mbit else "")
+        + (", checkpoints in an S3 bucket behind them" if base.object_store else ""),
         flush=True,
     )
     print(
@@ -350,7 +369,12 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
         measured = measure(
-            base.job, startup_s or 0.0, by_count, base.instance_memory_gb, base.link_mbit
+            base.job,
+            startup_s or 0.0,
+            by_count,
+            base.instance_memory_gb,
+            base.link_mbit,
+            base.object_store,
         )
         print(
             "measured here: "
@@ -379,6 +403,7 @@ def main(argv: list[str] | None = None) -> None:
         "workers": regime.workers,
         "instance_memory_gb": base.instance_memory_gb,
         "link_mbit": base.link_mbit,
+        "checkpoints": "object-store" if base.object_store else "local",
     }
     if by_count:
         document["liveput_samples_per_s_by_instances"] = {str(n): r for n, r in by_count.items()}

@@ -5,8 +5,9 @@ rendezvous, restarting every worker on each membership change. The model is the 
 layers, each sharded across the workers with ``torch.distributed.fsdp.fully_shard`` (FSDP2: a
 layer's parameters, gradients and optimizer state live split over the ranks and are gathered
 only while it runs), then the whole model, as torchtitan shards a transformer. The checkpoints are
-``torch.distributed.checkpoint`` (DCP) folders: every rank writes its own shards, and a restart
-with another number of workers loads them re-split to its own (DCP reshards on load).
+``torch.distributed.checkpoint`` (DCP) folders, on local disk or any fsspec URL (an S3 bucket in
+the pipeline regime): every rank writes its own shards, and a restart with another number of
+workers loads them re-split to its own (DCP reshards on load).
 
 The computation is the DDP peer's: step ``s`` trains on the samples ``s * B .. s * B + B - 1``,
 rank r of W on the micro-batches :func:`~liveput.models.job.replica_micro_batches` gives
@@ -18,39 +19,47 @@ Run: ``torchrun ... -m bench.peers_fsdp --checkpoint-dir DIR --progress FILE``.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import sys
 import warnings
-from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
 from bench.peers_ddp import DDPConfig, build_model, run_steps, worker_arguments, worker_config
 from liveput.models.jobs import resolve_job
+from liveput.objectstore import url_to_fs
 
 CHECKPOINT_PREFIX = "step-"
-PARTIAL_SUFFIX = ".partial"
+METADATA = ".metadata"
 
 
-def _complete(directory: Path) -> list[Path]:
-    """The complete DCP checkpoints, oldest first: each is written as ``step-N.partial/`` and
-    renamed by rank 0 once every rank's shards and the metadata are in."""
+def _complete(fs: Any, root: str) -> list[str]:
+    """The complete DCP checkpoints under ``root``, oldest first: DCP writes a checkpoint's
+    ``.metadata`` last, once every rank's shards are in (atomically: aside, then renamed)."""
+    try:
+        names = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return []
     return sorted(
-        path
-        for path in directory.glob(f"{CHECKPOINT_PREFIX}*")
-        if path.is_dir() and not path.name.endswith(PARTIAL_SUFFIX)
+        name
+        for name in names
+        if name.rstrip("/").rsplit("/", 1)[-1].startswith(CHECKPOINT_PREFIX)
+        and fs.exists(f"{name}/{METADATA}")
     )
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
-    """The newest complete DCP checkpoint."""
-    found = _complete(directory)
+def latest_checkpoint(directory: str) -> str | None:
+    """The newest complete DCP checkpoint under ``directory`` (a path or any fsspec URL)."""
+    fs, root = url_to_fs(directory)
+    found = _complete(fs, root)
     return found[-1] if found else None
 
 
@@ -63,34 +72,52 @@ def shard(model: nn.Sequential) -> nn.Sequential:
     return model
 
 
+def _writer(checkpoint: str) -> dcp.StorageWriter:
+    if "://" in checkpoint:
+        # An object is durable once its upload completes: nothing to fsync.
+        return FsspecWriter(checkpoint, sync_files=False)
+    return dcp.FileSystemWriter(checkpoint)
+
+
+def _reader(checkpoint: str) -> dcp.StorageReader:
+    return FsspecReader(checkpoint) if "://" in checkpoint else dcp.FileSystemReader(checkpoint)
+
+
+def _url(fs: Any, path: str) -> str:
+    """What DCP is given: a local path as it is, anything else as a URL."""
+    return path if "file" in fs.protocol else fs.unstrip_protocol(path)
+
+
 def _save(
-    directory: Path,
+    directory: str,
     next_step: int,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     keep: int,
     rank: int,
 ) -> None:
-    final = directory / f"{CHECKPOINT_PREFIX}{next_step:010d}"
-    partial = final.with_name(final.name + PARTIAL_SUFFIX)
+    fs, root = url_to_fs(directory)
+    checkpoint = _url(fs, f"{root}/{CHECKPOINT_PREFIX}{next_step:010d}")
     model_state, optimizer_state = get_state_dict(model, optimizer)
     # Collective: it returns once every rank's shards and rank 0's metadata are written.
     dcp.save(
         {"model": model_state, "optimizer": optimizer_state, "next_step": next_step},
-        checkpoint_id=str(partial),
+        storage_writer=_writer(checkpoint),
     )
     if rank == 0:
-        os.replace(partial, final)
-        # The older complete ones past ``keep``, and what a kill left half written.
-        stale = [p for p in directory.glob(f"*{PARTIAL_SUFFIX}") if p.is_dir()]
-        for old in [*_complete(directory)[:-keep], *stale]:
-            shutil.rmtree(old, ignore_errors=True)
+        # The older complete ones past ``keep``, and what a kill left half written (no
+        # metadata: nothing else is being written while this rank is here).
+        complete = _complete(fs, root)
+        names = [n for n in fs.ls(root, detail=False) if CHECKPOINT_PREFIX in n]
+        for old in [*complete[:-keep], *(n for n in names if n not in complete)]:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(old, recursive=True)
 
 
-def _load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def _load(checkpoint: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state: dict = {"model": model_state, "optimizer": optimizer_state, "next_step": 0}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, storage_reader=_reader(checkpoint))
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
     )
@@ -107,10 +134,11 @@ def train(config: DDPConfig) -> nn.Sequential:
     job = resolve_job(config.job)
     model = shard(build_model(job))
     optimizer = job.optimizer(list(model.parameters()))
-    directory = Path(config.checkpoint_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = config.checkpoint_dir
+    fs, root = url_to_fs(directory)
+    fs.makedirs(root, exist_ok=True)
     latest = latest_checkpoint(directory)
-    step = 0 if latest is None else _load(latest, model, optimizer)
+    step = 0 if latest is None else _load(_url(fs, latest), model, optimizer)
 
     def save(next_step: int) -> None:
         _save(directory, next_step, model, optimizer, config.keep_checkpoints, rank)

@@ -33,6 +33,9 @@ class Regime:
     """Each instance's memory budget, GB (None: the machine's)."""
     link_mbit: float | None = None
     """Each instance's link, Mbit/s each way (None: loopback, not shaped)."""
+    object_store: bool = False
+    """Checkpoints in an S3 bucket behind the shaped links (:mod:`bench.peers_storage`), as a
+    cloud's object store sits behind an instance's network card; False: a local folder."""
     workers: int = 4
     """Instances requested: every trace is cut or generated for this many (the two cores of this
     machine run them; one thread each)."""
@@ -68,6 +71,7 @@ PIPELINE = Regime(
     ("liveput", "liveput-restart", "torchrun-fsdp"),
     instance_memory_gb=0.9,
     link_mbit=100.0,
+    object_store=True,
     # Eight, so that the traces keep the three a pipeline needs most of the time (cut to
     # four, the generated traces spend most of their minutes below three).
     workers=8,

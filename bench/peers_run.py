@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.peers_hosts import BENCH_SUBNET, HostPool, shaped_hosts, start_tree
+from bench.peers_storage import object_store
 from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
 from liveput.cloud.processes import Launcher, LaunchSpec
 from liveput.cloud.replay import trace_schedule
@@ -75,6 +76,10 @@ class RunSettings:
     (:mod:`bench.peers_hosts`); None: every instance on this machine's loopback."""
     subnet: str = BENCH_SUBNET
     """First three octets of those hosts' addresses (two runs at once on one machine need two)."""
+    object_store: bool = False
+    """Checkpoints in an S3 bucket on the hosts' gateway, written and read through each
+    instance's shaped link (:mod:`bench.peers_storage`); False: a local folder. Needs
+    ``link_mbit``."""
 
     def __post_init__(self) -> None:
         if (
@@ -89,6 +94,8 @@ class RunSettings:
                 "peers: time scale, window, checkpoint interval, memory and link rate must be "
                 "positive, the notice margin >= 0"
             )
+        if self.object_store and self.link_mbit is None:
+            raise ValueError("peers: the object store sits behind shaped links: set a link rate")
 
 
 @dataclass
@@ -194,6 +201,17 @@ def placement(settings: RunSettings, instances: int) -> Iterator[HostPool | None
         yield HostPool(hosts)
 
 
+@contextlib.contextmanager
+def checkpoint_location(settings: RunSettings, pool: HostPool | None, work: Path) -> Iterator[str]:
+    """Where one run's checkpoints go: ``<work>/checkpoints``, or with ``object_store`` a
+    prefix of a bucket on the hosts' gateway."""
+    if not settings.object_store or pool is None:
+        yield str(work / "checkpoints")
+        return
+    with object_store(pool.hosts.gateway_address, work / "logs") as bucket:
+        yield f"{bucket}/{work.name}/checkpoints"
+
+
 def run_liveput(
     trace: Trace, settings: RunSettings, work: Path, policy: str, system: str
 ) -> SystemRun:
@@ -213,7 +231,7 @@ def run_liveput(
             raise WindowOver
 
     workers = max(1, trace.max_count())
-    with placement(settings, workers) as pool:
+    with placement(settings, workers) as pool, checkpoint_location(settings, pool, work) as where:
         if pool is None:
             store_url, factory = None, None
         else:
@@ -225,7 +243,7 @@ def run_liveput(
             def factory(template: list[str], env: Mapping[str, str], log_dir: Path) -> Launcher:
                 return pool.launcher([*template, "--host", "{host}"], env, log_dir, REPO)
 
-        _train_liveput(trace, settings, work, policy, progress, workers, store_url, factory)
+        _train_liveput(trace, settings, work, where, policy, progress, workers, store_url, factory)
     kills, launches = scheduled_times(trace, settings)
     return SystemRun(
         system,
@@ -243,6 +261,7 @@ def _train_liveput(
     trace: Trace,
     settings: RunSettings,
     work: Path,
+    checkpoints: str,
     policy: str,
     progress: Callable[[Progress], None],
     workers: int,
@@ -256,7 +275,7 @@ def _train_liveput(
         time_scale=settings.time_scale,
         notice_lead_s=settings.notice_lead_s,
         notice_margin_s=settings.notice_margin_s,
-        checkpoint_dir=str(work / "checkpoints"),
+        checkpoint_dir=checkpoints,
         checkpoint_every=settings.checkpoint_every,
         seed=settings.seed,
         log_dir=str(work / "logs"),
@@ -308,14 +327,15 @@ def run_torchrun(
     torchrun agent per instance, elastic over a c10d store this process hosts (not on any
     instance); it trains on ``minimum`` instances or more."""
     maximum = max(1, trace.max_count())
-    with placement(settings, maximum) as pool:
-        return _run_torchrun(trace, settings, work, module, system, minimum, pool)
+    with placement(settings, maximum) as pool, checkpoint_location(settings, pool, work) as where:
+        return _run_torchrun(trace, settings, work, where, module, system, minimum, pool)
 
 
 def _run_torchrun(
     trace: Trace,
     settings: RunSettings,
     work: Path,
+    checkpoints: str,
     module: str,
     system: str,
     minimum: int,
@@ -350,7 +370,7 @@ def _run_torchrun(
         "--job",
         settings.job,
         "--checkpoint-dir",
-        str(work / "checkpoints"),
+        checkpoints,
         "--checkpoint-every",
         str(settings.checkpoint_every),
         "--progress",

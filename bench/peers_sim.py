@@ -105,12 +105,16 @@ def measure(
     samples_per_s_by_count: Mapping[int, float] | None = None,
     instance_memory_gb: float | None = None,
     link_mbit: float | None = None,
+    object_store: bool = False,
 ) -> Measured:
     """Profile the job and time its migrations here (about a minute on two idle cores);
     ``startup_s`` and the samples/s per instance count are measured by the caller (runs
     with no preemption). The profile plans for instances of ``instance_memory_gb`` and moves
     state over links of ``link_mbit`` where the benchmark gives them (the migrations timed here
-    run over loopback: their fixed part is what they measure)."""
+    run over loopback: their fixed part is what they measure). With ``object_store`` the
+    checkpoints cross those links too: a restore's stages read their shares at once, each
+    through its own link, so the storage's bandwidth is a link's times the fewest stages of
+    any configuration that fits."""
     import torch
 
     from bench.bench_runtime import downtimes
@@ -131,6 +135,9 @@ def measure(
         rebuild_per_node_s=0.0,
         checkpoint_latency_s=0.05,
         measured_restart_s=measured.get("checkpoint-restore"),
+        **_object_store_costs(profile, link_mbit, max(samples_per_s_by_count or {1: 0}))
+        if object_store and link_mbit is not None
+        else {},
     )
     return Measured(
         profile,
@@ -139,6 +146,13 @@ def measure(
         startup_s,
         dict(samples_per_s_by_count or {}),
     )
+
+
+def _object_store_costs(profile: ModelProfile, link_mbit: float, instances: int) -> dict:
+    table = estimate_configs(profile, max(instances, 1))
+    stages = table.pipeline_stages[table.feasible]
+    readers = int(stages.min()) if stages.size else 1
+    return {"checkpoint_bandwidth_bytes_per_s": link_mbit * 1e6 / 8 * readers}
 
 
 def wall_clock_trace(trace: Trace, time_scale: float, resolution_s: float = 2.0) -> IntervalTrace:

@@ -44,7 +44,7 @@ def test_fsdp_peer_trains_as_the_ddp_peer_and_resumes_from_its_checkpoint_exactl
     # Killed after step 7 (steps 6 and 7, after the checkpoint at 6, are lost), then restarted.
     interrupted = tmp_path / "interrupted"
     train(DDPConfig(str(interrupted), JOB, 3, steps=8))
-    assert latest_checkpoint(interrupted).name == "step-0000000006"
+    assert Path(str(latest_checkpoint(str(interrupted)))).name == "step-0000000006"
     assert sorted(p.name for p in interrupted.iterdir()) == ["step-0000000003", "step-0000000006"]
     progress = tmp_path / "progress.jsonl"
     resumed = full_state(

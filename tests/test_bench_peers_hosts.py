@@ -79,9 +79,11 @@ def _settings(tmp_path: Path) -> RunSettings:
         job="tiny-gpt",
         time_scale=4.0,
         window_s=25.0,
+        checkpoint_every=5,
         link_mbit=1000.0,
         subnet=SUBNET,
         work_dir=str(tmp_path),
+        object_store=True,
     )
 
 
@@ -89,16 +91,27 @@ def _constant(instances: int, settings: RunSettings) -> Trace:
     return Trace("constant", instances, [], [], [], settings.window_s * settings.time_scale)
 
 
-@pytest.mark.parametrize("system", ["liveput", "torchrun"])
-def test_a_system_trains_across_shaped_hosts(tmp_path: Path, system: str) -> None:
+@pytest.mark.parametrize("system", ["liveput", "torchrun-fsdp"])
+def test_a_system_trains_across_shaped_hosts_and_checkpoints_through_their_links(
+    tmp_path: Path, system: str
+) -> None:
     """Two instances, each in its own namespace, reach the store on the gateway and each other
-    over their shaped links, and train."""
+    over their shaped links, and train; their checkpoints go to the object store on the
+    gateway, from the instances' own addresses (through their links)."""
     settings = _settings(tmp_path)
     trace = _constant(2, settings)
+    work = tmp_path / "run"
     if system == "liveput":
-        run = run_liveput(trace, settings, tmp_path / "run", "liveput", "liveput")
+        run = run_liveput(trace, settings, work, "liveput", "liveput")
     else:
-        (tmp_path / "run").mkdir()
-        run = run_torchrun(trace, settings, tmp_path / "run")
-    logs = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "run" / "logs").glob("*"))
+        work.mkdir()
+        run = run_torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp")
+    logs = "\n".join(p.read_text(errors="replace") for p in (work / "logs").glob("*"))
     assert run.samples > 0, logs
+    requests = (work / "logs" / "object-store.log").read_text()
+    writes = re.findall(
+        rf'^({re.escape(SUBNET)}\.\d+) .*"(?:PUT|POST) /peers/{work.name}/checkpoints/step-',
+        requests,
+        re.MULTILINE,
+    )
+    assert writes and f"{SUBNET}.254" not in writes, requests[-2000:]

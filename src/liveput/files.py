@@ -114,10 +114,10 @@ def check_writable_url(url: str, role: str) -> None:
     starts, so that no run trains on while each of its writes there fails)."""
     import uuid
 
-    import fsspec
+    from liveput.objectstore import url_to_fs
 
     try:
-        fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
+        fs, root = url_to_fs(url.rstrip("/"))
         fs.makedirs(root, exist_ok=True)
         probe = f"{root}/.liveput-probe-{uuid.uuid4().hex}"
         with fs.open(probe, "wb") as handle:

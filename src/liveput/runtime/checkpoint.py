@@ -25,10 +25,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
-import fsspec
 import torch
 
 from liveput.errors import LiveputError
+from liveput.objectstore import url_to_fs, writes_whole_objects
 from liveput.runtime import keys
 from liveput.runtime.layer_state import LayerState
 from liveput.runtime.store import Store
@@ -142,7 +142,8 @@ class Checkpointer:
         but not forgery."""
         self.keep = max(1, keep)
         self.directory = directory.rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.directory)
+        self.fs, self.root = url_to_fs(self.directory)
+        self._write_aside = not writes_whole_objects(self.fs)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: list[Future] = []
         self._lock = threading.Lock()
@@ -182,15 +183,18 @@ class Checkpointer:
                 buffer = io.BytesIO()
                 torch.save(state, buffer)
                 payload = buffer.getbuffer()
-                # Written aside then moved: a restore never reads a half-written layer file.
-                partial = f"{self._path(step, index)}.partial-{epoch}"
+                # Written aside then moved: a restore never reads a half-written layer file
+                # (an object store shows an object only once whole: written in place).
+                final = self._path(step, index)
+                partial = f"{final}.partial-{epoch}" if self._write_aside else final
                 with self.fs.open(partial, "wb") as handle:
                     # Header and payload written apart: no copy of a layer's state joins
                     # them (two copies cost a busy core 10 ms or more per checkpoint).
                     handle.write(layer_file_header(payload, self.token))
                     handle.write(payload)
                 del payload
-                self.fs.mv(partial, self._path(step, index))
+                if partial != final:
+                    self.fs.mv(partial, final)
             if self.store.add(keys.checkpoint_layers(epoch, step), len(snapshot)) == num_layers:
                 if self._mark_latest(epoch, step, time.perf_counter() - taken_s):
                     self._prune(step)

@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import torch
 
 from liveput.errors import LiveputError
+from liveput.objectstore import url_to_fs
 from liveput.runtime.checkpoint import open_layer_file
 
 _STEP = re.compile(r"step-(\d+)$")
@@ -69,7 +69,7 @@ def _layers_in(fs: Any, folder: str) -> set[int]:
 
 
 def final_layers_present(checkpoint_dir: str, num_layers: int) -> bool:
-    fs, root = fsspec.core.url_to_fs(checkpoint_dir.rstrip("/"))
+    fs, root = url_to_fs(checkpoint_dir.rstrip("/"))
     return _layers_in(fs, f"{root}/{FINAL}") >= set(range(num_layers))
 
 
@@ -85,7 +85,7 @@ def read_final(
                 f"export: {checkpoint_dir}/{FINAL}/ lacks layer files: the job did not finish"
             )
         time.sleep(0.2)
-    fs, root = fsspec.core.url_to_fs(checkpoint_dir.rstrip("/"))
+    fs, root = url_to_fs(checkpoint_dir.rstrip("/"))
     modules = []
     for index in range(num_layers):
         with fs.open(f"{root}/{FINAL}/layer-{index}.pt", "rb") as handle:
@@ -120,7 +120,7 @@ def read_checkpoint(
     files written without one, checked by SHA-256 only). ``num_layers``: the job's L, which
     makes a checkpoint missing its last layers incomplete for certain. A missing, incomplete,
     corrupt or forged checkpoint is a one-line :class:`LiveputError`."""
-    fs, root = fsspec.core.url_to_fs(path_or_url.rstrip("/"))
+    fs, root = url_to_fs(path_or_url.rstrip("/"))
     if not fs.isdir(root):
         raise LiveputError(f"checkpoint {path_or_url}: no such folder")
     if fs.isdir(f"{root}/checkpoints") and fs.isfile(f"{root}/{TOKEN_FILE}"):

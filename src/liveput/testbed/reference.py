@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import fsspec
 import torch
 
 from liveput import Job
+from liveput.objectstore import url_to_fs
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.layer_state import LayerState, fresh_layer
 from liveput.runtime.optimizer_step import OptimizerStep
@@ -61,7 +61,7 @@ def reference_parameters(job: Job, steps: int) -> list[dict[str, torch.Tensor]]:
 def final_parameters(checkpoint_dir: str | Path, num_layers: int) -> list[dict[str, torch.Tensor]]:
     """The final weights a run saved under ``<checkpoint_dir>/final/``."""
     reader = Checkpointer.__new__(Checkpointer)  # reads only: no store, no writer thread
-    reader.fs, reader.root = fsspec.core.url_to_fs(str(checkpoint_dir))
+    reader.fs, reader.root = url_to_fs(str(checkpoint_dir))
     return [reader.load_layer_file(f"final/layer-{i}.pt")["module"] for i in range(num_layers)]
 
 
