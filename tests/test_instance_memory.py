@@ -35,7 +35,7 @@ from liveput.runtime import keys, protocol
 from liveput.runtime.coordinator import CoordinatorConfig
 from liveput.runtime.coordinator.policy import fit, history_trace
 from liveput.runtime.engine import Engine, EngineConfig
-from liveput.runtime.launch import JobSpec, run_coordinator
+from liveput.runtime.launch import DEFAULT_COMM_TIMEOUT_S, JobSpec, comm_timeout_s, run_coordinator
 from liveput.runtime.planning import profile_job, require_a_fit
 from liveput.runtime.stage_memory import StageBudget, stage_refusal
 from liveput.runtime.store import MemoryStore
@@ -372,3 +372,25 @@ def test_the_planner_told_of_slow_links_keeps_replicas_off_them(gpt2):
     for value in (0.0, -1.0, math.nan):
         with pytest.raises(LiveputError, match=r"^job: the network rate must be a finite"):
             dataclasses.replace(request, network_gbps=value)
+
+
+def test_a_process_group_operation_waits_as_long_as_the_links_need_to_move_the_state():
+    """A migration sends an instance's layers one after the other over its link: on slow links
+    the agents' collective timeout grows past the time the model's state takes (twice it),
+    never below the default."""
+    request = JobRequest("gpt2-small", 10, "ckpt", instance_memory_gb=0.9)
+    default = assemble_job(request).spec
+    slow = assemble_job(dataclasses.replace(request, network_gbps=0.1)).spec
+    assert default.comm_timeout_s == DEFAULT_COMM_TIMEOUT_S
+    # gpt2-small's fp32 weights and Adam's two moments: 1.03 GB, 82.6 s at 0.1 Gb/s.
+    weights = sum(
+        p.numel() for layer in resolve_job("gpt2-small").layers for p in layer.parameters()
+    )
+    assert slow.comm_timeout_s == pytest.approx(2 * 8 * 3 * 4 * weights / 0.1e9)
+    assert 160 < slow.comm_timeout_s < 170
+    assert comm_timeout_s(3 * 4 * weights, 10.0) == DEFAULT_COMM_TIMEOUT_S
+    # A spec published by an older coordinator, without the field, keeps the default.
+    published = {k: v for k, v in dataclasses.asdict(slow).items() if k != "comm_timeout_s"}
+    assert JobSpec(**published).comm_timeout_s == DEFAULT_COMM_TIMEOUT_S
+    with pytest.raises(LiveputError, match=r"^job spec: comm_timeout_s must be > 0"):
+        dataclasses.replace(slow, comm_timeout_s=0.0)

@@ -216,7 +216,7 @@ def assemble_job(
     from liveput.models.jobs import resolve_job
     from liveput.perf.types import with_network
     from liveput.runtime.coordinator import CoordinatorConfig
-    from liveput.runtime.launch import JobSpec
+    from liveput.runtime.launch import JobSpec, comm_timeout_s
     from liveput.runtime.planning import planning_profile
     from liveput.runtime.prune import PruneConfig
 
@@ -240,6 +240,7 @@ def assemble_job(
         data=request.data,
         notice_margin_s=request.notice_margin_s,
         instance_memory_gb=request.instance_memory_gb,
+        comm_timeout_s=comm_timeout_s(_model_state_bytes(job), request.network_gbps),
     )
     config = CoordinatorConfig(
         num_steps=request.steps,
@@ -271,3 +272,13 @@ def assemble_job(
         if request.on_demand_on_top:
             config = dataclasses.replace(config, capacity=request.capacity + deadline.on_demand_max)
     return AssembledJob(job, spec, config, profile, deadline)
+
+
+OPTIMIZER_STATE_FACTOR = 3
+"""The state that moves with a layer, in multiples of its weights: the weights and Adam's two
+moments (an upper bound for other optimizers: SGD with momentum holds less)."""
+
+
+def _model_state_bytes(job: Job) -> float:
+    weights = sum(p.numel() * p.element_size() for layer in job.layers for p in layer.parameters())
+    return float(OPTIMIZER_STATE_FACTOR * weights)

@@ -57,6 +57,27 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 
 
+DEFAULT_COMM_TIMEOUT_S = 30.0
+"""A process-group operation's timeout where nothing says the links are slow, seconds."""
+
+
+def comm_timeout_s(model_state_bytes: float, network_gbps: float | None) -> float:
+    """The timeout of one process-group operation for a job whose layers hold
+    ``model_state_bytes`` in all (weights and optimizer state), on links of ``network_gbps``.
+
+    A migration sends each layer's state as one message, an instance's layers one after the
+    other over its one link, so the receive of its last layer waits for all of them: at most
+    the whole model's state, ``t_move = 8 * model_state_bytes / (network_gbps * 1e9)`` seconds.
+    The timeout is twice that (the same link carries checkpoint uploads and activations
+    meanwhile), never under :data:`DEFAULT_COMM_TIMEOUT_S`; links not given (None): the
+    default. gpt2-small (1.03 GB with Adam's moments) at 100 Mbit/s: 165 s; a stage of it was
+    measured past the default there, next to a checkpoint's upload."""
+    if network_gbps is None:
+        return DEFAULT_COMM_TIMEOUT_S
+    move_s = 8 * model_state_bytes / (network_gbps * 1e9)
+    return max(DEFAULT_COMM_TIMEOUT_S, 2 * move_s)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What every agent must agree on, published by the coordinator."""
@@ -91,9 +112,14 @@ class JobSpec:
     """The job's per-instance memory budget, GB: each agent refuses a stage predicted over it
     (:mod:`liveput.runtime.stage_memory`), with the job's profile kept in the store; None:
     none (a spec published without one, by an older coordinator, has none)."""
+    comm_timeout_s: float = DEFAULT_COMM_TIMEOUT_S
+    """Timeout of one process-group operation, seconds (:func:`comm_timeout_s`: long enough
+    to move the model's state over one of the instances' links)."""
 
     def __post_init__(self) -> None:
         check_instance_memory_gb(self.instance_memory_gb, "job spec: instance_memory_gb")
+        if not self.comm_timeout_s > 0:
+            raise LiveputError(f"job spec: comm_timeout_s must be > 0, got {self.comm_timeout_s}")
         if self.checkpoint_every < 0:
             raise LiveputError("checkpoint_every must be >= 0")
         if self.store_outage_s <= 0 or self.keep_checkpoints < 1:
@@ -203,6 +229,7 @@ def run_agent(
                 device=device,
                 shared_gpu=spec.shared_gpu and device != "cpu",
                 instance_memory_gb=spec.instance_memory_gb,
+                comm_timeout_s=spec.comm_timeout_s,
             ),
             token=token.encode(),
         )
