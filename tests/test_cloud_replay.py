@@ -261,6 +261,35 @@ def test_processes_that_exit_by_themselves_are_recorded_and_not_preempted(
     assert cloud.preemptions == 0
 
 
+def test_a_removal_whose_time_passed_unnoticed_is_void_at_the_next_launch(
+    tmp_path: Path, clouds: list[EmulatedProvider]
+) -> None:
+    """The removal at 100 s is due its notice at 50 s, when every instance has exited by
+    itself; the next instance comes at 150 s, after the removal's time: it is not its victim
+    (preempted before it was launched, the provider's record refused it)."""
+    launcher = command_launcher([sys.executable, "-c", "import sys; sys.exit(3)"])
+    trace = make_trace(2, [(100.0, 0, 1), (150.0, 1, 0)], end_s=200.0)
+    clock = ManualClock()
+    cloud = replaying(
+        trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=50, notice_signal=None
+    )
+    clouds.append(cloud)
+    cloud.start()
+    deadline = time.monotonic() + 20
+    while len(cloud.pids()) and time.monotonic() < deadline:
+        cloud.step()
+        time.sleep(0.02)
+    assert len([e for e in cloud.events if e.kind is EXIT]) == 2
+    clock.set(6.0)
+    assert cloud.step() == []  # the notice's time: nobody to notice, the removal waits
+    clock.set(15.0)
+    assert [e.kind for e in cloud.step()] == [LAUNCH]
+    clock.set(20.0)
+    cloud.step()
+    assert [e for e in cloud.events if e.kind in (NOTICE, KILL)] == []
+    assert cloud.preemptions == 0
+
+
 AGENT = textwrap.dedent(
     """
     import os, sys, time

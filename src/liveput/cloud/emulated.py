@@ -348,17 +348,19 @@ class EmulatedProvider(Provider):
         """Give every replayed removal that is due a notice a victim, while there are any."""
         while self._unnoticed:
             candidates = self._running_spot()
-            if not candidates:
-                # Removals whose time has come with nobody to remove (agents that exited by
-                # themselves) are void; later ones wait for the next launch.
-                void = [kill_s for kill_s in self._unnoticed if kill_s <= now_s]
-                if void:
-                    log.warning(
-                        "emulated provider: %d preemption(s) at %.1f s found no instance",
-                        len(void),
-                        now_s,
-                    )
-                self._unnoticed = [kill_s for kill_s in self._unnoticed if kill_s > now_s]
+            # Removals whose time has come with nobody to remove (agents that exited by
+            # themselves) are void, and so are those whose time passed while they waited: an
+            # instance launched since is not theirs to end before it started. Later ones wait
+            # for the next launch.
+            void = [k for k in self._unnoticed if k < now_s or (not candidates and k <= now_s)]
+            if void:
+                log.warning(
+                    "emulated provider: %d preemption(s) by %.1f s found no instance",
+                    len(void),
+                    now_s,
+                )
+                self._unnoticed = [k for k in self._unnoticed if k not in void]
+            if not candidates or not self._unnoticed:
                 return
             kill_s = self._unnoticed.pop(0)
             victim = self._rng.choice(candidates)
