@@ -34,9 +34,11 @@ import dataclasses
 import functools
 import json
 import logging
+import multiprocessing
 import signal
 import sys
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench import peers_report
@@ -368,14 +370,19 @@ def main(argv: list[str] | None = None) -> None:
             + ", ".join(f"{n}: {rate:.1f}" for n, rate in by_count.items()),
             flush=True,
         )
-        measured = measure(
-            base.job,
-            startup_s or 0.0,
-            by_count,
-            base.instance_memory_gb,
-            base.link_mbit,
-            base.object_store,
-        )
+        # In a process of its own: its in-process instances (threads, each with the job's
+        # layers and gloo groups) left about 9 GB of gpt2-small behind in this one, and the
+        # next run's instances beside it ran the machine out of memory.
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+            measured = child.submit(
+                measure,
+                base.job,
+                startup_s or 0.0,
+                by_count,
+                base.instance_memory_gb,
+                base.link_mbit,
+                base.object_store,
+            ).result()
         print(
             "measured here: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in measured.downtimes_s.items()),

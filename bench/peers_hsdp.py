@@ -1,0 +1,182 @@
+"""The torchft peer with HSDP: FSDP2 inside each replica group, torchft across the groups.
+
+Each instance runs one replica group of several workers (``torchrun --nproc-per-node=N``, or one
+process per rank started with ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``). Inside
+the group the job's layers are sharded with FSDP2 (:func:`bench.peers_fsdp.shard`'s layout, over
+the group's 1-D CPU mesh) on the group's gloo process group; across the groups a torchft
+``Manager`` handles the replica dimension as torchft 0.2.0's ``fsdp_test`` does: every FSDP
+unit's all-reduce hook all-reduces its reduce-scattered gradient shard, group rank ``r`` with
+group rank ``r`` of every other group, through the manager (sum, then divided by the
+participants: gloo has no ``ReduceOp.AVG``). A group that joins late heals from a live one: its
+rank ``r`` fetches rank ``r``'s local shards of the model and optimizer (torchft's HTTP
+checkpoint transport) and rebuilds them as DTensors over its own mesh (same group size).
+
+The computation is :mod:`bench.peers_fsdp`'s over ``P * N`` workers (``P`` participating groups
+of ``N``): worker ``p * N + r`` takes :func:`bench.peers_ddp._local_batch`'s share of step ``s``'s
+global batch, its loss weighted by ``P * N * n / B`` (FSDP divides by ``N``, the manager by
+``P``). Rank 0 of participant 0 writes the progress lines (``world``: participating groups) and
+saves a DCP checkpoint every K steps (collective within its group), used only when every group
+was lost.
+
+Run: ``torchrun --nnodes=1 --nproc-per-node=2 -m bench.peers_hsdp REPLICA_ID JOB CHECKPOINT_DIR
+CHECKPOINT_EVERY PROGRESS_FILE`` (one torchrun per group; ``TORCHFT_LIGHTHOUSE`` set). Runs in
+``bench/.peers-venv`` (torchft); trains until killed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+from bench.peers_ddp import _local_batch, build_model
+from bench.peers_fsdp import _load, _save, _url, latest_checkpoint
+from liveput.models.jobs import resolve_job
+from liveput.objectstore import url_to_fs
+
+
+def shard(model: nn.Sequential, mesh: DeviceMesh) -> nn.Sequential:
+    """Each layer that has parameters its own FSDP2 unit over ``mesh``, then the whole model."""
+    for layer in model:
+        if next(layer.parameters(), None) is not None:
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _local(tree: Any) -> Any:
+    """``tree`` with every DTensor replaced by this rank's shard (what is sent to a healer)."""
+    if isinstance(tree, DTensor):
+        return tree.to_local()
+    if isinstance(tree, dict):
+        return {key: _local(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_local(value) for value in tree]
+    return tree
+
+
+def _distribute(template: Any, received: Any) -> Any:
+    """``received`` (a peer's :func:`_local` tree) with its shards made DTensors like the ones
+    at the same place in ``template`` (this rank's own state dict)."""
+    if isinstance(template, DTensor):
+        return DTensor.from_local(
+            received,
+            template.device_mesh,
+            template.placements,
+            shape=template.shape,
+            stride=template.stride(),
+        )
+    if isinstance(received, dict):
+        template = template if isinstance(template, dict) else {}
+        return {key: _distribute(template.get(key), value) for key, value in received.items()}
+    if isinstance(received, list) and isinstance(template, list):
+        return [_distribute(t, r) for t, r in zip(template, received)]
+    return received
+
+
+def worker(
+    replica_id: str, job_name: str, checkpoint_dir: str, checkpoint_every: int, progress_file: str
+) -> None:
+    """One rank of one replica group; trains until killed. Needs the group's default process
+    group initialized."""
+    from torchft import Manager, ProcessGroupGloo
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    group_rank, group_size = dist.get_rank(), dist.get_world_size()
+    job = resolve_job(job_name)
+    model = shard(build_model(job), init_device_mesh("cpu", (group_size,)))
+    optimizer = job.optimizer(list(model.parameters()))
+
+    def state_dict() -> dict:
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        return _local({"model": model_state, "optim": optimizer_state})
+
+    def load_state_dict(state: dict) -> None:
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=_distribute(model_state, state["model"]),
+            optim_state_dict=_distribute(optimizer_state, state["optim"]),
+        )
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        use_async_quorum=False,
+        timeout=timedelta(seconds=10),
+        rank=group_rank,
+        world_size=group_size,
+        replica_id=replica_id,
+        hostname="127.0.0.1",
+    )
+
+    def all_reduce_hook(output: torch.Tensor) -> None:
+        # This unit's reduce-scattered gradient shard, averaged over the participating groups;
+        # a failure (a lost group) is recorded by the manager and makes the step a no-commit.
+        manager.allreduce(output).wait()
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_all_reduce_hook(all_reduce_hook)
+    fs, root = url_to_fs(checkpoint_dir)
+    fs.makedirs(root, exist_ok=True)
+    latest = latest_checkpoint(checkpoint_dir)
+    if latest is not None:  # every group may have been lost: the disk has the newest state
+        step = _load(_url(fs, latest), model, optimizer)
+        manager.load_state_dict({"step": step, "batches_committed": step})
+    with open(progress_file, "a", buffering=1) as progress:
+        if group_rank == 0:
+            line = {"t": time.time(), "start": manager.current_step(), "replica": replica_id}
+            progress.write(json.dumps(line) + "\n")
+        while True:
+            optimizer.zero_grad(set_to_none=True)
+            manager.start_quorum()  # synchronous: heals this group first if it is behind
+            step = manager.current_step()
+            replicas = manager.num_participants()
+            replica = manager.participating_rank() or 0
+            world, rank = replicas * group_size, replica * group_size + group_rank
+            inputs, targets = _local_batch(job, step, rank, world)
+            weight = world * len(inputs) / job.global_batch_size
+            loss = job.loss_fn(model(inputs), targets) * weight
+            loss.backward()  # reduce-scatter in the group, then the hook across the groups
+            if not manager.should_commit():
+                continue
+            optimizer.step()
+            if replica == 0 and (step + 1) % checkpoint_every == 0:
+                _save(checkpoint_dir, step + 1, model, optimizer, keep=2, rank=group_rank)
+            if replica == 0 and group_rank == 0:
+                line = {
+                    "t": time.time(),
+                    "step": step,
+                    "world": replicas,
+                    "workers": world,
+                    "loss": float(loss.detach()) / weight,
+                }
+                progress.write(json.dumps(line) + "\n")
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
+    dist.init_process_group("gloo")
+    worker(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+
+
+if __name__ == "__main__":
+    main()
