@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from liveput.objectstore import S3FileSystem
-from liveput.testbed import free_port
+from liveput.testbed.aws_endpoint import aws_endpoint
 
 BUCKET = "peers"
-START_TIMEOUT_S = 60.0
 _CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "peers",
     "AWS_SECRET_ACCESS_KEY": "peers",
@@ -38,46 +34,19 @@ def object_store(address: str, log_dir: Path) -> Iterator[str]:
     Yields the bucket's URL."""
     import boto3
 
-    port = free_port(address)
-    endpoint = f"http://{address}:{port}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / "object-store.log", "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", address, "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    settings = {**_CREDENTIALS, "AWS_ENDPOINT_URL_S3": endpoint}
-    saved = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    S3FileSystem.clear_instance_cache()
-    try:
-        client = boto3.session.Session().client("s3")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                client.create_bucket(Bucket=BUCKET)
-                break
-            except Exception as error:  # noqa: BLE001 - not up yet, or dead: said below
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"peers: the object store at {endpoint} did not start ({error}); "
-                        f"see {log_dir / 'object-store.log'}"
-                    ) from None
-                time.sleep(0.3)
-        yield f"s3://{BUCKET}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with aws_endpoint(log_dir / "object-store.log", host=address) as endpoint:
+        settings = {**_CREDENTIALS, "AWS_ENDPOINT_URL_S3": endpoint}
+        saved = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
         S3FileSystem.clear_instance_cache()
+        try:
+            boto3.session.Session().client("s3").create_bucket(Bucket=BUCKET)
+            yield f"s3://{BUCKET}"
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            S3FileSystem.clear_instance_cache()

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import base64
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from liveput.cloud import InstanceState
 from liveput.cloud.aws import AwsProvider
 from liveput.cloud.userdata import TOKEN_PARAMETER_VARIABLE, parse_agent_command
 from liveput.runtime.instance_env import MARKET_ENV
+from liveput.testbed.aws_endpoint import aws_endpoint
 
 __all__ = ["moto_endpoint", "MotoInstanceRunner", "DUMMY_CREDENTIALS"]
 
@@ -41,42 +39,9 @@ DUMMY_CREDENTIALS = {
 """What the fixture puts in the environment: boto3's standard chain finds these first."""
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextmanager
-def moto_endpoint(log_path: Path, timeout_s: float = 30.0) -> Iterator[str]:
-    """A moto server on a free loopback port; its URL."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path, "ab") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-        )
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/moto-api/", timeout=1.0):
-                    break
-            except OSError:
-                assert server.poll() is None, f"moto server exited: {log_path.read_text()[-2000:]}"
-                assert time.monotonic() < deadline, "moto server did not answer in time"
-                time.sleep(0.1)
-        yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+def moto_endpoint(log_path: Path, timeout_s: float = 30.0) -> AbstractContextManager[str]:
+    """A moto server on a free loopback port; its URL (:func:`liveput.testbed.aws_endpoint`)."""
+    return aws_endpoint(log_path, timeout_s=timeout_s)
 
 
 def reset_moto(url: str) -> None:

@@ -235,14 +235,22 @@ def test_notice_waits_for_an_instance_when_none_is_there(
     assert [e.kind for e in cloud.step()] == [KILL]
 
 
-def test_processes_that_exit_by_themselves_are_recorded_and_not_preempted(
-    tmp_path: Path, clouds: list[EmulatedProvider]
-) -> None:
+def _instances_that_exited(
+    tmp_path: Path, clouds: list[EmulatedProvider], notice_lead_s: float
+) -> tuple[EmulatedProvider, ManualClock]:
+    """Two instances, replaying a removal at 100 s and an arrival at 150 s (x10), whose
+    processes have exited by themselves (code 3) by the time this returns."""
     launcher = command_launcher([sys.executable, "-c", "import sys; sys.exit(3)"])
     trace = make_trace(2, [(100.0, 0, 1), (150.0, 1, 0)], end_s=200.0)
     clock = ManualClock()
     cloud = replaying(
-        trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=0, notice_signal=None
+        trace,
+        launcher,
+        clock,
+        tmp_path,
+        time_scale=10,
+        notice_lead_s=notice_lead_s,
+        notice_signal=None,
     )
     clouds.append(cloud)
     cloud.start()
@@ -250,6 +258,13 @@ def test_processes_that_exit_by_themselves_are_recorded_and_not_preempted(
     while len(cloud.pids()) and time.monotonic() < deadline:
         cloud.step()
         time.sleep(0.02)
+    return cloud, clock
+
+
+def test_processes_that_exit_by_themselves_are_recorded_and_not_preempted(
+    tmp_path: Path, clouds: list[EmulatedProvider]
+) -> None:
+    cloud, clock = _instances_that_exited(tmp_path, clouds, notice_lead_s=0)
     exits = [e for e in cloud.events if e.kind is EXIT]
     assert sorted(e.detail for e in exits) == ["i-0000 exit code 3", "i-0001 exit code 3"]
     clock.set(12.0)
@@ -267,18 +282,7 @@ def test_a_removal_whose_time_passed_unnoticed_is_void_at_the_next_launch(
     """The removal at 100 s is due its notice at 50 s, when every instance has exited by
     itself; the next instance comes at 150 s, after the removal's time: it is not its victim
     (preempted before it was launched, the provider's record refused it)."""
-    launcher = command_launcher([sys.executable, "-c", "import sys; sys.exit(3)"])
-    trace = make_trace(2, [(100.0, 0, 1), (150.0, 1, 0)], end_s=200.0)
-    clock = ManualClock()
-    cloud = replaying(
-        trace, launcher, clock, tmp_path, time_scale=10, notice_lead_s=50, notice_signal=None
-    )
-    clouds.append(cloud)
-    cloud.start()
-    deadline = time.monotonic() + 20
-    while len(cloud.pids()) and time.monotonic() < deadline:
-        cloud.step()
-        time.sleep(0.02)
+    cloud, clock = _instances_that_exited(tmp_path, clouds, notice_lead_s=50)
     assert len([e for e in cloud.events if e.kind is EXIT]) == 2
     clock.set(6.0)
     assert cloud.step() == []  # the notice's time: nobody to notice, the removal waits
