@@ -31,7 +31,6 @@ import os
 import sys
 import time
 import warnings
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -44,6 +43,7 @@ from torch.distributed.tensor import DTensor
 
 from bench.peers_ddp import _local_batch, build_model
 from bench.peers_fsdp import _load, _save, _url, latest_checkpoint
+from bench.peers_torchft import make_manager
 from liveput.models.jobs import resolve_job
 from liveput.objectstore import url_to_fs
 
@@ -92,8 +92,6 @@ def worker(
 ) -> None:
     """One rank of one replica group; trains until killed. Needs the group's default process
     group initialized."""
-    from torchft import Manager, ProcessGroupGloo
-
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     group_rank, group_size = dist.get_rank(), dist.get_world_size()
@@ -114,17 +112,8 @@ def worker(
             optim_state_dict=_distribute(optimizer_state, state["optim"]),
         )
 
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
-        min_replica_size=1,
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
-        use_async_quorum=False,
-        timeout=timedelta(seconds=10),
-        rank=group_rank,
-        world_size=group_size,
-        replica_id=replica_id,
-        hostname="127.0.0.1",
+    manager = make_manager(
+        state_dict, load_state_dict, replica_id, rank=group_rank, world_size=group_size
     )
 
     def all_reduce_hook(output: torch.Tensor) -> None:

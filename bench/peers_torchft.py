@@ -20,7 +20,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.peers_run import (
     REPO,
@@ -142,16 +144,45 @@ def run_torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | 
     )
 
 
+def make_manager(
+    state_dict: Callable[[], dict],
+    load_state_dict: Callable[[dict], None],
+    replica_id: str,
+    rank: int = 0,
+    world_size: int = 1,
+    **store: Any,
+) -> Any:
+    """A torchft ``Manager`` as the peers run it: gloo across replica groups, training on with
+    one group, a synchronous quorum (each step knows its participants before it takes its
+    share of the batch), 10-s timeouts; ``store``: the group's store address, if not the
+    environment's."""
+    from datetime import timedelta
+
+    from torchft import Manager, ProcessGroupGloo
+
+    return Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        use_async_quorum=False,
+        timeout=timedelta(seconds=10),
+        rank=rank,
+        world_size=world_size,
+        replica_id=replica_id,
+        hostname="127.0.0.1",
+        **store,
+    )
+
+
 def worker(
     replica_id: str, job_name: str, checkpoint_dir: str, checkpoint_every: int, progress_file: str
 ) -> None:
     """One replica group of one worker; trains until killed."""
     import json
-    from datetime import timedelta
 
     import torch
     from torch.distributed import TCPStore
-    from torchft import Manager, ProcessGroupGloo
 
     from bench.peers_ddp import _local_batch, _save, build_model, latest_checkpoint
 
@@ -169,19 +200,12 @@ def worker(
         model.load_state_dict(state["model"])
         inner.load_state_dict(state["optim"])
 
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
-        min_replica_size=1,
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
-        use_async_quorum=False,
-        timeout=timedelta(seconds=10),
-        rank=0,
-        world_size=1,
+    manager = make_manager(
+        state_dict,
+        load_state_dict,
+        replica_id,
         store_addr="127.0.0.1",
         store_port=store.port,
-        replica_id=replica_id,
-        hostname="127.0.0.1",
     )
     latest = latest_checkpoint(directory)
     if latest is not None:  # every replica may have been lost: the disk has the newest state
