@@ -371,8 +371,9 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
         # In a process of its own: its in-process instances (threads, each with the job's
-        # layers and gloo groups) left about 9 GB of gpt2-small behind in this one, and the
-        # next run's instances beside it ran the machine out of memory.
+        # layers) left about 9 GB of gpt2-small in this one, freed but kept by glibc's
+        # per-thread arenas, and the next run's instances beside it ran the machine out of
+        # memory.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
             measured = child.submit(
                 measure,
