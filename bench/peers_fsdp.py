@@ -41,26 +41,29 @@ CHECKPOINT_PREFIX = "step-"
 METADATA = ".metadata"
 
 
-def _complete(fs: Any, root: str) -> list[str]:
-    """The complete DCP checkpoints under ``root``, oldest first: DCP writes a checkpoint's
-    ``.metadata`` last, once every rank's shards are in (atomically: aside, then renamed)."""
+def _checkpoints(fs: Any, root: str) -> list[str]:
+    """The DCP checkpoint folders under ``root``, complete or not, oldest first."""
     try:
         names = fs.ls(root, detail=False)
     except FileNotFoundError:
         return []
     return sorted(
-        name
-        for name in names
-        if name.rstrip("/").rsplit("/", 1)[-1].startswith(CHECKPOINT_PREFIX)
-        and fs.exists(f"{name}/{METADATA}")
+        n for n in names if n.rstrip("/").rsplit("/", 1)[-1].startswith(CHECKPOINT_PREFIX)
     )
 
 
+def _complete(fs: Any, checkpoints: list[str]) -> list[str]:
+    """Those of ``checkpoints`` that are complete: DCP writes a checkpoint's ``.metadata``
+    last, once every rank's shards are in (atomically: aside, then renamed)."""
+    return [name for name in checkpoints if fs.exists(f"{name}/{METADATA}")]
+
+
 def latest_checkpoint(directory: str) -> str | None:
-    """The newest complete DCP checkpoint under ``directory`` (a path or any fsspec URL)."""
+    """The newest complete DCP checkpoint under ``directory`` (a path or any fsspec URL), as
+    DCP is given it: a local path, or a URL."""
     fs, root = url_to_fs(directory)
-    found = _complete(fs, root)
-    return found[-1] if found else None
+    found = _complete(fs, _checkpoints(fs, root))
+    return _url(fs, found[-1]) if found else None
 
 
 def shard(model: nn.Sequential) -> nn.Sequential:
@@ -107,9 +110,9 @@ def _save(
     if rank == 0:
         # The older complete ones past ``keep``, and what a kill left half written (no
         # metadata: nothing else is being written while this rank is here).
-        complete = _complete(fs, root)
-        names = [n for n in fs.ls(root, detail=False) if CHECKPOINT_PREFIX in n]
-        for old in [*complete[:-keep], *(n for n in names if n not in complete)]:
+        found = _checkpoints(fs, root)
+        complete = _complete(fs, found)
+        for old in [*complete[:-keep], *(n for n in found if n not in complete)]:
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(old, recursive=True)
 
@@ -138,7 +141,7 @@ def train(config: DDPConfig) -> nn.Sequential:
     fs, root = url_to_fs(directory)
     fs.makedirs(root, exist_ok=True)
     latest = latest_checkpoint(directory)
-    step = 0 if latest is None else _load(_url(fs, latest), model, optimizer)
+    step = 0 if latest is None else _load(latest, model, optimizer)
 
     def save(next_step: int) -> None:
         _save(directory, next_step, model, optimizer, config.keep_checkpoints, rank)

@@ -42,7 +42,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from bench.peers_ddp import _local_batch, build_model
-from bench.peers_fsdp import _load, _save, _url, latest_checkpoint
+from bench.peers_fsdp import _load, _save, latest_checkpoint
 from bench.peers_torchft import make_manager
 from liveput.models.jobs import resolve_job
 from liveput.objectstore import url_to_fs
@@ -128,7 +128,7 @@ def worker(
     fs.makedirs(root, exist_ok=True)
     latest = latest_checkpoint(checkpoint_dir)
     if latest is not None:  # every group may have been lost: the disk has the newest state
-        step = _load(_url(fs, latest), model, optimizer)
+        step = _load(latest, model, optimizer)
         manager.load_state_dict({"step": step, "batches_committed": step})
     with open(progress_file, "a", buffering=1) as progress:
         if group_rank == 0:

@@ -135,7 +135,7 @@ def measure(
         rebuild_per_node_s=0.0,
         checkpoint_latency_s=0.05,
         measured_restart_s=measured.get("checkpoint-restore"),
-        **_object_store_costs(profile, link_mbit, max(samples_per_s_by_count or {1: 0}))
+        **_object_store_costs(profile, link_mbit, max(samples_per_s_by_count or {}, default=1))
         if object_store and link_mbit is not None
         else {},
     )
