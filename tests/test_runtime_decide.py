@@ -56,6 +56,9 @@ class ModelAgents:
         """Steps checkpointed because the coordinator asked (Rule 9), in order."""
         self.stale_trained = 0
         """Times a plan had an instance train on layers of another point (must stay 0)."""
+        self.move_ticks = 0
+        """Ticks a plan's layers take to arrive once its instances met (0: at once)."""
+        self._moving_for = 0
 
     def join(self, instance: int, market: str = "spot") -> None:
         self.instances[instance] = _Instance()
@@ -194,7 +197,12 @@ class ModelAgents:
                     state.arrived = plan.generation
                     protocol.arrive(self.store, plan, instance)
             if self.store.get(keys.all_arrived(plan.generation)) is not None:
+                self.phase, self._moving_for = "moving", 0
+        if self.phase == "moving":
+            moves = plan.transfers or plan.restore_step not in (None, FRESH_START)
+            if not moves or self._moving_for >= self.move_ticks:
                 self._execute(plan)
+            self._moving_for += 1
         elif self.phase == "training":
             self._train_one_step(plan)
 
@@ -336,6 +344,37 @@ def test_instances_that_arrive_mid_interval_join_once_they_settled_in_one_move()
     assert readers.events(store)[-1]["reason"] == "arrival"
     run(coordinator, agents, clock, 40)
     assert Counting.asked == 1 and len(readers.events(store)) == 2
+    assert agents.stale_trained == 0
+
+
+def test_an_arrival_during_a_move_waits_for_its_first_step_and_is_then_planned():
+    """A move over a slow link takes many steps' time: instances that come while layers are
+    on their way are planned on after the move's first step, not by superseding it (which
+    stops the instances for the move and the next one)."""
+    store, clock = MemoryStore(), ManualClock()
+    coordinator = make_coordinator(store, clock, steps=10_000, initial=2, interval_s=60.0)
+    agents = ModelAgents(store, coordinator.profile.num_layers)
+    for instance in range(2):
+        agents.join(instance)
+    run(coordinator, agents, clock, 20)
+    assert coordinator.plan.num_working == 2 and coordinator.committed > 5
+    agents.move_ticks = 25  # 5 s
+    agents.join(2)
+    agents.join(3)
+    run(coordinator, agents, clock, 8)
+    moving = coordinator.plan
+    assert moving.num_working == 4 and moving.transfers, coordinator.status
+    agents.join(4)
+    agents.join(5)
+    run(coordinator, agents, clock, 20)  # settled long ago; the move is not over
+    assert coordinator.plan.generation == moving.generation
+    assert coordinator.committed < moving.start_step
+    run(coordinator, agents, clock, 15)
+    assert coordinator.plan.num_working == 6, coordinator.status
+    assert readers.events(store)[-1]["reason"] == "arrival"
+    # The move was not given up: its first step committed before the plan for the newcomers.
+    committed_in_move = protocol.last_committed(store, moving.generation, moving.start_step)
+    assert committed_in_move >= moving.start_step
     assert agents.stale_trained == 0
 
 

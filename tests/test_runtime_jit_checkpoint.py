@@ -20,7 +20,14 @@ from liveput.runtime import engine as engine_module
 from liveput.runtime import keys
 from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint, latest_record
 from liveput.runtime.clock import ManualClock
-from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView, Member, decide
+from liveput.runtime.decide import (
+    ActionKind,
+    CoordinatorConfig,
+    CoordinatorView,
+    Member,
+    checkpoint_lead_s,
+    decide,
+)
 from liveput.runtime.engine import Ending, Engine, EngineConfig
 from liveput.runtime.protocol import FRESH_START, RuntimePlan
 from liveput.runtime.store import MemoryStore, readers
@@ -62,8 +69,9 @@ NOTICE = st.one_of(
 )
 
 
-# A measured step or checkpoint write time, seconds, or none measured yet.
-MEASURED = st.one_of(st.none(), st.floats(0.0, 3.0))
+# A measured step or checkpoint write time, seconds, or none measured yet (up to a stage's
+# state written over a slow link: its lead then passes the unmeasured one).
+MEASURED = st.one_of(st.none(), st.floats(0.0, 3.0), st.floats(3.0, 30.0))
 
 
 @settings(max_examples=300, deadline=None)
@@ -118,11 +126,11 @@ def test_the_checkpoint_is_asked_exactly_when_only_noticed_instances_hold_a_laye
             ends += [
                 m.notice_lead_s - m.notice_age_s for m in holders if m.notice_lead_s is not None
             ]
-    # The lead: 3 measured steps and writes, between 1 s and the configured 5 s (5 s until both
-    # are measured).
+    # The lead: 3 measured steps and writes, between 1 s and the 20-s notice margin (the
+    # configured 5 s until both are measured).
     lead_s = 5.0
     if step_s is not None and write_s is not None:
-        lead_s = sorted([1.0, 3 * (step_s + write_s), 5.0])[1]
+        lead_s = sorted([1.0, 3 * (step_s + write_s), 20.0])[1]
     due = bool(ends) and min(ends) <= lead_s and not saved
     assert (action.kind is ActionKind.CHECKPOINT) == due, (action, ends)
     if due:
@@ -234,6 +242,32 @@ def test_with_steps_and_writes_measured_the_checkpoint_is_asked_later():
     agents.join(4)
     run(coordinator, agents, clock, int(6.0 / TICK_S))
     assert coordinator.plan.restore_step == saved and coordinator.committed > saved
+
+
+def test_a_checkpoint_written_slower_than_the_unmeasured_lead_is_asked_for_in_time():
+    """A stage's state written over a slow link (21 s measured) next to 10-s steps: the
+    checkpoint is asked for the notice margin (20 s) before the end, not the unmeasured 5 s
+    (a write that could not finish), and the coordinator waits for it as long."""
+
+    def view(age_s: float, **measured: float) -> CoordinatorView:
+        members = dict(_checkpointing_view().members)
+        for instance in (0, 1):
+            members[instance] = dataclasses.replace(
+                members[instance], notice_lead_s=80.0, notice_age_s=age_s
+            )
+        return _checkpointing_view(members=members, checkpoint_requested=False, **measured)
+
+    slow = dict(step_s=10.0, checkpoint_write_s=21.0)
+    assert checkpoint_lead_s(view(0.0, **slow), CONFIG) == CONFIG.notice_margin_s
+    assert decide(view(55.0, **slow), CONFIG, _choose).kind is not ActionKind.CHECKPOINT
+    action = decide(view(61.0, **slow), CONFIG, _choose)
+    assert action.kind is ActionKind.CHECKPOINT and action.checkpoint_before_s == 19.0
+    assert decide(view(61.0), CONFIG, _choose).kind is not ActionKind.CHECKPOINT  # unmeasured
+    waiting = _checkpointing_view(**slow, checkpoint_request_age_s=15.0)
+    assert decide(waiting, CONFIG, _choose).kind is ActionKind.WAIT
+    assert decide(_checkpointing_view(checkpoint_request_age_s=15.0), CONFIG, _choose).kind is (
+        ActionKind.REPLAN
+    )
 
 
 def test_a_checkpoint_records_how_long_its_write_took(tmp_path):

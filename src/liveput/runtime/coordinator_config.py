@@ -46,8 +46,9 @@ class CoordinatorConfig:
     the running generation ends at the next step boundary and its instances checkpoint the step
     they end at, so the restore after them redoes no step. The lead covers the step in flight
     and the write of an instance's share of the checkpoint; once both are measured it is
-    ``jit_checkpoint_safety`` times their sum (``decide.checkpoint_lead_s``), and this until
-    then. It is also the longest wait for that checkpoint."""
+    ``jit_checkpoint_safety`` times their sum (``decide.checkpoint_lead_s``, at most
+    ``notice_margin_s``), and this until then. The lead is also the longest wait for that
+    checkpoint."""
     jit_checkpoint_safety: float = 3.0
     """Rule 9's measured lead is this many times a step plus a checkpoint write (the newest
     measured of each): a loaded machine's step or write may take twice its median."""

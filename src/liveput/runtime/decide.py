@@ -57,7 +57,10 @@ Rules, in order (numbered as in :func:`decide`):
    gathered for ``arrival_settle_s``): ask the policy; replan when its configuration differs
    from the running one. An instance that boots mid-interval is not left idle until the next
    (a minute, where a cloud instance takes one or two to boot); the forecasting policy's
-   history keeps one count per interval all the same.
+   history keeps one count per interval all the same. Neither supersedes a move in flight
+   (:func:`protocol.moving`: layers on their way, no step of the plan committed): over a slow
+   link a stage's state takes many steps' time to move, and a plan published before it arrived
+   would stop the instances for that move and the next; the arrival waits for the first step.
 8. A last holder stays in the plan until its heartbeat times out (or a peer names it): left
    out, its layers would come from the checkpoint, a restore and the steps since it lost, for
    an instance that may only be starved (a busy machine delays heartbeats past
@@ -66,10 +69,10 @@ Rules, in order (numbered as in :func:`decide`):
 9. Just in time: when every current holder of some layer has a notice (a wipe-out with
    notice: nowhere to move that layer to), a lead before the earliest end those notices
    announce (:func:`checkpoint_lead_s`: a few measured steps and checkpoint writes, at most
-   ``jit_checkpoint_lead_s`` and ``notice_margin_s``), the running plan is fenced at the next
-   step boundary and its instances checkpoint the step they end at (a
-   :data:`ActionKind.CHECKPOINT`); the coordinator waits for that checkpoint (at most
-   ``jit_checkpoint_lead_s``, less once a writer falls silent), then replans without the
+   ``notice_margin_s``; ``jit_checkpoint_lead_s`` until measured), the running plan is
+   fenced at the next step boundary and its instances checkpoint the step they end at (a
+   :data:`ActionKind.CHECKPOINT`); the coordinator waits for that checkpoint (at most the
+   lead, less once a writer falls silent), then replans without the
    plan's going instances (they leave once their generation ends): the next plan restores the
    step the job was at, and no step is redone. Every second of the lead is a second the
    instances could have trained, hence aimed from measurements. A notice that announces no end
@@ -88,6 +91,7 @@ from liveput.runtime.coordinator_view import (
     Member,
     moves_after_s,
 )
+from liveput.runtime.protocol import moving
 
 __all__ = [
     "Action",
@@ -276,17 +280,21 @@ def _noticed_holders_end_s(view: CoordinatorView, config: CoordinatorConfig) -> 
 
 def checkpoint_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
     """Rule 9's lead, wall seconds: ``jit_checkpoint_safety`` x (a step + a checkpoint
-    write), at least ``jit_checkpoint_min_lead_s``, both measured (the view's); at most
-    ``jit_checkpoint_lead_s`` and ``notice_margin_s``, which it is while either is unmeasured."""
+    write), at least ``jit_checkpoint_min_lead_s``, both measured (the view's), at most
+    ``notice_margin_s``; while either is unmeasured, ``jit_checkpoint_lead_s`` (at most
+    ``notice_margin_s``). A write measured slower than that lead (a stage's state over a
+    slow link to an object store) gets the lead it needs: capped at the unmeasured one, the
+    checkpoint was still being written when the instances went, and the restore after them went
+    back to the checkpoint before."""
     if view.step_s is None or view.checkpoint_write_s is None:
-        return _longest_lead_s(config)
+        return _unmeasured_lead_s(config)
     measured_s = config.jit_checkpoint_safety * (view.step_s + view.checkpoint_write_s)
-    return min(_longest_lead_s(config), max(config.jit_checkpoint_min_lead_s, measured_s))
+    return min(config.notice_margin_s, max(config.jit_checkpoint_min_lead_s, measured_s))
 
 
-def _longest_lead_s(config: CoordinatorConfig) -> float:
-    """Rule 9's lead before anything is measured, its cap, and the longest wait for the
-    checkpoint: ``jit_checkpoint_lead_s``, at most ``notice_margin_s``."""
+def _unmeasured_lead_s(config: CoordinatorConfig) -> float:
+    """Rule 9's lead before anything is measured: ``jit_checkpoint_lead_s``, at most
+    ``notice_margin_s``."""
     return min(config.jit_checkpoint_lead_s, config.notice_margin_s)
 
 
@@ -312,7 +320,9 @@ def _checkpoint_before_end(
             for i, slot in plan.slots.items()
             if slot is not None
         )
-        if not (saved or silent) and view.checkpoint_request_age_s < _longest_lead_s(config):
+        if not (saved or silent) and view.checkpoint_request_age_s < checkpoint_lead_s(
+            view, config
+        ):
             return Action(
                 ActionKind.WAIT,
                 f"checkpointing step {view.committed} before the end the notices announce",
@@ -429,7 +439,7 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         i not in working and not m.going(margin) for i, m in _alive(view, config).items()
     ):  # Rule 6
         return _replan(view, config, choose, "arrival", frozenset(), (), "interval")
-    if view.interval_due or view.arrival:  # Rule 7
+    if (view.interval_due or view.arrival) and not moving(plan, view.committed):  # Rule 7
         available = sum(not m.going(margin) for m in _alive(view, config).values())
         target = choose(available, "interval", ())
         if target is not None and target != Configuration(plan.data_parallel, plan.pipeline_stages):

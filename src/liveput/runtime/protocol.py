@@ -125,6 +125,14 @@ class RuntimePlan:
         return cls(**data)
 
 
+def moving(plan: RuntimePlan, committed: int) -> bool:
+    """``plan``'s move is in flight: its instances receive layers before its first step (from
+    peers, or from a checkpoint; the initial weights are made where they are needed, with
+    nothing to move) and no step of it has committed yet (``committed``: the last one)."""
+    receives = bool(plan.transfers) or plan.restore_step not in (None, FRESH_START)
+    return receives and committed < plan.start_step
+
+
 def publish_plan(store: Store, plan: RuntimePlan) -> None:
     store.set(keys.plan(plan.generation), plan.to_json())
     store.set(keys.current_plan(), str(plan.generation).encode())

@@ -278,7 +278,8 @@ class Observer:
                 )
             )
         committed = progress.committed
-        arrival = self.arrival(members, plan, now)
+        # Rule 7: an arrival during a move waits for the move (flagged after it, not lost).
+        arrival = not protocol.moving(plan, committed) and self.arrival(members, plan, now)
         all_arrived = self.store.get(keys.all_arrived(plan.generation)) is not None
         newly_started = (
             all_arrived
