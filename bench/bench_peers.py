@@ -16,7 +16,9 @@ after the notice lead. Systems:
 - ``torchrun-fsdp`` (only when ``--systems`` names it): the same under FSDP2 with DCP
   checkpoints (:mod:`bench.peers_fsdp`), as users run a model that needs sharding;
 - ``torchft``: per-step fault tolerance (:mod:`bench.peers_torchft`), installed in the
-  benchmark's own environment ``bench/.peers-venv``.
+  benchmark's own environment ``bench/.peers-venv``;
+- ``torchft-hsdp`` (the pipeline regime): torchft across replica groups, FSDP2 inside each
+  group of as many instances as the shards need (:mod:`bench.peers_hsdp`).
 
 Per trace it prints samples in the window, ratios to liveput, downtime per preemption, restarts
 or migrations, final loss, the simulator's prediction (:mod:`bench.peers_sim`) and each system's
@@ -140,12 +142,20 @@ def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun
     return run_torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp", minimum)
 
 
+def _torchft_hsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
+    from bench.peers_hsdp import run_torchft_hsdp
+
+    group_size = sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
+    return run_torchft_hsdp(trace, settings, work, group_size)
+
+
 RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
     "liveput": lambda t, s, w: run_liveput(t, s, w, "liveput", "liveput"),
     "liveput-restart": lambda t, s, w: run_liveput(t, s, w, "reactive", "liveput-restart"),
     "torchrun": run_torchrun,
     "torchrun-fsdp": _torchrun_fsdp,
     "torchft": _torchft,
+    "torchft-hsdp": _torchft_hsdp,
 }
 
 
@@ -268,8 +278,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--notice-margin",
         type=float,
-        default=RunSettings.notice_margin_s,
-        help="liveput's --notice-margin, wall s (default %(default)s)",
+        default=None,
+        help="liveput's --notice-margin, wall s (default: the regime's: "
+        + "; ".join(f"{r.name} {r.notice_margin_s:g}" for r in REGIMES.values())
+        + ")",
     )
     parser.add_argument(
         "--notice-lead",
@@ -322,7 +334,9 @@ def main(argv: list[str] | None = None) -> None:
         job=regime.job,
         time_scale=args.time_scale,
         work_dir=args.work_dir,
-        notice_margin_s=args.notice_margin,
+        notice_margin_s=(
+            regime.notice_margin_s if args.notice_margin is None else args.notice_margin
+        ),
         notice_lead_s=args.notice_lead,
         instance_memory_gb=regime.instance_memory_gb,
         link_mbit=link_mbit,

@@ -18,9 +18,20 @@ global batch, its loss weighted by ``P * N * n / B`` (FSDP divides by ``N``, the
 saves a DCP checkpoint every K steps (collective within its group), used only when every group
 was lost.
 
-Run: ``torchrun --nnodes=1 --nproc-per-node=2 -m bench.peers_hsdp REPLICA_ID JOB CHECKPOINT_DIR
-CHECKPOINT_EVERY PROGRESS_FILE`` (one torchrun per group; ``TORCHFT_LIGHTHOUSE`` set). Runs in
-``bench/.peers-venv`` (torchft); trains until killed.
+In the benchmark (:func:`run_torchft_hsdp`) a replica group spans ``N`` instances, the fewest
+over which FSDP's shards fit an instance's memory, one worker each: a torchrun elastic job of
+its own per group (rendezvous ``group-<k>`` on one store, ``--nnodes=N``), as a user runs HSDP
+across nodes. The cloud's instances are dealt to the groups as they come: to the group short of
+an instance (the lowest first), else to a new one. A group that loses an instance stops (its
+FSDP collectives fail) and its survivors wait in their rendezvous for the next instance the
+cloud adds; the other groups train on at the next step (torchft), and the group re-formed heals
+from one of them.
+
+Run: ``torchrun --nnodes=N --nproc-per-node=1 ... -m bench.peers_hsdp REPLICA_ID JOB
+CHECKPOINT_DIR CHECKPOINT_EVERY PROGRESS_FILE [HOST [TIMEOUT_S]]`` (one torchrun per
+instance; ``TORCHFT_LIGHTHOUSE`` set; HOST: the address other groups reach this worker at,
+default 127.0.0.1; TIMEOUT_S: torchft's, default 10). Runs in ``bench/.peers-venv``
+(torchft); trains until killed.
 """
 
 from __future__ import annotations
@@ -28,9 +39,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import sys
+import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,9 +57,26 @@ from torch.distributed.tensor import DTensor
 
 from bench.peers_ddp import _local_batch, build_model
 from bench.peers_fsdp import _load, _save, latest_checkpoint
+from bench.peers_hosts import HostPool
+from bench.peers_run import (
+    REPO,
+    RunSettings,
+    SystemRun,
+    checkpoint_location,
+    placement,
+    read_progress,
+    replayed_cloud,
+    scheduled_times,
+    tree_launcher,
+)
 from bench.peers_torchft import make_manager
+from liveput.cloud.processes import Launcher, LaunchSpec
+from liveput.cloud.replay import trace_schedule
 from liveput.models.jobs import resolve_job
 from liveput.objectstore import url_to_fs
+from liveput.runtime.launch import comm_timeout_s
+from liveput.testbed import free_port
+from liveput.traces import Trace
 
 
 def shard(model: nn.Sequential, mesh: DeviceMesh) -> nn.Sequential:
@@ -57,10 +88,16 @@ def shard(model: nn.Sequential, mesh: DeviceMesh) -> nn.Sequential:
     return model
 
 
+_EMPTY = "empty-shard"
+
+
 def _local(tree: Any) -> Any:
-    """``tree`` with every DTensor replaced by this rank's shard (what is sent to a healer)."""
+    """``tree`` with every DTensor replaced by this rank's shard (what is sent to a healer); an
+    empty shard (a dimension shorter than the group) as its dtype's name, for torch's streaming
+    load fails on a storage of no bytes ("both buffer length (0) and count (-1) must not be 0")."""
     if isinstance(tree, DTensor):
-        return tree.to_local()
+        local = tree.to_local()
+        return (_EMPTY, str(local.dtype).removeprefix("torch.")) if local.numel() == 0 else local
     if isinstance(tree, dict):
         return {key: _local(value) for key, value in tree.items()}
     if isinstance(tree, list):
@@ -72,6 +109,8 @@ def _distribute(template: Any, received: Any) -> Any:
     """``received`` (a peer's :func:`_local` tree) with its shards made DTensors like the ones
     at the same place in ``template`` (this rank's own state dict)."""
     if isinstance(template, DTensor):
+        if isinstance(received, tuple) and received[0] == _EMPTY:
+            received = torch.empty(template.to_local().shape, dtype=getattr(torch, received[1]))
         return DTensor.from_local(
             received,
             template.device_mesh,
@@ -88,10 +127,17 @@ def _distribute(template: Any, received: Any) -> Any:
 
 
 def worker(
-    replica_id: str, job_name: str, checkpoint_dir: str, checkpoint_every: int, progress_file: str
+    replica_id: str,
+    job_name: str,
+    checkpoint_dir: str,
+    checkpoint_every: int,
+    progress_file: str,
+    host: str = "127.0.0.1",
+    timeout_s: float = 10.0,
 ) -> None:
     """One rank of one replica group; trains until killed. Needs the group's default process
-    group initialized."""
+    group initialized; ``host``: the address the other groups reach this worker at;
+    ``timeout_s``: torchft's timeout on every operation (a heal's included)."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     group_rank, group_size = dist.get_rank(), dist.get_world_size()
@@ -113,7 +159,18 @@ def worker(
         )
 
     manager = make_manager(
-        state_dict, load_state_dict, replica_id, rank=group_rank, world_size=group_size
+        state_dict,
+        load_state_dict,
+        replica_id,
+        rank=group_rank,
+        world_size=group_size,
+        hostname=host,
+        timeout_s=timeout_s,
+        checkpoint_transport=_transport(host, timeout_s),
+        # Every group builds the same initial weights (the job's seed): with torchft's default,
+        # two groups that start together each healed from the other at step 0, each serving
+        # its state while replacing it, and both failed.
+        init_sync=False,
     )
 
     def all_reduce_hook(output: torch.Tensor) -> None:
@@ -161,11 +218,175 @@ def worker(
                 progress.write(json.dumps(line) + "\n")
 
 
+def _transport(host: str, timeout_s: float) -> Any:
+    """torchft's HTTP checkpoint transport (what heals a group), advertised at ``host``: its own
+    advertises the machine's host name, which resolves outside the hosts' namespaces."""
+    from datetime import timedelta
+
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class HostTransport(HTTPTransport):
+        def address(self) -> str:
+            return f"http://{host}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+    return HostTransport(timeout=timedelta(seconds=timeout_s), num_chunks=0)
+
+
 def main() -> None:
     logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
     dist.init_process_group("gloo")
-    worker(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    host = sys.argv[6] if len(sys.argv) > 6 else "127.0.0.1"
+    timeout_s = float(sys.argv[7]) if len(sys.argv) > 7 else 10.0
+    worker(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], host, timeout_s)
 
 
 if __name__ == "__main__":
     main()
+
+
+def run_torchft_hsdp(
+    trace: Trace, settings: RunSettings, work: Path, group_size: int
+) -> SystemRun | str:
+    """torchft with HSDP on the emulated cloud (module docstring): replica groups of
+    ``group_size`` instances, the lighthouse and the groups' rendezvous store on the hosts'
+    gateway."""
+    from bench.peers_torchft import ensure_venv
+
+    try:
+        python = ensure_venv()
+    except (RuntimeError, subprocess.CalledProcessError, StopIteration) as error:
+        return f"torchft could not be installed: {error}"
+    maximum = max(1, trace.max_count())
+    with placement(settings, maximum) as pool, checkpoint_location(settings, pool, work) as where:
+        return _run_groups(trace, settings, work, where, group_size, python, pool)
+
+
+def _group_launcher(
+    template: list[str], env: dict[str, str], log_dir: Path, group_size: int, pool: HostPool | None
+) -> Launcher:
+    """Each instance the cloud adds joins the group short of one (the lowest first), else a new
+    group: ``{group}`` in ``template`` is its number."""
+    groups: dict[int, list[subprocess.Popen]] = {}
+    lock = threading.Lock()
+
+    def launch(spec: LaunchSpec) -> subprocess.Popen:
+        with lock:
+            live = {g: [p for p in ps if p.poll() is None] for g, ps in groups.items()}
+            short = [g for g, ps in sorted(live.items()) if len(ps) < group_size]
+            group = short[0] if short else len(groups)
+            argv = [part.replace("{group}", str(group)) for part in template]
+            if pool is None:
+                process = tree_launcher(argv, env, log_dir)(spec)
+            else:
+                process = pool.launcher(argv, env, log_dir, REPO)(spec)
+            groups[group] = [*live.get(group, []), process]
+            return process
+
+    return launch
+
+
+def _state_bytes(job: str) -> float:
+    """The job's fp32 weights and Adam's two moments, bytes."""
+    return 12.0 * sum(p.numel() for layer in resolve_job(job).layers for p in layer.parameters())
+
+
+def _link_gbps(settings: RunSettings) -> float | None:
+    return None if settings.link_mbit is None else settings.link_mbit / 1000
+
+
+def _run_groups(
+    trace: Trace,
+    settings: RunSettings,
+    work: Path,
+    checkpoints: str,
+    group_size: int,
+    python: Path,
+    pool: HostPool | None,
+) -> SystemRun | str:
+    from torch.distributed import TCPStore
+
+    batch = resolve_job(settings.job).global_batch_size
+    for sub in ("logs", "notices"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    address = "127.0.0.1" if pool is None else pool.hosts.gateway_address
+    store = TCPStore(address, 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    port = free_port(address)
+    with open(work / "logs" / "lighthouse.log", "wb") as log:
+        lighthouse = subprocess.Popen(
+            [
+                str(python.parent / "torchft_lighthouse"),
+                "--min_replicas",
+                "1",
+                "--bind",
+                f"{address}:{port}",
+                "--join_timeout_ms",
+                "1000",
+                "--heartbeat_timeout_ms",
+                "3000",
+                "--quorum_tick_ms",
+                "100",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    progress_file = work / "progress.jsonl"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "OMP_NUM_THREADS": "1",
+        "TORCHFT_LIGHTHOUSE": f"http://{address}:{port}",
+    }
+    if pool is not None:
+        env["GLOO_SOCKET_IFNAME"] = "eth0"  # every host names its interface eth0
+    template = [
+        str(python),
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={group_size}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={address}:{store.port}",
+        "--rdzv-id=group-{group}",
+        "--max-restarts=1000000",
+        "--local-addr=127.0.0.1" if pool is None else "--local-addr={host}",
+        # The torchrun peers' settings (bench.peers_run): a silent node is dead after 3 s.
+        "--rdzv-conf=is_host=false,last_call_timeout=1,keep_alive_interval=1,"
+        "keep_alive_max_attempt=3",
+        "-m",
+        "bench.peers_hsdp",
+        "group-{group}",
+        settings.job,
+        checkpoints,
+        str(settings.checkpoint_every),
+        str(progress_file),
+        "127.0.0.1" if pool is None else "{host}",
+        # liveput's agents' collective timeout on these links (a group's shards moved twice
+        # over): a heal sends a rank's shards of the model and the optimizer over its link.
+        str(comm_timeout_s(_state_bytes(settings.job) / group_size, _link_gbps(settings))),
+    ]
+    launcher = _group_launcher(template, env, work / "logs", group_size, pool)
+    cloud = replayed_cloud(trace, launcher, work / "notices", settings)
+    start_unix, start = time.time(), time.monotonic()
+    try:
+        cloud.start_background()
+        while time.monotonic() - start < settings.window_s:
+            if lighthouse.poll() is not None:
+                return f"the torchft lighthouse exited (code {lighthouse.returncode})"
+            time.sleep(0.2)
+    finally:
+        cloud.close()
+        lighthouse.kill()
+        lighthouse.wait()
+    kills, launches = scheduled_times(trace, settings)
+    timeline, starts, loss = read_progress(progress_file, start_unix, batch)
+    timeline = [(t, s) for t, s in timeline if t <= settings.window_s]
+    return SystemRun(
+        "torchft-hsdp",
+        timeline[-1][1],
+        timeline,
+        kills,
+        launches,
+        restarts=max(starts - 1, 0),
+        final_loss=loss,
+        initial_instances=trace_schedule(trace)[0],
+    )

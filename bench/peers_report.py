@@ -18,7 +18,7 @@ from pathlib import Path
 from bench.peers_events import KINDS, by_kind, event_downtimes, trace_events
 from bench.peers_run import SystemRun
 
-SYSTEMS = ("liveput", "liveput-restart", "torchrun", "torchft", "torchrun-fsdp")
+SYSTEMS = ("liveput", "liveput-restart", "torchrun", "torchft", "torchrun-fsdp", "torchft-hsdp")
 SIMULATED = ("liveput", "liveput-restart")
 
 Outcome = SystemRun | str

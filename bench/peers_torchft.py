@@ -150,28 +150,31 @@ def make_manager(
     replica_id: str,
     rank: int = 0,
     world_size: int = 1,
-    **store: Any,
+    hostname: str = "127.0.0.1",
+    timeout_s: float = 10.0,
+    **options: Any,
 ) -> Any:
     """A torchft ``Manager`` as the peers run it: gloo across replica groups, training on with
     one group, a synchronous quorum (each step knows its participants before it takes its
-    share of the batch), 10-s timeouts; ``store``: the group's store address, if not the
-    environment's."""
+    share of the batch), ``timeout_s`` on every operation (a heal's included); ``hostname``:
+    the address the other groups reach it at;
+    ``options``: more of ``Manager``'s (the group's store address, if not the environment's)."""
     from datetime import timedelta
 
     from torchft import Manager, ProcessGroupGloo
 
     return Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=timeout_s)),
         min_replica_size=1,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         use_async_quorum=False,
-        timeout=timedelta(seconds=10),
+        timeout=timedelta(seconds=timeout_s),
         rank=rank,
         world_size=world_size,
         replica_id=replica_id,
-        hostname="127.0.0.1",
-        **store,
+        hostname=hostname,
+        **options,
     )
 
 
