@@ -64,18 +64,15 @@ from bench.peers_run import (
     SystemRun,
     checkpoint_location,
     placement,
-    read_progress,
+    progress_run,
     replayed_cloud,
-    scheduled_times,
     tree_launcher,
 )
-from bench.peers_torchft import make_manager
+from bench.peers_torchft import make_manager, run_window, start_lighthouse
 from liveput.cloud.processes import Launcher, LaunchSpec
-from liveput.cloud.replay import trace_schedule
 from liveput.models.jobs import resolve_job
 from liveput.objectstore import url_to_fs
 from liveput.runtime.launch import comm_timeout_s
-from liveput.testbed import free_port
 from liveput.traces import Trace
 
 
@@ -305,36 +302,17 @@ def _run_groups(
 ) -> SystemRun | str:
     from torch.distributed import TCPStore
 
-    batch = resolve_job(settings.job).global_batch_size
     for sub in ("logs", "notices"):
         (work / sub).mkdir(parents=True, exist_ok=True)
     address = "127.0.0.1" if pool is None else pool.hosts.gateway_address
     store = TCPStore(address, 0, is_master=True, wait_for_workers=False, multi_tenant=True)
-    port = free_port(address)
-    with open(work / "logs" / "lighthouse.log", "wb") as log:
-        lighthouse = subprocess.Popen(
-            [
-                str(python.parent / "torchft_lighthouse"),
-                "--min_replicas",
-                "1",
-                "--bind",
-                f"{address}:{port}",
-                "--join_timeout_ms",
-                "1000",
-                "--heartbeat_timeout_ms",
-                "3000",
-                "--quorum_tick_ms",
-                "100",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    lighthouse, url = start_lighthouse(python, address, work / "logs" / "lighthouse.log")
     progress_file = work / "progress.jsonl"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
         "OMP_NUM_THREADS": "1",
-        "TORCHFT_LIGHTHOUSE": f"http://{address}:{port}",
+        "TORCHFT_LIGHTHOUSE": url,
     }
     if pool is not None:
         env["GLOO_SOCKET_IFNAME"] = "eth0"  # every host names its interface eth0
@@ -366,27 +344,7 @@ def _run_groups(
     ]
     launcher = _group_launcher(template, env, work / "logs", group_size, pool)
     cloud = replayed_cloud(trace, launcher, work / "notices", settings)
-    start_unix, start = time.time(), time.monotonic()
-    try:
-        cloud.start_background()
-        while time.monotonic() - start < settings.window_s:
-            if lighthouse.poll() is not None:
-                return f"the torchft lighthouse exited (code {lighthouse.returncode})"
-            time.sleep(0.2)
-    finally:
-        cloud.close()
-        lighthouse.kill()
-        lighthouse.wait()
-    kills, launches = scheduled_times(trace, settings)
-    timeline, starts, loss = read_progress(progress_file, start_unix, batch)
-    timeline = [(t, s) for t, s in timeline if t <= settings.window_s]
-    return SystemRun(
-        "torchft-hsdp",
-        timeline[-1][1],
-        timeline,
-        kills,
-        launches,
-        restarts=max(starts - 1, 0),
-        final_loss=loss,
-        initial_instances=trace_schedule(trace)[0],
-    )
+    start_unix, stopped = run_window(cloud, lighthouse, settings)
+    if stopped is not None:
+        return stopped
+    return progress_run("torchft-hsdp", trace, settings, progress_file, start_unix)

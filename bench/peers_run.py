@@ -343,7 +343,6 @@ def _run_torchrun(
 ) -> SystemRun:
     from torch.distributed import TCPStore
 
-    batch = resolve_job(settings.job).global_batch_size
     address = "127.0.0.1" if pool is None else pool.hosts.gateway_address
     store = TCPStore(address, 0, is_master=True, wait_for_workers=False, multi_tenant=True)
     progress_file = work / "progress.jsonl"
@@ -398,8 +397,17 @@ def _run_torchrun(
             time.sleep(0.2)
     finally:
         cloud.close()
+    return progress_run(system, trace, settings, progress_file, start_unix)
+
+
+def progress_run(
+    system: str, trace: Trace, settings: RunSettings, progress_file: Path, start_unix_s: float
+) -> SystemRun:
+    """What a peer did in the window, from its progress lines (``start_unix_s``: the cloud's
+    start)."""
+    batch = resolve_job(settings.job).global_batch_size
     kills, launches = scheduled_times(trace, settings)
-    timeline, starts, loss = read_progress(progress_file, start_unix, batch)
+    timeline, starts, loss = read_progress(progress_file, start_unix_s, batch)
     timeline = [(t, s) for t, s in timeline if t <= settings.window_s]
     return SystemRun(
         system,

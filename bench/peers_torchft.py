@@ -16,7 +16,6 @@ global batch ``s``, split over the step's participants.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,13 +27,13 @@ from bench.peers_run import (
     REPO,
     RunSettings,
     SystemRun,
-    read_progress,
+    progress_run,
     replayed_cloud,
-    scheduled_times,
     tree_launcher,
 )
-from liveput.cloud.replay import trace_schedule
+from liveput.cloud.emulated import EmulatedProvider
 from liveput.models.jobs import resolve_job
+from liveput.testbed import free_port
 from liveput.traces import Trace
 
 VENV = REPO / "bench" / ".peers-venv"
@@ -61,10 +60,48 @@ def ensure_venv() -> Path:
     return python
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_lighthouse(python: Path, address: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """torchft's lighthouse at ``address`` (the peers' settings: one replica is a quorum, 1-s
+    join timeout, 3-s heartbeat timeout), its log in ``log_path``; returns it and its URL."""
+    port = free_port(address)
+    with open(log_path, "wb") as log:
+        lighthouse = subprocess.Popen(
+            [
+                str(python.parent / "torchft_lighthouse"),
+                "--min_replicas",
+                "1",
+                "--bind",
+                f"{address}:{port}",
+                "--join_timeout_ms",
+                "1000",
+                "--heartbeat_timeout_ms",
+                "3000",
+                "--quorum_tick_ms",
+                "100",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return lighthouse, f"http://{address}:{port}"
+
+
+def run_window(
+    cloud: EmulatedProvider, lighthouse: subprocess.Popen, settings: RunSettings
+) -> tuple[float, str | None]:
+    """Replay the cloud for the window, then stop it and the lighthouse: (the cloud's start,
+    Unix seconds; why it stopped early, or None)."""
+    start_unix, start = time.time(), time.monotonic()
+    try:
+        cloud.start_background()
+        while time.monotonic() - start < settings.window_s:
+            if lighthouse.poll() is not None:
+                return start_unix, f"the torchft lighthouse exited (code {lighthouse.returncode})"
+            time.sleep(0.2)
+    finally:
+        cloud.close()
+        lighthouse.kill()
+        lighthouse.wait()
+    return start_unix, None
 
 
 def run_torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
@@ -73,33 +110,15 @@ def run_torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | 
         python = ensure_venv()
     except (RuntimeError, subprocess.CalledProcessError, StopIteration) as error:
         return f"torchft could not be installed: {error}"
-    batch = resolve_job(settings.job).global_batch_size
     for sub in ("logs", "notices", "checkpoints"):
         (work / sub).mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    lighthouse = subprocess.Popen(
-        [
-            str(VENV / "bin" / "torchft_lighthouse"),
-            "--min_replicas",
-            "1",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--join_timeout_ms",
-            "1000",
-            "--heartbeat_timeout_ms",
-            "3000",
-            "--quorum_tick_ms",
-            "100",
-        ],
-        stdout=open(work / "logs" / "lighthouse.log", "wb"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
-    )
+    lighthouse, url = start_lighthouse(python, "127.0.0.1", work / "logs" / "lighthouse.log")
     progress_file = work / "progress.jsonl"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
         "OMP_NUM_THREADS": "1",
-        "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}",
+        "TORCHFT_LIGHTHOUSE": url,
     }
     template = [
         str(python),
@@ -114,34 +133,15 @@ def run_torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | 
     cloud = replayed_cloud(
         trace, tree_launcher(template, env, work / "logs"), work / "notices", settings
     )
-    start_unix, start = time.time(), time.monotonic()
-    try:
-        cloud.start_background()
-        while time.monotonic() - start < settings.window_s:
-            if lighthouse.poll() is not None:
-                return f"the torchft lighthouse exited (code {lighthouse.returncode})"
-            time.sleep(0.2)
-    finally:
-        cloud.close()
-        lighthouse.kill()
-        lighthouse.wait()
-    kills, launches = scheduled_times(trace, settings)
-    timeline, starts, loss = read_progress(progress_file, start_unix, batch)
-    timeline = [(t, s) for t, s in timeline if t <= settings.window_s]
-    if len(timeline) < 2:
+    start_unix, stopped = run_window(cloud, lighthouse, settings)
+    if stopped is not None:
+        return stopped
+    run = progress_run("torchft", trace, settings, progress_file, start_unix)
+    if len(run.timeline) < 2:
         log = work / "logs" / "i-0000.log"
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
         return f"torchft trained no step ({tail[0][:200] if tail else 'no log'})"
-    return SystemRun(
-        "torchft",
-        timeline[-1][1],
-        timeline,
-        kills,
-        launches,
-        restarts=max(starts - 1, 0),
-        final_loss=loss,
-        initial_instances=trace_schedule(trace)[0],
-    )
+    return run
 
 
 def make_manager(
