@@ -374,6 +374,9 @@ def test_the_planner_told_of_slow_links_keeps_replicas_off_them(gpt2):
     stage_bytes = 258e6
     assert fast.config.costs.transfer_s(stage_bytes) < 0.5
     assert 21 < slow.config.costs.transfer_s(stage_bytes) < 35
+    # Checkpoints cross the same links: no faster than 12.5 MB/s there, 2.6 GB/s by default.
+    assert slow.config.costs.checkpoint_bandwidth_bytes_per_s == 0.1e9 / 8
+    assert fast.config.costs.checkpoint_bandwidth_bytes_per_s == 2.6e9
     for value in (0.0, -1.0, math.nan):
         with pytest.raises(LiveputError, match=r"^job: the network rate must be a finite"):
             dataclasses.replace(request, network_gbps=value)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from measured import tiny_gpt_profile
 
 from liveput.perf.configuration import Configuration
+from liveput.perf.costs import MigrationCostModel
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
 from liveput.runtime import keys, protocol
 from liveput.runtime.clock import ManualClock
@@ -227,6 +228,7 @@ def make_coordinator(
     wall_clock: Callable[[], float] = time.time,
     interval_s: float = 2.0,
     policy: str = "test-every-instance",
+    costs: MigrationCostModel | None = None,
 ) -> Coordinator:
     profile = tiny_gpt_profile()
     config = CoordinatorConfig(
@@ -238,6 +240,7 @@ def make_coordinator(
         initial_workers=initial,
         capacity=capacity,
         policy=policy,
+        costs=costs or MigrationCostModel(),
     )
     return Coordinator(store, profile, config, clock, wall_clock=wall_clock)
 

@@ -261,9 +261,17 @@ def assemble_job(
         # The policy weighs a move at the links' rate, as the simulator's policies do (their
         # costs read the profile's instance type): at the default 10 Gb/s a gpt2-small stage
         # over 100 Mbit/s looked 0.2 s away where it took 21.
-        config = dataclasses.replace(
-            config, costs=MigrationCostModel(network_gbps=request.network_gbps)
+        # A checkpoint is written and read through the same links (an object store is reached
+        # through the instance's network card): no faster than they carry it.
+        link_bytes_per_s = request.network_gbps * 1e9 / 8
+        costs = MigrationCostModel(network_gbps=request.network_gbps)
+        costs = dataclasses.replace(
+            costs,
+            checkpoint_bandwidth_bytes_per_s=min(
+                costs.checkpoint_bandwidth_bytes_per_s, link_bytes_per_s
+            ),
         )
+        config = dataclasses.replace(config, costs=costs)
     deadline = None
     if request.deadline is not None:
         if profile is None or trace is None:

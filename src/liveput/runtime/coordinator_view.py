@@ -124,7 +124,8 @@ class CoordinatorView:
     only Rule 9 reads it)."""
     checkpoint_write_s: float | None = None
     """Seconds the newest checkpoint that recorded it took to write, from its writer's
-    snapshot (None: none recorded yet)."""
+    snapshot; until one has, the write estimated for the plan where the coordinator has an
+    estimate (None: neither; as ``step_s``, only while an instance has a notice)."""
     instances_held: int | None = None
     """Instances the objective's latest provisioning holds (a deadline job's market; None: no
     provisioning yet, or the market offers them all): a first plan waits for no more."""

@@ -19,7 +19,7 @@ from liveput.errors import LiveputError
 from liveput.perf.types import ModelProfile, with_instance_memory
 from liveput.policies import Provisioning
 from liveput.policies.deadline import DeadlineContext
-from liveput.runtime import keys
+from liveput.runtime import keys, protocol
 from liveput.runtime.clock import Clock, MonotonicClock
 from liveput.runtime.coordinator import upkeep
 from liveput.runtime.coordinator.objective import CoordinatorObjective, MarketView, objective_for
@@ -67,11 +67,21 @@ class Coordinator:
         self.status = "starting"  # what the job is doing, in words (the progress display's)
         self.action: Action | None = None  # the last decision
         self.started_s = self.clock.now_s()
-        self.observer = Observer(store, config, self.clock, self.started_s, wall_clock)
+        self.observer = Observer(
+            store, config, self.clock, self.started_s, wall_clock, self._write_estimate_s
+        )
         self.publisher = Publisher(store, profile, config, self.clock, self.started_s, wall_clock)
         self.stall = upkeep.StallWatch(config.stall_warning_s)
         self.pruner = Pruner(store, config.prune, profile.global_batch_size)
         self.progress = self.observer.recover()
+
+    def _write_estimate_s(self, plan: protocol.RuntimePlan) -> float:
+        """A checkpoint write of ``plan``'s largest stage at the migration costs' checkpoint
+        bandwidth (each stage's share is written at once, by instances of its own)."""
+        state = self.profile.layer_state_bytes()
+        bounds = plan.boundaries
+        largest = max(int(state[a:b].sum()) for a, b in zip(bounds, bounds[1:], strict=False))
+        return self.config.costs.checkpoint_save_s(largest)
 
     # The newest plan, the newest that ran and the last step committed; the table and policy.
     plan = property(lambda self: self.progress.plan)

@@ -75,8 +75,13 @@ class Observer:
         clock: Clock,
         started_s: float,
         wall_clock: Callable[[], float],
+        write_estimate_s: Callable[[protocol.RuntimePlan], float] | None = None,
     ) -> None:
         self.store = store
+        self.write_estimate_s = write_estimate_s
+        """A checkpoint write's seconds for a plan, estimated (None: none): Rule 9's lead reads
+        it until a write is measured, so that a first wipe-out with notice on slow storage is
+        checkpointed in time (a write measured only after the first periodic checkpoint)."""
         self.config = config
         self.clock = clock
         self.wall_clock = wall_clock
@@ -320,7 +325,11 @@ class Observer:
                 checkpoint_requested=checkpoint_requested,
                 checkpoint_request_age_s=self.since(request, now) if checkpoint_requested else 0.0,
                 step_s=step_s,
-                checkpoint_write_s=self.checkpoint_write_s,
+                checkpoint_write_s=(
+                    self.write_estimate_s(plan)
+                    if self.checkpoint_write_s is None and self.write_estimate_s and noticed
+                    else self.checkpoint_write_s
+                ),
             ),
             newly_started,
         )
