@@ -348,10 +348,18 @@ def _checkpoint_before_end(
     return Action(
         ActionKind.CHECKPOINT,
         f"checkpointing step {view.committed} or the next: every holder of a layer goes "
-        f"in {max(0.0, end_s):.1f} s",
+        f"in {max(0.0, end_s):.1f} s (lead {_lead_why(view, config)})",
         "notice",
         checkpoint_before_s=max(0.0, end_s),
     )
+
+
+def _lead_why(view: CoordinatorView, config: CoordinatorConfig) -> str:
+    """Rule 9's lead and what it was made of, for the status."""
+    lead_s = checkpoint_lead_s(view, config)
+    if view.step_s is None or view.checkpoint_write_s is None:
+        return f"{lead_s:.1f} s, before a step and a write are measured"
+    return f"{lead_s:.1f} s: step {view.step_s:.2f} s, write {view.checkpoint_write_s:.2f} s"
 
 
 def _checkpoint_name(view: CoordinatorView) -> str:
