@@ -281,13 +281,20 @@ def _noticed_holders_end_s(view: CoordinatorView, config: CoordinatorConfig) -> 
 def checkpoint_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
     """Rule 9's lead, wall seconds: ``jit_checkpoint_safety`` x (a step + a checkpoint
     write), at least ``jit_checkpoint_min_lead_s``, both measured (the view's), at most
-    ``notice_margin_s``; while either is unmeasured, ``jit_checkpoint_lead_s`` (at most
-    ``notice_margin_s``). A write measured slower than that lead (a stage's state over a
-    slow link to an object store) gets the lead it needs: capped at the unmeasured one, the
+    ``notice_margin_s``; while the write is unknown, ``jit_checkpoint_lead_s`` (at most
+    ``notice_margin_s``), and while only the step is, at least that and
+    ``jit_checkpoint_safety`` writes (at most ``notice_margin_s``). A write measured slower
+    than that lead (a stage's state over a slow link to an object store) gets the lead it
+    needs: capped at the unmeasured one, the
     checkpoint was still being written when the instances went, and the restore after them went
     back to the checkpoint before."""
-    if view.step_s is None or view.checkpoint_write_s is None:
+    if view.checkpoint_write_s is None:
         return _unmeasured_lead_s(config)
+    if view.step_s is None:
+        # A write known (measured or estimated) before any step of the plan is: the write alone
+        # may need more than the unmeasured lead (a plan's first steps on slow storage).
+        write_lead_s = config.jit_checkpoint_safety * view.checkpoint_write_s
+        return min(config.notice_margin_s, max(_unmeasured_lead_s(config), write_lead_s))
     measured_s = config.jit_checkpoint_safety * (view.step_s + view.checkpoint_write_s)
     return min(config.notice_margin_s, max(config.jit_checkpoint_min_lead_s, measured_s))
 
@@ -357,8 +364,10 @@ def _checkpoint_before_end(
 def _lead_why(view: CoordinatorView, config: CoordinatorConfig) -> str:
     """Rule 9's lead and what it was made of, for the status."""
     lead_s = checkpoint_lead_s(view, config)
-    if view.step_s is None or view.checkpoint_write_s is None:
-        return f"{lead_s:.1f} s, before a step and a write are measured"
+    if view.checkpoint_write_s is None:
+        return f"{lead_s:.1f} s, before a write is known"
+    if view.step_s is None:
+        return f"{lead_s:.1f} s: write {view.checkpoint_write_s:.2f} s, no step measured yet"
     return f"{lead_s:.1f} s: step {view.step_s:.2f} s, write {view.checkpoint_write_s:.2f} s"
 
 
