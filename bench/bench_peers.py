@@ -144,9 +144,17 @@ def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun
 
 def _torchft_hsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
     from bench.peers_hsdp import run_torchft_hsdp
+    from liveput.launch.assemble import OPTIMIZER_STATE_FACTOR
+    from liveput.runtime.launch import comm_timeout_s
 
-    group_size = sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
-    return run_torchft_hsdp(trace, settings, work, group_size)
+    parameters = _parameters(settings.job)
+    group_size = sharded_minimum(parameters, settings.instance_memory_gb)
+    # liveput's agents' collective timeout on these links: a heal sends a rank's shards of the
+    # fp32 weights and Adam's two moments over its link.
+    shard_bytes = OPTIMIZER_STATE_FACTOR * 4 * parameters / group_size
+    link_gbps = None if settings.link_mbit is None else settings.link_mbit / 1000
+    timeout_s = comm_timeout_s(shard_bytes, link_gbps)
+    return run_torchft_hsdp(trace, settings, work, group_size, timeout_s)
 
 
 RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {

@@ -72,7 +72,6 @@ from bench.peers_torchft import make_manager, run_window, start_lighthouse
 from liveput.cloud.processes import Launcher, LaunchSpec
 from liveput.models.jobs import resolve_job
 from liveput.objectstore import url_to_fs
-from liveput.runtime.launch import comm_timeout_s
 from liveput.traces import Trace
 
 
@@ -85,16 +84,10 @@ def shard(model: nn.Sequential, mesh: DeviceMesh) -> nn.Sequential:
     return model
 
 
-_EMPTY = "empty-shard"
-
-
 def _local(tree: Any) -> Any:
-    """``tree`` with every DTensor replaced by this rank's shard (what is sent to a healer); an
-    empty shard (a dimension shorter than the group) as its dtype's name, for torch's streaming
-    load fails on a storage of no bytes ("both buffer length (0) and count (-1) must not be 0")."""
+    """``tree`` with every DTensor replaced by this rank's shard (what is sent to a healer)."""
     if isinstance(tree, DTensor):
-        local = tree.to_local()
-        return (_EMPTY, str(local.dtype).removeprefix("torch.")) if local.numel() == 0 else local
+        return tree.to_local()
     if isinstance(tree, dict):
         return {key: _local(value) for key, value in tree.items()}
     if isinstance(tree, list):
@@ -106,8 +99,6 @@ def _distribute(template: Any, received: Any) -> Any:
     """``received`` (a peer's :func:`_local` tree) with its shards made DTensors like the ones
     at the same place in ``template`` (this rank's own state dict)."""
     if isinstance(template, DTensor):
-        if isinstance(received, tuple) and received[0] == _EMPTY:
-            received = torch.empty(template.to_local().shape, dtype=getattr(torch, received[1]))
         return DTensor.from_local(
             received,
             template.device_mesh,
@@ -229,24 +220,12 @@ def _transport(host: str, timeout_s: float) -> Any:
     return HostTransport(timeout=timedelta(seconds=timeout_s), num_chunks=0)
 
 
-def main() -> None:
-    logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
-    dist.init_process_group("gloo")
-    host = sys.argv[6] if len(sys.argv) > 6 else "127.0.0.1"
-    timeout_s = float(sys.argv[7]) if len(sys.argv) > 7 else 10.0
-    worker(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], host, timeout_s)
-
-
-if __name__ == "__main__":
-    main()
-
-
 def run_torchft_hsdp(
-    trace: Trace, settings: RunSettings, work: Path, group_size: int
+    trace: Trace, settings: RunSettings, work: Path, group_size: int, timeout_s: float
 ) -> SystemRun | str:
     """torchft with HSDP on the emulated cloud (module docstring): replica groups of
     ``group_size`` instances, the lighthouse and the groups' rendezvous store on the hosts'
-    gateway."""
+    gateway; ``timeout_s``: torchft's, on every operation (a heal's included)."""
     from bench.peers_torchft import ensure_venv
 
     try:
@@ -255,7 +234,7 @@ def run_torchft_hsdp(
         return f"torchft could not be installed: {error}"
     maximum = max(1, trace.max_count())
     with placement(settings, maximum) as pool, checkpoint_location(settings, pool, work) as where:
-        return _run_groups(trace, settings, work, where, group_size, python, pool)
+        return _run_groups(trace, settings, work, where, group_size, timeout_s, python, pool)
 
 
 def _group_launcher(
@@ -282,21 +261,13 @@ def _group_launcher(
     return launch
 
 
-def _state_bytes(job: str) -> float:
-    """The job's fp32 weights and Adam's two moments, bytes."""
-    return 12.0 * sum(p.numel() for layer in resolve_job(job).layers for p in layer.parameters())
-
-
-def _link_gbps(settings: RunSettings) -> float | None:
-    return None if settings.link_mbit is None else settings.link_mbit / 1000
-
-
 def _run_groups(
     trace: Trace,
     settings: RunSettings,
     work: Path,
     checkpoints: str,
     group_size: int,
+    timeout_s: float,
     python: Path,
     pool: HostPool | None,
 ) -> SystemRun | str:
@@ -338,9 +309,7 @@ def _run_groups(
         str(settings.checkpoint_every),
         str(progress_file),
         "127.0.0.1" if pool is None else "{host}",
-        # liveput's agents' collective timeout on these links (a group's shards moved twice
-        # over): a heal sends a rank's shards of the model and the optimizer over its link.
-        str(comm_timeout_s(_state_bytes(settings.job) / group_size, _link_gbps(settings))),
+        str(timeout_s),
     ]
     launcher = _group_launcher(template, env, work / "logs", group_size, pool)
     cloud = replayed_cloud(trace, launcher, work / "notices", settings)
@@ -348,3 +317,15 @@ def _run_groups(
     if stopped is not None:
         return stopped
     return progress_run("torchft-hsdp", trace, settings, progress_file, start_unix)
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
+    dist.init_process_group("gloo")
+    host = sys.argv[6] if len(sys.argv) > 6 else "127.0.0.1"
+    timeout_s = float(sys.argv[7]) if len(sys.argv) > 7 else 10.0
+    worker(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], host, timeout_s)
+
+
+if __name__ == "__main__":
+    main()

@@ -157,8 +157,8 @@ def make_manager(
     """A torchft ``Manager`` as the peers run it: gloo across replica groups, training on with
     one group, a synchronous quorum (each step knows its participants before it takes its
     share of the batch), ``timeout_s`` on every operation (a heal's included); ``hostname``:
-    the address the other groups reach it at;
-    ``options``: more of ``Manager``'s (the group's store address, if not the environment's)."""
+    the address the other groups reach it at; ``options``: more of ``Manager``'s (the group's
+    store address, if not the environment's)."""
     from datetime import timedelta
 
     from torchft import Manager, ProcessGroupGloo

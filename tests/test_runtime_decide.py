@@ -200,8 +200,7 @@ class ModelAgents:
             if self.store.get(keys.all_arrived(plan.generation)) is not None:
                 self.phase, self._moving_for = "moving", 0
         if self.phase == "moving":
-            moves = plan.transfers or plan.restore_step not in (None, FRESH_START)
-            if not moves or self._moving_for >= self.move_ticks:
+            if not protocol.receives_state(plan) or self._moving_for >= self.move_ticks:
                 self._execute(plan)
             self._moving_for += 1
         elif self.phase == "training":

@@ -263,12 +263,11 @@ def assemble_job(
         # over 100 Mbit/s looked 0.2 s away where it took 21.
         # A checkpoint is written and read through the same links (an object store is reached
         # through the instance's network card): no faster than they carry it.
-        link_bytes_per_s = request.network_gbps * 1e9 / 8
-        costs = MigrationCostModel(network_gbps=request.network_gbps)
-        costs = dataclasses.replace(
-            costs,
+        costs = MigrationCostModel(
+            network_gbps=request.network_gbps,
             checkpoint_bandwidth_bytes_per_s=min(
-                costs.checkpoint_bandwidth_bytes_per_s, link_bytes_per_s
+                MigrationCostModel.checkpoint_bandwidth_bytes_per_s,
+                request.network_gbps * 1e9 / 8,
             ),
         )
         config = dataclasses.replace(config, costs=costs)

@@ -125,12 +125,16 @@ class RuntimePlan:
         return cls(**data)
 
 
+def receives_state(plan: RuntimePlan) -> bool:
+    """``plan``'s instances receive layers before its first step: from peers, or from a
+    checkpoint (the initial weights are made where they are needed, with nothing to move)."""
+    return bool(plan.transfers) or plan.restore_step not in (None, FRESH_START)
+
+
 def moving(plan: RuntimePlan, committed: int) -> bool:
-    """``plan``'s move is in flight: its instances receive layers before its first step (from
-    peers, or from a checkpoint; the initial weights are made where they are needed, with
-    nothing to move) and no step of it has committed yet (``committed``: the last one)."""
-    receives = bool(plan.transfers) or plan.restore_step not in (None, FRESH_START)
-    return receives and committed < plan.start_step
+    """``plan``'s move is in flight: it receives state (:func:`receives_state`) and no step of
+    it has committed yet (``committed``: the last one)."""
+    return receives_state(plan) and committed < plan.start_step
 
 
 def publish_plan(store: Store, plan: RuntimePlan) -> None:
