@@ -44,8 +44,15 @@ from liveput.runtime.store.etcd_server import pid_alive
 
 SERVER_CODE = "from liveput.cloud.agent_forks import serve; serve()"
 """The server's ``python -c`` program (not ``-m``: the package imports this module first)."""
-PRELOADED = ("liveput.runtime.launch", "liveput.runtime.agent", "liveput.models.jobs")
-"""What an agent imports as it starts (torch among it), imported by the server before it forks."""
+PRELOADED = (
+    "liveput.runtime.launch",
+    "liveput.runtime.agent",
+    "liveput.models.jobs",
+    "torch._dynamo",
+)
+"""What an agent imports as it starts (torch among it), imported by the server before it forks.
+``torch._dynamo`` too: building an optimizer imports it (``Optimizer.__init__`` is wrapped to
+disable compilation), about 1.1 CPU-s in every agent at its first plan; it starts no thread."""
 START_TIMEOUT_S = 120.0
 """The longest wait for the server to import and fork the first agent (a loaded machine)."""
 

@@ -443,6 +443,15 @@ class EmulatedProvider(Provider):
         with self._lock:
             return {} if self._procs is None else self._procs.pids()
 
+    def running_agents(self) -> list[str]:
+        """Instances whose agent process still runs: a noticed instance whose agent exited by
+        itself stays an instance until its kill (:meth:`_reap` leaves it to the preemption), but
+        has no agent left to wait for."""
+        with self._lock:
+            if self._procs is None:
+                return []
+            return [iid for iid in self._procs.pids() if self._procs.exit_code(iid) is None]
+
     # -- running on a thread -----------------------------------------------------------------
 
     def start_background(self, poll_s: float = 0.05) -> None:

@@ -90,6 +90,12 @@ class LocalCloud:
     def instances(self) -> dict[str, int]:
         return self.provider.pids()
 
+    @property
+    def agents_running(self) -> bool:
+        """Whether any instance's agent process still runs (an instance noticed of its
+        preemption whose agent exited is an instance until its kill, but has no agent)."""
+        return bool(self.provider.running_agents())
+
     def ended_instances(self) -> list[int]:
         """The job's instance numbers of the instances the cloud has ended (preempted, released,
         or exited)."""

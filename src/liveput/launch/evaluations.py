@@ -25,7 +25,7 @@ def gather_evaluations(
     is left out."""
     due = [step for step in range(steps) if job.evaluation_due(step)]
     found = readers.evaluations(store, due)
-    while len(found) < len(due) and cloud.instances:
+    while len(found) < len(due) and cloud.agents_running:
         if time.monotonic() - started_s > timeout_s:
             break
         time.sleep(0.2)

@@ -470,7 +470,7 @@ def _initial_count(trace: Trace | IntervalTrace) -> int:
 def _wait_agents(cloud: LocalCloud, grace_s: float = 15.0) -> None:
     """Let finished agents exit by themselves, then stop the cloud (which kills the rest)."""
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and cloud.instances:
+    while time.monotonic() < deadline and cloud.agents_running:
         time.sleep(0.2)
     cloud.close()
 
