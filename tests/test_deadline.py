@@ -115,7 +115,10 @@ def test_spot_only_on_a_flat_trace_matches_hand_computation() -> None:
     run = simulate_deadline_policy(trace, GPT, "spot-only", context, FAST)
     lookup = ConfigurationLookup(context.policy)
     best = lookup.best_for(16)
-    finish_s = restart_s(context.policy, best) + 200_000.0 / lookup.throughput(best)
+    # The first start loads no checkpoint (nothing trained yet): the restart alone.
+    launch_s = context.policy.costs.restart_s(best.num_instances)
+    assert launch_s < restart_s(context.policy, best)
+    finish_s = launch_s + 200_000.0 / lookup.throughput(best)
     assert run.finished_hours == pytest.approx(finish_s / 3600)
     # Only the instances the configuration uses are held (the spares are released).
     assert run.usd_spot == pytest.approx(

@@ -56,6 +56,13 @@ def test_decisions_equal_the_dense_implementation(case) -> None:
 
 def _assert_recovery_unchanged(result: dict, pinned: dict) -> None:
     recovered, expected = result["recover"], pinned["recover"]
+    if expected["configuration"] is None and expected["expected_samples"] == 0:
+        # Nothing trained in the rest of the interval, and the pinned recovery ran nothing,
+        # losing the state a move would keep: moves are now ranked over the look-ahead after
+        # it (a decision change; tests/test_policies.py checks the choice by brute force).
+        # Still nothing trains before the interval ends.
+        assert recovered["expected_samples"] == 0
+        return
     for key in ("configuration", "migration"):
         assert recovered[key] == expected[key]
     for key in ("migration_s", "expected_samples"):

@@ -186,6 +186,46 @@ def test_recovery_is_the_best_configuration_for_the_rest_of_the_interval() -> No
         assert plan.configuration.num_instances <= available
 
 
+def test_when_no_move_ends_within_the_interval_recovery_ranks_them_over_the_look_ahead() -> None:
+    """A stage lost with seconds of the interval left, every move longer than that: the
+    recovery moves (salvaging the stage) to the candidate that trains most over the rest of the
+    interval and the optimizer's horizon after it, by enumeration, instead of running nothing."""
+    config = OptimizerConfig()
+    optimizer = LiveputOptimizer(GPT, TABLE, CONTEXT.costs, config)
+    rng = np.random.default_rng(1)
+    candidates = [
+        (int(d), int(p))
+        for d, p, ok in zip(TABLE.data_parallel, TABLE.pipeline_stages, TABLE.feasible)
+        if ok
+    ]
+    depths = sorted({p for d, p in candidates if d == 1})
+    d = np.array([0] + [c[0] for c in candidates])
+    p = np.array([0] + [c[1] for c in candidates])
+    grid = TABLE.throughput_grid(32)
+    window = config.horizon * config.interval_s
+    for _ in range(12):
+        depth = depths[int(rng.integers(len(depths)))]
+        available = int(rng.integers(depth, 33))
+        remaining = float(rng.uniform(0.0, 0.2))  # below any rebuild: no move ends in time
+        plan = optimizer.recover(None, available, remaining, salvage_stages=depth)
+        hit = candidates.index((1, depth)) + 1
+        seconds = migration_seconds(GPT, CONTEXT.costs, d, p, available)[hit]
+        seconds[hit] = CONTEXT.costs.rebuild_s(available) + CONTEXT.costs.transfer_s(
+            float(GPT.layer_state_bytes().sum()) / depth
+        )
+        assert (seconds[1:] > remaining).all()
+        values = [
+            grid[dd, pp] * max(remaining + window - seconds[k], 0.0)
+            if k and dd * pp <= available
+            else 0.0
+            for k, (dd, pp) in enumerate(zip(d, p))
+        ]
+        best = int(np.argmax(values))
+        assert values[best] > 0
+        assert plan.configuration == Configuration(int(d[best]), int(p[best]))
+        assert plan.expected_samples == 0.0  # nothing trains in the rest of the interval
+
+
 def test_optimizer_charges_a_restore_as_the_policies_do() -> None:
     """A restore loads the whole checkpoint in both, whatever the depth."""
     from liveput.policies.common import restart_s

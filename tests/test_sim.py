@@ -53,14 +53,35 @@ def test_flat_trace_matches_hand_computation() -> None:
     context = make_context(trace, GPT, FAST)
     ideal = throughput * 60.0 * 30
     assert result.runs["ideal"].samples == pytest.approx(ideal)
-    # Both start from nothing: one launch (restart + checkpoint load) and no change after.
-    launch = restart_s(context, configuration)
+    # Both start from nothing: one launch and no change after. Nothing has trained, so there
+    # is no checkpoint: the launch is the restart alone, without the load a restore adds.
+    launch = context.costs.restart_s(configuration.num_instances)
+    assert launch < restart_s(context, configuration)
     assert result.runs["reactive"].samples == pytest.approx(throughput * (60.0 * 30 - launch))
     assert result.runs["reactive"].reconfigurations == 1
     liveput = result.runs["liveput"]
     assert liveput.samples <= ideal
     assert liveput.samples >= throughput * (60.0 * 30 - 2 * launch)
     assert result.fraction_of_ideal("ideal") == pytest.approx(1.0)
+
+
+def test_only_a_job_that_has_trained_restores_a_checkpoint() -> None:
+    """The first start from nothing pays the restart alone; a start from nothing after
+    training (a total loss) pays the policy's whole restore, the checkpoint's load included."""
+    from liveput.sim.job import SimulatedJob
+
+    context = make_context(flat_trace(16, 3), GPT, FAST)
+    configuration, _ = best(16)
+    restore = Decision(configuration, downtime_s=restart_s(context, configuration))
+    job = SimulatedJob(context, 0)
+    job.apply(restore, 16, 0.0)
+    assert job.moving_s == pytest.approx(context.costs.restart_s(configuration.num_instances))
+    job.run(60.0)
+    assert job.samples > 0
+    job.apply(Decision(None), 16, 60.0)
+    job.apply(restore, 16, 60.0)
+    assert job.moving_s == pytest.approx(restart_s(context, configuration))
+    assert job.moving_s > context.costs.restart_s(configuration.num_instances)
 
 
 def test_cost_is_every_instance_hour_held_at_its_price() -> None:

@@ -304,6 +304,8 @@ class LiveputOptimizer:
         regroup into; None when a stage lost every replica). Each candidate c that fits
         ``num_available + num_on_demand`` is worth ``thr(c) * max(0, remaining_s - mig(start,
         c))`` samples; the best one is chosen (the next interval's decision looks ahead again).
+        When no candidate trains before the interval ends, they are ranked the same way over
+        the rest of the interval and the optimizer's horizon after it.
 
         A stage that lost every replica has its state only on the leaving instances. With
         ``salvage_stages`` (the depth P of the configuration that was hit) they send it out
@@ -328,8 +330,16 @@ class LiveputOptimizer:
             )
         fits = self.sizes <= num_available + num_on_demand
         value = np.where(fits, self.throughput * np.clip(remaining_s - migration, 0.0, None), 0.0)
-        choice = int(np.argmax(value))
-        if value[choice] <= value[begin] and fits[begin]:
+        ranked = value
+        if not value.any():
+            # Nothing trains in the rest of the interval: every move outlasts it (gigabytes over
+            # slow links next to short intervals). Run nothing, and the state the move would
+            # have kept is gone: the next decision could only restore the checkpoint. Rank the
+            # moves by what they train over the look-ahead after it instead.
+            window_s = remaining_s + self.config.horizon * self.config.interval_s
+            ranked = np.where(fits, self.throughput * np.clip(window_s - migration, 0.0, None), 0.0)
+        choice = int(np.argmax(ranked))
+        if ranked[choice] <= ranked[begin] and fits[begin]:
             choice = begin
         origin = begin if salvaged is None else salvaged
         kind = migration_kind(

@@ -20,6 +20,7 @@ class SimulatedJob:
         self, context: PolicyContext, num_on_demand: int, actual: ConfigTable | None = None
     ) -> None:
         self.grid = (actual or context.table).throughput_grid(context.max_instances)
+        self.costs = context.costs
         self.spot_usd_per_s = context.spot_price_usd_per_hour / 3600.0
         self.on_demand_usd_per_s = context.on_demand_price_usd_per_hour / 3600.0
         self.current: Configuration | None = None
@@ -66,6 +67,11 @@ class SimulatedJob:
             self.moving_s = 0.0
         elif chosen != self.current or decision.downtime_s > 0:
             self.moving_s = decision.downtime_s
+            if self.current is None and self.samples == 0:
+                # Nothing trained yet, so there is no checkpoint: the first start loads none
+                # (policies price every start from nothing as a restore). With gigabytes of
+                # state behind a slow store, that load was most of a short run.
+                self.moving_s = min(self.moving_s, self.costs.restart_s(used))
         self.moving_s += decision.checkpoint_s
         self.redo_s += decision.rollback_s
         self.current = chosen
