@@ -201,7 +201,9 @@ def test_liveput_train_evaluates_after_every_nth_step_the_weights_of_that_step(t
     steps, out = 6, tmp_path / "run.json"
     model = f"{TESTS / 'eval_job.py'}:target"
     argv = ["train", "--model", model, "--workers", "2", "--steps", str(steps)]
-    argv += ["--time-scale", "10", "--checkpoint-every", "5", "-o", str(out)]
+    # At time scale 1 the trace's first kill is 41 s away: at 10 (4 s) it could land as the
+    # last evaluation ran, which an instance lost while it evaluates does not record.
+    argv += ["--time-scale", "1", "--checkpoint-every", "5", "-o", str(out)]
     assert main([*argv, "--log-dir", str(tmp_path / "logs")]) == 0
     summary = json.loads(out.read_text())
     assert summary["exactly_once"] is True and summary["steps_completed"] == steps
