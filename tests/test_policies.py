@@ -299,3 +299,23 @@ def test_a_change_during_a_reactive_restart_queues_a_full_morph() -> None:
         + checkpoint_save_s(CONTEXT, running)
         + restart_s(CONTEXT, hit.configuration)
     )
+
+
+def test_a_refitted_policy_remembers_the_job_and_plans_with_the_new_table() -> None:
+    """A re-fit (the table scaled to measured step times) keeps what the policy saw: made anew
+    instead, ``reactive`` forgot the count it was configured for and restarted into the same
+    configuration at the next interval."""
+    slower = replace(TABLE, samples_per_s=TABLE.samples_per_s * 0.5)
+    for name in ("reactive", "checkpoint", "bamboo", "liveput"):
+        policy = make_policy(name, CONTEXT)
+        running = policy.decide(observe(24, None)).configuration
+        refitted = policy.refitted(replace(CONTEXT, table=slower))
+        assert type(refitted) is type(policy) and refitted.context.table is slower
+        for attribute in policy.remembered:
+            assert getattr(refitted, attribute) is getattr(policy, attribute), (name, attribute)
+        if name == "reactive":
+            kept = refitted.decide(observe(24, running, 60.0, counts=[24, 24]))
+            assert kept.configuration == running and kept.downtime_s == 0.0
+            forgot = make_policy(name, replace(CONTEXT, table=slower))
+            assert forgot.decide(observe(24, running, 60.0, counts=[24, 24])).downtime_s > 0
+    assert make_policy("reactive", CONTEXT).remembered == ("configured_for", "busy_until_s")

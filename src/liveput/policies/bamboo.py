@@ -65,6 +65,7 @@ class BambooPolicy(LookupPolicy):
     """Redundant computation: absorb scattered losses, restart on adjacent ones."""
 
     name = "bamboo"
+    remembered = ("stages", "degraded")
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)

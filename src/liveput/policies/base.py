@@ -217,6 +217,9 @@ class Policy(ABC):
     """
 
     name: str = ""
+    remembered: tuple[str, ...] = ()
+    """Attributes holding what the policy has seen of its job (not derived from its context):
+    what :meth:`refitted` carries over."""
 
     def __init__(self, context: PolicyContext) -> None:
         self.context = context
@@ -224,6 +227,16 @@ class Policy(ABC):
     @abstractmethod
     def decide(self, observation: Observation) -> Decision:
         """Return the decision for the interval that starts at ``observation.time_s``."""
+
+    def refitted(self, context: PolicyContext) -> Policy:
+        """This policy planning with ``context`` (its table re-fitted to measured step times):
+        one made anew for it, remembering what this one saw of the job (:attr:`remembered`).
+        Made anew without it, ``reactive`` forgot the count it was configured for and
+        restarted into the same configuration at every re-fit."""
+        policy = type(self)(context)
+        for name in self.remembered:
+            setattr(policy, name, getattr(self, name))
+        return policy
 
 
 POLICIES: Registry[type[Policy]] = Registry("policy")

@@ -37,6 +37,7 @@ class CheckpointPolicy(LookupPolicy):
     """Fixed configuration, periodic checkpoints, restart and roll back on every loss."""
 
     name = "checkpoint"
+    remembered = ("configuration", "trained_since_checkpoint_s", "running_since_s", "pending_s")
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)

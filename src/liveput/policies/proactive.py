@@ -37,6 +37,7 @@ class LiveputPolicy(Policy):
     """Forecast, then optimize liveput over the horizon; regroup survivors after a loss."""
 
     name = "liveput"
+    remembered = ("predictor",)  # a forecaster's record of its own errors
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)

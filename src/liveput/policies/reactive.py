@@ -31,6 +31,7 @@ class ReactivePolicy(LookupPolicy):
     """Restart (save, relaunch, load) into the best configuration on every change of the count."""
 
     name = "reactive"
+    remembered = ("configured_for", "busy_until_s")
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)

@@ -41,8 +41,8 @@ runtime's coordinator re-fits its throughput table to the step times it measured
 (``perf.online``) and plans with the new table from then on. With ``learn``, every ``every_s``
 the configurations the job has trained on for at least ``min_trained_s`` count as measured, at the
 step time they really train at (the job's table: ``actual`` when given); when that set changed,
-the policy is made anew with the table ``learn.fit`` returns for them, as the coordinator makes a
-new policy at each re-fit.
+the policy plans with the table ``learn.fit`` returns for them (``Policy.refitted``: remembering
+what it saw of the job), as the coordinator's does at each re-fit.
 
 The draws (u and the loss order of each interval) come from ``seed`` and the interval index
 only, so every policy meets the same losses at the same times (common random numbers). The

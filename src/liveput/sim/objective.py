@@ -160,8 +160,7 @@ class Throughput(Objective):
         self.num_on_demand = num_on_demand
         self.actual = actual
         self.learn = learn
-        self.factory = POLICIES.get(policy)
-        self.policy = self.factory(context)
+        self.policy = POLICIES.get(policy)(context)
         self.trained_s: dict[tuple[int, int], float] = {}
         """Seconds each (D, P) has trained (what the runtime has measured)."""
         self.fitted_on: frozenset[tuple[int, int]] = frozenset()
@@ -189,7 +188,7 @@ class Throughput(Objective):
                     sorted(measured), self.trained_s, self.context.profile.global_batch_size
                 )
             )
-            self.policy = self.factory(dataclasses.replace(self.context, table=table))
+            self.policy = self.policy.refitted(dataclasses.replace(self.context, table=table))
 
     def adopt(self, job: SimulatedJob, decision: Decision, interval: Interval) -> None:
         job.apply(decision, interval.available, interval.start_s)

@@ -100,7 +100,9 @@ class Coordinator:
             fitted = upkeep.refitted(self.store, self.profile, self.measurements)
             if fitted is not None:
                 self.measurements, calibration = fitted
-                self.planning = self.objective.refitted(self.profile, self.config, calibration)
+                self.planning = self.objective.refitted(
+                    self.profile, self.config, calibration, self.planning.policy
+                )
         return observed.view
 
     def _inputs(self, view: CoordinatorView) -> PolicyInputs:

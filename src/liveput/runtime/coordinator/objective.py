@@ -23,7 +23,14 @@ from typing import Protocol
 
 from liveput.perf.estimator import Calibration, calibration_for, estimate_configs
 from liveput.perf.types import ConfigTable, ModelProfile
-from liveput.policies import Decision, Observation, PolicyContext, Provisioning, make_policy
+from liveput.policies import (
+    Decision,
+    Observation,
+    Policy,
+    PolicyContext,
+    Provisioning,
+    make_policy,
+)
 from liveput.policies.deadline import DeadlineContext, make_deadline_policy
 from liveput.runtime import keys
 from liveput.runtime.decide import CoordinatorConfig, CoordinatorView
@@ -102,10 +109,14 @@ class CoordinatorObjective(ABC):
         return False
 
     def refitted(
-        self, profile: ModelProfile, config: CoordinatorConfig, calibration: Calibration
+        self,
+        profile: ModelProfile,
+        config: CoordinatorConfig,
+        calibration: Calibration,
+        previous: Planner | None = None,
     ) -> Planning:
         """The table and policy once the estimator is re-fitted to ``calibration`` (asked only
-        when :meth:`refits`)."""
+        when :meth:`refits`); the policy remembers what ``previous`` saw of the job."""
         raise NotImplementedError(f"{type(self).__name__} does not re-fit its table")
 
     def read_market(self) -> MarketReading | None:
@@ -151,26 +162,30 @@ class ThroughputObjective(CoordinatorObjective):
         return config.online_calibration
 
     def refitted(
-        self, profile: ModelProfile, config: CoordinatorConfig, calibration: Calibration
+        self,
+        profile: ModelProfile,
+        config: CoordinatorConfig,
+        calibration: Calibration,
+        previous: Planner | None = None,
     ) -> Planning:
-        """Every configuration scored with ``calibration``; a policy that plans with the table."""
+        """Every configuration scored with ``calibration``; a policy that plans with the table
+        (remembering what ``previous`` saw of the job)."""
         table = estimate_configs(profile, config.capacity, calibration)
-        return Planning(
-            calibration,
-            table,
-            make_policy(
-                config.policy,
-                PolicyContext(
-                    profile=profile,
-                    table=table,
-                    costs=config.costs,
-                    interval_s=config.policy_interval_s,
-                    horizon=config.horizon,
-                    capacity=config.capacity,
-                    predictor=config.predictor,
-                ),
-            ),
+        context = PolicyContext(
+            profile=profile,
+            table=table,
+            costs=config.costs,
+            interval_s=config.policy_interval_s,
+            horizon=config.horizon,
+            capacity=config.capacity,
+            predictor=config.predictor,
         )
+        policy = (
+            previous.refitted(context)
+            if isinstance(previous, Policy)
+            else make_policy(config.policy, context)
+        )
+        return Planning(calibration, table, policy)
 
 
 class DeadlineObjective(CoordinatorObjective):
