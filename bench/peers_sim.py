@@ -210,7 +210,7 @@ def look_ahead_intervals(time_scale: float, interval_s: float) -> int:
     the horizon, and after a loss the simulated job ran nothing, then restored the checkpoint."""
     from liveput.runtime.coordinator_config import CoordinatorConfig
 
-    look_ahead_s = CoordinatorConfig(num_steps=1, num_micro_batches=1).horizon * 60.0 / time_scale
+    look_ahead_s = CoordinatorConfig.horizon * 60.0 / time_scale
     return max(1, round(look_ahead_s / interval_s))
 
 

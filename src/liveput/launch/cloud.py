@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 
 class LocalCloud:
-    """The emulated provider of ``liveput train``, with the surface it reads (instances,
-    preemptions, allocations, close).
+    """The emulated provider of ``liveput train``, with the surface it reads (agents running,
+    ended instances, preemptions, allocations, close).
 
     Without an ``instance_type`` it replays the trace as the job's instances
     (:attr:`SpotModel.REPLAY`). With one (a deadline job) the trace is the spot capacity and a
@@ -85,10 +85,6 @@ class LocalCloud:
         if self.holder is not None:
             self.holder.target = Provisioning(0, 0)
             self.holder.reconcile()
-
-    @property
-    def instances(self) -> dict[str, int]:
-        return self.provider.pids()
 
     @property
     def agents_running(self) -> bool:

@@ -329,15 +329,17 @@ class LiveputOptimizer:
                 stage_bytes
             )
         fits = self.sizes <= num_available + num_on_demand
-        value = np.where(fits, self.throughput * np.clip(remaining_s - migration, 0.0, None), 0.0)
-        ranked = value
+
+        def trained(window_s: float) -> np.ndarray:
+            return np.where(fits, self.throughput * np.clip(window_s - migration, 0.0, None), 0.0)
+
+        value = ranked = trained(remaining_s)
         if not value.any():
             # Nothing trains in the rest of the interval: every move outlasts it (gigabytes over
             # slow links next to short intervals). Run nothing, and the state the move would
             # have kept is gone: the next decision could only restore the checkpoint. Rank the
             # moves by what they train over the look-ahead after it instead.
-            window_s = remaining_s + self.config.horizon * self.config.interval_s
-            ranked = np.where(fits, self.throughput * np.clip(window_s - migration, 0.0, None), 0.0)
+            ranked = trained(remaining_s + self.config.horizon * self.config.interval_s)
         choice = int(np.argmax(ranked))
         if ranked[choice] <= ranked[begin] and fits[begin]:
             choice = begin
