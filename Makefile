@@ -64,14 +64,16 @@ TEST_TMPDIR := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || ec
 # They start nothing, so two workers (pytest-xdist, a file per worker) run them.
 UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
 
-# Every test: the linters, the unit tier, then the `process` tier (agents, etcd, network
+# Every test: the linters (beside them, on the other core, tests/warm_imports.py writes the
+# bytecode the tests will need), the unit tier, then the `process` tier (agents, etcd, network
 # namespaces, servers), three files at a time on the two cores (a third of its tests' time is
 # waiting on the wall clock: a trace replayed, a notice's lead, a browser), the longest files
 # first (tests/conftest.py orders them; xdist would order files by their number of tests), and
 # last, one at a time, the `serial` ones: they measure time against a budget of their own
 # (heartbeat timeouts, a deadline from a profile measured as the job starts, a fault campaign),
 # which a neighbour's load would eat into.
-test: lint system-deps
+test: setup system-deps
+	$(BIN)/python tests/warm_imports.py & $(MAKE) --no-print-directory lint && wait $$!
 	$(UNIT_TESTS)
 	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "process and not serial" -n 3 --dist loadfile \
 	  --no-loadscope-reorder --durations=12
