@@ -67,6 +67,35 @@ def test_every_forecast_is_a_distribution_over_counts(
     assert (low <= high).all()
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    history=histories(),
+    horizon=st.integers(1, 6),
+    ends=st.lists(st.floats(-30.0, 400.0), max_size=5),
+)
+def test_instances_known_to_go_leave_the_forecast_as_counted_by_hand(
+    history: IntervalTrace, horizon: int, ends: list[float]
+) -> None:
+    """Each count's mass moves down by the instances whose notice ended by that step (floored
+    at 0), each counted preempted in the interval its notice ends in."""
+    interval_s = 60.0
+    forecast = make_predictor("markov").forecast(history, horizon, history.max_count)
+    less = forecast.less_known_losses(ends, interval_s)
+    for h in range(horizon):
+        gone = sum(end <= (h + 1) * interval_s for end in ends)
+        expected = np.zeros(forecast.pmf.shape[1])
+        for count, mass in enumerate(forecast.pmf[h]):
+            expected[max(count - gone, 0)] += mass
+        assert less.pmf[h] == pytest.approx(expected)
+        assert less.point[h] == max(forecast.point[h] - gone, 0)
+        ending_now = sum(min(int(max(end, 0.0) // interval_s), horizon - 1) == h for end in ends)
+        assert less.expected_preempted[h] == pytest.approx(
+            forecast.expected_preempted[h] + ending_now
+        )
+    assert (less.expected_allocated == forecast.expected_allocated).all()
+    assert forecast.less_known_losses([], interval_s) is forecast
+
+
 @pytest.mark.parametrize("method", ["persistence", "markov", "arima", "ets", "auto"])
 def test_no_look_ahead(method: str) -> None:
     """A forecast at t depends on counts up to t only, not on the current interval's events

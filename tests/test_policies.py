@@ -319,3 +319,22 @@ def test_a_refitted_policy_remembers_the_job_and_plans_with_the_new_table() -> N
             forgot = make_policy(name, replace(CONTEXT, table=slower))
             assert forgot.decide(observe(24, running, 60.0, counts=[24, 24])).downtime_s > 0
     assert make_policy("reactive", CONTEXT).remembered == ("configured_for", "busy_until_s")
+
+
+def test_liveput_moves_onto_noticed_arrivals_only_where_the_move_pays_before_they_go() -> None:
+    """Eight instances arrive, each with a preemption notice: over slow links (a pipeline's
+    state takes a minute to move) the job stays where it is, where it moved onto them when the
+    notices were unknown; over fast links (seconds) it still uses them for the time they have."""
+    slow = replace(CONTEXT, costs=replace(CONTEXT.costs, network_gbps=0.2))
+    running = Configuration(2, 8)
+    noticed = (100.0,) * 8
+    unknown = make_policy("liveput", slow).decide(observe(24, running, counts=[16, 24]))
+    assert unknown.configuration is not None and unknown.configuration.num_instances > 16
+    known = make_policy("liveput", slow).decide(
+        observe(24, running, counts=[16, 24], noticed_ends_s=noticed)
+    )
+    assert (known.configuration, known.downtime_s) == (running, 0.0)
+    fast = make_policy("liveput", CONTEXT).decide(
+        observe(24, running, counts=[16, 24], noticed_ends_s=(30.0,) * 8)
+    )
+    assert fast.configuration is not None and fast.configuration.num_instances > 16

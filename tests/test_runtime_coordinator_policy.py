@@ -23,6 +23,7 @@ from liveput.runtime.coordinator.policy import (
     available,
     fit,
     history_trace,
+    noticed_ends_s,
     step,
 )
 from liveput.runtime.decide import ActionKind, CoordinatorConfig, CoordinatorView, Member
@@ -235,3 +236,31 @@ def test_available_leaves_out_the_gone_and_the_going():
     }
     view = _running(members)
     assert available(view, CONFIG) == [0, 4]
+
+
+def test_the_policy_is_told_when_the_noticed_instances_it_may_plan_on_go():
+    """At an interval, the observation carries the end each available instance's notice
+    announces, in policy seconds (a 2-s wall interval stands for 60 s); not those going (no
+    longer available): a notice whose lead is nearly spent, or one that announces no end."""
+    members = {
+        0: _member(),
+        1: _member(noticed=True, notice_lead_s=40.0, notice_age_s=10.0),  # ends in 30 s
+        2: _member(noticed=True, notice_lead_s=None),  # a bare SIGTERM: going at once
+        3: _member(noticed=True, notice_lead_s=40.0, notice_age_s=30.0),  # going: 10 s left
+    }
+    view = _running(members, interval_due=True)
+    scale = CONFIG.policy_interval_s / CONFIG.interval_s
+    assert available(view, CONFIG) == [0, 1]
+    assert noticed_ends_s(view, CONFIG, scale) == (30.0 * scale,)
+    objective = ThroughputObjective()
+    planning = objective.start(tiny_gpt_profile(), CONFIG)
+    seen: list[Observation] = []
+    decide = planning.policy.decide
+
+    def recording(observation: Observation) -> Decision:
+        seen.append(observation)
+        return decide(observation)
+
+    planning.policy.decide = recording  # type: ignore[method-assign]
+    step(PolicyInputs(view, (2, 3)), CONFIG, tiny_gpt_profile(), planning, objective)
+    assert [o.noticed_ends_s for o in seen] == [(30.0 * scale,)]

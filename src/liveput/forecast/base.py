@@ -12,6 +12,7 @@ Step ``h`` (1..H) of a forecast is the count at the start of interval ``t + h``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,34 @@ class Forecast:
         """The q-quantile of the count at each step, shape (H,)."""
         cdf = np.cumsum(self.pmf, axis=1)
         return np.argmax(cdf >= q - 1e-12, axis=1).astype(float)
+
+    def less_known_losses(self, ends_s: Sequence[float], interval_s: float) -> Forecast:
+        """This forecast with instances known to go (a preemption notice each, ``ends_s``
+        seconds from now) taken out: the count at step h (``h * interval_s`` from now) less
+        those that ended by then, floored at 0, and each counted preempted in the interval
+        it ends in (the forecast from the history alone expects them to stay)."""
+        if not len(ends_s):
+            return self
+        ends = np.asarray(ends_s, dtype=float)
+        steps = np.arange(1, self.horizon + 1)
+        gone = (ends[None, :] <= steps[:, None] * interval_s).sum(axis=1)
+        width = self.pmf.shape[1]
+        pmf = np.zeros_like(self.pmf)
+        for h, k in enumerate(np.minimum(gone, width - 1)):
+            pmf[h, 0] = self.pmf[h, : k + 1].sum()
+            pmf[h, 1 : width - k] = self.pmf[h, k + 1 :]
+        # Interval i runs from i * interval_s to (i + 1) * interval_s; an end already due is now.
+        ending = np.minimum(np.floor(np.maximum(ends, 0.0) / interval_s), self.horizon - 1)
+        preempted = self.expected_preempted + np.bincount(
+            ending.astype(np.int64), minlength=self.horizon
+        )
+        return Forecast(
+            np.maximum(self.point - gone, 0.0),
+            pmf,
+            preempted,
+            self.expected_allocated,
+            f"{self.method}, less {len(ends)} noticed",
+        )
 
     @classmethod
     def certain(cls, counts: np.ndarray, capacity: int, method: str = "oracle") -> Forecast:

@@ -72,6 +72,11 @@ class Observation:
     """On-demand instances requested and still launching (not usable yet, not billed yet)."""
     usd_spent: float = 0.0
     """Dollars paid so far (spot and on-demand)."""
+    noticed_ends_s: tuple[float, ...] = ()
+    """Seconds from ``time_s`` to the end announced by each preemption notice held by one of the
+    ``num_available`` instances (policy seconds, as ``time_s``): they are certain to go by then.
+    An executor that hears the cloud's notices fills it (the runtime); the simulator's intervals
+    carry none."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "event", observation_event_of(self.event))

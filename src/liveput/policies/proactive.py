@@ -59,12 +59,13 @@ class LiveputPolicy(Policy):
         self.predictor = make_predictor(context.predictor)
 
     def forecast(self, observation: Observation) -> Forecast:
-        """The forecast of the next H intervals (``liveput``: from the history only)."""
+        """The forecast of the next H intervals (``liveput``: from the history, less the
+        instances whose preemption notice says when they go)."""
         return self.predictor.forecast(
             observation.history,
             self.context.horizon,
             max(self.context.capacity, observation.num_available),
-        )
+        ).less_known_losses(observation.noticed_ends_s, observation.interval_s)
 
     def decide(self, observation: Observation) -> Decision:
         if observation.event == ObservationEvent.PREEMPTION:

@@ -74,6 +74,15 @@ def available(view: CoordinatorView, config: CoordinatorConfig) -> list[int]:
     )
 
 
+def noticed_ends_s(
+    view: CoordinatorView, config: CoordinatorConfig, scale: float = 1.0
+) -> tuple[float, ...]:
+    """Seconds (times ``scale``) to the end each available instance's notice announces (those
+    whose notice gives a lead), in the order of :func:`available`."""
+    ends = (view.members[i].end_in_s() for i in available(view, config))
+    return tuple(max(end, 0.0) * scale for end in ends if end is not None)
+
+
 def asks_policy(
     view: CoordinatorView, config: CoordinatorConfig, objective: CoordinatorObjective
 ) -> bool:
@@ -178,6 +187,7 @@ def step(
                 event=ObservationEvent(event),  # the rules name it as a plain string
                 lost_slots=lost_slots,
                 remaining_s=config.policy_interval_s,
+                noticed_ends_s=noticed_ends_s(view, config, scale),
             ),
             view,
             inputs.market,
