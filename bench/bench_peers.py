@@ -37,6 +37,7 @@ import functools
 import json
 import logging
 import multiprocessing
+import shutil
 import signal
 import sys
 from collections.abc import Callable
@@ -168,11 +169,17 @@ RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
 
 
 def _run(system: str, trace: Trace, settings: RunSettings) -> SystemRun | str:
+    work = scratch(settings, system)
     try:
-        return RUNNERS[system](trace, settings, scratch(settings, system))
+        return RUNNERS[system](trace, settings, work)
     except Exception as error:  # noqa: BLE001 - one system failing must not lose the others
         logging.getLogger(__name__).exception("%s failed", system)
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    finally:
+        # A run's logs and checkpoints (76 MB a liveput run in the pipeline regime; a full
+        # benchmark left 1.6 GB in a tmpfs) are kept only where --work-dir asks for them.
+        if not settings.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def steady_runs(settings: RunSettings, systems: list[str], instances: int) -> dict[str, SystemRun]:

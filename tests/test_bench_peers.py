@@ -283,3 +283,33 @@ def test_unmeasured_instance_counts_lie_on_the_line_between_measured_ones() -> N
     assert rates[3] == 1.0 and rates[8] == 2.0
     assert [round(rates[n], 6) for n in (4, 5, 6, 7)] == [1.2, 1.4, 1.6, 1.8]
     assert interpolated({4: 3.0}, range(1, 5)) == {4: 3.0}
+
+
+def test_a_systems_scratch_is_removed_after_its_run_unless_a_work_dir_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run's logs and checkpoints go to a scratch folder: without ``--work-dir`` it is
+    removed once the run is read (also when the system failed); with it, it stays there."""
+    import tempfile
+
+    from bench import bench_peers
+
+    seen: list[Path] = []
+
+    def writes(trace: Trace, settings: RunSettings, work: Path) -> str:
+        (work / "checkpoint.pt").write_bytes(b"x" * 1024)
+        seen.append(work)
+        if settings.seed == 1:
+            raise RuntimeError("the system broke")
+        return "ran"
+
+    monkeypatch.setitem(bench_peers.RUNNERS, "liveput", writes)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    trace = Trace.from_counts("t", [0.0], [1], end_s=10.0)
+    assert bench_peers._run("liveput", trace, RunSettings()) == "ran"
+    assert bench_peers._run("liveput", trace, RunSettings(seed=1)).startswith("RuntimeError")
+    kept = RunSettings(work_dir=str(tmp_path / "kept"))
+    assert bench_peers._run("liveput", trace, kept) == "ran"
+    assert [path.exists() for path in seen] == [False, False, True]
+    assert seen[2].parent == tmp_path / "kept" and (seen[2] / "checkpoint.pt").is_file()
