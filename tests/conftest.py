@@ -46,6 +46,7 @@ LONGEST_FIRST = (
     "test_operate_job.py",
     "test_runtime_recovery.py",
     "test_cli_docs.py",
+    "test_bench_peers_hosts.py",
     "test_bench_gpu.py",
     "test_deadline_resume.py",
     "test_cli_hostile.py",

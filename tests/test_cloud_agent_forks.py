@@ -92,13 +92,18 @@ def test_environment_and_folder_are_the_agents_own(silent_store, tmp_path):
 
 
 def test_the_launcher_forks_the_lean_agent_only(server, silent_store, tmp_path):
+    """The forked agent has a token, so it waits on its store until killed: without one it
+    exited (code 2) as soon as it ran, and on a loaded machine it ran before the kill landed."""
     notice = tmp_path / "i-0.notice.json"
-    forked = command_launcher(agent_command(silent_store), log_dir=tmp_path, fork_server=server)(
-        LaunchSpec("i-0", notice)
-    )
+    forked = command_launcher(
+        agent_command(silent_store),
+        env={**os.environ, "LIVEPUT_TOKEN": "t"},
+        log_dir=tmp_path,
+        fork_server=server,
+    )(LaunchSpec("i-0", notice))
     assert isinstance(forked, ForkedAgent)
     forked.kill()
-    assert forked.wait(timeout=10) == -signal.SIGKILL
+    assert forked.wait(timeout=10) == -signal.SIGKILL, (tmp_path / "i-0.log").read_text()
     plain = command_launcher(["sleep", "30"], log_dir=tmp_path, fork_server=server)(
         LaunchSpec("i-1", notice)
     )
