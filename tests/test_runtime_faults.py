@@ -256,5 +256,8 @@ def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profil
     assert codes == {0: 0, 1: 0, 2: 0}
     assert store.get(keys.state(noticed)) == b"left"
     report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
-    assert report.exactly_once and report.restores == 0
+    # The coordinator's events (each plan's kind, reason and restore), to tell why a restore
+    # came: once in a CI run under the suite's load, not reproduced beside three busy loops.
+    events = sorted(store.get_prefix(keys.EVENT.prefix).items())
+    assert report.exactly_once and report.restores == 0, events
     assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
