@@ -4,6 +4,7 @@ a coordinator restart, an etcd restart, and a peer without the job token."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import pytest
@@ -32,6 +33,13 @@ from liveput.runtime.store import SignedStore, TCPStoreBackend, readers
 STEPS = 100
 
 
+@pytest.fixture(autouse=True)
+def coordinator_log(caplog):
+    """The coordinator's plans and why it made them, in the report of a failing test (these
+    tests race the machine's load; a failure under the suite's load is read from this)."""
+    caplog.set_level(logging.INFO, logger="liveput")
+
+
 @pytest.fixture(scope="module")
 def profile():
     return profile_job(resolve_job(JOB), repeats=1)
@@ -57,6 +65,10 @@ def coordinator_config(**overrides) -> CoordinatorConfig:
         tick_s=0.05,
         heartbeat_timeout_s=2.0,
         initial_workers=4,
+        # Each test starts at the configuration it names, with every instance it started: the
+        # product's 10-s grace ran out under the suite's load (three workers each starting a fork
+        # server and their agents at once) and a 2x2 test began at 2x1 on two of its four.
+        start_grace_s=120.0,
         capacity=6,
     )
     values.update(overrides)
