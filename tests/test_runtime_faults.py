@@ -270,6 +270,5 @@ def test_a_noticed_instance_hands_its_layers_over_before_it_goes(cluster, profil
     report = verify_ledger(store, resolve_job(JOB).global_batch_size, STEPS)
     # The coordinator's events (each plan's kind, reason and restore), to tell why a restore
     # came: once in a CI run under the suite's load, not reproduced beside three busy loops.
-    events = sorted(store.get_prefix(keys.EVENT.prefix).items())
-    assert report.exactly_once and report.restores == 0, events
+    assert report.exactly_once and report.restores == 0, readers.events(store)
     assert_same_parameters(final_parameters(tmp_path / "ckpt", 4), reference_parameters(STEPS))
