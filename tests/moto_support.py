@@ -23,7 +23,7 @@ from liveput.cloud import InstanceState
 from liveput.cloud.aws import AwsProvider
 from liveput.cloud.userdata import TOKEN_PARAMETER_VARIABLE, parse_agent_command
 from liveput.runtime.instance_env import MARKET_ENV
-from liveput.testbed.aws_endpoint import aws_endpoint
+from liveput.testbed.aws_endpoint import aws_endpoint, server_stacks
 
 __all__ = ["moto_endpoint", "MotoInstanceRunner", "DUMMY_CREDENTIALS"]
 
@@ -44,11 +44,19 @@ def moto_endpoint(log_path: Path, timeout_s: float = 30.0) -> AbstractContextMan
     return aws_endpoint(log_path, timeout_s=timeout_s)
 
 
-def reset_moto(url: str) -> None:
-    """Forget every resource (each test starts from a fresh account)."""
+def reset_moto(url: str, timeout_s: float = 5.0) -> None:
+    """Forget every resource (each test starts from a fresh account). A reset takes 0.05-0.6 s
+    here, under the suite's load too; one once went unanswered for 5 s, cause unknown: a reset
+    that does so again fails with where each of the server's threads was then."""
     request = urllib.request.Request(f"{url}/moto-api/reset", method="POST")
-    with urllib.request.urlopen(request, timeout=5.0):
-        pass
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            pass
+    except OSError:  # a timeout, as urlopen raises it while connecting or reading
+        raise AssertionError(
+            f"moto's reset at {url} did not answer in {timeout_s:g} s; "
+            f"the server's threads then:\n{server_stacks(url)}"
+        ) from None
 
 
 class MotoInstanceRunner:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from liveput.runtime.launch import JobSpec, publish_spec
 from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.runtime.store import SignedStore, TCPStoreBackend
+from liveput.testbed.aws_endpoint import server_stacks
 
 TOKEN = "moto-test-token"
 JOB = "tiny-gpt-small"
@@ -251,6 +253,17 @@ def test_an_unreachable_endpoint_is_retried_with_backoff_then_one_line(moto: str
         provider.request(1, "c5.xlarge", "spot")
     assert clock.now_s() == 2.0 + 4.0
     assert [e.kind for e in provider.events].count(ProviderEventKind.RETRY) == 2
+
+
+def test_a_reset_that_goes_unanswered_says_where_the_servers_threads_were(moto: str) -> None:
+    stacks = server_stacks(moto)
+    assert "(most recent call first)" in stacks and "werkzeug/serving.py" in stacks
+    with socket.socket() as silent:  # accepts connections (its backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(AssertionError, match=r"did not answer in 0.2 s; the server's threads"):
+            reset_moto(url, timeout_s=0.2)
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,16 @@
 """A real AWS API endpoint on this machine: moto's server (EC2, S3, SSM over HTTP).
 
 The AWS provider's tests launch instances through it, and ``bench peers``' pipeline regime keeps
-every system's checkpoints in an S3 bucket on it. It runs as a subprocess (``python -m
-moto.server``, from the test dependencies) on a free port of the address given, and is answering
-when :func:`aws_endpoint` yields its URL.
+every system's checkpoints in an S3 bucket on it. It runs as a subprocess (moto.server's
+``main``, from the test dependencies) on a free port of the address given, and is answering
+when :func:`aws_endpoint` yields its URL. While it runs, :func:`server_stacks` has it write where
+each of its threads is (``faulthandler`` on ``SIGUSR1``), for an error that says why a request
+went unanswered.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +22,15 @@ from pathlib import Path
 from liveput.testbed.errors import TestbedError
 from liveput.testbed.etcd import free_port
 
+_SERVER_CODE = (
+    "import faulthandler, signal, sys; "
+    "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "from moto.server import main; main(sys.argv[1:])"
+)
+"""``python -m moto.server``, with every thread's stack written to its log on ``SIGUSR1``."""
+_RUNNING: dict[str, tuple[subprocess.Popen, Path]] = {}
+"""URL -> the server answering there and its log, while :func:`aws_endpoint` runs it."""
+
 
 @contextmanager
 def aws_endpoint(log_path: Path, host: str = "127.0.0.1", timeout_s: float = 30.0) -> Iterator[str]:
@@ -28,7 +40,7 @@ def aws_endpoint(log_path: Path, host: str = "127.0.0.1", timeout_s: float = 30.
     url = f"http://{host}:{port}"
     with open(log_path, "ab") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
+            [sys.executable, "-c", _SERVER_CODE, "-H", host, "-p", str(port)],
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,
@@ -51,11 +63,35 @@ def aws_endpoint(log_path: Path, host: str = "127.0.0.1", timeout_s: float = 30.
                         f"moto's server at {url} did not answer in {timeout_s:g} s"
                     ) from None
                 time.sleep(0.1)
+        _RUNNING[url] = (server, log_path)
         yield url
     finally:
+        _RUNNING.pop(url, None)
         server.terminate()
         try:
             server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=10)
+
+
+def server_stacks(url: str, wait_s: float = 5.0) -> str:
+    """Where each thread of the server at ``url`` (started by :func:`aws_endpoint`) is now, as
+    it writes them to its log (waited for up to ``wait_s``); a sentence where it cannot say."""
+    running = _RUNNING.get(url)
+    if running is None:
+        return f"no server of this process answers at {url}"
+    server, log_path = running
+    if server.poll() is not None:
+        return f"the server at {url} has exited ({server.returncode})"
+    already = log_path.stat().st_size
+    server.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + wait_s
+    text = ""
+    # The main thread's stack is written last, and ends in the ``-c`` program's module.
+    while "in <module>" not in text and time.monotonic() < deadline:
+        time.sleep(0.05)
+        with open(log_path, "rb") as log:
+            log.seek(already)
+            text = log.read().decode(errors="replace").strip()
+    return text or f"nothing in {wait_s:g} s"
