@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from liveput.forecast import make_predictor
 from liveput.forecast.base import Forecast
+from liveput.forecast.shared import SharedPredictor
 from liveput.perf.configuration import Configuration, MigrationKind, ObservationEvent
 from liveput.policies.base import POLICIES, Decision, Observation, Policy, PolicyContext
 from liveput.policies.common import recovery_start
@@ -56,7 +56,8 @@ class LiveputPolicy(Policy):
                 on_demand_price_usd_per_hour=context.on_demand_price_usd_per_hour,
             ),
         )
-        self.predictor = make_predictor(context.predictor)
+        # Shared: the pools advise pool compares replay one trace (forecast.shared).
+        self.predictor = SharedPredictor(context.predictor)
 
     def forecast(self, observation: Observation) -> Forecast:
         """The forecast of the next H intervals (``liveput``: from the history, less the

@@ -43,8 +43,8 @@ import math
 
 import numpy as np
 
-from liveput.forecast import make_predictor
 from liveput.forecast.base import Forecast
+from liveput.forecast.shared import SharedPredictor
 from liveput.perf.configuration import Configuration, MigrationKind
 from liveput.policies.base import Observation, Provisioning
 from liveput.policies.deadline.base import DEADLINE_POLICIES, DeadlineContext, DeadlinePolicy
@@ -69,7 +69,7 @@ class LiveputDeadlinePolicy(DeadlinePolicy):
 
     def __init__(self, context: DeadlineContext) -> None:
         super().__init__(context)
-        self.predictor = make_predictor(context.policy.predictor)
+        self.predictor = SharedPredictor(context.policy.predictor)  # see forecast.shared
         self.nominal_samples = 0.0
         self.last_rate = 0.0
         self.spot_cap = 0

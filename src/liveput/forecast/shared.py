@@ -1,0 +1,90 @@
+"""Forecasts shared between predictors that are asked the same questions in the same order.
+
+A forecasting policy asks its predictor once per interval of the history it has seen. The pools
+``advise pool`` compares replay the same trace, so their policies ask the same questions, in the
+same order, and each of their predictors would compute the same forecasts (four pools: each
+forecast four times, three quarters of ``advise pool``'s time).
+
+A :class:`SharedPredictor` names its sequence of questions so far by a digest (every argument of
+every question, by value: each field of the history, its per-interval arrays byte by byte, the
+horizon and the capacity). A forecast made for a sequence is kept under its digest; another
+predictor of the same kind and options that reaches the same sequence gets that forecast and
+computes nothing. A predictor keeps state (``auto`` scores its members on the history seen), so
+one whose sequence reaches a digest never answered first puts the questions it skipped to its own
+predictor, in order, then the new one: its every answer is the one an unshared predictor of the
+same kind gives, to the bit. The forecasts are kept in memory, the least recently used dropped
+past :data:`KEPT_FORECASTS`; a dropped one is computed again (the same way) when asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections import OrderedDict
+
+import numpy as np
+
+from liveput.forecast.base import PREDICTORS, Forecast, Predictor
+from liveput.traces.trace import IntervalTrace
+
+KEPT_FORECASTS = 16_384
+"""Forecasts kept at most (each a few KB: H steps of a count distribution)."""
+
+_Kind = tuple[str, str]
+_kept: OrderedDict[tuple[_Kind, bytes], Forecast] = OrderedDict()
+
+
+class SharedPredictor(Predictor):
+    """A ``name`` predictor (``options`` as :func:`liveput.forecast.make_predictor` takes them)
+    whose forecasts are shared with every other one asked the same sequence of questions."""
+
+    def __init__(self, name: str, **options: object) -> None:
+        self._own = PREDICTORS.get(name)(**options)
+        self.name = self._own.name
+        self._kind: _Kind = (name, repr(sorted(options.items())))
+        self._digest = b""
+        # Questions answered from kept forecasts, not yet put to this predictor's own.
+        self._skipped: list[tuple[IntervalTrace, int, int]] = []
+
+    def forecast(self, history: IntervalTrace, horizon: int, capacity: int) -> Forecast:
+        self._digest = _extend(self._digest, history, horizon, capacity)
+        key = (self._kind, self._digest)
+        kept = _kept.get(key)
+        if kept is not None:
+            _kept.move_to_end(key)
+            self._skipped.append((history, horizon, capacity))
+            return _copy(kept)
+        for question in self._skipped:
+            self._own.forecast(*question)
+        self._skipped.clear()
+        made = self._own.forecast(history, horizon, capacity)
+        _kept[key] = _copy(made)
+        while len(_kept) > KEPT_FORECASTS:
+            _kept.popitem(last=False)
+        return made
+
+
+def _extend(digest: bytes, history: IntervalTrace, horizon: int, capacity: int) -> bytes:
+    """The digest of a sequence of questions ``digest`` followed by this one."""
+    hasher = hashlib.blake2b(digest, digest_size=20)
+    hasher.update(repr((horizon, capacity)).encode())
+    for field in dataclasses.fields(history):
+        value = getattr(history, field.name)
+        if isinstance(value, np.ndarray):
+            hasher.update(f"{field.name}{value.dtype.str}{value.shape}".encode())
+            hasher.update(np.ascontiguousarray(value).tobytes())
+        else:
+            hasher.update(repr((field.name, value)).encode())
+    return hasher.digest()
+
+
+def _copy(forecast: Forecast) -> Forecast:
+    """A forecast whose arrays its caller may change without changing the kept one."""
+    return dataclasses.replace(
+        forecast,
+        **{
+            field.name: getattr(forecast, field.name).copy()
+            for field in dataclasses.fields(forecast)
+            if isinstance(getattr(forecast, field.name), np.ndarray)
+        },
+    )
