@@ -18,6 +18,7 @@ from liveput.traces import IntervalTrace, generate_trace
 @pytest.fixture(autouse=True)
 def nothing_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shared, "_kept", OrderedDict())
+    monkeypatch.setattr(shared, "_kept_bytes", 0)
 
 
 Question = tuple[IntervalTrace, int, int]
@@ -84,8 +85,10 @@ def test_a_predictor_asked_answered_questions_computes_nothing(
 def test_forecasts_dropped_past_the_limit_are_made_again_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(shared, "KEPT_FORECASTS", 7)
     trace = generate_trace(16, 1, seed=6).resample(60)
-    _check_against_unshared("auto", _questions(trace))
-    assert len(shared._kept) == 7
+    questions = _questions(trace)
+    one = shared._size(make_predictor("auto").forecast(*questions[0]))
+    monkeypatch.setattr(shared, "KEPT_BYTES", 7 * one)
+    _check_against_unshared("auto", questions)
+    assert len(shared._kept) == 7 and shared._kept_bytes == 7 * one
     _check_against_unshared("auto", _questions(trace))  # the last 7 kept, the rest made again

@@ -13,7 +13,8 @@ computes nothing. A predictor keeps state (``auto`` scores its members on the hi
 one whose sequence reaches a digest never answered first puts the questions it skipped to its own
 predictor, in order, then the new one: its every answer is the one an unshared predictor of the
 same kind gives, to the bit. The forecasts are kept in memory, the least recently used dropped
-past :data:`KEPT_FORECASTS`; a dropped one is computed again (the same way) when asked for.
+past :data:`KEPT_BYTES`; a dropped one is computed again (the same way) when asked for. (A
+coordinator's policy shares with nothing, and keeps at most that much of its own forecasts.)
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ import numpy as np
 from liveput.forecast.base import PREDICTORS, Forecast, Predictor
 from liveput.traces.trace import IntervalTrace
 
-KEPT_FORECASTS = 16_384
-"""Forecasts kept at most (each a few KB: H steps of a count distribution)."""
+KEPT_BYTES = 64 * 2**20
+"""The most memory the kept forecasts' arrays take (the 12-h default trace's 720 forecasts of a
+32-instance market: 2.3 MB; of a 1024-instance one: 65 MB)."""
 
 _Kind = tuple[str, str]
 _kept: OrderedDict[tuple[_Kind, bytes], Forecast] = OrderedDict()
+_kept_bytes = 0
 
 
 class SharedPredictor(Predictor):
@@ -58,10 +61,20 @@ class SharedPredictor(Predictor):
             self._own.forecast(*question)
         self._skipped.clear()
         made = self._own.forecast(history, horizon, capacity)
-        _kept[key] = _copy(made)
-        while len(_kept) > KEPT_FORECASTS:
-            _kept.popitem(last=False)
+        _keep(key, _copy(made))
         return made
+
+
+def _keep(key: tuple[_Kind, bytes], forecast: Forecast) -> None:
+    global _kept_bytes
+    _kept[key] = forecast
+    _kept_bytes += _size(forecast)
+    while _kept_bytes > KEPT_BYTES and _kept:
+        _kept_bytes -= _size(_kept.popitem(last=False)[1])
+
+
+def _size(forecast: Forecast) -> int:
+    return sum(value.nbytes for value in vars(forecast).values() if isinstance(value, np.ndarray))
 
 
 def _extend(digest: bytes, history: IntervalTrace, horizon: int, capacity: int) -> bytes:
