@@ -212,6 +212,10 @@ class Agent:
 
     def join(self) -> None:
         """Register with the job (the store refuses values not signed with the job token)."""
+        # A process that joins holds nothing. A report left by an earlier process of this
+        # instance (it died; this one took its place, as a resumed job's provider starts one)
+        # would, once this one beats, name layers at a step that no process holds.
+        self.store.delete(keys.holding(self.config.instance))
         self.store.set(keys.member(self.config.instance), self._member())
         self.store.add(keys.heartbeat(self.config.instance), 1)
         current = readers.current_generation(self.store)
