@@ -11,7 +11,7 @@ figures), writes one JSON document (``-o``, rewritten after every part) and prin
    GPU runs alone: the error of each quantity.
 3. ``overhead``: one agent (the engine under the commit protocol, at (1, 1)) training in bf16,
    samples/s against a plain PyTorch loop of the same model, batch and precision (target
-   >= 0.9).
+   >= 0.9), in three rounds of each taken in turn (the medians of their medians).
 4. ``runtime``: agents sharing the device through a scripted run with an intra-stage, an
    inter-stage and a pipeline migration and a loss without notice that forces a checkpoint
    restore: exactly once, and the final parameters equal to a fault-free run's on the same
@@ -138,7 +138,8 @@ def _figures(name: str, part: dict) -> str:
             f"{part['model']} bf16, batch {part['global_batch']} as one micro-batch: engine "
             f"{part['engine_one_micro_batch_samples_per_s']} / plain "
             f"{part['plain_samples_per_s']} samples/s = {part['ratio']} (target >= "
-            f"{part['target']}: {'PASS' if part['passed'] else 'FAIL'}); in the job's "
+            f"{part['target']}: {'PASS' if part['passed'] else 'FAIL'}; rounds "
+            f"{part.get('ratio_rounds')}); in the job's "
             f"{part['micro_batches']} micro-batches: engine {part['engine_samples_per_s']}, "
             f"{part['ratio_to_accumulating']}x a plain loop of the same micro-batches"
         )

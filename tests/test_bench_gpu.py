@@ -41,6 +41,7 @@ def test_the_quick_cpu_run_measures_every_part(tmp_path: Path) -> None:
     assert overhead["precision"] == "bf16"
     assert overhead["engine_samples_per_s"] > 0 and overhead["plain_samples_per_s"] > 0
     assert overhead["engine_one_micro_batch_samples_per_s"] > 0
+    assert overhead["rounds"] == 1 and len(overhead["ratio_rounds"]) == 1  # --quick: one round
     assert overhead["ratio"] == pytest.approx(
         overhead["engine_one_micro_batch_samples_per_s"] / overhead["plain_samples_per_s"],
         rel=0.02,
