@@ -139,7 +139,7 @@ def _figures(name: str, part: dict) -> str:
             f"{part['engine_one_micro_batch_samples_per_s']} / plain "
             f"{part['plain_samples_per_s']} samples/s = {part['ratio']} (target >= "
             f"{part['target']}: {'PASS' if part['passed'] else 'FAIL'}; rounds "
-            f"{part.get('ratio_rounds')}); in the job's "
+            f"{part['ratio_rounds']}); in the job's "
             f"{part['micro_batches']} micro-batches: engine {part['engine_samples_per_s']}, "
             f"{part['ratio_to_accumulating']}x a plain loop of the same micro-batches"
         )

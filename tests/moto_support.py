@@ -52,7 +52,11 @@ def reset_moto(url: str, timeout_s: float = 5.0) -> None:
     try:
         with urllib.request.urlopen(request, timeout=timeout_s):
             pass
-    except OSError:  # a timeout, as urlopen raises it while connecting or reading
+    except OSError as error:  # urlopen's timeout: itself while reading, a URLError's reason
+        if not isinstance(error, TimeoutError) and not isinstance(
+            getattr(error, "reason", None), TimeoutError
+        ):
+            raise
         raise AssertionError(
             f"moto's reset at {url} did not answer in {timeout_s:g} s; "
             f"the server's threads then:\n{server_stacks(url)}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,15 @@ def _keep(key: tuple[_Kind, bytes], forecast: Forecast) -> None:
 
 
 def _size(forecast: Forecast) -> int:
-    return sum(value.nbytes for value in vars(forecast).values() if isinstance(value, np.ndarray))
+    return sum(array.nbytes for array in _arrays(forecast).values())
+
+
+def _arrays(forecast: Forecast) -> dict[str, np.ndarray]:
+    return {
+        field.name: value
+        for field in dataclasses.fields(forecast)
+        if isinstance(value := getattr(forecast, field.name), np.ndarray)
+    }
 
 
 def _extend(digest: bytes, history: IntervalTrace, horizon: int, capacity: int) -> bytes:
@@ -93,11 +102,5 @@ def _extend(digest: bytes, history: IntervalTrace, horizon: int, capacity: int) 
 
 def _copy(forecast: Forecast) -> Forecast:
     """A forecast whose arrays its caller may change without changing the kept one."""
-    return dataclasses.replace(
-        forecast,
-        **{
-            field.name: getattr(forecast, field.name).copy()
-            for field in dataclasses.fields(forecast)
-            if isinstance(getattr(forecast, field.name), np.ndarray)
-        },
-    )
+    copies: dict[str, Any] = {name: array.copy() for name, array in _arrays(forecast).items()}
+    return dataclasses.replace(forecast, **copies)
