@@ -81,6 +81,12 @@ class RunSettings:
     instance's shaped link (:mod:`bench.peers_storage`); False: a local folder. Needs
     ``link_mbit``."""
 
+    stop_at_step: int | None = None
+    """End the run once the job has committed this many steps and a checkpoint of them is
+    complete (None: train the whole window; the window bounds the run either way): a check
+    that needs a few steps and a checkpoint takes them and ends instead of training on to the
+    window's end. At least ``checkpoint_every``."""
+
     def __post_init__(self) -> None:
         if (
             self.time_scale <= 0
@@ -89,10 +95,11 @@ class RunSettings:
             or self.notice_margin_s < 0
             or (self.instance_memory_gb is not None and not self.instance_memory_gb > 0)
             or (self.link_mbit is not None and not self.link_mbit > 0)
+            or (self.stop_at_step is not None and self.stop_at_step < self.checkpoint_every)
         ):
             raise ValueError(
                 "peers: time scale, window, checkpoint interval, memory and link rate must be "
-                "positive, the notice margin >= 0"
+                "positive, the notice margin >= 0, a step to stop at >= the checkpoint interval"
             )
         if self.object_store and self.link_mbit is None:
             raise ValueError("peers: the object store sits behind shaped links: set a link rate")
@@ -227,7 +234,8 @@ def run_liveput(
         timeline.append((elapsed, update.step * batch))
         state["loss"] = update.loss if update.loss is not None else state["loss"]
         state["plans"] = update.events
-        if elapsed >= settings.window_s:
+        checkpointed = update.checkpoint_step is not None
+        if elapsed >= settings.window_s or (checkpointed and reached(settings, update.step)):
             raise WindowOver
 
     workers = max(1, trace.max_count())
@@ -292,6 +300,28 @@ def _train_liveput(
         run_local_training(config, trace, progress, launcher_factory=factory)
     except WindowOver:
         pass
+
+
+def reached(settings: RunSettings, steps: int) -> bool:
+    """Whether a job that committed ``steps`` steps is done (``settings.stop_at_step``). A peer
+    saves its checkpoint before it writes the step's progress line, so its checkpoint of step
+    ``checkpoint_every`` is complete when its progress says so."""
+    return settings.stop_at_step is not None and steps >= settings.stop_at_step
+
+
+def steps_in(progress_file: Path) -> int:
+    """Steps a peer's progress lines say it committed so far (0 before the first)."""
+    if not progress_file.exists():
+        return 0
+    last = 0
+    for line in progress_file.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line being written
+            continue
+        if "step" in record:
+            last = record["step"] + 1
+    return last
 
 
 def read_progress(
@@ -393,7 +423,9 @@ def _run_torchrun(
     start = time.monotonic()
     cloud.start_background()
     try:
-        while time.monotonic() - start < settings.window_s:
+        while time.monotonic() - start < settings.window_s and not reached(
+            settings, steps_in(progress_file)
+        ):
             time.sleep(0.2)
     finally:
         cloud.close()

@@ -262,6 +262,27 @@ def test_run_settings_refuse_a_memory_budget_or_link_rate_that_is_not_positive()
     with pytest.raises(ValueError, match="memory and link rate must be positive"):
         RunSettings(link_mbit=-5.0)
     assert RunSettings(instance_memory_gb=0.9, link_mbit=50.0).link_mbit == 50.0
+    # A run told to stop at a step before its first checkpoint could never stop.
+    with pytest.raises(ValueError, match="a step to stop at >= the checkpoint interval"):
+        RunSettings(checkpoint_every=4, stop_at_step=3)
+    assert RunSettings(checkpoint_every=4, stop_at_step=4).stop_at_step == 4
+
+
+def test_a_peers_progress_counts_the_steps_its_lines_say_it_committed(tmp_path: Path) -> None:
+    from bench.peers_run import reached, steps_in
+
+    progress = tmp_path / "progress.jsonl"
+    assert steps_in(progress) == 0  # no line yet
+    progress.write_text(
+        '{"t": 1.0, "start": 0, "world": 2, "restart": 0}\n'
+        '{"t": 2.0, "step": 0, "world": 2, "loss": 3.0}\n'
+        '{"t": 3.0, "step": 1, "world": 2, "loss": 2.9}\n'
+        '{"t": 4.0, "st'  # a line being written
+    )
+    assert steps_in(progress) == 2
+    settings = RunSettings(checkpoint_every=2, stop_at_step=2)
+    assert reached(settings, 2) and not reached(settings, 1)
+    assert not reached(RunSettings(), 10**6)  # no step to stop at: the whole window
 
 
 def test_agents_started_elsewhere_are_not_forked_here() -> None:

@@ -13,6 +13,7 @@ import pytest
 from bench.peers_hosts import SPARE_HOSTS, HostPool, shaped_hosts
 from bench.peers_run import RunSettings, run_liveput, run_torchrun
 from liveput.cloud.processes import LaunchSpec
+from liveput.models.jobs import resolve_job
 from liveput.traces import Trace
 
 pytestmark = pytest.mark.process  # namespaces, and the systems' processes
@@ -74,13 +75,15 @@ def _wait_for_output(log: Path, timeout_s: float = 20.0) -> None:
     raise AssertionError(f"{log} has no output after {timeout_s} s")
 
 
-def _settings(tmp_path: Path, window_s: float = 25.0) -> RunSettings:
+def _settings(tmp_path: Path) -> RunSettings:
     return RunSettings(
         job="tiny-gpt",
         time_scale=4.0,
-        window_s=window_s,
-        # Every 2 steps: the window is wall time, and under the suite's load torchrun-fsdp
-        # started 10 s in and trained fewer than 5 steps by its end (no checkpoint to see).
+        # A bound: each run ends once it committed 4 steps and a checkpoint of them is complete
+        # (about 10 s for torchrun-fsdp's four interpreters importing torch on a quiet machine,
+        # 21-24 s in a CI run under the suite's load).
+        window_s=60.0,
+        stop_at_step=4,
         checkpoint_every=2,
         link_mbit=1000.0,
         subnet=SUBNET,
@@ -100,10 +103,7 @@ def test_a_system_trains_across_shaped_hosts_and_checkpoints_through_their_links
     """Two instances, each in its own namespace, reach the store on the gateway and each other
     over their shaped links, and train; their checkpoints go to the object store on the
     gateway, from the instances' own addresses (through their links)."""
-    # The window is wall time and includes the start-up. torchrun-fsdp's starts four
-    # interpreters that import torch (an elastic agent and a worker per instance): 10 s on a
-    # quiet machine, 21-24 s in a CI run under the suite's load, where 25 s left no step.
-    settings = _settings(tmp_path, 25.0 if system == "liveput" else 50.0)
+    settings = _settings(tmp_path)
     trace = _constant(2, settings)
     work = tmp_path / "run"
     if system == "liveput":
@@ -116,7 +116,8 @@ def test_a_system_trains_across_shaped_hosts_and_checkpoints_through_their_links
         # anything more, nor trained a step, in the 45 s left of the window.
         run = run_torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp", minimum=2)
     logs = "\n".join(p.read_text(errors="replace") for p in (work / "logs").glob("*"))
-    assert run.samples > 0, logs
+    assert run.samples >= 4 * resolve_job(settings.job).global_batch_size, logs
+    assert run.timeline[-1][0] < settings.window_s  # it stopped at its step, not the window
     requests = (work / "logs" / "object-store.log").read_text()
     writes = re.findall(
         rf'^({re.escape(SUBNET)}\.\d+) .*"(?:PUT|POST) /peers/{work.name}/checkpoints/step-',

@@ -31,7 +31,7 @@ from liveput.launch.evaluations import attach_evaluations, gather_evaluations
 from liveput.models.training import TrainingConfig
 from liveput.perf.types import check_instance_memory_gb
 from liveput.runtime import keys
-from liveput.runtime.checkpoint import final_weights_written
+from liveput.runtime.checkpoint import final_weights_written, latest_checkpoint
 from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.coordinator import Coordinator
 from liveput.runtime.coordinator.objective import EarlierCoordinators
@@ -191,6 +191,8 @@ class Progress:
     the coordinator is built, so the first progress comes a few seconds later)."""
     checkpoints_failed: int = 0
     """Checkpoint writes that failed so far."""
+    checkpoint_step: int | None = None
+    """Step of the newest complete checkpoint (None: none yet)."""
 
 
 def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
@@ -490,4 +492,5 @@ def _progress(store: Store, coordinator: Coordinator, cloud_started_s: float) ->
         state=coordinator.status,
         cloud_elapsed_s=time.monotonic() - cloud_started_s,
         checkpoints_failed=readers.checkpoint_failures(store)[0],
+        checkpoint_step=latest_checkpoint(store),
     )
