@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -165,6 +166,15 @@ def test_status_prometheus_and_tensorboard_show_the_evaluations(tmp_path, capsys
     metrics = prometheus_text(store).decode()
     assert 'liveput_eval{job="j",name="acc"} 0.875' in metrics
     assert 'liveput_eval_step{job="j"} 8.0' in metrics  # steps committed, as liveput_step
+    # No instance registered: every market and state is a series at 0, none missing.
+    counts = re.findall(
+        r'^liveput_instances\{job="j",market="([^"]+)",state="([^"]+)"\} (\S+)$', metrics, re.M
+    )
+    assert sorted(counts) == sorted(
+        (market, state, "0.0")
+        for market in ("spot", "on-demand")
+        for state in ("running", "noticed", "joining")
+    )
 
     board = TensorBoardScalars(str(tmp_path / "tb"))
     due = target().evaluation_due

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from liveput.errors import LiveputError
+from liveput.operate.recorder import INSTANCE_STATES, MARKETS, read_status
 from liveput.runtime.store import Store, readers
 
 
@@ -67,8 +68,12 @@ class _StatusCollector:
         instances = GaugeMetricFamily(
             "liveput_instances", "Instances by market and state", labels=["job", "market", "state"]
         )
-        for market, states in status.get("instances", {}).items():
-            for state, count in states.items():
+        # Every market and state, 0 included: a job whose instances are all gone (preempted,
+        # the next not yet joined) is a series at 0 a query sees, not a series missing.
+        counted = status.get("instances", {})
+        for market in MARKETS:
+            for state in INSTANCE_STATES:
+                count = counted.get(market, {}).get(state, 0)
                 instances.add_metric([job, market, state], float(count))
         yield instances
         usd = CounterMetricFamily(
@@ -101,8 +106,6 @@ class _StatusCollector:
 
 def prometheus_text(store: Store) -> bytes:
     """The job's metrics in Prometheus' text format, read from its store."""
-    from liveput.operate.recorder import read_status
-
     status = read_status(store, events=0)
     migrations = readers.migrations(store)
     registry = CollectorRegistry()

@@ -28,6 +28,12 @@ from typing import TYPE_CHECKING, Any
 from liveput.runtime import keys
 from liveput.runtime.store import Store, readers
 
+MARKETS = ("spot", "on-demand")
+"""The markets a status snapshot counts instances in (``instances``)."""
+INSTANCE_STATES = ("running", "noticed", "joining")
+"""The states it counts them by: training or ready to, told to go, registered but not yet seen
+beating. An instance gone is counted in none."""
+
 if TYPE_CHECKING:
     from liveput.runtime.coordinator import Coordinator
 
@@ -196,7 +202,7 @@ class StatusRecorder:
             self._event("eval", now_s, step=shown["step"], reason=format_metrics(shown["metrics"]))
 
     def _instances(self, coordinator: Coordinator) -> dict[str, dict[str, int]]:
-        markets: dict[str, dict[str, int]] = {"spot": {}, "on-demand": {}}
+        markets: dict[str, dict[str, int]] = {market: {} for market in MARKETS}
         self._devices.clear()
         available = set(coordinator.available)
         states = readers.by_instance(self.store, keys.STATE)
