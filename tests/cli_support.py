@@ -38,14 +38,15 @@ def job_status(job_file: Path) -> dict:
     return json.loads(done.stdout)
 
 
-def wait_for(condition, timeout_s: float, what: str):  # noqa: ANN001, ANN201
-    """``condition()``'s first true value within ``timeout_s``, else an AssertionError."""
+def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.2):  # noqa: ANN001, ANN201
+    """``condition()``'s first true value within ``timeout_s``, else an AssertionError;
+    ``interval_s`` between tries (a condition that starts a process asks for a longer one)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(interval_s)
     raise AssertionError(f"not within {timeout_s} s: {what}")
 
 

@@ -46,20 +46,24 @@ LONGEST_FIRST = (
     "test_operate_job.py",
     "test_runtime_recovery.py",
     "test_cli_docs.py",
-    "test_bench_peers_hosts.py",
-    "test_bench_gpu.py",
     "test_deadline_resume.py",
+    "test_bench_gpu.py",
+    "test_forecast.py",
+    "test_readme_own_model.py",
+    "test_bench_peers_hosts.py",
     "test_cli_hostile.py",
     "test_models_training.py",
+    "test_instance_memory.py",
     "test_runtime_store.py",
     "test_models_reference.py",
     "test_cloud_aws.py",
     "test_runtime_operate.py",
 )
-"""The process tier's longest test files (140 s down to 25 s each under ``make test``'s load),
-collected first, longest first: the Makefile has pytest-xdist hand a worker a file at a time in
+"""The suite's longest test files (130 s down to 20 s each under ``make test``'s load), collected
+first, longest first: the Makefile has pytest-xdist hand a worker a file at a time in
 collection order (``--no-loadscope-reorder``), and the longest handed out last made the run's
-tail (the process tier took 381 s without this order and 336 s with it, on 927-975 s of tests)."""
+tail (the process tier took 381 s without this order and 336 s with it, on 927-975 s of tests).
+``test_forecast.py`` is the unit tier's longest (about 33 s of its 100)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -312,7 +312,8 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
             stdin=subprocess.DEVNULL,
         )
         try:
-            wait_for(lambda: job_status(job_file)["state"] != "running", 240, "the job ends")
+            # Each try is a `liveput status` process (about 0.5 CPU-s): one a second.
+            wait_for(lambda: job_status(job_file)["state"] != "running", 240, "the job ends", 1.0)
             status = job_status(job_file)
             assert status["state"] == "finished", status
             assert status["step"] == steps
@@ -340,6 +341,8 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
         summary = json.loads(out)
         assert summary["exactly_once"] is True and summary["steps_completed"] == steps
     finally:
+        if group_members(launcher):  # a failure before the kill: the job must not run on
+            os.killpg(launcher, signal.SIGKILL)
         _stop_etcd(tmp_path / "state")
     # The ledger, kept in the same store, proves exactly-once across the break.
     from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
