@@ -110,3 +110,25 @@ def test_the_launcher_forks_the_lean_agent_only(server, silent_store, tmp_path):
     assert isinstance(plain, subprocess.Popen)
     plain.kill()
     plain.wait(timeout=10)
+
+
+def test_one_server_forks_an_agent_into_a_hosts_network_namespace(
+    server, silent_store, tmp_path, netns_hosts
+):
+    """A test bed's hosts share one server: the agent it forks for a host runs in that host's
+    network namespace (its store, on the server's loopback, is out of its reach there: it
+    waits, retrying, as an agent does for a store that is not up yet)."""
+    host = netns_hosts.names[1]
+    env = {**os.environ, "LIVEPUT_TOKEN": "t"}
+    agent = server.spawn(["--store", silent_store], env, tmp_path, tmp_path / "ns.log", host)
+    try:
+        wanted = os.stat(f"/var/run/netns/{host}").st_ino
+        assert os.stat("/proc/self/ns/net").st_ino != wanted  # the server's is not the host's
+        deadline = time.monotonic() + 10
+        while os.stat(f"/proc/{agent.pid}/ns/net").st_ino != wanted:
+            assert time.monotonic() < deadline, "the agent never entered the host's namespace"
+            time.sleep(0.05)
+        assert agent.poll() is None, (tmp_path / "ns.log").read_text()
+    finally:
+        agent.kill()
+        agent.wait(timeout=10)

@@ -19,10 +19,15 @@ Its launcher sees each agent as a :class:`ForkedAgent`, which has what the launc
 :class:`subprocess.Popen` (``pid``, ``poll``, ``wait``, ``kill``, ``terminate``): the server is
 the agents' parent and reports each exit status to the launcher on its standard output.
 
-Wire (one JSON object a line): the launcher writes ``{"args", "env", "cwd", "log"}``; the server
-answers ``{"pid"}`` for each, in order, and ``{"exit": pid, "code": code}`` when an agent ends
-(``code`` as :attr:`subprocess.Popen.returncode`: ``-N`` for signal N). The server exits when
-its standard input closes; its agents run on.
+An agent may be asked to run in a named network namespace (a test bed's host, :mod:`liveput.
+testbed.netns`): the forked child enters it (``setns``) before it runs, so one server serves
+every host of a test bed, where a server per host started inside it (``ip netns exec``) imported
+torch once per host.
+
+Wire (one JSON object a line): the launcher writes ``{"args", "env", "cwd", "log", "netns"}``;
+the server answers ``{"pid"}`` for each, in order, and ``{"exit": pid, "code": code}`` when an
+agent ends (``code`` as :attr:`subprocess.Popen.returncode`: ``-N`` for signal N). The server
+exits when its standard input closes; its agents run on.
 """
 
 from __future__ import annotations
@@ -100,14 +105,11 @@ class ForkServer:
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
-        argv_prefix: Sequence[str] = (),
     ) -> None:
-        """``argv_prefix``: what runs the server (``ip netns exec HOST``: it and its agents in
-        a network namespace)."""
         # Its log (what it says before it forks, and its own errors) goes to the launcher's
         # standard error.
         self._process = subprocess.Popen(
-            [*argv_prefix, python, "-c", SERVER_CODE],
+            [python, "-c", SERVER_CODE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=dict(os.environ if env is None else env),
@@ -125,15 +127,22 @@ class ForkServer:
         self._reader.start()
 
     def spawn(
-        self, args: Sequence[str], env: Mapping[str, str], cwd: Path | None, log_path: Path | None
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path | None,
+        log_path: Path | None,
+        netns: str | None = None,
     ) -> ForkedAgent:
         """An agent running ``python -m liveput.runtime ARGS`` with ``env`` in ``cwd``, its
-        standard output and error appended to ``log_path`` (None: the server's)."""
+        standard output and error appended to ``log_path`` (None: the server's), in network
+        namespace ``netns`` (a name ``ip netns`` lists; None: the server's)."""
         request = {
             "args": list(args),
             "env": dict(env),
             "cwd": str(cwd or Path.cwd()),
             "log": None if log_path is None else str(log_path),
+            "netns": netns,
         }
         with self._lock:
             stdin = self._process.stdin
@@ -272,6 +281,8 @@ def _child(request: dict, main: Callable[[list[str]], int], server_fds: list[int
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for fd in server_fds:
             os.close(fd)
+        if request.get("netns"):
+            enter_network_namespace(request["netns"])
         with open(os.devnull, "rb") as null:
             os.dup2(null.fileno(), 0)
         if request["log"] is not None:
@@ -294,3 +305,25 @@ def _child(request: dict, main: Callable[[list[str]], int], server_fds: list[int
         from liveput.runtime.comm import end_process
 
         end_process(code)
+
+
+CLONE_NEWNET = 0x40000000
+"""``setns``'s namespace type for a network namespace (``<sched.h>``)."""
+
+
+def enter_network_namespace(name: str) -> None:
+    """Move this (single-threaded) process into network namespace ``name``, as ``ip netns exec``
+    does before it runs a command: the sockets it opens from now on are that namespace's."""
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if hasattr(os, "setns"):  # Python 3.12+
+            os.setns(fd, CLONE_NEWNET)
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"setns into network namespace {name}: {os.strerror(error)}")
+    finally:
+        os.close(fd)

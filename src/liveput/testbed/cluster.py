@@ -142,7 +142,7 @@ class ChaosCluster:
         self._hosted: TCPStoreBackend | None = None
         self._next_instance = 0
         self.store: Store | None = None
-        self._forks: dict[int, ForkServer] = {}
+        self._forks: ForkServer | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -233,18 +233,18 @@ class ChaosCluster:
         args = agent_args(
             self.url, notices="sigterm", instance=instance, host=self.hosts.address(host)
         )
-        process = self._fork_server(host).spawn(
-            args, self._env(), None, self.logs / f"agent-{instance}.log"
+        process = self._fork_server().spawn(
+            args, self._env(), None, self.logs / f"agent-{instance}.log", self.hosts.names[host]
         )
         self.agents[instance] = AgentProcess(instance, host, process)
         return instance
 
-    def _fork_server(self, host: int) -> ForkServer:
-        """Host ``host``'s fork server (started at its first agent): its agents are in its
-        network namespace, and start without importing torch each."""
-        if host not in self._forks:
-            self._forks[host] = ForkServer(env=self._env(), argv_prefix=self.hosts.argv(host, []))
-        return self._forks[host]
+    def _fork_server(self) -> ForkServer:
+        """The cluster's fork server (started at its first agent): each agent starts without
+        importing torch, in its host's network namespace."""
+        if self._forks is None:
+            self._forks = ForkServer(env=self._env())
+        return self._forks
 
     def alive(self) -> list[int]:
         """Instances whose process runs (stopped ones included)."""
@@ -284,9 +284,9 @@ class ChaosCluster:
         if self.coordinator is not None and self.coordinator.poll() is None:
             self.coordinator.kill()
             self.coordinator.wait(timeout=10)
-        for server in self._forks.values():
-            server.close()
-        self._forks.clear()
+        if self._forks is not None:
+            self._forks.close()
+            self._forks = None
         if self.store is not None:
             self.store.close()
 
