@@ -41,6 +41,14 @@ PROCESS_MODULES = frozenset(
 """Test modules whose every test starts processes, servers or sockets."""
 
 
+SERIAL_MODULES = frozenset(
+    {"test_runtime_abort.py", "test_runtime_chaos.py", "test_runtime_deadline.py"}
+)
+"""The modules that hold the ``serial`` tests. ``make test``'s serial session (``-m serial``)
+collects only these (each worker imports the modules it collects: about 8 CPU-s for the whole
+suite); a ``serial`` test elsewhere is refused at collection, so that none is left out."""
+
+
 LONGEST_FIRST = (
     "test_runtime_faults.py",
     "test_operate_job.py",
@@ -66,13 +74,34 @@ tail (the process tier took 381 s without this order and 336 s with it, on 927-9
 ``test_forecast.py`` is the unit tier's longest (about 33 s of its 100)."""
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the serial session, every test module but the serial ones is left uncollected."""
+    if (
+        config.getoption("markexpr") == "serial"
+        and collection_path.suffix == ".py"
+        and collection_path.name.startswith("test_")
+        and collection_path.name not in SERIAL_MODULES
+    ):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     missing = sorted(
-        name for name in PROCESS_MODULES | set(LONGEST_FIRST) if not (here / name).is_file()
+        name
+        for name in PROCESS_MODULES | SERIAL_MODULES | set(LONGEST_FIRST)
+        if not (here / name).is_file()
     )
     if missing:
         raise pytest.UsageError(f"tests/conftest.py: names no test file {missing}")
+    stray = sorted(
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("serial") and item.path.name not in SERIAL_MODULES
+    )
+    if stray:
+        raise pytest.UsageError(f"serial tests outside tests/conftest.py's SERIAL_MODULES: {stray}")
     for item in items:
         if item.path.name in PROCESS_MODULES or "process_tier" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.process)
