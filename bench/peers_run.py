@@ -310,18 +310,9 @@ def reached(settings: RunSettings, steps: int) -> bool:
 
 
 def steps_in(progress_file: Path) -> int:
-    """Steps a peer's progress lines say it committed so far (0 before the first)."""
-    if not progress_file.exists():
-        return 0
-    last = 0
-    for line in progress_file.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line being written
-            continue
-        if "step" in record:
-            last = record["step"] + 1
-    return last
+    """Steps a peer's progress lines say it committed so far (0 before the first): its
+    timeline's samples at a batch of one."""
+    return read_progress(progress_file, 0.0, 1)[0][-1][1]
 
 
 def read_progress(

@@ -281,14 +281,14 @@ def _child(request: dict, main: Callable[[list[str]], int], server_fds: list[int
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for fd in server_fds:
             os.close(fd)
-        if request.get("netns"):
-            enter_network_namespace(request["netns"])
         with open(os.devnull, "rb") as null:
             os.dup2(null.fileno(), 0)
         if request["log"] is not None:
             with open(request["log"], "ab") as out:
                 os.dup2(out.fileno(), 1)
                 os.dup2(out.fileno(), 2)
+        if request.get("netns"):  # after its log is its own: a failure to enter is said there
+            enter_network_namespace(request["netns"])
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])

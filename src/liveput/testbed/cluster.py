@@ -142,7 +142,7 @@ class ChaosCluster:
         self._hosted: TCPStoreBackend | None = None
         self._next_instance = 0
         self.store: Store | None = None
-        self._forks: ForkServer | None = None
+        self._agent_forks: ForkServer | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -242,9 +242,9 @@ class ChaosCluster:
     def _fork_server(self) -> ForkServer:
         """The cluster's fork server (started at its first agent): each agent starts without
         importing torch, in its host's network namespace."""
-        if self._forks is None:
-            self._forks = ForkServer(env=self._env())
-        return self._forks
+        if self._agent_forks is None:
+            self._agent_forks = ForkServer(env=self._env())
+        return self._agent_forks
 
     def alive(self) -> list[int]:
         """Instances whose process runs (stopped ones included)."""
@@ -284,9 +284,9 @@ class ChaosCluster:
         if self.coordinator is not None and self.coordinator.poll() is None:
             self.coordinator.kill()
             self.coordinator.wait(timeout=10)
-        if self._forks is not None:
-            self._forks.close()
-            self._forks = None
+        if self._agent_forks is not None:
+            self._agent_forks.close()
+            self._agent_forks = None
         if self.store is not None:
             self.store.close()
 
