@@ -10,12 +10,24 @@ every test does are listed in ``PROCESS_MODULES``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
+# One intra-op thread in every test process and every process a test starts (this environment
+# is theirs), before torch is first imported: make test runs three workers on two cores, and
+# torch's default of a thread per core had its idle threads spin, waiting for the next parallel
+# region, on cores the other processes needed (a tiny-gpt reference run of 12 steps beside two
+# busy processes: 17.7 CPU-s and 18.4 s with two threads, 4.8 CPU-s and 7.8 s with one). The
+# agents, the profiler and the peers already train on one thread each.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 # The runtime's server fixtures (a real etcd, network-namespace hosts), shared by the test files.
-from runtime_fixtures import etcd_server, etcd_url, netns_hosts  # noqa: F401
+from runtime_fixtures import etcd_server, etcd_url, netns_hosts  # noqa: E402, F401
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 """The repository's committed real data (``data/README.md`` names the public sources)."""
