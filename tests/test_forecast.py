@@ -14,11 +14,11 @@ from seeds import for_each_seed
 
 from liveput.cli.main import main
 from liveput.errors import LiveputError
-from liveput.forecast import PREDICTORS, make_predictor
+from liveput.forecast import PREDICTORS, combine, make_predictor
 from liveput.forecast.auto import AutoPredictor
 from liveput.forecast.backtest import backtest, walk_forward
 from liveput.forecast.base import crps
-from liveput.forecast.combine import simplex_weights
+from liveput.forecast.combine import simplex_weights, simplex_weights_stack
 from liveput.forecast.markov import MarkovPredictor, StationaryMarkovPredictor
 from liveput.forecast.persistence import PersistencePredictor
 from liveput.forecast.statistical import ArimaPredictor
@@ -286,6 +286,30 @@ def _simplex_weights_match_brute_force(seed: int) -> None:
     grid = grid[grid.sum(axis=1) <= 1 + 1e-12]
     values = np.einsum("gi,ij,gj->g", grid, gram, grid) + 2 * grid @ linear
     assert weights @ gram @ weights + 2 * linear @ weights <= values.min() + 1e-9
+
+
+def test_a_stack_of_problems_is_solved_as_each_alone_to_the_bit() -> None:
+    """The stacked least squares are np.linalg.lstsq's, zero and rank-deficient systems among
+    them; a stack's weights are each problem's own."""
+    rng = np.random.default_rng(11)
+    for size in (1, 2, 3):
+        matrices = rng.normal(size=(200, size, size))
+        matrices = matrices @ matrices.transpose(0, 2, 1)
+        matrices[::7] = 0.0
+        matrices[1::11, :, 0] = matrices[1::11, :, -1]  # collinear columns
+        vectors = rng.normal(size=(200, size))
+        stacked = combine._least_squares(matrices, vectors)
+        for matrix, vector, row in zip(matrices, vectors, stacked):
+            assert np.array_equal(row, np.linalg.lstsq(matrix, vector, rcond=None)[0])
+    gaps = rng.normal(size=(40, 2, 8))
+    gaps[::4, 1] = gaps[::4, 0] * 1.5
+    grams = gaps @ gaps.transpose(0, 2, 1)
+    linears = np.einsum("tij,tj->ti", gaps, rng.normal(size=(40, 8)))
+    combine._remembered.clear()
+    stacked_weights = simplex_weights_stack(grams, linears)
+    combine._remembered.clear()
+    for gram, linear, row in zip(grams, linears, stacked_weights):
+        assert np.array_equal(row, simplex_weights(gram, linear))
 
 
 def test_simplex_weights_remembered_are_the_same_and_the_callers_own() -> None:

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from liveput.forecast.base import PREDICTORS, Forecast, Predictor, check_request, crps, pmf_median
-from liveput.forecast.combine import simplex_weights
+from liveput.forecast.combine import simplex_weights_stack
 from liveput.forecast.markov import MarkovPredictor, StationaryMarkovPredictor
 from liveput.forecast.persistence import PersistencePredictor
 from liveput.forecast.stoploss import StopLoss
@@ -165,11 +165,15 @@ class AutoPredictor(Predictor):
         index = list(range(len(self.members))) if members is None else members
         prior = self.prior_weights[index]
         weights = np.tile(prior, (self._horizon, 1))
-        for h, sums in enumerate(self._coefficients):
-            if sums.count == 0:
-                continue
-            fitted = simplex_weights(sums.gram[np.ix_(index, index)], sums.linear[index])
-            weights[h] = (sums.count * fitted + self.prior_forecasts * prior) / (
+        scored = [(h, sums) for h, sums in enumerate(self._coefficients) if sums.count]
+        if not scored:
+            return weights
+        fitted = simplex_weights_stack(
+            np.stack([sums.gram[np.ix_(index, index)] for _, sums in scored]),
+            np.stack([sums.linear[index] for _, sums in scored]),
+        )
+        for (h, sums), fitted_h in zip(scored, fitted):
+            weights[h] = (sums.count * fitted_h + self.prior_forecasts * prior) / (
                 sums.count + self.prior_forecasts
             )
         return weights

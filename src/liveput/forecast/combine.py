@@ -24,10 +24,23 @@ optimum is the solution of its own active set, so this is exact.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections import OrderedDict
 from itertools import combinations
 
 import numpy as np
+from numpy.linalg import LinAlgError, _umath_linalg
+
+# _umath_linalg.lstsq is np.linalg.lstsq's own LAPACK (gelsd) loop, which takes a stack of
+# systems where the public function takes one. It solves a stack row by row to the same numbers,
+# to the bit (tests/test_forecast.py checks it against np.linalg.lstsq; numpy is pinned), in one
+# call instead of one per row: np.linalg.lstsq's Python wrapper took 60% of each of these tiny
+# solves.
+
+REMEMBERED = 1 << 15
+"""Solutions remembered by value, a few MB: a simulation per candidate pool replays the same
+forecasts (advise pool solved 68,400 of these, 17,100 of them distinct)."""
+
+_remembered: OrderedDict[bytes, np.ndarray] = OrderedDict()
 
 
 def simplex_weights(gram: np.ndarray, linear: np.ndarray) -> np.ndarray:
@@ -35,49 +48,90 @@ def simplex_weights(gram: np.ndarray, linear: np.ndarray) -> np.ndarray:
     ``gram`` is ``A`` (k x k), ``linear`` is ``b`` (k)."""
     gram = np.asarray(gram, dtype=float)
     linear = np.asarray(linear, dtype=float)
-    # Remembered by value: a simulation per candidate pool replays the same forecasts (advise
-    # pool solved 68,400 of these, 17,100 of them distinct).
-    return _remembered(gram.tobytes(), linear.tobytes(), len(linear)).copy()
+    return simplex_weights_stack(gram[np.newaxis], linear[np.newaxis])[0]
 
 
-@lru_cache(maxsize=1 << 15)  # a few MB; a pool simulation solves 17,100
-def _remembered(gram_bytes: bytes, linear_bytes: bytes, members: int) -> np.ndarray:
-    gram = np.frombuffer(gram_bytes).reshape(members, members)
-    linear = np.frombuffer(linear_bytes)
-    return _solve(gram, linear)
+def simplex_weights_stack(grams: np.ndarray, linears: np.ndarray) -> np.ndarray:
+    """Row t is ``simplex_weights(grams[t], linears[t])``; ``grams`` is (T, k, k), ``linears``
+    (T, k). The problems not remembered are solved together."""
+    grams = np.ascontiguousarray(grams, dtype=float)
+    linears = np.ascontiguousarray(linears, dtype=float)
+    weights = np.empty(linears.shape)
+    keys = [grams[t].tobytes() + linears[t].tobytes() for t in range(len(linears))]
+    unsolved = []
+    for t, key in enumerate(keys):
+        known = _remembered.get(key)
+        if known is None:
+            unsolved.append(t)
+        else:
+            _remembered.move_to_end(key)
+            weights[t] = known
+    if unsolved:
+        solved = _solve(grams[unsolved], linears[unsolved])
+        for t, solution in zip(unsolved, solved):
+            weights[t] = solution
+            _remembered[keys[t]] = solution.copy()
+        while len(_remembered) > REMEMBERED:
+            _remembered.popitem(last=False)
+    return weights
 
 
-def _solve(gram: np.ndarray, linear: np.ndarray) -> np.ndarray:
-    members = len(linear)
+def _solve(grams: np.ndarray, linears: np.ndarray) -> np.ndarray:
+    """Row t: the problem of ``grams[t]``, ``linears[t]``."""
+    count, members = linears.shape
     if members == 1:  # closed form of the enumeration below: -b / A clipped to [0, 1]
-        if gram[0, 0] != 0:
-            return np.clip(-linear / gram[0, 0], 0.0, 1.0)
-        return np.ones(1) if 2 * linear[0] < -1e-15 else np.zeros(1)
-    best = np.zeros(members)
-    best_value = 0.0
+        return np.stack([_solve_one_member(grams[t], linears[t]) for t in range(count)])
+    best = np.zeros((count, members))
+    best_value = np.zeros(count)
     for size in range(1, members + 1):
         for subset in combinations(range(members), size):
             index = list(subset)
-            for weights in _stationary_points(gram[np.ix_(index, index)], linear[index]):
-                if np.any(weights < -1e-12) or weights.sum() > 1 + 1e-12:  # (1), (2)
-                    continue
-                candidate = np.zeros(members)
-                candidate[index] = np.clip(weights, 0.0, None)
-                value = float(candidate @ gram @ candidate + 2 * linear @ candidate)
-                if value < best_value - 1e-15:
-                    best, best_value = candidate, value
+            points = _stationary_points(grams[:, index][:, :, index], linears[:, index])
+            for t in range(count):
+                gram, linear = grams[t], linears[t]
+                for weights in points[t]:
+                    if np.any(weights < -1e-12) or weights.sum() > 1 + 1e-12:  # (1), (2)
+                        continue
+                    candidate = np.zeros(members)
+                    candidate[index] = np.clip(weights, 0.0, None)
+                    value = float(candidate @ gram @ candidate + 2 * linear @ candidate)
+                    if value < best_value[t] - 1e-15:
+                        best[t], best_value[t] = candidate, value
     return best
 
 
-def _stationary_points(gram: np.ndarray, linear: np.ndarray) -> list[np.ndarray]:
-    """Minimizers on one active set: free (only (1) active outside it), and on ``sum w = 1``
-    ((2) active). Singular systems take the least-squares solution."""
-    size = len(linear)
-    free = np.linalg.lstsq(gram, -linear, rcond=None)[0]
-    kkt = np.zeros((size + 1, size + 1))
-    kkt[:size, :size] = 2 * gram
-    kkt[:size, size] = 1.0
-    kkt[size, :size] = 1.0
-    rhs = np.concatenate([-2 * linear, [1.0]])
-    on_sum = np.linalg.lstsq(kkt, rhs, rcond=None)[0][:size]
-    return [free, on_sum]
+def _solve_one_member(gram: np.ndarray, linear: np.ndarray) -> np.ndarray:
+    if gram[0, 0] != 0:
+        return np.clip(-linear / gram[0, 0], 0.0, 1.0)
+    return np.ones(1) if 2 * linear[0] < -1e-15 else np.zeros(1)
+
+
+def _stationary_points(grams: np.ndarray, linears: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+    """Row t: the minimizers of problem t on one active set: free (only (1) active outside it),
+    and on ``sum w = 1`` ((2) active). Singular systems take the least-squares solution."""
+    count, size = linears.shape
+    free = _least_squares(grams, -linears)
+    kkt = np.zeros((count, size + 1, size + 1))
+    kkt[:, :size, :size] = 2 * grams
+    kkt[:, :size, size] = 1.0
+    kkt[:, size, :size] = 1.0
+    rhs = np.concatenate([-2 * linears, np.ones((count, 1))], axis=1)
+    on_sum = np.ascontiguousarray(_least_squares(kkt, rhs)[:, :size])
+    return [(free[t], on_sum[t]) for t in range(count)]
+
+
+def _least_squares(matrices: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Row t: ``np.linalg.lstsq(matrices[t], vectors[t], rcond=None)[0]``, to the bit."""
+    rows, columns = matrices.shape[-2:]
+    rcond = np.finfo(float).eps * max(rows, columns)
+    with np.errstate(
+        call=_not_converged, invalid="call", over="ignore", divide="ignore", under="ignore"
+    ):
+        solution = _umath_linalg.lstsq(
+            matrices, vectors[..., np.newaxis], rcond, signature="ddd->ddid"
+        )[0]
+    return np.ascontiguousarray(solution[..., 0])
+
+
+def _not_converged(error: object, flag: object) -> None:
+    raise LinAlgError("SVD did not converge in Linear Least Squares")
