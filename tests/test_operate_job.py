@@ -312,8 +312,8 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
             stdin=subprocess.DEVNULL,
         )
         try:
-            # Each try is a `liveput status` process (about 0.5 CPU-s): one a second.
-            wait_for(lambda: job_status(job_file)["state"] != "running", 240, "the job ends", 1.0)
+            # Each try is a `liveput status` process (about 0.5 CPU-s): one every 2.5 s.
+            wait_for(lambda: job_status(job_file)["state"] != "running", 240, "the job ends", 2.5)
             status = job_status(job_file)
             assert status["state"] == "finished", status
             assert status["step"] == steps
