@@ -13,18 +13,18 @@ import html
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from liveput.files import write_bytes_atomic, write_text_atomic
+from liveput.report.html import STYLE
+from liveput.report.plots import pyplot
+from liveput.sim.result import SimulationResult
+from liveput.sim.sweep import DeadlineSweepRow
 
-from liveput.files import write_bytes_atomic, write_text_atomic  # noqa: E402
-from liveput.report.html import STYLE  # noqa: E402
-from liveput.sim.result import SimulationResult  # noqa: E402
-from liveput.sim.sweep import DeadlineSweepRow  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLORS = {
     "liveput": "#1f5f9e",
@@ -61,7 +61,7 @@ def deadline_rows(result: SimulationResult) -> list[list[str]]:
 
 
 def _cost_figure(rows: Sequence[DeadlineSweepRow]) -> Figure:
-    figure, axis = plt.subplots(figsize=(10, 4), dpi=110)
+    figure, axis = pyplot().subplots(figsize=(10, 4), dpi=110)
     for name in dict.fromkeys(row.policy for row in rows):
         mine = sorted((row for row in rows if row.policy == name), key=lambda r: r.deadline_hours)
         hours = np.array([row.deadline_hours for row in mine])
@@ -83,7 +83,7 @@ def _cost_figure(rows: Sequence[DeadlineSweepRow]) -> Figure:
 
 def _mix_figure(result: SimulationResult) -> Figure:
     names = list(result.runs)
-    figure, axes = plt.subplots(
+    figure, axes = pyplot().subplots(
         len(names), 1, figsize=(10, 1.4 * len(names) + 0.8), dpi=110, sharex=True, squeeze=False
     )
     for axis, name in zip(axes[:, 0], names, strict=True):
@@ -120,7 +120,7 @@ def write_deadline_report(
         try:
             figure.savefig(buffer, format="png")
         finally:
-            plt.close(figure)
+            pyplot().close(figure)
         write_bytes_atomic(directory / f"{name}.png", buffer.getvalue())
         encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
         sections.append(

@@ -12,17 +12,30 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import numpy as np  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from liveput.files import write_bytes_atomic
+from liveput.sim.result import SimulationResult
 
-from liveput.files import write_bytes_atomic  # noqa: E402
-from liveput.sim.result import SimulationResult  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot on its file backend, imported as a figure is first drawn, not with
+    this module: ``liveput simulate`` prints the report's tables without a figure, and pyplot's
+    imports took 0.6 s of each such command."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
 
 COLORS = {
     "liveput": "#1f5f9e",
@@ -44,7 +57,7 @@ def _color(name: str) -> str:
 
 
 def _single(title: str) -> tuple[Figure, Axes]:
-    figure, axis = plt.subplots(figsize=(10, 3.6), dpi=110)
+    figure, axis = pyplot().subplots(figsize=(10, 3.6), dpi=110)
     axis.set_title(title)
     axis.set_xlabel("time (hours)")
     axis.grid(alpha=0.3)
@@ -93,7 +106,7 @@ def _samples(result: SimulationResult) -> Figure:
 def _cost(result: SimulationResult) -> Figure:
     """Dollars paid so far (top) and dollars per 1,000 samples trained so far (bottom): spot
     policies that hold the same instances pay the same, and differ in what they get for it."""
-    figure, (paid, rate) = plt.subplots(2, 1, figsize=(10, 6), dpi=110, sharex=True)
+    figure, (paid, rate) = pyplot().subplots(2, 1, figsize=(10, 6), dpi=110, sharex=True)
     for name, run in result.runs.items():
         hours = _hours(result, len(run.cumulative_cost_usd))[1:]
         style = dict(label=name, color=_color(name), lw=1.5, ls="--" if name == "ideal" else "-")
@@ -134,7 +147,7 @@ def _cost(result: SimulationResult) -> Figure:
 
 def _configurations(result: SimulationResult) -> Figure:
     names = list(result.runs)
-    figure, axes = plt.subplots(
+    figure, axes = pyplot().subplots(
         len(names), 1, figsize=(10, 1.35 * len(names) + 0.8), dpi=110, sharex=True, squeeze=False
     )
     for axis, name in zip(axes[:, 0], names, strict=True):
@@ -194,6 +207,6 @@ def write_figures(result: SimulationResult, directory: str | Path) -> dict[str, 
         try:
             figure.savefig(buffer, format="png")
         finally:
-            plt.close(figure)
+            pyplot().close(figure)
         paths[name] = write_bytes_atomic(directory / f"{name}.png", buffer.getvalue())
     return paths
