@@ -16,7 +16,9 @@ STEPS = 100
 DEADLINE_HOURS = 0.12
 """Four times the fastest finish the job's profile predicts for STEPS on a quiet machine (0.03 h:
 a 90-s on-demand launch, then training): 300 steps by 0.08 h left too little room. The training
-runs on the wall clock, which a busy machine slows: the test runs alone (``serial``)."""
+runs on the wall clock, which a busy machine slows: the test runs alone (``serial``). Replayed 20
+times faster than real time, the job finished at 0.048 h (0.054 h beside three busy processes), in
+10.5 s of wall where 10 times took 28 s."""
 
 
 @pytest.mark.serial
@@ -31,7 +33,7 @@ def test_without_spot_the_deadline_policy_rents_on_demand_and_meets_the_deadline
             model="tiny-gpt-small",
             workers=2,
             steps=STEPS,
-            time_scale=10.0,
+            time_scale=20.0,
             notice_lead_s=30.0,
             checkpoint_every=10,
             checkpoint_dir=str(tmp_path / "ckpt"),
