@@ -15,7 +15,6 @@ import torch.distributed as dist
 
 from bench import peers_ddp
 from bench.peers_ddp import DDPConfig
-from bench.peers_fsdp import full_state, latest_checkpoint, train
 
 pytestmark = pytest.mark.process  # gloo groups, and torchrun's workers
 JOB = "tiny-gpt-small"
@@ -38,6 +37,8 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 def test_fsdp_peer_trains_as_the_ddp_peer_and_resumes_from_its_checkpoint_exactly(
     tmp_path: Path, world_of_one
 ) -> None:
+    from bench.peers_fsdp import full_state, latest_checkpoint, train  # see the next test's comment
+
     straight = full_state(train(DDPConfig(str(tmp_path / "straight"), JOB, 3, steps=10)))
     ddp = peers_ddp.train(DDPConfig(str(tmp_path / "ddp"), JOB, 3, steps=10)).state_dict()
     assert set(straight) == set(ddp) and _close(straight, ddp)
@@ -58,6 +59,10 @@ def test_fsdp_peer_trains_as_the_ddp_peer_and_resumes_from_its_checkpoint_exactl
 
 
 def test_a_checkpoint_of_two_workers_resumes_on_one(tmp_path: Path) -> None:
+    # Imported in the tests: torch.distributed.checkpoint took 0.6 s of every xdist worker's
+    # collection, where one worker runs this file.
+    from bench.peers_fsdp import full_state, train
+
     """Two torchrun workers train 6 steps (checkpoints at 3 and 6, each rank writing its
     shards); one worker resumes at step 6 and ends where one worker alone would have."""
     checkpoints = tmp_path / "checkpoints"
