@@ -7,22 +7,16 @@ from pathlib import Path
 import numpy as np
 
 from liveput.forecast.backtest import Walk
-from liveput.traces.plot import save_figure
+from liveput.traces.plot import pyplot, save_figure
 from liveput.traces.trace import IntervalTrace
 
 
 def plot_forecasts(trace: IntervalTrace, walk: Walk, path: str | Path) -> Path:
     """Top: the true count and the forecasts made 1 and H steps earlier, with the H-step 10-90%
     band. Bottom: mean absolute error at each step h. Writes a PNG to ``path``."""
-    # matplotlib is imported on use, not with the module: the CLI imports this module at start-up.
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     hours_per_interval = trace.interval_s / 3600.0
     horizon = walk.point.shape[1]
-    figure, (top, bottom) = plt.subplots(
+    figure, (top, bottom) = pyplot().subplots(
         2, 1, figsize=(10, 6), dpi=110, gridspec_kw={"height_ratios": [2.2, 1]}
     )
     hours = np.arange(len(trace) + 1) * hours_per_interval

@@ -19,9 +19,9 @@ import numpy as np
 
 from liveput.files import write_bytes_atomic, write_text_atomic
 from liveput.report.html import STYLE
-from liveput.report.plots import pyplot
 from liveput.sim.result import SimulationResult
 from liveput.sim.sweep import DeadlineSweepRow
+from liveput.traces.plot import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

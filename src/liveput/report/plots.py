@@ -12,29 +12,17 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from liveput.files import write_bytes_atomic
 from liveput.sim.result import SimulationResult
+from liveput.traces.plot import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-
-def pyplot() -> ModuleType:
-    """matplotlib's pyplot on its file backend, imported as a figure is first drawn, not with
-    this module: ``liveput simulate`` prints the report's tables without a figure, and pyplot's
-    imports took 0.6 s of each such command."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot
-
-    return matplotlib.pyplot
 
 
 COLORS = {
