@@ -83,7 +83,7 @@ LONGEST_FIRST = (
 first, longest first: the Makefile has pytest-xdist hand a worker a file at a time in
 collection order (``--no-loadscope-reorder``), and the longest handed out last made the run's
 tail (the process tier took 381 s without this order and 336 s with it, on 927-975 s of tests).
-``test_forecast.py`` is the unit tier's longest (about 33 s of its 100)."""
+``test_forecast.py`` is the unit tier's longest (about 27 CPU-s of its 87)."""
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -30,12 +30,6 @@ from itertools import combinations
 import numpy as np
 from numpy.linalg import LinAlgError, _umath_linalg
 
-# _umath_linalg.lstsq is np.linalg.lstsq's own LAPACK (gelsd) loop, which takes a stack of
-# systems where the public function takes one. It solves a stack row by row to the same numbers,
-# to the bit (tests/test_forecast.py checks it against np.linalg.lstsq; numpy is pinned), in one
-# call instead of one per row: np.linalg.lstsq's Python wrapper took 60% of each of these tiny
-# solves.
-
 REMEMBERED = 1 << 15
 """Solutions remembered by value, a few MB: a simulation per candidate pool replays the same
 forecasts (advise pool solved 68,400 of these, 17,100 of them distinct)."""
@@ -121,7 +115,11 @@ def _stationary_points(grams: np.ndarray, linears: np.ndarray) -> list[tuple[np.
 
 
 def _least_squares(matrices: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """Row t: ``np.linalg.lstsq(matrices[t], vectors[t], rcond=None)[0]``, to the bit."""
+    """Row t: ``np.linalg.lstsq(matrices[t], vectors[t], rcond=None)[0]``, to the bit
+    (tests/test_forecast.py checks it; numpy is pinned). ``_umath_linalg.lstsq`` is that
+    function's own LAPACK (gelsd) loop, which takes a stack of systems where the public function
+    takes one: one call instead of one per row, whose Python wrapper took 60% of each of these
+    tiny solves."""
     rows, columns = matrices.shape[-2:]
     rcond = np.finfo(float).eps * max(rows, columns)
     with np.errstate(
