@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,9 @@ from seeds import for_each_seed
 from liveput.cli.main import main
 from liveput.errors import LiveputError
 from liveput.forecast import PREDICTORS, combine, make_predictor
-from liveput.forecast.auto import AutoPredictor
+from liveput.forecast.auto import AutoPredictor, _Window
 from liveput.forecast.backtest import backtest, walk_forward
-from liveput.forecast.base import crps
+from liveput.forecast.base import crps, empirical_pmf
 from liveput.forecast.combine import simplex_weights, simplex_weights_stack
 from liveput.forecast.markov import MarkovPredictor, StationaryMarkovPredictor
 from liveput.forecast.persistence import PersistencePredictor
@@ -310,6 +311,50 @@ def test_a_stack_of_problems_is_solved_as_each_alone_to_the_bit() -> None:
     combine._remembered.clear()
     for gram, linear, row in zip(grams, linears, stacked_weights):
         assert np.array_equal(row, simplex_weights(gram, linear))
+
+
+def test_the_objective_of_a_stack_is_each_rows_own_expression_to_the_bit() -> None:
+    rng = np.random.default_rng(12)
+    for members in (1, 2, 3):
+        gaps = rng.normal(size=(300, members, 8)) * 10.0 ** rng.uniform(-3, 2, size=(300, 1, 1))
+        grams = gaps @ gaps.transpose(0, 2, 1)
+        linears = rng.normal(size=(300, members))
+        weights = rng.uniform(0, 1, size=(300, members)) / members
+        weights[::5, 0] = 0.0
+        values = combine._objective(grams, linears, weights)
+        for gram, linear, w, value in zip(grams, linears, weights, values):
+            assert value == float(w @ gram @ w + 2 * linear @ w)
+
+
+def test_the_empirical_pmf_counts_each_steps_errors_with_its_prior() -> None:
+    rng = np.random.default_rng(13)
+    for _ in range(300):
+        capacity = int(rng.integers(0, 20))
+        last = int(rng.integers(0, capacity + 1))
+        errors = [
+            rng.integers(-capacity - 2, capacity + 3, size=int(rng.integers(0, 12)))
+            for _ in range(int(rng.integers(0, 6)))
+        ]
+        prior_weight = float(rng.choice([1.0, 0.3, 1 / 3]))
+        expected = np.zeros((len(errors), capacity + 1))
+        for step, observed in enumerate(errors):
+            for value in np.clip(last + observed, 0, capacity):
+                expected[step, value] += 1
+            for offset, share in ((0, 0.5), (-1, 0.25), (1, 0.25)):
+                expected[step, min(max(last + offset, 0), capacity)] += prior_weight * share
+        expected /= expected.sum(axis=1, keepdims=True)
+        assert np.array_equal(empirical_pmf(last, errors, capacity, prior_weight), expected)
+
+
+def test_a_scored_window_holds_what_a_deque_of_its_length_would() -> None:
+    rng = np.random.default_rng(14)
+    for size in (0, 1, 3, 10):
+        window, held = _Window(size), deque(maxlen=size)
+        for value in rng.normal(size=35):
+            window.append(float(value))
+            held.append(float(value))
+            assert len(window) == len(held)
+            assert np.array_equal(window.values(), np.array(held, dtype=float))
 
 
 def test_simplex_weights_remembered_are_the_same_and_the_callers_own() -> None:

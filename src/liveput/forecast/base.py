@@ -146,12 +146,16 @@ def empirical_pmf(
 ) -> np.ndarray:
     """pmf of ``last + error`` at each step from observed errors, with a small prior mass
     spread over +-1 around ``last`` so an empty history still gives a usable distribution."""
-    pmf = np.zeros((len(errors), capacity + 1))
-    for step, observed in enumerate(errors):
-        values = np.clip(last + observed, 0, capacity)
-        pmf[step] = np.bincount(values, minlength=capacity + 1)[: capacity + 1]
-        for offset, share in ((0, 0.5), (-1, 0.25), (1, 0.25)):
-            pmf[step, int(np.clip(last + offset, 0, capacity))] += prior_weight * share
+    width = capacity + 1
+    pmf = np.zeros((len(errors), width))
+    if errors:
+        # Every step's counts in one bincount: step s's values are offset by s rows. The
+        # forecasters call this once per forecast, and a loop over steps was most of its time.
+        rows = np.repeat(np.arange(len(errors)) * width, [len(e) for e in errors])
+        values = np.clip(last + np.concatenate(errors), 0, capacity) + rows
+        pmf[:] = np.bincount(values, minlength=len(errors) * width).reshape(len(errors), width)
+    for offset, share in ((0, 0.5), (-1, 0.25), (1, 0.25)):
+        pmf[:, min(max(last + offset, 0), capacity)] += prior_weight * share
     return pmf / pmf.sum(axis=1, keepdims=True)
 
 

@@ -71,38 +71,50 @@ def simplex_weights_stack(grams: np.ndarray, linears: np.ndarray) -> np.ndarray:
 
 
 def _solve(grams: np.ndarray, linears: np.ndarray) -> np.ndarray:
-    """Row t: the problem of ``grams[t]``, ``linears[t]``."""
+    """Row t: the problem of ``grams[t]``, ``linears[t]``. Every row's candidates are weighed
+    together, in the order a loop over one problem would weigh them (active sets by size, the
+    free point before the one on the sum), so each row keeps the first of equal optima."""
     count, members = linears.shape
     if members == 1:  # closed form of the enumeration below: -b / A clipped to [0, 1]
-        return np.stack([_solve_one_member(grams[t], linears[t]) for t in range(count)])
+        return _solve_one_member(grams[:, 0, 0], linears[:, 0])[:, np.newaxis]
     best = np.zeros((count, members))
     best_value = np.zeros(count)
     for size in range(1, members + 1):
         for subset in combinations(range(members), size):
             index = list(subset)
-            points = _stationary_points(grams[:, index][:, :, index], linears[:, index])
-            for t in range(count):
-                gram, linear = grams[t], linears[t]
-                for weights in points[t]:
-                    if np.any(weights < -1e-12) or weights.sum() > 1 + 1e-12:  # (1), (2)
-                        continue
-                    candidate = np.zeros(members)
-                    candidate[index] = np.clip(weights, 0.0, None)
-                    value = float(candidate @ gram @ candidate + 2 * linear @ candidate)
-                    if value < best_value[t] - 1e-15:
-                        best[t], best_value[t] = candidate, value
+            for weights in _stationary_points(grams[:, index][:, :, index], linears[:, index]):
+                # NaN weights pass the test (as they did one row at a time) and lose on value.
+                kept = ~np.any(weights < -1e-12, axis=1) & ~(weights.sum(axis=1) > 1 + 1e-12)
+                candidates = np.zeros((count, members))  # (1), (2) above
+                candidates[:, index] = np.clip(weights, 0.0, None)
+                values = _objective(grams, linears, candidates)
+                better = kept & (values < best_value - 1e-15)
+                best[better], best_value[better] = candidates[better], values[better]
     return best
 
 
+def _objective(grams: np.ndarray, linears: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Row t: ``w @ A @ w + 2 * b @ w`` with ``w = weights[t]``, through the same matrix
+    products one row's expression makes (stacked ``matmul`` runs the same kernel per row), so
+    equal to it to the bit."""
+    rows = weights[:, np.newaxis, :]
+    columns = weights[:, :, np.newaxis]
+    quadratic = np.matmul(np.matmul(rows, grams), columns)[:, 0, 0]
+    return quadratic + np.matmul((2 * linears)[:, np.newaxis, :], columns)[:, 0, 0]
+
+
 def _solve_one_member(gram: np.ndarray, linear: np.ndarray) -> np.ndarray:
-    if gram[0, 0] != 0:
-        return np.clip(-linear / gram[0, 0], 0.0, 1.0)
-    return np.ones(1) if 2 * linear[0] < -1e-15 else np.zeros(1)
+    """Row t: the one member's weight for ``A = gram[t]``, ``b = linear[t]`` (scalars)."""
+    solvable = gram != 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.clip(-linear / np.where(solvable, gram, 1.0), 0.0, 1.0)
+    return np.where(solvable, ratio, np.where(2 * linear < -1e-15, 1.0, 0.0))
 
 
-def _stationary_points(grams: np.ndarray, linears: np.ndarray) -> list[tuple[np.ndarray, ...]]:
-    """Row t: the minimizers of problem t on one active set: free (only (1) active outside it),
-    and on ``sum w = 1`` ((2) active). Singular systems take the least-squares solution."""
+def _stationary_points(grams: np.ndarray, linears: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row t of each: the minimizers of problem t on one active set, free (only (1) active
+    outside it) and on ``sum w = 1`` ((2) active). Singular systems take the least-squares
+    solution."""
     count, size = linears.shape
     free = _least_squares(grams, -linears)
     kkt = np.zeros((count, size + 1, size + 1))
@@ -111,7 +123,7 @@ def _stationary_points(grams: np.ndarray, linears: np.ndarray) -> list[tuple[np.
     kkt[:, size, :size] = 1.0
     rhs = np.concatenate([-2 * linears, np.ones((count, 1))], axis=1)
     on_sum = np.ascontiguousarray(_least_squares(kkt, rhs)[:, :size])
-    return [(free[t], on_sum[t]) for t in range(count)]
+    return free, on_sum
 
 
 def _least_squares(matrices: np.ndarray, vectors: np.ndarray) -> np.ndarray:

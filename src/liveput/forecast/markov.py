@@ -59,6 +59,7 @@ only, times a rate per row) and the capped mass at 0 or C.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -303,6 +304,19 @@ class _Market:
         reach = np.cumsum(partial[::-1])[::-1]  # P(partial size >= r)
         return whole + (1 - whole) * reach
 
+    # What every interval of a forecast reuses, computed at its first (the model is frozen).
+    @functools.cached_property
+    def _wiped_out(self) -> np.ndarray:
+        """``_whole`` of the losses from counts 1..C: the chance a loss takes them all."""
+        return self._whole(self.partial_loss, self.p_wipeout)[1:]
+
+    @functools.cached_property
+    def _granting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(p_alloc, 1 - p_alloc, the chance a grant fills the room from m = 0..C-1)``."""
+        p_alloc = self.p_alloc()
+        whole = self._whole(self.partial_gain, self.p_refill)
+        return p_alloc, 1 - p_alloc, whole[self.capacity - np.arange(self.capacity)]
+
     def after_losses(self, state: np.ndarray) -> np.ndarray:
         """``state L``: the distribution of the count after one interval's losses."""
         p_pre, capacity = self.p_pre, self.capacity
@@ -311,19 +325,19 @@ class _Market:
         # From n to n' = n - l >= 1 (a partial burst of l < n): a convolution with the sizes.
         from_above = np.convolve(state[::-1], self.partial_loss)[: capacity + 1][::-1]
         out[1:] += p_pre * (1 - self.p_wipeout) * from_above[1:]
-        out[0] += p_pre * (state[1:] @ self._whole(self.partial_loss, self.p_wipeout)[1:])
+        out[0] += p_pre * (state[1:] @ self._wiped_out)
         return out
 
     def after_grants(self, state: np.ndarray) -> np.ndarray:
         """``state G``: the distribution of the count after one interval's grants."""
         capacity = self.capacity
-        p_alloc = self.p_alloc()
-        out = state * (1 - p_alloc)
+        p_alloc, p_none, fills = self._granting
+        out = state * p_none
         # From m to m' = m + g < C (a partial grant of g < C - m).
-        from_below = np.convolve(state * p_alloc, self.partial_gain)[:capacity]
+        granted = state * p_alloc
+        from_below = np.convolve(granted, self.partial_gain)[:capacity]
         out[:capacity] += (1 - self.p_refill) * from_below
-        whole = self._whole(self.partial_gain, self.p_refill)
-        out[capacity] += (state * p_alloc)[:capacity] @ whole[capacity - np.arange(capacity)]
+        out[capacity] += granted[:capacity] @ fills
         return out
 
     def loss_mean(self) -> np.ndarray:
