@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-import transformers
 from torch import nn
 
 from liveput.cli.main import main
@@ -29,6 +28,8 @@ from liveput.models.text import TextDataset, Tokenizer
 
 
 def small_config(family: str, **extra):
+    import transformers
+
     if family == "gpt2":
         return transformers.GPT2Config(
             n_layer=2,
@@ -67,6 +68,8 @@ def run_layers(layers: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_the_layers_compute_what_the_whole_transformers_model_computes(family, attention):
+    import transformers
+
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
         small_config(family, tie_word_embeddings=False), attn_implementation=attention
@@ -85,6 +88,8 @@ def test_the_layers_compute_what_the_whole_transformers_model_computes(family, a
 
 
 def test_from_hf_causal_lm_is_seeded_keeps_ties_and_refuses_what_it_cannot_cut():
+    import transformers
+
     first, again, other = (from_hf_causal_lm(small_config("gpt2"), seed=s) for s in (1, 1, 2))
     state = [layer.state_dict() for layer in first]
     assert all(

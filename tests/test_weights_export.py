@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
-import transformers
 from torch import nn
 
 import liveput.checkpoint
@@ -24,6 +23,9 @@ from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.layer_state import fresh_layer
 from liveput.runtime.model_files import write_model
 from liveput.runtime.store import MemoryStore
+
+if TYPE_CHECKING:
+    import transformers
 
 TOKEN = "job-token"
 
@@ -104,6 +106,8 @@ def test_the_reader_refuses_another_token_and_a_checkpoint_of_missing_layers(tmp
 
 
 def test_export_writes_a_state_dict_and_a_dcp_folder_of_the_same_tensors(tmp_path, tiny, capsys):
+    import torch.distributed.checkpoint as dcp
+
     layers = _write_checkpoint(tmp_path / "ckpt", tiny, 7, seed=3)
     want = _unsplit(layers).state_dict()
 
@@ -184,6 +188,8 @@ def test_export_refuses_an_incomplete_checkpoint_and_weights_of_another_model(
 
 
 def _gpt2_config() -> transformers.GPT2Config:
+    import transformers
+
     return transformers.GPT2Config(
         n_layer=2,
         n_embd=32,
@@ -219,6 +225,8 @@ def _logits(model, tokens):
 
 
 def test_a_transformers_job_comes_back_as_its_own_model_with_tied_embeddings(tmp_path, capsys):
+    import transformers
+
     job = tiny_gpt2_job()
     # Moved as training moves a tie: the embedding and the head equal.
     layers = _write_checkpoint(tmp_path / "ckpt", job, 11, seed=7)
@@ -251,6 +259,8 @@ def test_a_transformers_job_comes_back_as_its_own_model_with_tied_embeddings(tmp
 def test_tied_embeddings_that_differ_stay_untied_with_equal_logits(tmp_path, caplog):
     """Training keeps a tie equal (tests/test_tied_weights.py); weights where the two differ
     (trained before ties were kept) cannot be tied without changing the model's outputs."""
+    import transformers
+
     job = tiny_gpt2_job()
     assert job.tied_weights == (("0.token.weight", "3.projection.weight"),)
     layers = _trained_layers(job, seed=8)  # the head moved apart from the embedding
@@ -277,6 +287,8 @@ def test_train_puts_the_model_beside_its_output_or_in_a_new_folder_of_its_own(tm
 
 
 def test_a_launched_jobs_final_layers_become_model_pt_and_its_pretrained_folder(tmp_path):
+    import transformers
+
     from liveput.operate.export import export_model
 
     job = tiny_gpt2_job()
