@@ -312,6 +312,52 @@ def _profile_against_a_plain_loop() -> None:
     assert abs(predicted / measured - 1) <= 0.35, f"predicted / measured: {predicted / measured}"
 
 
+def test_the_profilers_adam_step_is_torch_adams_to_the_bit() -> None:
+    import copy
+
+    import torch
+
+    from liveput.perf.profiler import _AdamStep
+
+    layer = tiny_gpt_target().layers[1]
+    theirs, ours = copy.deepcopy(layer), copy.deepcopy(layer)
+    optimizer = torch.optim.Adam(theirs.parameters(), lr=1e-3)
+    stepper = _AdamStep(list(ours.parameters()), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for a, b in zip(theirs.parameters(), ours.parameters(), strict=True):
+            a.grad = torch.randn(a.shape, generator=generator)
+            b.grad = a.grad.clone()
+        next(ours.parameters()).grad = None  # a parameter without a gradient is left alone
+        next(theirs.parameters()).grad = None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        stepper.step()
+    assert all(
+        torch.equal(a, b) for a, b in zip(theirs.parameters(), ours.parameters(), strict=True)
+    )
+    assert all(p.grad is None for p in ours.parameters())
+
+
+@pytest.mark.process
+def test_profiling_leaves_torch_dynamo_unimported() -> None:
+    """A coordinator measures its job's profile as it starts; building a torch.optim optimizer
+    would import torch._dynamo there (about 1 CPU-s), which nothing else it does needs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from liveput.perf.profiler import profile_model, tiny_gpt_target\n"
+        "profile_model(tiny_gpt_target(), micro_batch_size=2, repeats=1)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
+
+
 def test_cli_perf_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["perf", "gpt-6.7b", "--nodes", "24", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

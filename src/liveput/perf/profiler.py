@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.optim.adam import adam
 
 from liveput.errors import LiveputError
 from liveput.perf.types import InstanceType, LayerProfile, ModelProfile
@@ -220,6 +221,47 @@ class _Timing:
     outputs: list[torch.Tensor]
 
 
+class _AdamStep:
+    """What ``torch.optim.Adam(parameters, lr).step()`` then ``zero_grad(set_to_none=True)``
+    do, through the functional form that ``Adam.step`` itself calls, with its defaults and its
+    state (so the same kernels on the same tensors). Building a ``torch.optim.Adam`` imports
+    ``torch._dynamo`` (its methods are wrapped to be left out of compilation): about 1 CPU-s
+    in every process that profiles, where nothing else a coordinator does needs it."""
+
+    def __init__(self, parameters: list[nn.Parameter], lr: float) -> None:
+        self.parameters = parameters
+        self.lr = lr
+        self.exp_avgs = [
+            torch.zeros_like(p, memory_format=torch.preserve_format) for p in parameters
+        ]
+        self.exp_avg_sqs = [
+            torch.zeros_like(p, memory_format=torch.preserve_format) for p in parameters
+        ]
+        self.steps = [torch.tensor(0.0, dtype=torch.get_default_dtype()) for _ in parameters]
+
+    def step(self) -> None:
+        held = [i for i, p in enumerate(self.parameters) if p.grad is not None]
+        with torch.no_grad():
+            adam(
+                [self.parameters[i] for i in held],
+                [self.parameters[i].grad for i in held],  # type: ignore[misc]
+                [self.exp_avgs[i] for i in held],
+                [self.exp_avg_sqs[i] for i in held],
+                [],
+                [self.steps[i] for i in held],
+                has_complex=any(torch.is_complex(self.parameters[i]) for i in held),
+                amsgrad=False,
+                beta1=0.9,
+                beta2=0.999,
+                lr=self.lr,
+                weight_decay=0.0,
+                eps=1e-8,
+                maximize=False,
+            )
+        for parameter in self.parameters:
+            parameter.grad = None
+
+
 def _time_layer(
     layer: nn.Module, sources: list[torch.Tensor], repeats: int, precision: str
 ) -> _Timing:
@@ -227,8 +269,8 @@ def _time_layer(
     backwards, then one Adam step, as a pipeline stage runs them."""
     device = sources[0].device
     in_flight = len(sources)
-    has_params = any(True for _ in layer.parameters())
-    optimizer = torch.optim.Adam(layer.parameters(), lr=1e-4) if has_params else None
+    parameters = list(layer.parameters())
+    optimizer = _AdamStep(parameters, lr=1e-4) if parameters else None
     clock = _clock(device)
     forwards, backwards, steps = [], [], []
     outputs: list[torch.Tensor] = []
@@ -247,7 +289,6 @@ def _time_layer(
         if optimizer is not None:
             before = clock()
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
             _sync(device)
             step_s = clock() - before
         if attempt:  # the first pass is a warm-up
