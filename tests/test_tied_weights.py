@@ -5,10 +5,10 @@ transformers job comes back tied, with the trained layers' logits."""
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from hf_support import tied_gpt2_config
 from torch import nn
 from torch.nn import functional as F
 
@@ -24,32 +24,11 @@ from liveput.runtime.ledger import verify_ledger
 from liveput.runtime.planning import profile_job
 from liveput.testbed.reference import final_parameters
 
-if TYPE_CHECKING:
-    import transformers
-
 STEPS = 4
 SEED = 3
 CLIP = 0.5
 """Small enough that every step clips: the norm must count the tied matrix once, as the tied
 model's ``clip_grad_norm_`` does."""
-
-
-def gpt2_config() -> transformers.GPT2Config:
-    """A 2-block GPT-2 whose embeddings are tied (GPT-2's default)."""
-    import transformers
-
-    return transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=4,
-        vocab_size=64,
-        n_positions=16,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
 
 
 def _adamw(parameters) -> torch.optim.Optimizer:
@@ -59,7 +38,7 @@ def _adamw(parameters) -> torch.optim.Optimizer:
 def tied_gpt2_job() -> Job:
     tokens = torch.randint(0, 64, (64, 9), generator=torch.Generator().manual_seed(0))
     return Job(
-        layers=from_hf_causal_lm(gpt2_config(), seed=SEED),
+        layers=from_hf_causal_lm(tied_gpt2_config(), seed=SEED),
         dataset=torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:]),
         loss_fn=language_model_loss,
         optimizer=_adamw,
@@ -76,7 +55,7 @@ def _tied_transformers_run(job: Job) -> tuple[nn.Module, list[float]]:
     import transformers
 
     torch.manual_seed(SEED)
-    model = transformers.AutoModelForCausalLM.from_config(gpt2_config()).train()
+    model = transformers.AutoModelForCausalLM.from_config(tied_gpt2_config()).train()
     assert model.lm_head.weight is model.transformer.wte.weight
     optimizer = _adamw(model.parameters())
     losses = []

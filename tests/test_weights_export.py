@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from hf_support import tied_gpt2_config
 from torch import nn
 
 import liveput.checkpoint
@@ -23,9 +23,6 @@ from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.layer_state import fresh_layer
 from liveput.runtime.model_files import write_model
 from liveput.runtime.store import MemoryStore
-
-if TYPE_CHECKING:
-    import transformers
 
 TOKEN = "job-token"
 
@@ -187,28 +184,11 @@ def test_export_refuses_an_incomplete_checkpoint_and_weights_of_another_model(
         )
 
 
-def _gpt2_config() -> transformers.GPT2Config:
-    import transformers
-
-    return transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=4,
-        vocab_size=64,
-        n_positions=16,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-
-
 def tiny_gpt2_job() -> Job:
     """A 2-block GPT-2 cut by the transformers adapter (``--model test_weights_export:...``)."""
     tokens = torch.randint(0, 64, (16, 9), generator=torch.Generator().manual_seed(0))
     return Job(
-        layers=from_hf_causal_lm(_gpt2_config(), seed=3),
+        layers=from_hf_causal_lm(tied_gpt2_config(), seed=3),
         dataset=torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:]),
         loss_fn=lambda logits, targets: nn.functional.cross_entropy(
             logits.flatten(0, 1), targets.flatten()
