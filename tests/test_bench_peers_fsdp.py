@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -30,6 +31,15 @@ def world_of_one(tmp_path: Path):
     dist.destroy_process_group()
 
 
+def _fsdp() -> ModuleType:
+    """``bench.peers_fsdp``, imported by the tests that use it: with it comes
+    torch.distributed.checkpoint, 0.6 s of every xdist worker's collection, where one worker runs
+    this file."""
+    import bench.peers_fsdp
+
+    return bench.peers_fsdp
+
+
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
 
@@ -37,34 +47,30 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 def test_fsdp_peer_trains_as_the_ddp_peer_and_resumes_from_its_checkpoint_exactly(
     tmp_path: Path, world_of_one
 ) -> None:
-    from bench.peers_fsdp import full_state, latest_checkpoint, train  # see the next test's comment
-
-    straight = full_state(train(DDPConfig(str(tmp_path / "straight"), JOB, 3, steps=10)))
+    fsdp = _fsdp()
+    straight = fsdp.full_state(fsdp.train(DDPConfig(str(tmp_path / "straight"), JOB, 3, steps=10)))
     ddp = peers_ddp.train(DDPConfig(str(tmp_path / "ddp"), JOB, 3, steps=10)).state_dict()
     assert set(straight) == set(ddp) and _close(straight, ddp)
     # Killed after step 7 (steps 6 and 7, after the checkpoint at 6, are lost), then restarted.
     interrupted = tmp_path / "interrupted"
-    train(DDPConfig(str(interrupted), JOB, 3, steps=8))
-    assert Path(str(latest_checkpoint(str(interrupted)))).name == "step-0000000006"
+    fsdp.train(DDPConfig(str(interrupted), JOB, 3, steps=8))
+    assert Path(str(fsdp.latest_checkpoint(str(interrupted)))).name == "step-0000000006"
     assert sorted(p.name for p in interrupted.iterdir()) == ["step-0000000003", "step-0000000006"]
     progress = tmp_path / "progress.jsonl"
-    resumed = full_state(
-        train(DDPConfig(str(interrupted), JOB, 3, steps=10, progress_file=str(progress)))
+    resumed = fsdp.full_state(
+        fsdp.train(DDPConfig(str(interrupted), JOB, 3, steps=10, progress_file=str(progress)))
     )
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     lines = [json.loads(line) for line in progress.read_text().splitlines()]
     assert lines[0]["start"] == 6 and [r["step"] for r in lines[1:]] == [6, 7, 8, 9]
-    fresh = full_state(train(DDPConfig(str(tmp_path / "fresh"), JOB, 3, steps=4)))
+    fresh = fsdp.full_state(fsdp.train(DDPConfig(str(tmp_path / "fresh"), JOB, 3, steps=4)))
     assert not _close(straight, fresh)  # a run that did not resume differs: the check can fail
 
 
 def test_a_checkpoint_of_two_workers_resumes_on_one(tmp_path: Path) -> None:
-    # Imported in the tests: torch.distributed.checkpoint took 0.6 s of every xdist worker's
-    # collection, where one worker runs this file.
-    from bench.peers_fsdp import full_state, train
-
     """Two torchrun workers train 6 steps (checkpoints at 3 and 6, each rank writing its
     shards); one worker resumes at step 6 and ends where one worker alone would have."""
+    fsdp = _fsdp()
     checkpoints = tmp_path / "checkpoints"
     env = {
         **os.environ,
@@ -101,7 +107,7 @@ def test_a_checkpoint_of_two_workers_resumes_on_one(tmp_path: Path) -> None:
         "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
     )
     try:
-        alone = full_state(train(DDPConfig(str(tmp_path / "alone"), JOB, 3, steps=10)))
+        alone = fsdp.full_state(fsdp.train(DDPConfig(str(tmp_path / "alone"), JOB, 3, steps=10)))
     finally:
         dist.destroy_process_group()
     resumed = torch.load(tmp_path / "one.pt", weights_only=True)

@@ -83,9 +83,10 @@ def _solve(grams: np.ndarray, linears: np.ndarray) -> np.ndarray:
         for subset in combinations(range(members), size):
             index = list(subset)
             for weights in _stationary_points(grams[:, index][:, :, index], linears[:, index]):
-                # NaN weights pass the test (as they did one row at a time) and lose on value.
+                # (1), (2) above. NaN weights pass (as they did one row at a time) and lose on
+                # value.
                 kept = ~np.any(weights < -1e-12, axis=1) & ~(weights.sum(axis=1) > 1 + 1e-12)
-                candidates = np.zeros((count, members))  # (1), (2) above
+                candidates = np.zeros((count, members))
                 candidates[:, index] = np.clip(weights, 0.0, None)
                 values = _objective(grams, linears, candidates)
                 better = kept & (values < best_value - 1e-15)
