@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
-import functools
 import os
 import signal
 import time
@@ -12,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from liveput.cloud.agent_forks import ForkedAgent, ForkServer
+from liveput.cloud.agent_forks import ForkedAgent, ForkServer, shared_fork_server
 from liveput.models.jobs import resolve_job
 from liveput.perf.configuration import Configuration
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
@@ -110,12 +108,9 @@ def _agent_environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
 
 
-@functools.cache
 def _fork_server() -> ForkServer:
-    """One per test process (an xdist worker), closed as it exits."""
-    server = ForkServer(env=_agent_environment())
-    atexit.register(server.close)
-    return server
+    """The test process's (an xdist worker's), shared with the jobs it runs in process."""
+    return shared_fork_server(_agent_environment())
 
 
 def run_until(

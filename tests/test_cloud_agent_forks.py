@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from liveput.cloud.agent_forks import ForkedAgent, ForkServer
+from liveput.cloud.agent_forks import ForkedAgent, ForkServer, shared_fork_server
 from liveput.cloud.processes import LaunchSpec, command_launcher
 from liveput.runtime.entry import NOTICE_SIGNAL, agent_command
 
@@ -32,9 +32,29 @@ def silent_store():
 
 @pytest.fixture(scope="module")
 def server():
-    forks = ForkServer()
-    yield forks
-    forks.close()
+    """The test process's shared server for its own environment (the one its in-process jobs
+    use)."""
+    return shared_fork_server(dict(os.environ))
+
+
+def test_a_process_shares_one_server_among_environments_that_start_it_alike(tmp_path):
+    # A stand-in interpreter that imports nothing: it answers nothing and runs until its input
+    # closes, as a server waiting for requests does.
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexec cat\n")
+    python.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": "/x", "LIVEPUT_TOKEN": "a"}
+    first = shared_fork_server(env, str(python))
+    assert first.alive
+    # Another job's token and variables no start reads: the same server.
+    assert shared_fork_server({**env, "LIVEPUT_TOKEN": "b", "HOME": "/h"}, str(python)) is first
+    # Another module path, or another thread count for torch: a server of its own.
+    assert shared_fork_server({**env, "PYTHONPATH": "/y"}, str(python)) is not first
+    assert shared_fork_server({**env, "OMP_NUM_THREADS": "2"}, str(python)) is not first
+    first.close()
+    assert not first.alive
+    replaced = shared_fork_server(env, str(python))
+    assert replaced is not first and replaced.alive
 
 
 def test_an_agent_gets_its_own_arguments_streams_and_exit_code(server, tmp_path):

@@ -24,6 +24,11 @@ testbed.netns`): the forked child enters it (``setns``) before it runs, so one s
 every host of a test bed, where a server per host started inside it (``ip netns exec``) imported
 torch once per host.
 
+A process that runs several jobs (the Python API's ``run_local_training``, a test bed's
+clusters) forks all their agents from one server (:func:`shared_fork_server`): it serves any
+job whose environment starts it alike, since each agent gets its own environment with its
+request.
+
 Wire (one JSON object a line): the launcher writes ``{"args", "env", "cwd", "log", "netns"}``;
 the server answers ``{"pid"}`` for each, in order, and ``{"exit": pid, "code": code}`` when an
 agent ends (``code`` as :attr:`subprocess.Popen.returncode`: ``-N`` for signal N). The server
@@ -32,6 +37,7 @@ exits when its standard input closes; its agents run on.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -60,6 +66,11 @@ PRELOADED = (
 disable compilation), about 1.1 CPU-s in every agent at its first plan; it starts no thread."""
 START_TIMEOUT_S = 120.0
 """The longest wait for the server to import and fork the first agent (a loaded machine)."""
+SERVER_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "PYTORCH_")
+"""The environment variables read as the server starts and imports (the interpreter's module
+path, the native libraries', torch's threads and logging): servers whose environments differ in
+one of them are not shared (:func:`shared_fork_server`). Every other variable reaches an agent
+through its own request, before it runs."""
 
 
 class ForkedAgent:
@@ -178,6 +189,11 @@ class ForkServer:
             return -signal.SIGKILL  # its parent, the server, is gone: nobody saw its status
         return code
 
+    @property
+    def alive(self) -> bool:
+        """Whether the server still runs (it can fork another agent)."""
+        return not self._gone and self._process.poll() is None
+
     def __enter__(self) -> ForkServer:
         return self
 
@@ -213,6 +229,37 @@ class ForkServer:
             self._gone = True
             self._ended.notify_all()
         self._pids.put(None)
+
+
+_SHARED: dict[tuple[str, tuple[tuple[str, str], ...]], ForkServer] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_fork_server(env: Mapping[str, str], python: str = sys.executable) -> ForkServer:
+    """This process's fork server for agents started with ``env``: started at the first call,
+    reused by the jobs this process runs after it, closed as the process exits.
+
+    A process that runs several jobs (the Python API, a test suite, a fault campaign's runs) so
+    imports torch for their agents once, not once a job (about 3 CPU-s each). Only the server's
+    start reads the variables of :data:`SERVER_ENV_PREFIXES`: environments that differ there get
+    servers of their own. A server that has ended is replaced."""
+    read_at_start = sorted((k, v) for k, v in env.items() if k.startswith(SERVER_ENV_PREFIXES))
+    key = (python, tuple(read_at_start))
+    with _SHARED_LOCK:
+        server = _SHARED.get(key)
+        if server is None or not server.alive:
+            server = ForkServer(python, env)
+            if not _SHARED:
+                atexit.register(_close_shared)
+            _SHARED[key] = server
+        return server
+
+
+def _close_shared() -> None:
+    with _SHARED_LOCK:
+        for server in _SHARED.values():
+            server.close()
+        _SHARED.clear()
 
 
 # --- the server ------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ one trace minute, i.e. ``60 / time_scale`` wall seconds.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from liveput.cloud.agent_forks import ForkServer
+from liveput.cloud.agent_forks import shared_fork_server
 from liveput.cloud.processes import Launcher, command_launcher
 from liveput.errors import LiveputError
 from liveput.files import check_writable_url
@@ -256,11 +255,10 @@ def run_local_training(
     if config.checkpoint_dir is not None:  # every checkpoint would fail there: refuse now
         check_writable_url(config.checkpoint_dir, "train: --checkpoint-dir")
     agent_env = {**os.environ, "LIVEPUT_TOKEN": token}
-    with (
-        tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch,
-        # The agents' fork server first: it imports torch while the job is assembled.
-        ForkServer(env=agent_env) if config.fork_agents else contextlib.nullcontext() as forks,
-    ):
+    # The agents' fork server first: it imports torch while the job is assembled (a process's
+    # later jobs find it ready).
+    forks = shared_fork_server(agent_env) if config.fork_agents else None
+    with tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch:
         checkpoint_dir = config.checkpoint_dir or str(Path(scratch) / "checkpoints")
         store, url = _open_store(config, token)
         cloud: LocalCloud | None = None

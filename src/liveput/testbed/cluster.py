@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from liveput.cloud.agent_forks import ForkedAgent, ForkServer
+from liveput.cloud.agent_forks import ForkedAgent, ForkServer, shared_fork_server
 from liveput.runtime import keys, protocol
 from liveput.runtime.entry import agent_args
 from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store
@@ -142,7 +142,6 @@ class ChaosCluster:
         self._hosted: TCPStoreBackend | None = None
         self._next_instance = 0
         self.store: Store | None = None
-        self._agent_forks: ForkServer | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -240,11 +239,9 @@ class ChaosCluster:
         return instance
 
     def _fork_server(self) -> ForkServer:
-        """The cluster's fork server (started at its first agent): each agent starts without
-        importing torch, in its host's network namespace."""
-        if self._agent_forks is None:
-            self._agent_forks = ForkServer(env=self._env())
-        return self._agent_forks
+        """This process's fork server for the cluster's agents (:func:`shared_fork_server`):
+        each agent starts without importing torch, in its host's network namespace."""
+        return shared_fork_server(self._env())
 
     def alive(self) -> list[int]:
         """Instances whose process runs (stopped ones included)."""
@@ -284,9 +281,6 @@ class ChaosCluster:
         if self.coordinator is not None and self.coordinator.poll() is None:
             self.coordinator.kill()
             self.coordinator.wait(timeout=10)
-        if self._agent_forks is not None:
-            self._agent_forks.close()
-            self._agent_forks = None
         if self.store is not None:
             self.store.close()
 
