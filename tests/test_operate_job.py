@@ -8,14 +8,13 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
-from cli_support import LIVEPUT, cli, cli_env, group_members, job_status, wait_for
+from cli_support import cli, group_members, job_status, wait_for
 
 import liveput
 from liveput.cli.main import main
@@ -310,42 +309,27 @@ metrics: {{tensorboard: {tmp_path / "tb"}}}
         killed_unix_s = time.time()
         os.killpg(launcher, signal.SIGKILL)
         wait_for(lambda: not group_members(launcher), 10, "the launcher's group gone")
-        resumed = subprocess.Popen(
-            [*LIVEPUT, "resume", str(job_file), "--json"],
-            env=cli_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            stdin=subprocess.DEVNULL,
+        # In the foreground, resume returns when the job ends (no lingering store: the job
+        # file's linger_s is 600 s) and leaves no etcd running; status and stop then read the
+        # job's folder, which keeps the status and its events.
+        resumed = cli("resume", str(job_file), "--json", timeout=240)
+        assert resumed.returncode == 0, resumed.stderr
+        assert not (tmp_path / "state" / "etcd" / "etcd.pid").exists()  # etcd stopped
+        status = job_status(job_file)
+        assert status["state"] == "finished", status
+        assert status["step"] == steps
+        # Nothing was left to hold the layers: the resumed job restores the newest checkpoint
+        # (steps redone; none skipped: the ledger's proof below).
+        resumed_plans = [
+            (e["generation"], e["migration"], e["start_step"])
+            for e in status["events"]
+            if e["kind"] == "plan" and e["unix_s"] > killed_unix_s
+        ]
+        assert any(migration == "checkpoint-restore" for _, migration, _ in resumed_plans), (
+            resumed_plans
         )
-        try:
-            # Each try is a `liveput status` process (about 0.5 CPU-s): one every 2.5 s.
-            wait_for(lambda: job_status(job_file)["state"] != "running", 240, "the job ends", 2.5)
-            status = job_status(job_file)
-            assert status["state"] == "finished", status
-            assert status["step"] == steps
-            # Nothing was left to hold the layers: the resumed job restores the newest
-            # checkpoint (steps redone; none skipped: the ledger's proof below).
-            resumed_plans = [
-                (e["generation"], e["migration"], e["start_step"])
-                for e in status["events"]
-                if e["kind"] == "plan" and e["unix_s"] > killed_unix_s
-            ]
-            assert any(migration == "checkpoint-restore" for _, migration, _ in resumed_plans), (
-                resumed_plans
-            )
-            # In the foreground, resume returns when the job ends (no lingering store: the
-            # job file's linger_s is 600 s) and leaves no etcd running; status and stop then
-            # read the job's folder.
-            out, err = resumed.communicate(timeout=60)
-            assert not (tmp_path / "state" / "etcd" / "etcd.pid").exists()  # etcd stopped
-            assert job_status(job_file)["state"] == "finished"
-            assert cli("stop", str(job_file)).returncode == 0
-        finally:
-            if resumed.poll() is None:
-                resumed.kill()
-        assert resumed.returncode == 0, err
-        summary = json.loads(out)
+        assert cli("stop", str(job_file)).returncode == 0
+        summary = json.loads(resumed.stdout)
         assert summary["exactly_once"] is True and summary["steps_completed"] == steps
     finally:
         if group_members(launcher):  # a failure before the kill: the job must not run on
