@@ -124,27 +124,22 @@ def _one_line(completed: subprocess.CompletedProcess, expected: str) -> None:
     assert expected in lines[0]
 
 
-@pytest.mark.process
-def test_train_asked_for_cuda_without_cuda_is_one_line_and_starts_nothing(tmp_path):
-    completed = _run(
-        [
-            "-m",
-            "liveput.cli.main",
-            "train",
-            "--device",
-            "cuda",
-            "--workers",
-            "1",
-            "--steps",
-            "1",
-            "--log-dir",
-            str(tmp_path / "logs"),
-        ]
-    )
-    _one_line(completed, "train: --device cuda requested but this machine has no CUDA device")
-    assert not (tmp_path / "logs").exists()
-    completed = _run(["-m", "liveput.cli.main", "train", "--device", "gpu"])
-    _one_line(completed, "train: device 'gpu': expected auto, cpu, cuda or cuda:K")
+def test_train_asked_for_cuda_without_cuda_is_one_line_and_starts_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    from liveput.cli.main import main
+
+    _no_cuda(monkeypatch)
+    logs = tmp_path / "logs"
+    argv = ["train", "--device", "cuda", "--workers", "1", "--steps", "1", "--log-dir", str(logs)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("error: train: --device cuda requested but this machine has no CUDA")
+    assert not logs.exists()
+    assert main(["train", "--device", "gpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: train: device 'gpu': expected auto, cpu, cuda or cuda:K"]
 
 
 @pytest.mark.slow
