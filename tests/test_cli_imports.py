@@ -115,6 +115,15 @@ def test_cli_imports_no_heavy_package_at_start() -> None:
     assert not heavy, f"liveput.cli.main imports at start-up: {heavy}"
 
 
+def test_a_job_starts_without_scipy() -> None:
+    """The coordinator and `liveput train`'s assembly need torch, not scipy: the online re-fit
+    imports scipy.optimize when it fits (about 0.3 CPU-s a process otherwise)."""
+    chains = import_chains("liveput.launch.local")
+    assert "liveput.perf.calibrate" in chains  # the walk reaches the fit's module
+    scipy = {name: " -> ".join(chain) for name, chain in chains.items() if name == "scipy"}
+    assert not scipy, f"liveput.launch.local imports at start-up: {scipy}"
+
+
 def test_import_walk_sees_module_level_imports_only(tmp_path: Path) -> None:
     tree = ast.parse(
         "import numpy\n"

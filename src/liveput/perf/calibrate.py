@@ -26,7 +26,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import linprog, lsq_linear, minimize
 
 from liveput.perf.builtin import builtin_profile
 from liveput.perf.estimator import Calibration, iteration_features
@@ -57,6 +56,10 @@ def _least_squares(
     offset_s: np.ndarray | float = 0.0,
     bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS,
 ) -> np.ndarray:
+    # scipy.optimize in the fits, not at import: a coordinator imports this module (its online
+    # re-fit) and most jobs end before they fit anything (the import is about 0.3 CPU-s).
+    from scipy.optimize import lsq_linear
+
     width = features.shape[1]
     lower = [bounds[0]] + [0.0] * (width - 1)
     upper = [bounds[1]] + [np.inf] * (width - 1)
@@ -73,6 +76,8 @@ def _least_absolute(
     bounds: tuple[float, float] = COMPUTE_SCALE_BOUNDS,
 ) -> np.ndarray:
     """min (1/K) sum e_k  s.t.  -e_k <= (f_k . theta + o_k) / T_k - 1 <= e_k, with (1), (2)."""
+    from scipy.optimize import linprog
+
     rows, width = features.shape
     relative = features / iteration_s[:, None]
     identity = np.eye(rows)
@@ -110,6 +115,8 @@ def fit_constants(
     ``features`` may hold a subset of the formula's columns, alpha's first (constraint (1)
     bounds the first constant, to ``compute_scale_bounds``); ``offset_s`` are the seconds of
     each row that the constants held fixed contribute (the online fit, ``perf.online``)."""
+    from scipy.optimize import minimize
+
     offset = np.zeros(len(iteration_s)) if offset_s is None else np.asarray(offset_s, float)
     bounds = compute_scale_bounds
     best = _least_squares(features, iteration_s, offset, bounds)
