@@ -235,6 +235,56 @@ def test_a_noticed_agent_leaves_only_when_a_plan_made_after_it_joined_leaves_it_
         assert clock.polls == 3  # it waited for the plan made after it joined
 
 
+def test_a_going_agent_whose_generation_was_fenced_waits_for_the_plan_after():
+    """The coordinator fences the step in flight, then publishes the next plan. A going agent
+    (its notice's lead inside the margin) that saw the fence of the plan it ran left before that
+    plan, which kept it (every instance noticed, no other up): the plan waited for it in vain
+    and the restore after went back to the initial weights (8 of 46 steps redone)."""
+    from liveput.runtime.clock import ManualClock
+    from liveput.runtime.notices import Notice
+
+    def plan(generation: int, instances: list[int]) -> protocol.RuntimePlan:
+        return protocol.RuntimePlan(
+            generation,
+            0,
+            10 * generation,
+            100,
+            len(instances),
+            1,
+            [0, 4],
+            {i: (n, 0) for n, i in enumerate(instances)},
+            dict.fromkeys(instances, "h"),
+        )
+
+    class PlanAfter(ManualClock):
+        """Publishes ``later`` at the agent's third poll."""
+
+        def __init__(self, store: MemoryStore, later: protocol.RuntimePlan) -> None:
+            super().__init__()
+            self.store, self.later, self.polls = store, later, 0
+
+        def sleep(self, seconds: float) -> None:
+            super().sleep(seconds)
+            self.polls += 1
+            if self.polls == 3:
+                protocol.publish_plan(self.store, self.later)
+
+    for later, expected in ((plan(4, [0, 7]), 4), (plan(4, [0]), None)):
+        store = MemoryStore()
+        clock = PlanAfter(store, later)
+        agent = Agent(AgentConfig(instance=7), store, engine=None, clock=clock)  # type: ignore[arg-type]
+        agent.join()  # before any plan: the job starts on it
+        protocol.publish_plan(store, plan(3, [0, 7]))
+        agent._on_notice(Notice("emulator", "terminate", 10.0))
+        try:
+            assert agent.going() and agent.joined_under == -1
+            found = agent._next_plan(3)  # it ran generation 3, whose step was fenced
+        finally:
+            agent._stop.set()  # ends its heartbeat thread
+        assert (None if found is None else found.generation) == expected
+        assert clock.polls == 3  # it waited for the plan after
+
+
 def test_agent_refuses_an_undocumented_state_transition():
     store = MemoryStore()
     agent = Agent(AgentConfig(instance=0), store, engine=None)  # type: ignore[arg-type]

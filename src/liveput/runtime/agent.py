@@ -226,10 +226,21 @@ class Agent:
         self._move(AgentState.WAITING)
 
     def _next_plan(self, after: int) -> protocol.RuntimePlan | None:
-        """Wait for a plan newer than generation ``after`` that names this instance."""
+        """Wait for a plan newer than generation ``after`` (the one it ran, if any) that names
+        this instance (None: the job is done, or this instance is going and a plan made since it
+        joined leaves it out: names it not at all, or only to hand its layers over).
+
+        A going instance whose own generation just ended waits for the plan after it: the
+        coordinator fences the step in flight before it publishes that plan, which may keep it
+        (every instance noticed, no other up); one that left on seeing the fence alone took the
+        job's layers with it (a wipe-out's just-in-time checkpoint was never taken)."""
+        left_out: bool | None = None  # the newest plan seen gives this instance no slot
         failing_since_s: float | None = None
         while not self._stop.is_set():
             try:
+                if left_out is None:  # the plan it ran: one that only took its layers away?
+                    ran = protocol.load_plan(self.store, after) if after >= 0 else None
+                    left_out = ran is not None and ran.slots.get(self.config.instance) is None
                 if self.store.get(keys.job_done()) is not None:
                     return None
                 failure = protocol.job_error(self.store)
@@ -240,8 +251,9 @@ class Agent:
                     plan = protocol.load_plan(self.store, current)
                     if plan is not None and self.config.instance in plan.slots:
                         return plan
-                    after = current if plan is not None else after
-                if self.going() and after > self.joined_under:
+                    if plan is not None:
+                        after, left_out = current, True
+                if self.going() and left_out and after > self.joined_under:
                     return None  # a plan made knowing this instance left it out: it goes
                 failing_since_s = None
                 self._store_warnings.flush()
