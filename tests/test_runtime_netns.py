@@ -1,5 +1,6 @@
 """Agents on separate hosts: Linux network namespaces joined by a bridge, nothing on loopback;
-the coordinator runs its default store, its own etcd, on its host."""
+the coordinator runs its default store, its own etcd, on its host; each agent is forked into its
+host's namespace."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from runtime_cluster import TOKEN, assert_same_parameters, final_parameters, reference_parameters
 from runtime_fixtures import NetnsHosts
 
+from liveput.cloud.agent_forks import shared_fork_server
+
 STEPS = 20
 PORT = 29400
 
@@ -20,7 +23,7 @@ def test_agents_on_separate_hosts_train_the_same_model(tmp_path):
     env = {**os.environ, "LIVEPUT_TOKEN": TOKEN}
     with NetnsHosts(3) as hosts:
         store = f"{hosts.address(0)}:{PORT}"
-        logs = [open(tmp_path / f"host-{i}.log", "wb") for i in range(3)]  # noqa: SIM115
+        log = open(tmp_path / "host-0.log", "wb")  # noqa: SIM115
         processes = [
             hosts.popen(
                 0,
@@ -52,28 +55,21 @@ def test_agents_on_separate_hosts_train_the_same_model(tmp_path):
                     "120",
                 ],
                 env=env,
-                stdout=logs[0],
+                stdout=log,
                 stderr=subprocess.STDOUT,
             )
         ]
+        # The agents forked from this process's fork server into their hosts' namespaces, as
+        # the test bed's clusters start theirs (each runs `python -m liveput.runtime`'s main).
         for index in (1, 2):
+            args = ["--store", f"etcd://{store}", "--host", hosts.address(index)]
             processes.append(
-                hosts.popen(
-                    index,
-                    [
-                        sys.executable,
-                        "-m",
-                        "liveput.runtime",
-                        "--store",
-                        f"etcd://{store}",
-                        "--host",
-                        hosts.address(index),
-                        "--instance",
-                        str(index),
-                    ],
-                    env=env,
-                    stdout=logs[index],
-                    stderr=subprocess.STDOUT,
+                shared_fork_server(env).spawn(
+                    [*args, "--instance", str(index)],
+                    env,
+                    None,
+                    tmp_path / f"host-{index}.log",
+                    hosts.names[index],
                 )
             )
         try:
@@ -83,8 +79,7 @@ def test_agents_on_separate_hosts_train_the_same_model(tmp_path):
                 if process.poll() is None:
                     process.kill()
                     process.wait(timeout=10)
-            for log in logs:
-                log.close()
+            log.close()
         texts = [(tmp_path / f"host-{i}.log").read_text(errors="replace") for i in range(3)]
         assert codes == [0, 0, 0], texts
     assert "job done" in texts[0]
