@@ -64,31 +64,23 @@ TEST_TMPDIR := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || ec
 # They start nothing, so two workers (pytest-xdist, a file per worker) run them.
 UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
 
-# Every test. First the bytecode the tests need (tests/warm_imports.py, its two parts on the two
-# cores), while the linters start at the lowest priority: from then on they run in the moments
-# the tests leave a core idle (a test waiting on the wall clock), and their report follows the
-# tests' (a finding fails `make test` all the same; `make lint` alone reports at once). Then
-# every test but the `serial` ones in one session of three workers: the unit tier's tests and
-# the `process` tier's (agents, etcd, network namespaces, servers) side by side, a file per
-# worker, the longest files first (tests/conftest.py orders them; xdist would order files by
-# their number of tests). Three on two cores: a third of the process tests' time is waiting on
-# the wall clock (a trace replayed, a notice's lead, a browser), which the unit tests' computing
-# fills; one session collects the suite once per worker, where two tiers collected it in five
-# workers. Last the `serial` ones, a file per core, once the linters are done: they measure time
-# against a budget of their own (heartbeat timeouts, a deadline from a profile measured as the
-# job starts, a fault campaign), which the other tests' load would eat into; beside one other
-# (the campaign takes about 1.2 cores, the others about one) the survivors left their
-# collective 1.9-2.6 s after the fault, within the 5-s bound (four runs), and the tier took
-# 79-89 s instead of 120-135 s one at a time.
+# Every test: the linters (beside them, on the other core, tests/warm_imports.py writes the
+# bytecode the tests will need), then every test but the `serial` ones in one session of three
+# workers: the unit tier's tests and the `process` tier's (agents, etcd, network namespaces,
+# servers) side by side, a file per worker, the longest files first (tests/conftest.py orders
+# them; xdist would order files by their number of tests). Three on two cores: a third of the
+# process tests' time is waiting on the wall clock (a trace replayed, a notice's lead, a
+# browser), which the unit tests' computing fills; one session collects the suite once per
+# worker, where two tiers collected it in five workers. Last the `serial` ones, a file per
+# core: they measure time against a budget of their own (heartbeat timeouts, a deadline from a
+# profile measured as the job starts, a fault campaign), which the other tests' load would eat
+# into; beside one other (the campaign takes about 1.2 cores, the others about one) the
+# survivors left their collective 1.9-2.6 s after the fault, within the 5-s bound (four runs),
+# and the tier took 79-89 s instead of 120-135 s one at a time.
 test: setup system-deps
-	lint_log=$$(mktemp); \
-	nice -n 19 $(MAKE) --no-print-directory lint > "$$lint_log" 2>&1 & lint=$$!; \
-	$(BIN)/python tests/warm_imports.py torch & warm=$$!; \
-	$(BIN)/python tests/warm_imports.py rest && wait $$warm && \
+	$(BIN)/python tests/warm_imports.py & $(MAKE) --no-print-directory lint && wait $$!
 	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not serial" -n 3 --dist loadfile \
-	  --no-loadscope-reorder --durations=12; tests=$$?; \
-	wait $$lint; linted=$$?; cat "$$lint_log"; rm -f "$$lint_log"; \
-	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
+	  --no-loadscope-reorder --durations=12
 	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m serial -n 2 --dist loadfile --durations=4
 
 test-unit: setup
