@@ -1,7 +1,7 @@
 """Import what the suite imports, so that Python writes its bytecode once, before the tests run.
 
-``make test`` runs this on the second core while the linters run on the first (the type checker
-is one process). A fresh ``make setup`` installs without bytecode (``--no-compile``: pip would
+``make test`` runs this beside the linters (the type checker's two processes), before the tests.
+A fresh ``make setup`` installs without bytecode (``--no-compile``: pip would
 compile every module of every package); without this, both unit-tier workers compiled the same
 modules as they first imported them (the unit tier took 67.5 s on a fresh clone, 55.5 s once
 the bytecode was there). Every liveput module, and what they import only inside functions: the
