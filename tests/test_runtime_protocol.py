@@ -15,8 +15,10 @@ from liveput.perf.costs import MigrationCostModel
 from liveput.plan.migration import Assignment, Slot, plan_migration
 from liveput.runtime import keys, protocol
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
+from liveput.runtime.clock import ManualClock
 from liveput.runtime.engine import Ending, Engine, EngineConfig
 from liveput.runtime.ledger import verify_ledger
+from liveput.runtime.notices import Notice
 from liveput.runtime.planning import PlanContext, profile_job, to_runtime_plan
 from liveput.runtime.store import MemoryStore
 
@@ -180,44 +182,44 @@ def test_job_is_validated_with_one_line_errors():
     assert sum(ids, []) == list(range(24, 32))
 
 
+def plan(generation: int, instances: list[int]) -> protocol.RuntimePlan:
+    """Generation ``generation``'s plan: ``instances`` as one pipeline of one stage each."""
+    return protocol.RuntimePlan(
+        generation,
+        0,
+        10 * generation,
+        100,
+        len(instances),
+        1,
+        [0, 4],
+        {i: (n, 0) for n, i in enumerate(instances)},
+        dict.fromkeys(instances, "h"),
+    )
+
+
+class Plans(ManualClock):
+    """An agent's clock that publishes ``plans[n]`` at its n-th poll (0.1 s each)."""
+
+    def __init__(self, store: MemoryStore, plans: dict[int, protocol.RuntimePlan]) -> None:
+        super().__init__()
+        self.store, self.plans, self.polls = store, plans, 0
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        self.polls += 1
+        if self.polls in self.plans:
+            protocol.publish_plan(self.store, self.plans[self.polls])
+
+
 def test_a_noticed_agent_leaves_only_when_a_plan_made_after_it_joined_leaves_it_out():
     """An instance that joined with a notice while an older plan was in force saw that
     plan, which could not name it, and left at once: its lead was never used (bench peers'
     seed-20 trace trained nothing for 54 s)."""
-    from liveput.runtime.clock import ManualClock
-    from liveput.runtime.notices import Notice
-
-    def plan(generation: int, instances: list[int]) -> protocol.RuntimePlan:
-        return protocol.RuntimePlan(
-            generation,
-            0,
-            10 * generation,
-            100,
-            len(instances),
-            1,
-            [0, 4],
-            {i: (n, 0) for n, i in enumerate(instances)},
-            dict.fromkeys(instances, "h"),
-        )
-
-    class PlanAfter(ManualClock):
-        """Publishes ``later`` at the agent's third poll."""
-
-        def __init__(self, store: MemoryStore, later: protocol.RuntimePlan) -> None:
-            super().__init__()
-            self.store, self.later, self.polls = store, later, 0
-
-        def sleep(self, seconds: float) -> None:
-            super().sleep(seconds)
-            self.polls += 1
-            if self.polls == 3:
-                protocol.publish_plan(self.store, self.later)
-
     # The notice's lead (10 s) is inside the margin (20 s): the agent is going.
     for later, expected in ((plan(4, [0, 1, 7]), 4), (plan(4, [0, 1]), None)):
         store = MemoryStore()
         protocol.publish_plan(store, plan(3, [0, 1]))
-        clock = PlanAfter(store, later)
+        clock = Plans(store, {3: later})
         agent = Agent(
             AgentConfig(instance=7),
             store,
@@ -240,38 +242,9 @@ def test_a_going_agent_whose_generation_was_fenced_waits_for_the_plan_after():
     (its notice's lead inside the margin) that saw the fence of the plan it ran left before that
     plan, which kept it (every instance noticed, no other up): the plan waited for it in vain
     and the restore after went back to the initial weights (8 of 46 steps redone)."""
-    from liveput.runtime.clock import ManualClock
-    from liveput.runtime.notices import Notice
-
-    def plan(generation: int, instances: list[int]) -> protocol.RuntimePlan:
-        return protocol.RuntimePlan(
-            generation,
-            0,
-            10 * generation,
-            100,
-            len(instances),
-            1,
-            [0, 4],
-            {i: (n, 0) for n, i in enumerate(instances)},
-            dict.fromkeys(instances, "h"),
-        )
-
-    class PlanAfter(ManualClock):
-        """Publishes ``later`` at the agent's third poll."""
-
-        def __init__(self, store: MemoryStore, later: protocol.RuntimePlan) -> None:
-            super().__init__()
-            self.store, self.later, self.polls = store, later, 0
-
-        def sleep(self, seconds: float) -> None:
-            super().sleep(seconds)
-            self.polls += 1
-            if self.polls == 3:
-                protocol.publish_plan(self.store, self.later)
-
     for later, expected in ((plan(4, [0, 7]), 4), (plan(4, [0]), None)):
         store = MemoryStore()
-        clock = PlanAfter(store, later)
+        clock = Plans(store, {3: later})
         agent = Agent(AgentConfig(instance=7), store, engine=None, clock=clock)  # type: ignore[arg-type]
         agent.join()  # before any plan: the job starts on it
         protocol.publish_plan(store, plan(3, [0, 7]))
@@ -295,7 +268,6 @@ def test_agent_refuses_an_undocumented_state_transition():
 
 
 def test_agent_waits_through_a_store_outage_then_gives_up_with_an_error():
-    from liveput.runtime.clock import ManualClock
 
     class Outage(MemoryStore):
         """A store that is down from ``down_at`` reads on, and back up from ``up_at`` on."""
@@ -344,7 +316,6 @@ def test_a_done_agent_whose_store_already_ended_finishes_without_an_error():
 
 
 def test_the_coordinator_stays_until_a_waiting_spare_has_seen_the_job_end(small_profile):
-    from liveput.runtime.clock import ManualClock
     from liveput.runtime.coordinator import Coordinator, CoordinatorConfig
 
     class SpareClock(ManualClock):
@@ -429,35 +400,6 @@ def test_a_restarted_coordinator_waits_out_a_store_outage_and_reuses_the_jobs_pr
 def test_a_noticed_agent_left_out_before_its_margin_stays_and_leaves_at_it():
     """bench peers, p3 cut: the policy ran 1x1 of two instances; the spare, noticed 60 s before
     its end, left at once and the job had nothing left to train on for the last 30 s."""
-    from liveput.runtime.clock import ManualClock
-    from liveput.runtime.notices import Notice
-
-    def plan(generation: int, instances: list[int]) -> protocol.RuntimePlan:
-        return protocol.RuntimePlan(
-            generation,
-            0,
-            10 * generation,
-            100,
-            len(instances),
-            1,
-            [0, 4],
-            {i: (n, 0) for n, i in enumerate(instances)},
-            dict.fromkeys(instances, "h"),
-        )
-
-    class Plans(ManualClock):
-        """Publishes ``plans[n]`` at the agent's n-th poll (0.1 s each)."""
-
-        def __init__(self, store: MemoryStore, plans: dict[int, protocol.RuntimePlan]) -> None:
-            super().__init__()
-            self.store, self.plans, self.polls = store, plans, 0
-
-        def sleep(self, seconds: float) -> None:
-            super().sleep(seconds)
-            self.polls += 1
-            if self.polls in self.plans:
-                protocol.publish_plan(self.store, self.plans[self.polls])
-
     for plans, expected, polls in (
         # Left out at 0.3 s, planned again at 2 s, 58 s before its end: it is there.
         ({3: plan(4, [0]), 20: plan(5, [0, 7])}, 5, 20),
