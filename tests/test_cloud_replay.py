@@ -353,6 +353,34 @@ def test_real_agents_get_the_signalled_notice_before_sigkill(
     assert output(other) == "ready\n" and alive(pids[other])
 
 
+def test_a_notice_is_stamped_at_the_instant_its_lead_counts_from(tmp_path: Path) -> None:
+    """On a loaded machine time passes between two reads of the clock: here 1 ms at every
+    read. The notice's clock time plus its lead is the instant its kill is due, so the kill is
+    never recorded less than the lead after the notice (stamped at a later read, a CI run saw
+    the kill 50 us early)."""
+
+    class Ticking(ManualClock):
+        def now_s(self) -> float:
+            return self.advance(0.001)
+
+    clock = Ticking()
+    trace = make_trace(1, [(60.0, 0, 1)], end_s=120.0)
+    cloud = EmulatedProvider(
+        trace,
+        clock,
+        EmulatedProviderConfig(time_scale=1.0, notice_lead_s=30.0, spot=SpotModel.REPLAY),
+        notice_dir=tmp_path,
+        notice_signal=None,
+    )
+    cloud.start()
+    started_s = cloud._start_clock_s  # the clock time of trace time 0
+    assert started_s is not None
+    clock.set(started_s + 45.0)
+    (notice,) = cloud.step()
+    assert notice.kind is NOTICE and notice.lead_s is not None
+    assert notice.clock_s + notice.lead_s == pytest.approx(started_s + 60.0, abs=1e-9)
+
+
 def test_background_replay_in_real_time(tmp_path: Path, clouds: list[EmulatedProvider]) -> None:
     seen: list[ProviderEventKind] = []
     trace = make_trace(1, [(60.0, 0, 1), (120.0, 2, 0)], end_s=180.0)

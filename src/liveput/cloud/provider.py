@@ -268,14 +268,16 @@ class Provider(ABC):
         pid: int | None = None,
         lead_s: float | None = None,
         initial: bool = False,
+        clock_s: float | None = None,
     ) -> None:
-        """Record and log an event, at cloud time ``time_s`` (default: now)."""
+        """Record and log an event, at cloud time ``time_s`` and clock time ``clock_s``
+        (default: now)."""
         event = ProviderEvent(
             kind,
             self.now_s() if time_s is None else time_s,
             detail,
             instance_id,
-            self.clock.now_s(),
+            self.clock.now_s() if clock_s is None else clock_s,
             pid,
             lead_s,
             initial,
