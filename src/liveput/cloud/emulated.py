@@ -131,13 +131,9 @@ class EmulatedProvider(Provider):
 
     def now_s(self) -> float:
         """Cloud (trace) seconds since the start (0 before a replay starts)."""
-        return self._cloud_s(self.clock.now_s())
-
-    def _cloud_s(self, clock_s: float) -> float:
-        """Cloud seconds at clock time ``clock_s`` (0 before a replay starts)."""
         if self._start_clock_s is None:
             return 0.0
-        return (clock_s - self._start_clock_s) * self.config.time_scale
+        return (self.clock.now_s() - self._start_clock_s) * self.config.time_scale
 
     @property
     def instance_types(self) -> tuple[str, ...]:
@@ -418,11 +414,9 @@ class EmulatedProvider(Provider):
         """Notice ``iid`` at cloud time ``now`` of its preemption at ``kill_s`` (the caller
         schedules the preemption)."""
         self._doomed.add(iid)
-        # The event is stamped with the instant its lead counts from: the kill comes no sooner
-        # than that instant plus the lead (stamped after the agent's notice was written, it
-        # was tens of microseconds later on a loaded machine, and the kill looked early).
-        clock_s = self.clock.now_s()
-        lead_clock_s = max(0.0, kill_s - max(now, self._cloud_s(clock_s))) / self.config.time_scale
+        clock_s = self.clock.now_s()  # its stamp: the instant its lead counts from
+        cloud_s = (clock_s - (self._start_clock_s or 0.0)) * self.config.time_scale
+        lead_clock_s = max(0.0, kill_s - max(now, cloud_s)) / self.config.time_scale
         pid = self._procs.notice(iid, lead_clock_s) if self._procs is not None else None
         self._event(
             ProviderEventKind.NOTICE,
