@@ -4,7 +4,7 @@ The AWS provider's tests launch instances through it, and ``bench peers``' pipel
 every system's checkpoints in an S3 bucket on it. It runs as a subprocess (moto.server's
 ``main``, from the test dependencies) on a free port of the address given, and is answering
 when :func:`aws_endpoint` yields its URL. While it runs, :func:`server_stacks` has it write where
-each of its threads is (``faulthandler`` on ``SIGUSR1``), for an error that says why a request
+each of its threads is (on ``SIGUSR1``), for an error that says why a request
 went unanswered.
 """
 
@@ -22,12 +22,25 @@ from pathlib import Path
 from liveput.testbed.errors import TestbedError
 from liveput.testbed.etcd import free_port
 
-_SERVER_CODE = (
-    "import faulthandler, signal, sys; "
-    "faulthandler.register(signal.SIGUSR1, all_threads=True); "
-    "from moto.server import main; main(sys.argv[1:])"
-)
-"""``python -m moto.server``, with every thread's stack written to its log on ``SIGUSR1``."""
+_SERVER_CODE = """
+import signal, sys, threading, traceback
+
+def dump(signum, frame):
+    main = threading.main_thread().ident
+    stacks = sorted(sys._current_frames().items(), key=lambda item: item[0] == main)
+    for ident, top in stacks:
+        lines = "".join(reversed(traceback.format_stack(top)))
+        sys.stderr.write(f"Thread {ident:#x} (most recent call first):\\n{lines}")
+    sys.stderr.flush()
+
+signal.signal(signal.SIGUSR1, dump)
+from moto.server import main
+main(sys.argv[1:])
+"""
+"""``python -m moto.server``, with every thread's stack written to its log on ``SIGUSR1``, the
+main thread's last. Written by a Python handler, which holds the interpreter while it reads the
+other threads' frames: ``faulthandler``'s dump reads them from the signal as they run, and once
+killed the server mid-dump (every later test of the module found nothing on its port)."""
 _RUNNING: dict[str, tuple[subprocess.Popen, Path]] = {}
 """URL -> the server answering there and its log, while :func:`aws_endpoint` runs it."""
 
