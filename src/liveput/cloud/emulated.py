@@ -129,11 +129,12 @@ class EmulatedProvider(Provider):
 
     # -- the contract ------------------------------------------------------------------------
 
-    def now_s(self) -> float:
-        """Cloud (trace) seconds since the start (0 before a replay starts)."""
+    def now_s(self, clock_s: float | None = None) -> float:
+        """Cloud seconds at clock time ``clock_s`` (default: now; 0 before a replay starts)."""
         if self._start_clock_s is None:
             return 0.0
-        return (self.clock.now_s() - self._start_clock_s) * self.config.time_scale
+        clock_s = self.clock.now_s() if clock_s is None else clock_s
+        return (clock_s - self._start_clock_s) * self.config.time_scale
 
     @property
     def instance_types(self) -> tuple[str, ...]:
@@ -415,8 +416,7 @@ class EmulatedProvider(Provider):
         schedules the preemption)."""
         self._doomed.add(iid)
         clock_s = self.clock.now_s()  # its stamp: the instant its lead counts from
-        cloud_s = (clock_s - (self._start_clock_s or 0.0)) * self.config.time_scale
-        lead_clock_s = max(0.0, kill_s - max(now, cloud_s)) / self.config.time_scale
+        lead_clock_s = max(0.0, kill_s - max(now, self.now_s(clock_s))) / self.config.time_scale
         pid = self._procs.notice(iid, lead_clock_s) if self._procs is not None else None
         self._event(
             ProviderEventKind.NOTICE,
