@@ -122,6 +122,43 @@ def _serve(calls: queue.SimpleQueue) -> None:
         call.run()
 
 
+BUILD_POLL_S = 0.05
+"""How often a rank building its groups looks whether it should give up, seconds."""
+
+
+def build_unless(build: Callable[[], Groups], over: threading.Event) -> Groups:
+    """``build()`` (the groups' rendezvous: every rank of the plan joins, in C++, up to the
+    communication timeout), run on a helper thread and given up as soon as ``over`` is set, by
+    :class:`CommAborted`. A peer that arrived at the plan and died before it joined would
+    otherwise hold this rank for the whole timeout, after newer plans had left the generation
+    behind. Groups an abandoned build makes after all are aborted (and parked) as it ends."""
+    finished = threading.Event()
+    lock = threading.Lock()
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["groups"] = build()
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller
+            outcome["error"] = error
+        with lock:
+            finished.set()
+            abandoned = "abandoned" in outcome
+        if abandoned and "groups" in outcome:
+            cast(Groups, outcome["groups"]).abort()
+
+    threading.Thread(target=run, name="liveput-comm-build", daemon=True).start()
+    while not finished.wait(BUILD_POLL_S):
+        if over.is_set():
+            with lock:
+                if not finished.is_set():
+                    outcome["abandoned"] = True
+                    raise CommAborted("communication aborted while its groups were built")
+    if "error" in outcome:
+        raise cast(BaseException, outcome["error"])
+    return cast(Groups, outcome["groups"])
+
+
 def _make_group(
     store: dist.Store,
     prefix: str,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 
@@ -23,7 +24,7 @@ from liveput.models.job import Job
 from liveput.runtime import keys, protocol
 from liveput.runtime.arrival import await_peers
 from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
-from liveput.runtime.comm import CommAborted, Groups
+from liveput.runtime.comm import CommAborted, Groups, build_unless
 from liveput.runtime.engine_config import EngineConfig
 from liveput.runtime.generation import (
     Ending,
@@ -203,11 +204,10 @@ class Engine:
             if len(plan.world) == 1:
                 protocol.arrive(self.store, plan, self.instance)  # the plan has met
             else:
-                groups = self._meet(plan, rank, *ranks)
-                watchdog = Watchdog(
-                    self.store, plan.generation, groups, self.instance, lambda: self._step
-                )
+                watchdog = Watchdog(self.store, plan.generation, self.instance, lambda: self._step)
                 watchdog.start()
+                groups = self._meet(plan, rank, *ranks, watchdog.over)
+                watchdog.attach(groups)
             self.stage_check.check(plan)  # before any layer is allocated
             if plan.restore_step is not None:
                 self._restore(plan, needed)
@@ -261,20 +261,26 @@ class Engine:
         rank: int,
         stage_ranks: list[int] | None,
         pipeline_ranks: list[int] | None,
+        over: threading.Event,
     ) -> Groups:
-        """Wait for the plan's other instances, then build the generation's process groups."""
+        """Wait for the plan's other instances, then build the generation's process groups, unless
+        the generation is ``over`` first (:func:`build_unless`)."""
         await_peers(self.store, plan, self.instance, self.config.comm_timeout_s)
-        return Groups.build(
-            self.rendezvous(plan, rank),
-            plan.generation,
-            rank,
-            len(plan.world),
-            stage_ranks,
-            self.device,
-            self.config.comm_timeout_s,
-            plan.hosts.get(self.instance),
-            pipeline_ranks,
-            shared_gpu=self.config.shared_gpu,
+        store = self.rendezvous(plan, rank)
+        return build_unless(
+            lambda: Groups.build(
+                store,
+                plan.generation,
+                rank,
+                len(plan.world),
+                stage_ranks,
+                self.device,
+                self.config.comm_timeout_s,
+                plan.hosts.get(self.instance),
+                pipeline_ranks,
+                shared_gpu=self.config.shared_gpu,
+            ),
+            over,
         )
 
     def _aborted(self, plan: RuntimePlan, reason: str, started: float) -> GenerationResult:

@@ -30,25 +30,40 @@ class Watchdog(threading.Thread):
 
     A rank whose peer died usually sees its connection close; one blocked on a frozen or cut-off
     peer (or in a collective whose other members already gave up) would wait, in C++, for the
-    whole communication timeout. The abort ends that wait at once (:meth:`Groups.abort`)."""
+    whole communication timeout. The abort ends that wait at once (:meth:`Groups.abort`).
+
+    It watches from before the generation's groups exist: their rendezvous blocks in C++ too, for
+    the whole timeout, on a peer that arrived and died before it joined. :attr:`over` tells the
+    rank building them to give up (:func:`liveput.runtime.comm.build_unless`); groups attached
+    after it is set are aborted as they are attached."""
 
     def __init__(
         self,
         store: Store,
         generation: int,
-        groups: Groups,
         instance: int,
         current_step: Callable[[], int | None],
     ) -> None:
         super().__init__(name=f"liveput-watch-{generation}", daemon=True)
         self.store = store
         self.generation = generation
-        self.groups = groups
         self.instance = instance
         self.current_step = current_step
         self.done = threading.Event()
+        self.over = threading.Event()
+        """Set once the generation is over (:attr:`reason` says why)."""
         self.reason = ""
         """Why it aborted the groups (empty: it did not)."""
+        self._groups: Groups | None = None
+        self._lock = threading.Lock()
+
+    def attach(self, groups: Groups) -> None:
+        """The generation's groups, once built: aborted now if the generation is already over."""
+        with self._lock:
+            self._groups = groups
+            over = self.over.is_set()
+        if over:
+            groups.abort()
 
     def _over(self) -> str:
         if self.store.get(keys.job_error()) is not None:
@@ -77,5 +92,9 @@ class Watchdog(threading.Thread):
                     self.generation,
                     reason,
                 )
-                self.groups.abort()
+                with self._lock:
+                    self.over.set()
+                    groups = self._groups
+                if groups is not None:
+                    groups.abort()
                 return
