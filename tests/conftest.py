@@ -21,6 +21,16 @@ from pathlib import Path
 # agents, the profiler and the peers already train on one thread each.
 os.environ["OMP_NUM_THREADS"] = "1"
 
+# The tests' folder on the module path of every process a test starts: the jobs its agents and
+# coordinators train live here (``runtime_cluster:slow_small_job``). A test process's agents then
+# all start alike, so that the jobs it runs share one fork server (liveput.cloud.agent_forks:
+# with the folder added for some of them only, a worker started two, 4 CPU-s each).
+TESTS = str(Path(__file__).resolve().parent)
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != TESTS:  # xdist's workers inherit it
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [TESTS, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    )
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -103,9 +103,9 @@ class AgentProcesses:
 
 
 def _agent_environment() -> dict[str, str]:
-    """This environment, with the tests' folder on the agents' path (their jobs live here)."""
-    tests = str(Path(__file__).parent)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    """This environment: the tests' folder is on its path (tests/conftest.py), where the agents'
+    jobs live."""
+    return dict(os.environ)
 
 
 def _fork_server() -> ForkServer:

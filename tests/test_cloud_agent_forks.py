@@ -48,6 +48,9 @@ def test_a_process_shares_one_server_among_environments_that_start_it_alike(tmp_
     assert first.alive
     # Another job's token and variables no start reads: the same server.
     assert shared_fork_server({**env, "LIVEPUT_TOKEN": "b", "HOME": "/h"}, str(python)) is first
+    # What torch._dynamo's import and an agent's NCCL settings add: read later, not at a start.
+    later = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/t", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+    assert shared_fork_server({**env, **later}, str(python)) is first
     # Another module path, or another thread count for torch: a server of its own.
     assert shared_fork_server({**env, "PYTHONPATH": "/y"}, str(python)) is not first
     assert shared_fork_server({**env, "OMP_NUM_THREADS": "2"}, str(python)) is not first

@@ -30,12 +30,7 @@ STEPS = 100
 
 
 def start_coordinator(url: str, checkpoint_dir: Path, log: Path) -> subprocess.Popen:
-    tests = str(Path(__file__).parent)
-    env = {
-        **os.environ,
-        "LIVEPUT_TOKEN": TOKEN,
-        "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
-    }
+    env = {**os.environ, "LIVEPUT_TOKEN": TOKEN}  # the tests' folder is on its path (conftest)
     with open(log, "ab") as out:
         return subprocess.Popen(
             [
@@ -133,12 +128,7 @@ def start_owning_coordinator(
     listen: str, etcd_dir: Path, checkpoint_dir: Path, log: Path, steps: int
 ) -> subprocess.Popen:
     """``liveput coordinator`` with no --store: it runs its own etcd in ``etcd_dir``."""
-    tests = str(Path(__file__).parent)
-    env = {
-        **os.environ,
-        "LIVEPUT_TOKEN": TOKEN,
-        "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
-    }
+    env = {**os.environ, "LIVEPUT_TOKEN": TOKEN}  # the tests' folder is on its path (conftest)
     with open(log, "ab") as out:
         return subprocess.Popen(
             [
@@ -284,13 +274,7 @@ def test_a_coordinator_started_during_a_store_outage_waits_as_long_as_told(
             "--checkpoint-dir",
             str(tmp_path / "ckpt"),
         ]
-        env = {
-            **os.environ,
-            "LIVEPUT_TOKEN": TOKEN,
-            "PYTHONPATH": os.pathsep.join(
-                [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
-            ),
-        }
+        env = {**os.environ, "LIVEPUT_TOKEN": TOKEN}
         started = time.monotonic()
         refused = subprocess.run(
             [*command, "--store-wait", "1"], env=env, capture_output=True, text=True, timeout=60

@@ -71,6 +71,12 @@ SERVER_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TO
 path, the native libraries', torch's threads and logging): servers whose environments differ in
 one of them are not shared (:func:`shared_fork_server`). Every other variable reaches an agent
 through its own request, before it runs."""
+SERVER_ENV_UNREAD = ("TORCHINDUCTOR_CACHE_DIR", "TORCH_NCCL_")
+"""Variables of those prefixes that no start reads, left out of a server's key: importing
+``torch._dynamo`` sets ``TORCHINDUCTOR_CACHE_DIR`` (to its default) in the process that imports
+it, so a process's environment changes once it has built an optimizer; ``ProcessGroupNCCL`` reads
+``TORCH_NCCL_*`` as it builds a group (an agent sets its own,
+:func:`liveput.runtime.comm.configure_error_handling`). An agent gets both from its request."""
 
 
 class ForkedAgent:
@@ -243,7 +249,11 @@ def shared_fork_server(env: Mapping[str, str], python: str = sys.executable) -> 
     imports torch for their agents once, not once a job (about 3 CPU-s each). Only the server's
     start reads the variables of :data:`SERVER_ENV_PREFIXES`: environments that differ there get
     servers of their own. A server that has ended is replaced."""
-    read_at_start = sorted((k, v) for k, v in env.items() if k.startswith(SERVER_ENV_PREFIXES))
+    read_at_start = sorted(
+        (k, v)
+        for k, v in env.items()
+        if k.startswith(SERVER_ENV_PREFIXES) and not k.startswith(SERVER_ENV_UNREAD)
+    )
     key = (python, tuple(read_at_start))
     with _SHARED_LOCK:
         server = _SHARED.get(key)
