@@ -55,6 +55,7 @@ PROVIDERS: Registry[Callable[[ProviderSettings, Clock], Provider]] = Registry("p
 
 @PROVIDERS.register("emulated")
 def _emulated(settings: ProviderSettings, clock: Clock) -> Provider:
+    from liveput.cloud.agent_forks import shared_fork_server
     from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig
     from liveput.cloud.processes import command_launcher
     from liveput.traces import generate_trace, read_trace
@@ -78,10 +79,10 @@ def _emulated(settings: ProviderSettings, clock: Clock) -> Provider:
         raise LiveputError(
             f"emulated provider: cannot create {settings.work_dir}: {error.strerror}"
         ) from None
+    # Its agents forked from one process that imported torch, as `liveput train`'s are.
+    env = {**os.environ, "LIVEPUT_TOKEN": boot.token}
     launcher = command_launcher(
-        agent_command(url),
-        env={**os.environ, "LIVEPUT_TOKEN": boot.token},
-        log_dir=logs,
+        agent_command(url), env=env, log_dir=logs, fork_server=shared_fork_server(env)
     )
     provider = EmulatedProvider(trace, clock, config, launcher=launcher, notice_dir=notices)
     provider.start_background()
