@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-unit lint bench system-deps clean
+.PHONY: setup run test test-unit lint lint-fast typecheck bench system-deps clean
 
 # Python may cache the bytecode of liveput's own modules (__pycache__, ignored by git): the suite
 # starts hundreds of agent and CLI processes, and an environment that forbids the cache made each
@@ -53,13 +53,17 @@ run: setup system-deps
 	$(BIN)/liveput status docs/examples/local.yaml --json > out/local-job-status.json
 	$(BIN)/liveput stop docs/examples/local.yaml
 
-# The linters first: ruff's rules and formatting, the type checker, and the layering of the
-# packages (pyproject.toml configures all of them).
-lint: setup
+# The linters: ruff's rules and formatting and the layering of the packages, then the type
+# checker (pyproject.toml configures all of them).
+lint: lint-fast typecheck
+
+lint-fast: setup
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
-	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+typecheck: setup
+	$(BIN)/mypy
 
 # The tests' temporary files (their jobs' folders, etcd data and checkpoints) in memory where the
 # machine has /dev/shm: etcd and the checkpoints sync every write to disk, and on a disk busy with
@@ -70,23 +74,29 @@ TEST_TMPDIR := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || ec
 # They start nothing, so two workers (pytest-xdist, a file per worker) run them.
 UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
 
-# Every test: the linters (beside them, on the other core, tests/warm_imports.py writes the
-# bytecode the tests will need), then every test but the `serial` ones in one session of three
-# workers: the unit tier's tests and the `process` tier's (agents, etcd, network namespaces,
-# servers) side by side, a file per worker, the longest files first (tests/conftest.py orders
-# them; xdist would order files by their number of tests). Three on two cores: a third of the
-# process tests' time is waiting on the wall clock (a trace replayed, a notice's lead, a
-# browser), which the unit tests' computing fills; one session collects the suite once per
-# worker, where two tiers collected it in five workers. Last the `serial` ones, a file per
-# core: they measure time against a budget of their own (heartbeat timeouts, a deadline from a
-# profile measured as the job starts, a fault campaign), which the other tests' load would eat
-# into; beside one other (the campaign takes about 1.2 cores, the others about one) the
-# survivors left their collective 1.9-2.6 s after the fault, within the 5-s bound (four runs),
-# and the tier took 79-89 s instead of 120-135 s one at a time.
-test: setup system-deps
-	$(BIN)/python tests/warm_imports.py & $(MAKE) --no-print-directory lint && wait $$!
+# Every test: the fast linters, then tests/warm_imports.py writes the bytecode the tests will
+# need (two processes, a core each); then every test but the `serial` ones in one session of
+# three workers: the unit tier's tests and the `process` tier's (agents, etcd, network
+# namespaces, servers) side by side, a file per worker, the longest files first
+# (tests/conftest.py orders them; xdist would order files by their number of tests). Three on
+# two cores: a third of the process tests' time is waiting on the wall clock (a trace replayed,
+# a notice's lead, a browser), which the unit tests' computing fills; one session collects the
+# suite once per worker, where two tiers collected it in five workers. Beside the session, at
+# the lowest priority, the type checker (one process, about 20 CPU-s) takes the moments the
+# session leaves a core idle (30-36 CPU-s of them in a session); it took 14 s of both cores
+# before the tests, where they could not start. Last the `serial` ones, a file per core: they
+# measure time against a budget of their own (heartbeat timeouts, a deadline from a profile
+# measured as the job starts, a fault campaign), which the other tests' load would eat into;
+# beside one other (the campaign takes about 1.2 cores, the others about one) the survivors
+# left their collective 1.9-2.6 s after the fault, within the 5-s bound (four runs), and the
+# tier took 79-89 s instead of 120-135 s one at a time.
+test: lint-fast system-deps
+	$(BIN)/python tests/warm_imports.py
+	nice -n 19 $(BIN)/mypy > $(VENV)/typecheck.log 2>&1 & typecheck=$$!; \
 	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not serial" -n 3 --dist loadfile \
-	  --no-loadscope-reorder --durations=12
+	  --no-loadscope-reorder --durations=12; tests=$$?; \
+	wait $$typecheck; typed=$$?; cat $(VENV)/typecheck.log; \
+	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m serial -n 2 --dist loadfile --durations=4
 
 test-unit: setup
