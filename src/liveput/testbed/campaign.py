@@ -187,17 +187,24 @@ class _Lane:
     tmpfs: Path
 
 
-def _job_and_reference(
-    references: dict, lock: threading.Lock, steps: int
-) -> tuple[Job, list[dict[str, torch.Tensor]]]:
-    """The campaign's job and its fault-free parameters after ``steps`` steps. Under the lock:
-    building a job seeds torch's global generator (a lane building one while another lane's was
-    being initialized changed both), and lanes ask for the same step counts."""
+def _job(lock: threading.Lock) -> Job:
+    """The campaign's job. Under the lock: building a job seeds torch's global generator (a lane
+    building one while another lane's reference was being computed changed both)."""
     with lock:
-        job = resolve_job("tiny-gpt-small")
+        return resolve_job("tiny-gpt-small")
+
+
+def _reference(
+    job: Job, references: dict, lock: threading.Lock, steps: int
+) -> list[dict[str, torch.Tensor]]:
+    """The job's fault-free parameters after ``steps`` steps, computed once per step count, under
+    the lock (as :func:`_job`). Asked for as a run is checked, not as it starts: a run's agents
+    are processes of their own, so one lane computes it while the other's run goes on, where
+    both lanes' runs used to wait for it before they started."""
+    with lock:
         if steps not in references:
             references[steps] = reference_parameters(job, steps)
-        return job, references[steps]
+        return references[steps]
 
 
 def _run(
@@ -209,7 +216,7 @@ def _run(
     lock: threading.Lock,
 ) -> RunOutcome:
     steps = config.steps_per_fault * len(plan.faults) + config.extra_steps
-    job, reference = _job_and_reference(references, lock, steps)
+    job = _job(lock)
     started = time.monotonic()
     rng = random.Random(plan.seed)
     with tempfile.TemporaryDirectory(prefix="liveput-chaos-") as directory:
@@ -254,7 +261,8 @@ def _run(
                 cluster.started_store(), job.global_batch_size, steps
             )
             mismatches = parameter_mismatches(
-                final_parameters(checkpoints, job.num_layers), reference
+                final_parameters(checkpoints, job.num_layers),
+                _reference(job, references, lock, steps),
             )
             equal = not mismatches
             if problems or mismatches:
