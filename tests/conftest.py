@@ -77,23 +77,30 @@ LONGEST_FIRST = (
     "test_runtime_recovery.py",
     "test_cli_docs.py",
     "test_deadline_resume.py",
-    "test_bench_gpu.py",
     "test_forecast.py",
     "test_readme_own_model.py",
     "test_bench_peers_hosts.py",
-    "test_cli_hostile.py",
-    "test_models_training.py",
-    "test_instance_memory.py",
     "test_runtime_store.py",
+    "test_bench_gpu.py",
+    "test_cli_hostile.py",
+    "test_cli_provider.py",
     "test_models_reference.py",
     "test_cloud_aws.py",
+    "test_models_training.py",
+    "test_bench_peers_fsdp.py",
+    "test_runtime_netns.py",
+    "test_instance_memory.py",
+    "test_cloud_agent_forks.py",
     "test_runtime_operate.py",
+    "test_deadline.py",
+    "test_perf_model.py",
 )
-"""The suite's longest test files (130 s down to 20 s each under ``make test``'s load), collected
+"""The suite's longest test files (80 s down to 12 s each under ``make test``'s load), collected
 first, longest first: the Makefile has pytest-xdist hand a worker a file at a time in
 collection order (``--no-loadscope-reorder``), and the longest handed out last made the run's
-tail (the process tier took 381 s without this order and 336 s with it, on 927-975 s of tests).
-``test_forecast.py`` is the unit tier's longest (about 27 CPU-s of its 87)."""
+tail (the process tier took 381 s without this order and 336 s with it, on 927-975 s of tests;
+with files of 16-25 s left out of it, one of them made the last 10-15 s of a session, one core
+idle). ``test_forecast.py`` is the unit tier's longest (about 19 CPU-s)."""
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
