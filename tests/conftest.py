@@ -26,10 +26,9 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # all start alike, so that the jobs it runs share one fork server (liveput.cloud.agent_forks:
 # with the folder added for some of them only, a worker started two, 4 CPU-s each).
 TESTS = str(Path(__file__).resolve().parent)
-if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != TESTS:  # xdist's workers inherit it
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [TESTS, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    )
+_PATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+if _PATH[:1] != [TESTS]:  # xdist's workers inherit it from the session's process
+    os.environ["PYTHONPATH"] = os.pathsep.join([TESTS, *_PATH])
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from cli_support import wait_for
 
 from liveput.runtime import keys
 from liveput.runtime.comm import CommAborted, Groups, build_unless
@@ -38,16 +39,9 @@ def test_a_build_waiting_on_a_peer_that_never_joined_gives_up_once_the_generatio
     # The peer joins after all: the abandoned build ends with groups, aborted as it ends.
     late = _build(store, 1, [])
     try:
-        for _ in range(200):
-            if made:
-                break
-            time.sleep(0.05)
+        wait_for(lambda: made, 10, "the abandoned build's groups", interval_s=0.05)
+        wait_for(made[0].aborted.is_set, 10, "its groups aborted", interval_s=0.05)
         assert len(made) == 1
-        for _ in range(200):
-            if made[0].aborted.is_set():
-                break
-            time.sleep(0.05)
-        assert made[0].aborted.is_set()
     finally:
         late.close()
 

@@ -132,31 +132,27 @@ def build_unless(build: Callable[[], Groups], over: threading.Event) -> Groups:
     :class:`CommAborted`. A peer that arrived at the plan and died before it joined would
     otherwise hold this rank for the whole timeout, after newer plans had left the generation
     behind. Groups an abandoned build makes after all are aborted (and parked) as it ends."""
-    finished = threading.Event()
+    call = _Call(build)
+    abandoned = threading.Event()
     lock = threading.Lock()
-    outcome: dict[str, object] = {}
 
     def run() -> None:
-        try:
-            outcome["groups"] = build()
-        except BaseException as error:  # noqa: BLE001 - raised again in the caller
-            outcome["error"] = error
+        call.run()
         with lock:
-            finished.set()
-            abandoned = "abandoned" in outcome
-        if abandoned and "groups" in outcome:
-            cast(Groups, outcome["groups"]).abort()
+            late = abandoned.is_set()
+        if late and isinstance(call.result, Groups):
+            call.result.abort()
 
     threading.Thread(target=run, name="liveput-comm-build", daemon=True).start()
-    while not finished.wait(BUILD_POLL_S):
+    while not call.wake.wait(BUILD_POLL_S):
         if over.is_set():
             with lock:
-                if not finished.is_set():
-                    outcome["abandoned"] = True
+                if not call.finished:
+                    abandoned.set()
                     raise CommAborted("communication aborted while its groups were built")
-    if "error" in outcome:
-        raise cast(BaseException, outcome["error"])
-    return cast(Groups, outcome["groups"])
+    if call.error is not None:
+        raise call.error
+    return cast(Groups, call.result)
 
 
 def _make_group(
