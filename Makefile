@@ -74,9 +74,11 @@ TEST_TMPDIR := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || ec
 # They start nothing, so two workers (pytest-xdist, a file per worker) run them.
 UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
 
-# Every test: the fast linters, then tests/warm_imports.py writes the bytecode the tests will
-# need (two processes, a core each); then every test but the `serial` ones in one session of
-# three workers: the unit tier's tests and the `process` tier's (agents, etcd, network
+# Every test. The Debian packages install in the background from the start (on a fresh machine
+# apt-get took about 30 s, mostly waiting on downloads and the disk), beside the Python setup,
+# the fast linters and tests/warm_imports.py, which writes the bytecode the tests will need (two
+# processes, a core each); the tests wait for both. Then every test but the `serial` ones in one
+# session of three workers: the unit tier's tests and the `process` tier's (agents, etcd, network
 # namespaces, servers) side by side, a file per worker, the longest files first
 # (tests/conftest.py orders them; xdist would order files by their number of tests). Three on
 # two cores: a third of the process tests' time is waiting on the wall clock (a trace replayed,
@@ -90,8 +92,11 @@ UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not process" 
 # beside one other (the campaign takes about 1.2 cores, the others about one) the survivors
 # left their collective 1.9-2.6 s after the fault, within the 5-s bound (four runs), and the
 # tier took 79-89 s instead of 120-135 s one at a time.
-test: lint-fast system-deps
-	$(BIN)/python tests/warm_imports.py
+test:
+	@deps_log=$$(mktemp); $(MAKE) --no-print-directory system-deps > $$deps_log 2>&1 & deps=$$!; \
+	$(MAKE) --no-print-directory lint-fast && $(BIN)/python tests/warm_imports.py; ready=$$?; \
+	wait $$deps; installed=$$?; cat $$deps_log; rm -f $$deps_log; \
+	[ $$ready -eq 0 ] && [ $$installed -eq 0 ]
 	nice -n 19 $(BIN)/mypy > $(VENV)/typecheck.log 2>&1 & typecheck=$$!; \
 	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not serial" -n 3 --dist loadfile \
 	  --no-loadscope-reorder --durations=12; tests=$$?; \
