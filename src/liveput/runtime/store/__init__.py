@@ -7,8 +7,8 @@ behind :class:`Store` (:mod:`.base`). Keys are ``str`` (``/``-separated paths, s
 - :class:`MemoryStore` (:mod:`.memory`) -- a thread-safe in-process fake, for unit tests only.
 - :class:`TCPStoreBackend` (:mod:`.tcp`) -- PyTorch's ``torch.distributed.TCPStore``; the
   coordinator hosts it.
-- :class:`EtcdStore` (:mod:`.etcd`) -- etcd v3 through its JSON gateway (``etcd3gw``); the local
-  etcd server a coordinator runs is :mod:`.etcd_server`.
+- :class:`EtcdStore` (:mod:`.etcd`) -- etcd v3 through its JSON gateway (:mod:`.etcd_gateway`);
+  the local etcd server a coordinator runs is :mod:`.etcd_server`.
 - :class:`SignedStore` (:mod:`.signed`) -- wraps any store; every value carries an HMAC-SHA256
   under the job token.
 

@@ -1,4 +1,4 @@
-"""The store on etcd v3, through its JSON gateway (``etcd3gw``)."""
+"""The store on etcd v3, through its JSON gateway (:mod:`.etcd_gateway`)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from liveput.runtime.store.base import (
     parse_counter,
     wait_by_polling,
 )
+from liveput.runtime.store.etcd_gateway import Gateway, GatewayRefused, GatewayUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ _SETTLED_PER_TXN = 16
 
 
 class EtcdStore(Store):
-    """A store on an etcd v3 cluster, through its JSON gateway (``etcd3gw``).
+    """A store on an etcd v3 cluster, through its JSON gateway (:mod:`.etcd_gateway`).
 
     Compare-and-set is one etcd transaction; counters are a read then a transaction guarded by the
     key's mod revision, retried on conflict. A request that fails to connect is retried with a short
@@ -70,14 +71,9 @@ class EtcdStore(Store):
     """
 
     def __init__(self, host_name: str, port: int, *, timeout_s: float = 30.0) -> None:
-        import etcd3gw
-        import requests
-
         self.url = format_url("etcd", host_name, port)
         self._timeout_s = float(timeout_s)
-        self._exceptions = etcd3gw.exceptions
-        self._request_error = requests.exceptions.RequestException
-        self._client: Any = etcd3gw.Etcd3Client(host=host_name, port=port, timeout=self._timeout_s)
+        self._gateway = Gateway(host_name, port, self._timeout_s)
         self._closed = False
         self._lease: tuple[str, float] | None = None
         """(lease ID, monotonic time granted) of this client's transaction markers."""
@@ -97,25 +93,20 @@ class EtcdStore(Store):
         if self._closed:
             raise LiveputError(f"store {self.url} is closed")
         # Connection-level failures only: a request etcd answered with an error is not retried.
-        transient = (
-            self._exceptions.ConnectionFailedError,
-            self._exceptions.ConnectionTimeoutError,
-            self._request_error,
-        )
         deadline = time.monotonic() + self._timeout_s
         pause_s = 0.05
         attempts = 0
         while True:
             attempts += 1
             try:
-                return self._client.post(self._client.get_url(path), json=payload), attempts
-            except transient as exc:
+                return self._gateway.post(path, payload), attempts
+            except GatewayUnreachable as exc:
                 if time.monotonic() + pause_s > deadline:
                     raise LiveputError(f"store {self.url} unreachable: {first_line(exc)}") from None
                 log.debug("%s: %s; retrying", self.url, first_line(exc))
                 time.sleep(pause_s)
                 pause_s = min(pause_s * 2, 0.5)
-            except self._exceptions.Etcd3Exception as exc:
+            except GatewayRefused as exc:
                 raise LiveputError(f"store {self.url} failed: {first_line(exc)}") from None
 
     def _range(self, key: bytes, range_end: bytes | None = None) -> list[dict[str, Any]]:
@@ -234,3 +225,4 @@ class EtcdStore(Store):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._gateway.close()
