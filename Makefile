@@ -78,9 +78,9 @@ UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not process" 
 # apt-get took about 30 s, mostly waiting on downloads and the disk; in the foreground first where
 # sudo would ask for a password), beside the Python setup, the fast linters and
 # tests/warm_imports.py, which writes the bytecode the tests will need (two processes, a core
-# each); the tests wait for both. Then every test but the `serial` ones in one
-# session of three workers: the unit tier's tests and the `process` tier's (agents, etcd, network
-# namespaces, servers) side by side, a file per worker, the longest files first
+# each); the tests wait for both. Then every test but the `serial` ones in one session of three
+# workers: the unit tier's tests and the `process` tier's (agents, etcd, network namespaces,
+# servers) side by side, a file per worker, the longest files first
 # (tests/conftest.py orders them; xdist would order files by their number of tests). Three on
 # two cores: a third of the process tests' time is waiting on the wall clock (a trace replayed,
 # a notice's lead, a browser), which the unit tests' computing fills; one session collects the
