@@ -147,3 +147,33 @@ def test_hosts_refuse_a_gateway_address_another_interface_holds() -> None:
         with pytest.raises(TestbedError, match=r"10\.80\.0\.254 is already on interface \S+gw"):
             NetnsHosts(1, gateway=True, subnet="10.80.0").create()
         assert first.run(0, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"]).returncode == 0
+
+
+def test_what_a_killed_bed_left_is_removed_and_its_gateway_address_taken_again() -> None:
+    """A process killed while its bed stood leaves the bed's namespaces and gateway behind (a
+    suite stopped by a signal): the next bed removes them, so the address is not refused."""
+    made = (
+        "import os, signal\n"
+        "from liveput.testbed import NetnsHosts\n"
+        "NetnsHosts(2, gateway=True, subnet='10.81.0').create()\n"
+        "print(os.getpid(), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", made], capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    tag = f"lp{killed.stdout.split()[0]}x"
+
+    def left() -> list[str]:
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True)
+        return sorted(set(re.findall(rf"\b{tag}\d+\w+", listed + links.stdout)))
+
+    assert len(left()) == 4  # its switch, its two hosts and its gateway link
+    with NetnsHosts(1, gateway=True, subnet="10.81.0") as hosts:
+        assert left() == []
+        holder = subprocess.run(
+            ["ip", "-o", "-4", "addr", "show", "to", hosts.gateway_address],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert holder[1] == f"{hosts.switch.removesuffix('sw')}gw"  # the new bed's own

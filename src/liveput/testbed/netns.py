@@ -11,15 +11,20 @@ skip.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from liveput.runtime.store.etcd_server import pid_alive
 from liveput.testbed.errors import TestbedError
 
-__all__ = ["NETNS_SUBNET", "NetnsHosts"]
+__all__ = ["NETNS_SUBNET", "NetnsHosts", "remove_stale_beds"]
+
+logger = logging.getLogger(__name__)
 
 NETNS_SUBNET = "10.77.0"
 """First three octets of the /24 the namespace hosts use by default; it exists only inside them
@@ -27,6 +32,8 @@ NETNS_SUBNET = "10.77.0"
 GATEWAY_OCTET = 254
 """Last octet of the root namespace's address on the bridge, for hosts with a gateway."""
 _netns_serial = itertools.count()
+_BED_NAME = re.compile(r"^lp(\d+)x\d+(?:sw|gw|h\d+)$")
+"""A test bed's namespace or gateway link: ``lp<creator's pid>x<serial>`` and its part."""
 BURST_S = 0.01
 """A shaped link's bucket holds this many seconds of its rate (at least 64 KiB): a shorter one
 cannot pass the kernel's large segments at high rates, a longer one lets bursts pass the rate."""
@@ -90,6 +97,7 @@ class NetnsHosts:
     def create(self) -> NetnsHosts:
         """Create the namespaces, the bridge and the links (cleans up if any step fails)."""
         tag = f"lp{os.getpid()}x{next(_netns_serial)}"
+        remove_stale_beds()
         if self.gateway:
             self._refuse_a_taken_gateway()
         self.switch = f"{tag}sw"
@@ -153,7 +161,8 @@ class NetnsHosts:
 
     def _refuse_a_taken_gateway(self) -> None:
         # A second interface with the gateway's address would take the hosts' traffic to a
-        # bridge they are not on (a test bed killed before it removed itself leaves one).
+        # bridge they are not on (a killed bed's is removed before: this one is a live bed's,
+        # or not a bed's).
         binary = shutil.which("ip") or "ip"
         taken = subprocess.run(
             [binary, "-o", "-4", "addr", "show", "to", self.gateway_address],
@@ -163,8 +172,8 @@ class NetnsHosts:
         ).stdout.split()
         if taken:
             raise TestbedError(
-                f"{self.gateway_address} is already on interface {taken[1]} (a test bed that "
-                f"was killed?): remove it with `ip link del {taken[1]}` or use another subnet"
+                f"{self.gateway_address} is already on interface {taken[1]} (a running test "
+                f"bed's?): use another subnet, or `ip link del {taken[1]}` if nothing uses it"
             )
 
     def argv(self, index: int, command: Sequence[str]) -> list[str]:
@@ -234,3 +243,38 @@ class NetnsHosts:
 
     def __exit__(self, *exc: object) -> None:
         self.destroy()
+
+
+def remove_stale_beds() -> list[str]:
+    """Delete what test beds of processes that no longer run left behind (their namespaces and
+    gateway links), and return their names.
+
+    A bed killed before it removed itself (a suite stopped by a signal) left its gateway's
+    address on the root namespace, and the next bed with that address was refused: a second
+    ``make test`` on the machine failed. Beds whose creator still runs (another test worker's)
+    are left as they are."""
+    binary = shutil.which("ip")
+    if not binary:
+        return []  # the bed's own start says `ip` is missing
+    namespaces = subprocess.run(
+        [binary, "netns", "list"], capture_output=True, text=True, timeout=20
+    ).stdout.split("\n")
+    links = subprocess.run(
+        [binary, "-o", "link", "show"], capture_output=True, text=True, timeout=20
+    ).stdout.split("\n")
+    found = [line.split()[0] for line in namespaces if line.split()] + [
+        line.split(":")[1].strip().split("@")[0] for line in links if line.count(":") >= 2
+    ]
+    stale = [
+        name
+        for name in found
+        if (match := _BED_NAME.match(name)) is not None and not pid_alive(int(match.group(1)))
+    ]
+    # Gateway links first: deleting their switch namespace would delete them only once every
+    # process inside it is gone.
+    for name in sorted(stale, key=lambda n: not n.endswith("gw")):
+        kind = ["link", "del"] if name.endswith("gw") else ["netns", "del"]
+        subprocess.run([binary, *kind, name], capture_output=True, timeout=20)
+    if stale:
+        logger.warning("removed what killed test beds left: %s", " ".join(sorted(stale)))
+    return stale
