@@ -256,25 +256,27 @@ def remove_stale_beds() -> list[str]:
     binary = shutil.which("ip")
     if not binary:
         return []  # the bed's own start says `ip` is missing
-    namespaces = subprocess.run(
-        [binary, "netns", "list"], capture_output=True, text=True, timeout=20
-    ).stdout.split("\n")
-    links = subprocess.run(
-        [binary, "-o", "link", "show"], capture_output=True, text=True, timeout=20
-    ).stdout.split("\n")
-    found = [line.split()[0] for line in namespaces if line.split()] + [
-        line.split(":")[1].strip().split("@")[0] for line in links if line.count(":") >= 2
-    ]
-    stale = [
-        name
-        for name in found
-        if (match := _BED_NAME.match(name)) is not None and not pid_alive(int(match.group(1)))
-    ]
-    # Gateway links first: deleting their switch namespace would delete them only once every
-    # process inside it is gone.
-    for name in sorted(stale, key=lambda n: not n.endswith("gw")):
-        kind = ["link", "del"] if name.endswith("gw") else ["netns", "del"]
-        subprocess.run([binary, *kind, name], capture_output=True, timeout=20)
-    if stale:
-        logger.warning("removed what killed test beds left: %s", " ".join(sorted(stale)))
-    return stale
+
+    def listed(*args: str) -> list[str]:
+        out = subprocess.run([binary, *args], capture_output=True, text=True, timeout=20).stdout
+        return out.splitlines()
+
+    def stale(names: list[str]) -> list[str]:
+        return [
+            name
+            for name in names
+            if (match := _BED_NAME.match(name)) and not pid_alive(int(match.group(1)))
+        ]
+
+    # Gateway links (the root namespace's ends) first: deleting their switch namespace would
+    # delete them only once every process inside it is gone.
+    links = stale([line.split(":")[1].strip().split("@")[0] for line in listed("-o", "link")])
+    namespaces = stale([line.split()[0] for line in listed("netns", "list") if line.strip()])
+    for link in links:
+        subprocess.run([binary, "link", "del", link], capture_output=True, timeout=20)
+    for namespace in namespaces:
+        subprocess.run([binary, "netns", "del", namespace], capture_output=True, timeout=20)
+    removed = sorted(links + namespaces)
+    if removed:
+        logger.warning("removed what killed test beds left: %s", " ".join(removed))
+    return removed
