@@ -141,7 +141,8 @@ class Agent:
         """When the notice came (this agent's clock)."""
         self.joined_under = -1
         """Generation of the plan in force when this agent joined (-1: none): a plan not newer
-        was made without it, so leaving it out says nothing about a noticed agent's future."""
+        was made without it, so leaving it out says nothing about a noticed agent's future, and
+        one that names its instance was made for an earlier process (:meth:`_disown`)."""
         self._stop = threading.Event()
         # One per source: the heartbeat thread and the main thread fail and recover separately.
         self._heartbeat_warnings = RepeatFilter(LOG, now_s=self.clock.now_s)
@@ -212,14 +213,17 @@ class Agent:
 
     def join(self) -> None:
         """Register with the job (the store refuses values not signed with the job token)."""
+        # Read before registering: a plan of this generation or older was made before this
+        # process's registration existed (one that names this instance names an earlier
+        # process of it).
+        current = readers.current_generation(self.store)
+        self.joined_under = -1 if current is None else current
         # A process that joins holds nothing. A report left by an earlier process of this
         # instance (it died; this one took its place, as a resumed job's provider starts one)
         # would, once this one beats, name layers at a step that no process holds.
         self.store.delete(keys.holding(self.config.instance))
         self.store.set(keys.member(self.config.instance), self._member())
         self.store.add(keys.heartbeat(self.config.instance), 1)
-        current = readers.current_generation(self.store)
-        self.joined_under = -1 if current is None else current
         self._heartbeat.start()
         if self._monitor is not None:
             self._monitor.start()
@@ -249,8 +253,11 @@ class Agent:
                 current = readers.current_generation(self.store)
                 if current is not None and current > after:
                     plan = protocol.load_plan(self.store, current)
-                    if plan is not None and self.config.instance in plan.slots:
+                    mine = plan is not None and self.config.instance in plan.slots
+                    if mine and current > self.joined_under:
                         return plan
+                    if mine:
+                        self._disown(current)
                     if plan is not None:
                         after, left_out = current, True
                 if self.going() and left_out and after > self.joined_under:
@@ -270,6 +277,27 @@ class Agent:
                 self._store_warnings(f"agent {self.config.instance}: store: {error}")
             self.clock.sleep(self.config.poll_s)
         return None
+
+    def _disown(self, generation: int) -> None:
+        """Plan ``generation``, made before this process joined, names this instance: it was
+        made for an earlier process of it (dead; a resumed job's provider starts this one in its
+        place), whose layers this one does not hold. Run, it would replay the plan's committed
+        steps from the plan's start, or wait for peers long gone. The failure report makes the
+        coordinator plan again, from what the processes that are there hold."""
+        LOG.info(
+            "agent %d: plan %d was made before this process joined; reporting it failed",
+            self.config.instance,
+            generation,
+        )
+        protocol.report_failure(
+            self.store,
+            generation,
+            self.config.instance,
+            protocol.FailureReport(
+                f"instance {self.config.instance} joined after plan {generation} was made: "
+                "a new process, holding none of its layers"
+            ),
+        )
 
     def _job_done(self) -> bool:
         try:
