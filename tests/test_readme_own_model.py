@@ -61,8 +61,10 @@ def _users_environment(folder: Path) -> dict[str, str]:
 # second a goes 4 s after the start, while the 3000 steps still run (2-4 ms each here). The
 # job normally starts on a and moves to b (or restores on it); on a machine so loaded that a's
 # agent takes over 4 s to start, the job starts on b: either way it runs through the loss of an
-# instance, and the assertions hold.
-_ONE_PREEMPTION = "0,add,a\n20000,add,b\n40000,remove,a\n900000,remove,b\n"
+# instance, and the assertions hold. b goes at the trace's end, 15 wall minutes in: long after
+# the last step. (It went at 90 s: in a fresh-clone suite on a slow machine the steps took 25 ms
+# each, b went 65 steps before the end, and the job waited for an instance until the timeout.)
+_ONE_PREEMPTION = "0,add,a\n20000,add,b\n40000,remove,a\n9000000,remove,b\n"
 
 
 @pytest.mark.process
