@@ -13,26 +13,34 @@ from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator.observe import JobProgress, Observer
 from liveput.runtime.decide import CoordinatorConfig
 from liveput.runtime.generation import Ending, GenerationResult
+from liveput.runtime.notices import Notice
 from liveput.runtime.store import MemoryStore
 
 
-def test_a_joining_process_replaces_the_holdings_its_dead_predecessor_reported() -> None:
+def test_a_joining_process_replaces_what_its_dead_predecessor_left() -> None:
     store = MemoryStore()
     store.set(keys.member(4), json.dumps({"host": "127.0.0.1"}).encode())
     store.add(keys.heartbeat(4), 1)
     dead = protocol.Holding(generation=3, epoch=0, step=7, layers=(0, 1, 2), ending="stopped")
     protocol.report_holding(store, 4, dead)
+    # It had a notice, which a coordinator saw, and its provider said its instance ended.
+    store.set(keys.notice(4), Notice("emulator", "terminate", 30.0, "i-0004").to_json().encode())
+    store.set(keys.notice_end(4), json.dumps({"seen_unix_s": 0.0, "end_unix_s": 30.0}).encode())
+    store.set(keys.gone(4), b"1")
     clock = ManualClock()
     config = CoordinatorConfig(num_steps=24, num_micro_batches=2, capacity=2)
     observer = Observer(store, config, clock, clock.now_s(), wall_clock=lambda: 0.0)
-    assert observer.members(clock.now_s(), JobProgress(plan=None))[4].layers == (0, 1, 2)
+    member = observer.members(clock.now_s(), JobProgress(plan=None))[4]
+    assert (member.layers, member.noticed, member.left) == ((0, 1, 2), True, True)
 
     agent = Agent(AgentConfig(instance=4), store, SimpleNamespace(checkpointer=None))  # type: ignore[arg-type]
     try:
         agent.join()
         member = observer.members(clock.now_s(), JobProgress(plan=None))[4]
         assert (member.layers, member.held_step) == ((), -2)
+        assert not member.noticed and not member.left
         assert protocol.holdings(store) == {}
+        assert store.get(keys.notice_end(4)) is None
     finally:
         agent.close()
 

@@ -218,10 +218,18 @@ class Agent:
         # process of it).
         current = readers.current_generation(self.store)
         self.joined_under = -1 if current is None else current
-        # A process that joins holds nothing. A report left by an earlier process of this
-        # instance (it died; this one took its place, as a resumed job's provider starts one)
-        # would, once this one beats, name layers at a step that no process holds.
-        self.store.delete(keys.holding(self.config.instance))
+        # A process that joins holds nothing, has no notice, and runs. What an earlier process
+        # of this instance left (it died; this one took its place, as a resumed job's provider
+        # starts one) would, once this one beats, name layers at a step that no process holds,
+        # count the earlier notice's lead as this one's, or keep it out of every plan as gone.
+        instance = self.config.instance
+        for key in (
+            keys.holding(instance),
+            keys.notice(instance),
+            keys.notice_end(instance),
+            keys.gone(instance),
+        ):
+            self.store.delete(key)
         self.store.set(keys.member(self.config.instance), self._member())
         self.store.add(keys.heartbeat(self.config.instance), 1)
         self._heartbeat.start()
