@@ -45,8 +45,9 @@ def moto_endpoint(log_path: Path, timeout_s: float = 30.0) -> AbstractContextMan
 
 
 def reset_moto(url: str, timeout_s: float = 5.0) -> None:
-    """Forget every resource (each test starts from a fresh account). A reset takes 0.05-0.6 s
-    here, under the suite's load too; one once went unanswered for 5 s, cause unknown: a reset
+    """Forget every resource (each test starts from a fresh account). A reset takes about
+    0.01 s once the server loads no public images (:func:`liveput.testbed.aws_endpoint`); with
+    them, one went unanswered for 5 s in a loaded suite, making their volumes again. A reset
     that does so again fails with where each of the server's threads was then."""
     request = urllib.request.Request(f"{url}/moto-api/reset", method="POST")
     try:
