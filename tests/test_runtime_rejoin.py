@@ -8,7 +8,7 @@ import json
 from types import SimpleNamespace
 
 from liveput.runtime import keys, protocol
-from liveput.runtime.agent import Agent, AgentConfig
+from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.clock import ManualClock
 from liveput.runtime.coordinator.observe import JobProgress, Observer
 from liveput.runtime.decide import CoordinatorConfig
@@ -93,7 +93,7 @@ def test_a_joining_process_runs_no_plan_made_for_its_dead_predecessor() -> None:
     engine = SimpleNamespace(checkpointer=None, run_generation=run_generation)
     clock = _Coordinator(store)
     agent = Agent(AgentConfig(instance=4), store, engine, clock=clock)  # type: ignore[arg-type]
-    assert agent.run().value == "done"
+    assert agent.run() is AgentState.DONE
     # Run, plan 0 would have replayed steps 0-3 from the initial weights (and reported holding
     # the layers at step 3); plan 1, made after it joined, restores them from the checkpoint.
     assert ran == [1]

@@ -230,8 +230,8 @@ class Agent:
             keys.gone(instance),
         ):
             self.store.delete(key)
-        self.store.set(keys.member(self.config.instance), self._member())
-        self.store.add(keys.heartbeat(self.config.instance), 1)
+        self.store.set(keys.member(instance), self._member())
+        self.store.add(keys.heartbeat(instance), 1)
         self._heartbeat.start()
         if self._monitor is not None:
             self._monitor.start()
