@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{summary['faults'] / TARGET_FAULTS:.2f}x); lost steps {summary['lost_steps']}, "
         f"doubled {summary['doubled_steps']} (target 0); parameters equal to the fault-free "
         f"run: {summary['params_equal']}; {summary['runs']} runs, "
-        f"{len(summary['failed_runs'])} failed",
+        f"{len(summary['failed_runs'])} failed; {sum(summary['skipped'].values())} faults "
+        "skipped (their runs ended first) and dealt again",
         flush=True,
     )
     print(
