@@ -27,6 +27,7 @@ def test_a_joining_process_replaces_what_its_dead_predecessor_left() -> None:
     store.set(keys.notice(4), Notice("emulator", "terminate", 30.0, "i-0004").to_json().encode())
     store.set(keys.notice_end(4), json.dumps({"seen_unix_s": 0.0, "end_unix_s": 30.0}).encode())
     store.set(keys.gone(4), b"1")
+    store.set(keys.lost(4), b"1")  # the coordinator counted its loss
     clock = ManualClock()
     config = CoordinatorConfig(num_steps=24, num_micro_batches=2, capacity=2)
     observer = Observer(store, config, clock, clock.now_s(), wall_clock=lambda: 0.0)
@@ -41,6 +42,9 @@ def test_a_joining_process_replaces_what_its_dead_predecessor_left() -> None:
         assert not member.noticed and not member.left
         assert protocol.holdings(store) == {}
         assert store.get(keys.notice_end(4)) is None
+        # This process's own loss is counted, as the coordinator counts one: once, by creating
+        # the mark.
+        assert store.compare_and_set(keys.lost(4), None, b"1")
     finally:
         agent.close()
 

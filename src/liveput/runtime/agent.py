@@ -236,6 +236,11 @@ class Agent:
         if self._monitor is not None:
             self._monitor.start()
         self._move(AgentState.WAITING)
+        # The coordinator counts an instance's loss once, when it creates ``lost/<id>``: left
+        # by the earlier process, this one's loss would go uncounted. Deleted last, once this
+        # process beats and waits, so that no look in between takes the earlier one as lost
+        # again.
+        self.store.delete(keys.lost(instance))
 
     def _next_plan(self, after: int) -> protocol.RuntimePlan | None:
         """Wait for a plan newer than generation ``after`` (the one it ran, if any) that names
