@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import secrets
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble
 from liveput.launch.cloud import LocalCloud, tell_gone
 from liveput.launch.deadline import DeadlineJob
 from liveput.launch.evaluations import attach_evaluations, gather_evaluations
+from liveput.launch.scratch import scratch_folder
 from liveput.models.training import TrainingConfig
 from liveput.perf.types import check_instance_memory_gb
 from liveput.runtime import keys
@@ -258,7 +258,7 @@ def run_local_training(
     # The agents' fork server first: it imports torch while the job is assembled (a process's
     # later jobs find it ready).
     forks = shared_fork_server(agent_env) if config.fork_agents else None
-    with tempfile.TemporaryDirectory(prefix="liveput-train-") as scratch:
+    with scratch_folder() as scratch:
         checkpoint_dir = config.checkpoint_dir or str(Path(scratch) / "checkpoints")
         store, url = _open_store(config, token)
         cloud: LocalCloud | None = None
