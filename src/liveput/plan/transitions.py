@@ -25,6 +25,10 @@ import numpy as np
 from liveput.perf.types import ModelProfile
 from liveput.plan.costs import CostModel, depth_costs, restore_s
 
+KEPT_ROWS = 256
+"""The most rows of keep a :class:`Transitions` keeps (a row per candidate: 256 rows of a
+1024-instance table's few thousand candidates take some megabytes)."""
+
 
 class Transitions:
     """Migration seconds between candidates ``(data_parallel[i], stages[i])`` (candidate 0 is
@@ -66,6 +70,8 @@ class Transitions:
         self._running_position = self.position[self._running]
         self._keeps_for: int | None = None
         self._cached_keeps: tuple[np.ndarray, ...] = ()
+        self._rows_for: int | None = None
+        self._rows: dict[int, np.ndarray] = {}
 
     def seconds_row(self, source: int, num_instances: int) -> np.ndarray:
         """``mig(source, c')`` for every c' on ``num_instances`` instances."""
@@ -85,9 +91,23 @@ class Transitions:
         return np.where(other, rebuild + self.repartition[p, self.stages], seconds)
 
     def keep_row(self, source: int, num_instances: int) -> np.ndarray:
-        """``keep(source, c') = max(0, T - mig(source, c')) / T``."""
-        seconds = self.seconds_row(source, num_instances)
-        return np.clip(self.interval_s - seconds, 0.0, None) / self.interval_s
+        """``keep(source, c') = max(0, T - mig(source, c')) / T`` (read-only).
+
+        Cached for the last count: a decision asks for the rows of its start and of every
+        step of its plan, in each of its rounds, on one count (14 rows a decision of ``advise
+        pool``, a tenth of its time), and the next decision usually has the same count."""
+        if self._rows_for != num_instances:
+            self._rows.clear()
+            self._rows_for = num_instances
+        row = self._rows.get(source)
+        if row is None:
+            seconds = self.seconds_row(source, num_instances)
+            row = np.clip(self.interval_s - seconds, 0.0, None) / self.interval_s
+            row.flags.writeable = False
+            if len(self._rows) >= KEPT_ROWS:
+                self._rows.clear()
+            self._rows[source] = row
+        return row
 
     def _keeps(self, num_instances: int) -> tuple[np.ndarray, ...]:
         """What keep is on ``num_instances`` (one count per decision: cached for the last one):
