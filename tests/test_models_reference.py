@@ -182,6 +182,13 @@ def test_a_job_file_in_another_folder_finds_its_own_module(tmp_path, monkeypatch
     assert str(elsewhere) in message and str(project) in message
 
 
+def test_models_lists_the_profilers_targets() -> None:
+    from liveput.perf.profiler import TARGETS
+    from liveput.perf.targets import TARGET_NAMES
+
+    assert sorted(TARGET_NAMES) == sorted(TARGETS)
+
+
 def test_models_lists_no_command_that_refuses_a_job(user_module, capsys):
     assert main(["models", "--json"]) == 0
     jobs = json.loads(capsys.readouterr().out)["jobs (trained for real)"]

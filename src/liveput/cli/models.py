@@ -25,7 +25,7 @@ def model_names() -> dict[str, dict[str, list[str]]]:
     """Built-in names by kind, with the commands that take them."""
     from liveput.models.jobs import JOBS
     from liveput.perf import builtin_model_names
-    from liveput.perf.profiler import TARGETS
+    from liveput.perf.targets import TARGET_NAMES
 
     return {
         "performance models": {
@@ -39,7 +39,7 @@ def model_names() -> dict[str, dict[str, list[str]]]:
             "or": ["module:function returning a liveput.Job"],
         },
         "profile targets": {
-            "names": sorted(TARGETS),
+            "names": sorted(TARGET_NAMES),
             "commands": list(PROFILE_COMMANDS),
             "or": ["module:function returning a liveput.Job or a ProfileTarget"],
         },

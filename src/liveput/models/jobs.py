@@ -15,17 +15,20 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
-from torch.nn import functional as F
+from typing import TYPE_CHECKING, Any
 
 from liveput.errors import LiveputError
 from liveput.models.extras import require
-from liveput.models.job import Job
 from liveput.models.reference import is_reference, load_reference
 from liveput.registry import Registry
+
+# torch (and the Job contract, on it) on use: `liveput models` lists the names registered here,
+# and importing torch took 1.3 of its 2.1 CPU-s.
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from liveput.models.job import Job
 
 JOBS: Registry[Callable[..., Job]] = Registry("job")
 """Built-in jobs by name: factories called without arguments, or with ``data=PATH`` (the
@@ -58,7 +61,10 @@ class TinyGPTJobConfig:
 
 def tiny_gpt_job(config: TinyGPTJobConfig | None = None) -> Job:
     """tiny-gpt on the standard library's sources."""
+    import torch
+
     from liveput.models.corpus import ByteWindows, load_stdlib_corpus
+    from liveput.models.job import Job
     from liveput.models.tiny_gpt import TinyGPTConfig, build_tiny_gpt, language_model_loss
 
     config = config or TinyGPTJobConfig()
@@ -107,6 +113,8 @@ def resolve_job(spec: str, data: str | None = None, folders: Sequence[str | Path
     """A built-in job by name or ``module:function`` returning a :class:`Job`; ``data``: the
     file a built-in job that takes one trains on; ``folders``: where else the user's module is
     looked for after the current folder (:mod:`liveput.models.reference`)."""
+    from liveput.models.job import Job
+
     if data is not None:
         takers = [
             name for name in JOBS.names() if "data" in inspect.signature(JOBS.get(name)).parameters
@@ -174,6 +182,8 @@ def _optimizer(
     rate: float, sgd: bool, weight_decay: float = 0.0
 ) -> Callable[[list[nn.Parameter]], torch.optim.Optimizer]:
     def make(parameters: list[nn.Parameter]) -> torch.optim.Optimizer:
+        import torch
+
         if sgd:
             return torch.optim.SGD(parameters, lr=rate, momentum=0.9, weight_decay=weight_decay)
         return torch.optim.AdamW(parameters, lr=rate, weight_decay=weight_decay)
@@ -187,6 +197,7 @@ def causal_lm_job(
     """A ``transformers`` causal LM job: ``make_config(vocab_size, seq_len)`` gives its
     config once the dataset has said how many tokens it has."""
     from liveput.models.hf import from_hf_causal_lm
+    from liveput.models.job import Job
     from liveput.models.tiny_gpt import language_model_loss
 
     dataset, vocab_size = _text_dataset(config)
@@ -279,6 +290,9 @@ class ResNetJobConfig:
 
 def resnet50_job(config: ResNetJobConfig | None = None) -> Job:
     """ResNet-50 on seeded synthetic images."""
+    from torch.nn import functional as F
+
+    from liveput.models.job import Job
     from liveput.models.resnet import SyntheticImages, build_resnet50
 
     config = config or ResNetJobConfig()
