@@ -86,16 +86,48 @@ def _size_distribution(sizes: np.ndarray, limit: int, mean_prior: float = 2.0) -
     return weights / weights.sum()
 
 
+_KEPT_BURSTS = 8
+"""The most fits :func:`_whole_bursts` keeps (``auto``'s two Markov members fit the same bursts,
+the losses' and the grants', at each interval: four calls, two distinct)."""
+_kept_bursts: dict[tuple[object, ...], tuple[np.ndarray, float]] = {}
+
+
 def _whole_bursts(
     sizes: np.ndarray, rooms: np.ndarray, capacity: int, iterations: int = 20
 ) -> tuple[np.ndarray, float]:
-    """``(partial, share)``: the pmf of partial burst sizes and the share of whole-zone bursts.
+    """``(partial, share)``: the pmf of partial burst sizes (read-only) and the share of
+    whole-zone bursts.
 
     A burst of size ``s`` where at most ``r`` could change (the room) either takes the whole
     room (probability ``share``) or is a partial burst of size drawn from ``partial`` and capped
     at ``r``. A burst that filled its room is ambiguous when partial bursts often reach ``r``
     (a room of 1 or 2 is filled by most bursts), so ``share`` is the maximum a-posteriori
-    mixture weight by EM, with a Jeffreys prior Beta(1/2, 1/2)."""
+    mixture weight by EM, with a Jeffreys prior Beta(1/2, 1/2).
+
+    A pure function of its arguments' values, so the last few fits are kept by value: ``auto``'s
+    two Markov members ask for the same ones (over a quarter of a member's forecast)."""
+    key = (
+        sizes.dtype.str,
+        sizes.shape,
+        sizes.tobytes(),
+        rooms.dtype.str,
+        rooms.shape,
+        rooms.tobytes(),
+        capacity,
+        iterations,
+    )
+    kept = _kept_bursts.get(key)
+    if kept is None:
+        kept = _fit_whole_bursts(sizes, rooms, capacity, iterations)
+        if len(_kept_bursts) >= _KEPT_BURSTS:
+            _kept_bursts.clear()
+        _kept_bursts[key] = kept
+    return kept
+
+
+def _fit_whole_bursts(
+    sizes: np.ndarray, rooms: np.ndarray, capacity: int, iterations: int
+) -> tuple[np.ndarray, float]:
     filled = sizes >= rooms
     partial = _size_distribution(sizes[~filled], capacity)
     reach = np.cumsum(partial[::-1])[::-1]  # reach[r] = P(partial size >= r)
@@ -104,6 +136,7 @@ def _whole_bursts(
     for _ in range(iterations):
         whole = share / np.maximum(share + (1 - share) * partial_reach, 1e-12)
         share = (float(whole.sum()) + 0.5) / (len(sizes) + 1.0)
+    partial.setflags(write=False)
     return partial, share
 
 
