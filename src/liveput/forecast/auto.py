@@ -168,10 +168,13 @@ class AutoPredictor(Predictor):
         scored = [(h, sums) for h, sums in enumerate(self._coefficients) if sums.count]
         if not scored:
             return weights
-        fitted = simplex_weights_stack(
-            np.stack([sums.gram[np.ix_(index, index)] for _, sums in scored]),
-            np.stack([sums.linear[index] for _, sums in scored]),
-        )
+        if members is None:  # every member: the whole sums (indexing them copied them again)
+            grams = np.stack([sums.gram for _, sums in scored])
+            linears = np.stack([sums.linear for _, sums in scored])
+        else:
+            grams = np.stack([sums.gram[np.ix_(index, index)] for _, sums in scored])
+            linears = np.stack([sums.linear[index] for _, sums in scored])
+        fitted = simplex_weights_stack(grams, linears)
         for (h, sums), fitted_h in zip(scored, fitted):
             weights[h] = (sums.count * fitted_h + self.prior_forecasts * prior) / (
                 sums.count + self.prior_forecasts
