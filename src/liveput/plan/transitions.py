@@ -68,10 +68,10 @@ class Transitions:
         self._running = np.flatnonzero(running)
         self._running_group = self.group[self._running]
         self._running_position = self.position[self._running]
-        self._keeps_for: int | None = None
-        self._cached_keeps: tuple[np.ndarray, ...] = ()
-        self._rows_for: int | None = None
+        # Rows of keep by source, and what _keeps gives: both for one count, _cached_count.
+        self._cached_count: int | None = None
         self._rows: dict[int, np.ndarray] = {}
+        self._cached_keeps: tuple[np.ndarray, ...] | None = None
 
     def seconds_row(self, source: int, num_instances: int) -> np.ndarray:
         """``mig(source, c')`` for every c' on ``num_instances`` instances."""
@@ -96,9 +96,7 @@ class Transitions:
         Cached for the last count: a decision asks for the rows of its start and of every
         step of its plan, in each of its rounds, on one count (14 rows a decision of ``advise
         pool``, a tenth of its time), and the next decision usually has the same count."""
-        if self._rows_for != num_instances:
-            self._rows.clear()
-            self._rows_for = num_instances
+        self._cache_count(num_instances)
         row = self._rows.get(source)
         if row is None:
             seconds = self.seconds_row(source, num_instances)
@@ -109,10 +107,19 @@ class Transitions:
             self._rows[source] = row
         return row
 
+    def _cache_count(self, num_instances: int) -> None:
+        """Drop what is cached when the count changes (keep depends on it through the
+        rebuild's seconds)."""
+        if self._cached_count != num_instances:
+            self._rows.clear()
+            self._cached_keeps = None
+            self._cached_count = num_instances
+
     def _keeps(self, num_instances: int) -> tuple[np.ndarray, ...]:
         """What keep is on ``num_instances`` (one count per decision: cached for the last one):
         ``(from nothing, to another depth [source depth, target], fewer pipelines, more)``."""
-        if self._keeps_for != num_instances:
+        self._cache_count(num_instances)
+        if self._cached_keeps is None:
             interval_s = self.interval_s
             rebuild = self.costs.rebuild_s(num_instances)
             depths = self.depths
@@ -125,7 +132,6 @@ class Transitions:
                 / interval_s
             )
             self._cached_keeps = (self.keep_row(0, num_instances), cross, down, up)
-            self._keeps_for = num_instances
         return self._cached_keeps
 
     def step(
