@@ -82,27 +82,30 @@ TEST_TMPDIR := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || ec
 
 # The tests marked `process` (tests/conftest.py marks them) left out: no system packages needed.
 # They start nothing, so two workers (pytest-xdist, a file per worker) run them.
-UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
+UNIT_PYTEST := $(BIN)/python -m pytest -q -m "not process" -n 2 --dist loadfile
+UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(UNIT_PYTEST)
 
 # Every test. The Debian packages install in the background from the start (on a fresh machine
 # apt-get took about 30 s, mostly waiting on downloads and the disk; in the foreground first where
 # sudo would ask for a password), beside the Python setup, the fast linters and
 # tests/warm_imports.py, which writes the bytecode the tests will need (two processes, a core
-# each); the tests wait for both. Then every test but the `serial` ones in one session of three
-# workers: the unit tier's tests and the `process` tier's (agents, etcd, network namespaces,
-# servers) side by side, a file per worker, the longest files first
-# (tests/conftest.py orders them; xdist would order files by their number of tests). Three on
-# two cores: a third of the process tests' time is waiting on the wall clock (a trace replayed,
-# a notice's lead, a browser), which the unit tests' computing fills; one session collects the
-# suite once per worker, where two tiers collected it in five workers. Beside the session, at
-# the lowest priority, the type checker (one process, about 20 CPU-s) takes the moments the
-# session leaves a core idle (30-36 CPU-s of them in a session); it took 14 s of both cores
-# before the tests, where they could not start. Last the `serial` ones, a file per core: they
-# measure time against a budget of their own (heartbeat timeouts, a deadline from a profile
-# measured as the job starts, a fault campaign), which the other tests' load would eat into;
-# beside one other (the campaign takes about 1.2 cores, the others about one) the survivors
-# left their collective 1.9-2.6 s after the fault, within the 5-s bound (four runs), and the
-# tier took 79-89 s instead of 120-135 s one at a time.
+# each); the tests wait for both. Then three sessions, two of them at once:
+# - The `process` tier's tests but the `serial` ones (agents, etcd, network namespaces, servers)
+#   in three workers, a file per worker, the longest files first (tests/conftest.py orders them;
+#   xdist would order files by their number of tests). Three on two cores: a third of their time
+#   is waiting on the wall clock (a trace replayed, a notice's lead, a browser).
+# - Beside it from the start, at the lowest priority, the unit tier (two workers) and the type
+#   checker (one process, about 20 CPU-s): they take the moments the process tests leave a core
+#   idle, and the process tests' wall-clock budgets are not theirs to eat into. Unit tests time
+#   nothing on the wall clock that matters to them (tests/conftest.py turns off hypothesis's
+#   per-example deadline). In one session of three workers beside the process tests, the unit
+#   tests took a third of the cores at the process tests' expense, and the `serial` tier that
+#   followed left a core idle most of its time: the suite took 5:43-6:01 where it took 5:25.
+# - Last the `serial` ones, a file per core, while the unit tier still runs at the lowest
+#   priority: they measure time against a budget of their own (heartbeat timeouts, a deadline
+#   from a profile measured as the job starts, a fault campaign), which the other process tests'
+#   load would eat into; beside one other (the campaign takes about 1.2 cores, the others about
+#   one) the survivors left their collective 1.9-2.6 s after the fault, within the 5-s bound.
 test:
 	@deps_log=$$(mktemp); installed=0; deps=; \
 	if [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then \
@@ -112,11 +115,15 @@ test:
 	if [ -n "$$deps" ]; then wait $$deps || installed=$$?; fi; cat $$deps_log; rm -f $$deps_log; \
 	[ $$ready -eq 0 ] && [ $$installed -eq 0 ]
 	nice -n 19 $(BIN)/mypy > $(VENV)/typecheck.log 2>&1 & typecheck=$$!; \
-	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "not serial" -n 3 --dist loadfile \
-	  --no-loadscope-reorder --durations=12; tests=$$?; \
+	TMPDIR=$(TEST_TMPDIR) nice -n 19 $(UNIT_PYTEST) --no-loadscope-reorder > $(VENV)/unit.log 2>&1 & \
+	unit=$$!; \
+	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "process and not serial" -n 3 \
+	  --dist loadfile --no-loadscope-reorder --durations=12; processes=$$?; \
+	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m serial -n 2 --dist loadfile --durations=4; \
+	serial=$$?; \
+	wait $$unit; units=$$?; echo "unit tier:"; cat $(VENV)/unit.log; \
 	wait $$typecheck; typed=$$?; cat $(VENV)/typecheck.log; \
-	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
-	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m serial -n 2 --dist loadfile --durations=4
+	[ $$processes -eq 0 ] && [ $$serial -eq 0 ] && [ $$units -eq 0 ] && [ $$typed -eq 0 ]
 
 test-unit: setup
 	$(UNIT_TESTS)

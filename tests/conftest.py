@@ -32,6 +32,13 @@ if _PATH[:1] != [TESTS]:  # xdist's workers inherit it from the session's proces
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# No wall-clock limit on a hypothesis example or on drawing one: `make test` runs the unit tier
+# at the lowest priority beside the process tests, where a test may wait for a core for a while.
+# What a property test asserts is the property, not how fast an example ran.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 torch.set_num_threads(1)
 
