@@ -119,7 +119,7 @@ def write_job_store(store, steps: int, profile=None, series_points: int = 240) -
 
 def status_latency(steps: int) -> dict:
     from liveput.operate.recorder import read_status
-    from liveput.operate.runner import free_port_pair
+    from liveput.ports import free_port_pair
     from liveput.runtime.store import open_store
     from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 

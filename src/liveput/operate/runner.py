@@ -33,6 +33,7 @@ from liveput.errors import LiveputError
 from liveput.files import check_writable_url
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
+from liveput.ports import free_port_pair
 from liveput.runtime import keys
 from liveput.runtime.store import Store, open_store, parse_host_port, readers
 from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd, pid_alive
@@ -71,26 +72,6 @@ def read_place(state_dir: Path) -> JobPlace | None:
         return JobPlace(**json.loads((state_dir / JOB_JSON).read_text()))
     except (OSError, ValueError, TypeError):
         return None
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free on loopback (etcd's client and peer ports)."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port < 65534 and _port_free(port + 1):
-            return port
-    raise LiveputError("no free pair of loopback ports for the job's etcd")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _token(state_dir: Path) -> tuple[str, Path]:

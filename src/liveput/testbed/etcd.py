@@ -7,7 +7,6 @@ it) the way a coordinator runs its own (:class:`liveput.runtime.store.etcd_serve
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 import urllib.request
@@ -15,37 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from liveput.errors import LiveputError
+from liveput.ports import free_port, free_port_pair
 from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
 from liveput.testbed.errors import TestbedError
 
-__all__ = ["EtcdServer", "free_port"]
+__all__ = ["EtcdServer", "free_port", "free_port_pair"]
 
 ETCD_START_TIMEOUT_S = 20.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def free_port_pair(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago with the port after it: ``liveput
-    coordinator --listen HOST:PORT`` runs its etcd's peer listener on PORT + 1, which another
-    process may hold when only PORT was checked."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
-            first.bind((host, 0))
-            port = int(first.getsockname()[1])
-            if port == 65535:
-                continue
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
-                try:
-                    second.bind((host, port + 1))
-                except OSError:
-                    continue
-                return port
 
 
 @dataclass
