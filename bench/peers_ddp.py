@@ -7,8 +7,9 @@ from the newest complete checkpoint, saved by rank 0 every ``checkpoint_every`` 
 The computation is the liveput job's: its layers as one ``nn.Sequential`` with their initial
 weights, one optimizer over all parameters (the job's optimizers are element-wise, so this equals
 liveput's per-layer ones), and step ``s`` trains on the samples ``s * B .. s * B + B - 1``: rank r
-of W takes the micro-batches :func:`replica_micro_batches` gives pipeline r of W, and its mean
-loss is weighted by ``W * n_r / B`` so that DDP's average of the gradients is the global batch's.
+of W takes the samples :func:`sample_share` gives it (the batch split by samples, so that any
+number of ranks up to the batch trains; ranks beyond it are spares), and its mean loss is
+weighted by ``W * n_r / B`` so that DDP's average of the gradients is the global batch's.
 
 Rank 0 appends one JSON line per step to ``--progress`` (``t``: wall time, ``step``, ``loss``,
 ``world``) and one ``start`` line per worker-group start, which the benchmark reads.
@@ -33,8 +34,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from liveput.errors import LiveputError
-from liveput.models.job import Job, replica_micro_batches
+from liveput.models.job import Job
 from liveput.models.jobs import resolve_job
+from liveput.runtime.instance_env import NOTICE_FILE_ENV
 
 CHECKPOINT_GLOB = "step-*.pt"
 
@@ -55,6 +57,10 @@ class DDPConfig:
     """Where rank 0 appends its per-step JSON lines (None: nowhere)."""
     keep_checkpoints: int = 2
     """Only the newest this many checkpoints stay on disk."""
+    checkpoint_on_notice: bool = False
+    """Also save at the first step boundary after any rank's instance is noticed of its
+    preemption (its notice file, ``LIVEPUT_NOTICE_FILE``, appears): what a careful user adds to
+    a torchrun job on spot instances (``torchrun-notice``, ``torchrun-pp-notice``)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1 or self.steps < 1 or self.keep_checkpoints < 1:
@@ -86,11 +92,63 @@ def _save(
         old.unlink(missing_ok=True)
 
 
-def _local_batch(job: Job, step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
-    pairs = [
-        job.micro_batch(step, m) for m in replica_micro_batches(job.num_micro_batches, world, rank)
-    ]
-    return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+def sample_share(global_batch_size: int, rank: int, world: int) -> range:
+    """Offsets in a step's batch that rank ``rank`` of ``world`` trains: the batch split by
+    samples, as even as it divides (with more ranks than samples, those beyond it get none).
+
+    By samples, not by the job's micro-batches: a peer's data-parallel width is its instance
+    count, which may exceed the job's micro-batch count (gpt2-small: 4 micro-batches of 2, 8
+    instances), where a split by micro-batches has no share for some ranks."""
+    if world > global_batch_size:
+        return range(rank, rank + 1) if rank < global_batch_size else range(0)
+    return range(rank * global_batch_size // world, (rank + 1) * global_batch_size // world)
+
+
+def local_batch(job: Job, step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of rank ``rank``'s share of step ``step``. A rank with no share (more
+    ranks than samples) gets the step's first sample, which :func:`loss_weight` weighs 0: it
+    takes part in the collectives as a spare, adding nothing to the gradient."""
+    share = sample_share(job.global_batch_size, rank, world) or range(1)
+    size = job.micro_batch_size
+    micro = range(share.start // size, (share.stop - 1) // size + 1)
+    pairs = [job.micro_batch(step, m) for m in micro]
+    offset = micro.start * size
+    window = slice(share.start - offset, share.stop - offset)
+    return torch.cat([p[0] for p in pairs])[window], torch.cat([p[1] for p in pairs])[window]
+
+
+def loss_weight(job: Job, rank: int, world: int) -> float:
+    """What rank ``rank``'s mean loss is multiplied by so that the average of the ranks'
+    gradients (DDP's, FSDP's, torchft's) is the global batch's: ``world * n_r / B`` for its
+    ``n_r`` samples (0 for a spare)."""
+    return world * len(sample_share(job.global_batch_size, rank, world)) / job.global_batch_size
+
+
+def reported_loss(loss: torch.Tensor, weight: float) -> float:
+    """The rank's own mean loss from its weighted one (rank 0 always has a share)."""
+    return float(loss.detach()) / weight if weight else float("nan")
+
+
+class NoticeWatch:
+    """Whether a rank's instance was noticed since the last look, agreed by every rank: each
+    rank's notice file (``LIVEPUT_NOTICE_FILE``, set by the cloud for the instance's processes)
+    counted, summed over the ranks (one small all-reduce a step), and a rise of the sum is a new
+    notice: every rank then saves together (FSDP's and DCP's saves are collective)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        notice_file = os.environ.get(NOTICE_FILE_ENV)
+        self.notice_file = Path(notice_file) if notice_file else None
+        self.seen = 0
+
+    def new_notice(self) -> bool:
+        if not self.enabled:
+            return False
+        mine = torch.tensor([int(self.notice_file is not None and self.notice_file.exists())])
+        dist.all_reduce(mine)
+        noticed = int(mine.item())
+        rose, self.seen = noticed > self.seen, noticed
+        return rose
 
 
 def run_steps(
@@ -104,6 +162,7 @@ def run_steps(
     """Train ``model`` (wrapped for data parallelism) from ``step`` to ``config.steps``, calling
     ``save(next_step)`` on every rank after every K-th step; rank 0 writes the progress lines."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    noticed = NoticeWatch(config.checkpoint_on_notice)
     progress = (
         open(config.progress_file, "a", buffering=1)  # noqa: SIM115
         if rank == 0 and config.progress_file
@@ -116,14 +175,14 @@ def run_steps(
         )
     try:
         while step < config.steps:
-            inputs, targets = _local_batch(job, step, rank, world)
-            weight = world * len(inputs) / job.global_batch_size
+            inputs, targets = local_batch(job, step, rank, world)
+            weight = loss_weight(job, rank, world)
             loss = job.loss_fn(model(inputs), targets) * weight
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             step += 1
-            if step % config.checkpoint_every == 0:
+            if step % config.checkpoint_every == 0 or noticed.new_notice():
                 save(step)
             if progress is not None:
                 progress.write(
@@ -132,7 +191,7 @@ def run_steps(
                             "t": time.time(),
                             "step": step - 1,
                             "world": world,
-                            "loss": float(loss.detach()) / weight,
+                            "loss": reported_loss(loss, weight),
                         }
                     )
                     + "\n"
@@ -178,12 +237,22 @@ def worker_arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--steps", type=int, default=1_000_000_000)
     parser.add_argument("--progress")
+    parser.add_argument(
+        "--checkpoint-on-notice",
+        action="store_true",
+        help="also save at the first step boundary after an instance's notice file appears",
+    )
     return parser
 
 
 def worker_config(args: argparse.Namespace) -> DDPConfig:
     return DDPConfig(
-        args.checkpoint_dir, args.job, args.checkpoint_every, args.steps, args.progress
+        args.checkpoint_dir,
+        args.job,
+        args.checkpoint_every,
+        args.steps,
+        args.progress,
+        checkpoint_on_notice=args.checkpoint_on_notice,
     )
 
 

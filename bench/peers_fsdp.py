@@ -10,8 +10,8 @@ the pipeline regime): every rank writes its own shards, and a restart with anoth
 workers loads them re-split to its own (DCP reshards on load).
 
 The computation is the DDP peer's: step ``s`` trains on the samples ``s * B .. s * B + B - 1``,
-rank r of W on the micro-batches :func:`~liveput.models.job.replica_micro_batches` gives
-pipeline r of W, its loss weighted by ``W * n_r / B`` (FSDP averages the gradients over the
+rank r of W on the samples :func:`bench.peers_ddp.sample_share` gives it, its loss weighted by
+``W * n_r / B`` (FSDP averages the gradients over the
 ranks as DDP does), one optimizer over the (sharded) parameters. Progress lines as the DDP peer's.
 
 Run: ``torchrun ... -m bench.peers_fsdp --checkpoint-dir DIR --progress FILE``.

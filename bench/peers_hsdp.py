@@ -12,7 +12,7 @@ rank ``r`` fetches rank ``r``'s local shards of the model and optimizer (torchft
 checkpoint transport) and rebuilds them as DTensors over its own mesh (same group size).
 
 The computation is :mod:`bench.peers_fsdp`'s over ``P * N`` workers (``P`` participating groups
-of ``N``): worker ``p * N + r`` takes :func:`bench.peers_ddp._local_batch`'s share of step ``s``'s
+of ``N``): worker ``p * N + r`` takes :func:`bench.peers_ddp.local_batch`'s share of step ``s``'s
 global batch, its loss weighted by ``P * N * n / B`` (FSDP divides by ``N``, the manager by
 ``P``). Rank 0 of participant 0 writes the progress lines (``world``: participating groups) and
 saves a DCP checkpoint every K steps (collective within its group), used only when every group
@@ -55,7 +55,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from bench.peers_ddp import _local_batch, build_model
+from bench.peers_ddp import build_model, local_batch, loss_weight, reported_loss
 from bench.peers_fsdp import _load, _save, latest_checkpoint
 from bench.peers_hosts import HostPool
 from bench.peers_run import (
@@ -186,8 +186,8 @@ def worker(
             replicas = manager.num_participants()
             replica = manager.participating_rank() or 0
             world, rank = replicas * group_size, replica * group_size + group_rank
-            inputs, targets = _local_batch(job, step, rank, world)
-            weight = world * len(inputs) / job.global_batch_size
+            inputs, targets = local_batch(job, step, rank, world)
+            weight = loss_weight(job, rank, world)
             loss = job.loss_fn(model(inputs), targets) * weight
             loss.backward()  # reduce-scatter in the group, then the hook across the groups
             if not manager.should_commit():
@@ -201,7 +201,7 @@ def worker(
                     "step": step,
                     "world": replicas,
                     "workers": world,
-                    "loss": float(loss.detach()) / weight,
+                    "loss": reported_loss(loss, weight),
                 }
                 progress.write(json.dumps(line) + "\n")
 

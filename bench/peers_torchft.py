@@ -187,7 +187,14 @@ def worker(
     import torch
     from torch.distributed import TCPStore
 
-    from bench.peers_ddp import _local_batch, _save, build_model, latest_checkpoint
+    from bench.peers_ddp import (
+        _save,
+        build_model,
+        latest_checkpoint,
+        local_batch,
+        loss_weight,
+        reported_loss,
+    )
 
     torch.set_num_threads(1)
     job = resolve_job(job_name)
@@ -230,8 +237,8 @@ def worker(
             step = manager.current_step()
             world = manager.num_participants()
             rank = manager.participating_rank()
-            inputs, targets = _local_batch(job, step, rank or 0, world)
-            weight = world * len(inputs) / job.global_batch_size
+            inputs, targets = local_batch(job, step, rank or 0, world)
+            weight = loss_weight(job, rank or 0, world)
             loss = job.loss_fn(model(inputs), targets) * weight
             loss.backward()
             # The gradients averaged over the participants in one flat buffer. (torchft 0.2.0's
@@ -254,7 +261,7 @@ def worker(
                             "t": time.time(),
                             "step": step,
                             "world": world,
-                            "loss": float(loss.detach()) / weight,
+                            "loss": reported_loss(loss, weight),
                         }
                     )
                     + "\n"
