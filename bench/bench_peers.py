@@ -48,6 +48,7 @@ from bench import peers_report
 from bench.inputs import P3_TRACE, real_trace
 from bench.peers_regime import REGIMES, Regime, interpolated, sharded_minimum
 from bench.peers_run import RunSettings, SystemRun, run_liveput, run_torchrun, scratch
+from bench.peers_stops import stop_of
 from liveput.traces import IntervalTrace, Trace, generate_trace, read_trace
 
 
@@ -171,7 +172,11 @@ RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
 def _run(system: str, trace: Trace, settings: RunSettings) -> SystemRun | str:
     work = scratch(settings, system)
     try:
-        return RUNNERS[system](trace, settings, work)
+        run = RUNNERS[system](trace, settings, work)
+        if isinstance(run, SystemRun):
+            stop = stop_of(run, trace, settings, work / "logs")
+            run.stopped = None if stop is None else stop.as_json()
+        return run
     except Exception as error:  # noqa: BLE001 - one system failing must not lose the others
         logging.getLogger(__name__).exception("%s failed", system)
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

@@ -6,7 +6,8 @@ that could not run has ``"samples": null`` and an ``"error"``. Each system's
 ``"downtime_by_event_kind"`` maps ``loss``, ``total-loss`` and ``arrival`` to ``{"events",
 "median_s", "p95_s", "each_s"}`` (``bench.peers_events`` defines them). ``"bound_samples"``:
 what no system trains more than on the trace here (``peers_sim.upper_bound``), when the rates
-were measured.
+were measured. ``"stopped"``: why a system trained nothing or stopped before the window's end,
+from its own logs (:class:`bench.peers_stops.Stop`), or null.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from bench.peers_events import KINDS, by_kind, event_downtimes, trace_events
 from bench.peers_run import SystemRun
+from bench.peers_stops import Stop
 
 SYSTEMS = ("liveput", "liveput-restart", "torchrun", "torchft", "torchrun-fsdp", "torchft-hsdp")
 SIMULATED = ("liveput", "liveput-restart")
@@ -44,6 +46,7 @@ def _system_entry(run: Outcome, liveput: Outcome, steady: float | None) -> dict:
         "timeline": [[round(t, 2), int(s)] for t, s in run.timeline],
         "kills_s": [round(t, 2) for t in run.kills_s],
         "launches_s": [round(t, 2) for t in run.launches_s],
+        "stopped": run.stopped,
     }
 
 
@@ -110,6 +113,9 @@ def table(document: dict) -> str:
                 f"{figures['restarts_or_migrations']:>10}"
                 f"{'-' if loss is None else f'{loss:.3f}':>12}{steady_text:>14}"
             )
+        for system, figures in entry["systems"].items():
+            if figures.get("stopped"):
+                lines.append(f"  {system} stopped: {Stop(**figures['stopped']).describe()}")
         lines.extend(_event_kind_lines(entry["systems"]))
         if "bound_samples" in entry:
             lines.append(

@@ -125,6 +125,9 @@ class SystemRun:
     """System-specific counts (liveput: migrations by kind)."""
     initial_instances: int = 0
     """Instances the cloud held at its start (what tells a total loss from a loss)."""
+    stopped: dict | None = None
+    """Why it trained nothing or stopped before the window's end, from its own logs
+    (:class:`bench.peers_stops.Stop` as JSON); None: it trained to the end."""
 
     def downtimes_s(self) -> list[float]:
         """Per kill after the first step: from the last progress before it to the first

@@ -1,0 +1,98 @@
+"""Why a system of ``bench peers`` trained nothing, or stopped before its window ended: read
+from that system's own logs and progress, never guessed.
+
+A run *stopped* when its last step came more than :data:`STALL_S` (or five of its median step
+gaps, whichever is longer) before the window's end. The reason given is what the run itself
+left: the worker-group starts it counted, the last line of its logs that reads as an error (the
+most recently written log that has one), and how many instances the trace held while it did
+not train (none: the trace's gap, not the system's stop).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.peers_run import RunSettings, SystemRun
+from liveput.traces import Trace
+
+STALL_S = 10.0
+"""Least wall seconds without a step before the window's end that count as a stop."""
+
+ERROR_LINE = re.compile(
+    r"error|exception|traceback|failed|refused|timed out|timeout|killed|abort", re.IGNORECASE
+)
+"""A log line that reads as an error (torch's, gloo's, torchft's, liveput's)."""
+
+MAX_LINE_CHARS = 240
+
+
+@dataclass(frozen=True)
+class Stop:
+    """How a run ended short of its window (``stopped`` in the ``--json`` document)."""
+
+    last_step_s: float | None
+    """Wall seconds from the cloud's start to its last step (None: it never trained)."""
+    restarts: int
+    """Worker-group restarts or migrations it counted (its own progress)."""
+    last_error: str | None
+    """``<log file>: <line>``, the last error line of its most recently written log that has
+    one (None: its logs have none)."""
+    instances_after: int
+    """Most instances the trace held from its last step to the window's end (0: no instance to
+    train on, so the stop is the trace's)."""
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        when = (
+            "never trained"
+            if self.last_step_s is None
+            else f"no step after {self.last_step_s:.0f} s"
+        )
+        held = f"{self.instances_after} instance(s) held meanwhile"
+        error = f"; last error: {self.last_error}" if self.last_error else "; no error in its logs"
+        return f"{when} ({held}, {self.restarts} restarts){error}"
+
+
+def stop_of(run: SystemRun, trace: Trace, settings: RunSettings, logs: Path) -> Stop | None:
+    """The run's :class:`Stop`, or None when it trained to its window's end."""
+    steps = [
+        t for (t, samples), (_, before) in zip(run.timeline[1:], run.timeline) if samples > before
+    ]
+    if steps:
+        gaps = [b - a for a, b in zip(steps, steps[1:])]
+        stall_s = max(STALL_S, 5 * statistics.median(gaps)) if gaps else STALL_S
+        if settings.window_s - steps[-1] <= stall_s:
+            return None
+    last = steps[-1] if steps else None
+    return Stop(
+        last_step_s=None if last is None else round(last, 2),
+        restarts=run.restarts,
+        last_error=last_error(logs),
+        instances_after=_most_instances(trace, (last or 0.0) * settings.time_scale, trace.end_s),
+    )
+
+
+def last_error(logs: Path) -> str | None:
+    """``<file>: <line>``: the last error line of the most recently written log under ``logs``
+    that has one."""
+    if not logs.is_dir():
+        return None
+    files = sorted(
+        (p for p in logs.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    for path in files:
+        lines = path.read_text(errors="replace").splitlines()
+        for line in reversed(lines):
+            if ERROR_LINE.search(line):
+                return f"{path.relative_to(logs)}: {line.strip()[:MAX_LINE_CHARS]}"
+    return None
+
+
+def _most_instances(trace: Trace, from_s: float, to_s: float) -> int:
+    inside = [t for t in trace.times_s if from_s < t < to_s]
+    return int(max(int(trace.count_at(t)) for t in [from_s, *inside]))

@@ -1,0 +1,64 @@
+"""A peer that trained nothing, or stopped before its window's end, is reported with what its
+own logs and progress say, and a run that trained to the end is not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bench.peers_report import table, to_json_document
+from bench.peers_run import RunSettings, SystemRun
+from bench.peers_stops import Stop, last_error, stop_of
+from liveput.traces import Trace
+
+SETTINGS = RunSettings(window_s=100.0, time_scale=2.0)
+# 4 instances; 3 lost at 60 trace s (30 wall s); all lost at 150 (75 wall s), none after.
+TRACE = Trace.from_counts("t", np.array([0.0, 60.0, 150.0]), np.array([4, 1, 0]), 200.0)
+
+
+def _steps(until_s: float) -> list[tuple[float, int]]:
+    return [(0.0, 0)] + [(float(t), 16 * t) for t in range(1, int(until_s) + 1)]
+
+
+def test_a_run_that_trains_to_the_end_did_not_stop(tmp_path: Path) -> None:
+    run = SystemRun("torchrun", 1_600, _steps(95), [30.0])
+    assert stop_of(run, TRACE, SETTINGS, tmp_path) is None
+
+
+def test_a_stop_gives_the_last_step_restarts_and_the_last_error_line(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "i-0000.log").write_text("step 1\nRuntimeError: older\nstep 2\n")
+    (logs / "i-0003.log").write_text(
+        "starting\n[E] gloo: connectFullMesh failed: Connection refused\nwaiting\n"
+    )
+    run = SystemRun("torchrun", 320, _steps(20), [30.0], restarts=3)
+    stop = stop_of(run, TRACE, SETTINGS, logs)
+    assert stop == Stop(
+        last_step_s=20.0,
+        restarts=3,
+        last_error="i-0003.log: [E] gloo: connectFullMesh failed: Connection refused",
+        instances_after=4,
+    )
+    assert "no step after 20 s (4 instance(s) held meanwhile, 3 restarts)" in stop.describe()
+    # Shown in the table and the JSON.
+    run.stopped = stop.as_json()
+    document = to_json_document([("t", {"torchrun": run}, {})])
+    assert document["traces"][0]["systems"]["torchrun"]["stopped"]["restarts"] == 3
+    assert "torchrun stopped: no step after 20 s" in table(document)
+
+
+def test_never_trained_and_the_traces_own_gap(tmp_path: Path) -> None:
+    never = stop_of(SystemRun("torchft", 0, [(0.0, 0)], []), TRACE, SETTINGS, tmp_path)
+    assert never is not None and never.last_step_s is None and never.last_error is None
+    assert never.describe().startswith("never trained")
+    # Steps until the trace's last instance went at 75 wall s: nothing held after 80.
+    gap = stop_of(SystemRun("liveput", 0, _steps(80), []), TRACE, SETTINGS, tmp_path)
+    assert gap is not None and gap.instances_after == 0
+
+
+def test_no_error_line_is_none(tmp_path: Path) -> None:
+    (tmp_path / "a.log").write_text("all well\n")
+    assert last_error(tmp_path) is None
+    assert last_error(tmp_path / "missing") is None
