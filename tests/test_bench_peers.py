@@ -334,3 +334,19 @@ def test_a_systems_scratch_is_removed_after_its_run_unless_a_work_dir_keeps_it(
     assert bench_peers._run("liveput", trace, kept) == "ran"
     assert [path.exists() for path in seen] == [False, False, True]
     assert seen[2].parent == tmp_path / "kept" and (seen[2] / "checkpoint.pt").is_file()
+
+
+def test_ddp_peer_saves_once_at_the_step_after_its_notice(
+    tmp_path: Path, world_of_one, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun-notice: the instance's notice file is there from the start, so the first step
+    boundary saves (step 1), and only it: K = 10 is never reached in 3 steps."""
+    notice = tmp_path / "notice.json"
+    notice.write_text("{}")
+    monkeypatch.setenv("LIVEPUT_NOTICE_FILE", str(notice))
+    noticed = tmp_path / "noticed"
+    train(DDPConfig(str(noticed), JOB, checkpoint_every=10, steps=3, checkpoint_on_notice=True))
+    assert [p.name for p in noticed.iterdir()] == ["step-0000000001.pt"]
+    plain = tmp_path / "plain"
+    train(DDPConfig(str(plain), JOB, checkpoint_every=10, steps=3))
+    assert list(plain.iterdir()) == []
