@@ -99,8 +99,9 @@ class RunSettings:
     - EC2: "The Amazon EC2 API follows an eventual consistency model", its advice to callers:
       "run the Describe command repeatedly, starting with a couple of seconds of wait time, and
       increasing gradually up to a few minutes of wait time"
-      (https://docs.amazonaws.cn/ec2/latest/devguide/eventual-consistency.html); its state-change
-      events reach EventBridge on a "best effort" basis
+      (https://docs.amazonaws.cn/ec2/latest/devguide/eventual-consistency.html); EventBridge,
+      which carries its state-change events, promises "best effort or durable delivery
+      attempts" and no latency
       (https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-service-event-delivery-level.html).
     """
 
