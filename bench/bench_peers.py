@@ -1,8 +1,8 @@
 """Peers: liveput's runtime against torchrun elastic and torchft on the same job and trace, and
 the simulator's prediction of the runtime's samples.
 
-Usage: ``python -m bench peers [--quick] [--notice-lead S] [--trace FILE [--trace-start S]
-[--trace-span S]] [--json FILE] [--plot FILE] [--work-dir DIR]``.
+Usage: ``python -m bench peers [--quick] [--notice-lead S] [--loss-signal-delay S|none]
+[--trace FILE [--trace-start S] [--trace-span S]] [--json FILE] [--plot FILE] [--work-dir DIR]``.
 
 Every system trains the built-in job (``tiny-gpt``: same model, data order, global batch and
 learning rate) on the same emulated cloud (:mod:`bench.peers_run`): the trace replayed at the same
@@ -243,7 +243,21 @@ def first_step_s(run: SystemRun) -> float | None:
     return next((t for t, samples in run.timeline if samples > 0), None)
 
 
-def main(argv: list[str] | None = None) -> None:
+def loss_signal_delay(text: str) -> float | None:
+    """``--loss-signal-delay``'s value: trace seconds >= 0, or ``none`` (never reported)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        delay_s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds or none: {text!r}") from None
+    if not delay_s >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 s or none, got {text}")
+    return delay_s
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m bench peers``'s options."""
     parser = argparse.ArgumentParser(
         prog="python -m bench peers", description=__doc__.split("\n")[0]
     )
@@ -310,6 +324,16 @@ def main(argv: list[str] | None = None) -> None:
         help="preemption notice lead for every system, trace s (0: none; default %(default)s)",
     )
     parser.add_argument(
+        "--loss-signal-delay",
+        type=loss_signal_delay,
+        default=RunSettings.loss_signal_delay_s,
+        metavar="S",
+        help="trace s from an instance's end until the cloud's list reports it (every system "
+        "meets the same cloud; only liveput reads the list), or 'none': never (default "
+        "%(default)s, RunSettings' default: the slow side of what EC2 and GCE document, "
+        "docs/peers.md)",
+    )
+    parser.add_argument(
         "--trace",
         action="append",
         default=[],
@@ -320,6 +344,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace-span", type=float, default=300.0, help="trace s (--trace)")
     parser.add_argument("--work-dir", default="", help="keep logs and checkpoints here")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulator's prediction")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv or [])
     logging.basicConfig(level=logging.WARNING)
     regime = REGIMES[args.regime]
@@ -358,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
             regime.notice_margin_s if args.notice_margin is None else args.notice_margin
         ),
         notice_lead_s=args.notice_lead,
+        loss_signal_delay_s=args.loss_signal_delay,
         instance_memory_gb=regime.instance_memory_gb,
         link_mbit=link_mbit,
         object_store=object_store,
@@ -446,6 +476,7 @@ def main(argv: list[str] | None = None) -> None:
         "instance_memory_gb": base.instance_memory_gb,
         "link_mbit": base.link_mbit,
         "checkpoints": "object-store" if base.object_store else "local",
+        "loss_signal_delay_s": base.loss_signal_delay_s,
     }
     if by_count:
         document["liveput_samples_per_s_by_instances"] = {str(n): r for n, r in by_count.items()}

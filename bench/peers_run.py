@@ -81,6 +81,30 @@ class RunSettings:
     instance's shaped link (:mod:`bench.peers_storage`); False: a local folder. Needs
     ``link_mbit``."""
 
+    loss_signal_delay_s: float | None = 30.0
+    """Trace seconds from an instance's end until the emulated provider's list reports it
+    terminated (the same cloud for every system; only liveput reads that list, the peers have
+    no interface to be told of a loss: ``docs/peers.md``, "Signals"). None: never reported,
+    liveput then learns of a loss from its heartbeats alone. No provider documents the lag; 30 s
+    is the slow side of what they document, so that liveput is not credited with a signal
+    sooner than a cloud gives:
+
+    - Compute Engine: "there will be 120 seconds between GCE ACPI G2 Soft Off and ACPI G3
+      Mechanical Off for Standard VMs and 30 seconds for Spot VMs" (the API's
+      ``Scheduling.skipGuestOsShutdown``,
+      https://pub.dev/documentation/googleapis/latest/compute_v1/Scheduling/skipGuestOsShutdown.html):
+      a preempted Spot VM lists ``STOPPING`` ("currently stopping (either being deleted or
+      killed)") for up to 30 s before ``TERMINATED``
+      (https://cloud.google.com/dotnet/docs/reference/Google.Cloud.Compute.V1/latest/Google.Cloud.Compute.V1.Instance.Types.Status);
+    - EC2: "The Amazon EC2 API follows an eventual consistency model", its advice to callers:
+      "run the Describe command repeatedly, starting with a couple of seconds of wait time, and
+      increasing gradually up to a few minutes of wait time"
+      (https://docs.amazonaws.cn/ec2/latest/devguide/eventual-consistency.html); EventBridge,
+      which carries its state-change events, promises "best effort or durable delivery
+      attempts" and no latency
+      (https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-service-event-delivery-level.html).
+    """
+
     stop_at_step: int | None = None
     """End the run once the job has committed this many steps and a checkpoint of them is
     complete (None: train the whole window; the window bounds the run either way): a check
@@ -100,6 +124,11 @@ class RunSettings:
             raise ValueError(
                 "peers: time scale, window, checkpoint interval, memory and link rate must be "
                 "positive, the notice margin >= 0, a step to stop at >= the checkpoint interval"
+            )
+        if self.loss_signal_delay_s is not None and not self.loss_signal_delay_s >= 0:
+            raise ValueError(
+                f"peers: the loss signal delay must be >= 0 s or none, got "
+                f"{self.loss_signal_delay_s}"
             )
         if self.object_store and self.link_mbit is None:
             raise ValueError("peers: the object store sits behind shaped links: set a link rate")
@@ -174,7 +203,8 @@ def replayed_cloud(
     trace: Trace, launcher: Launcher, notice_dir: Path, settings: RunSettings
 ) -> EmulatedProvider:
     """The emulated provider replaying ``trace`` as ``liveput train`` does (signal-less notices:
-    the other systems have no notice handler)."""
+    the other systems have no notice handler), its list reporting ends late as liveput's does
+    (``settings.loss_signal_delay_s``; no peer reads it)."""
     return EmulatedProvider(
         trace,
         MonotonicClock(),
@@ -183,6 +213,7 @@ def replayed_cloud(
             notice_lead_s=settings.notice_lead_s,
             seed=settings.seed,
             spot=SpotModel.REPLAY,
+            loss_signal_delay_s=settings.loss_signal_delay_s,
         ),
         launcher=launcher,
         notice_dir=notice_dir,
@@ -298,6 +329,8 @@ def _train_liveput(
         # The planner told the links' rate, as a profile of the cloud's instance type would.
         network_gbps=None if settings.link_mbit is None else settings.link_mbit / 1000,
         store_url=store_url,
+        # Told of a loss when the provider's list reports it, as the peers' cloud would.
+        loss_signal_delay_s=settings.loss_signal_delay_s,
     )
     try:
         run_local_training(config, trace, progress, launcher_factory=factory)

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from bench.peers_ddp import DDPConfig, latest_checkpoint, train
 from bench.peers_report import SYSTEMS, to_json_document
 from bench.peers_run import RunSettings, SystemRun
+from liveput.cloud.processes import command_launcher
 from liveput.traces import Trace
 
 JOB = "tiny-gpt-small"
@@ -350,3 +351,42 @@ def test_ddp_peer_saves_once_at_the_step_after_its_notice(
     plain = tmp_path / "plain"
     train(DDPConfig(str(plain), JOB, checkpoint_every=10, steps=3))
     assert list(plain.iterdir()) == []
+
+
+def test_the_loss_signal_delay_is_trace_seconds_or_none_and_never_negative(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.bench_peers import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--loss-signal-delay", "none"]).loss_signal_delay is None
+    assert parser.parse_args(["--loss-signal-delay", "30"]).loss_signal_delay == 30.0
+    assert parser.parse_args([]).loss_signal_delay == RunSettings.loss_signal_delay_s
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--loss-signal-delay", "-1"])
+    assert exit_info.value.code == 2
+    assert "must be >= 0 s or none" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="loss signal delay must be >= 0 s or none"):
+        RunSettings(loss_signal_delay_s=-0.5)
+    assert RunSettings(loss_signal_delay_s=None).loss_signal_delay_s is None
+
+
+def test_every_system_meets_the_same_delayed_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import peers_run
+
+    settings = RunSettings(loss_signal_delay_s=12.0)
+    trace = Trace("constant", 2, [], [], [], 60.0)
+    cloud = peers_run.replayed_cloud(trace, command_launcher(["true"]), tmp_path, settings)
+    assert cloud.config.loss_signal_delay_s == 12.0
+    told: list[float | None] = []
+    monkeypatch.setattr(
+        peers_run,
+        "run_local_training",
+        lambda config, *_, **__: told.append(config.loss_signal_delay_s),
+    )
+    peers_run._train_liveput(
+        trace, settings, tmp_path, str(tmp_path), "liveput", lambda _: None, 2, None, None
+    )
+    assert told == [12.0]

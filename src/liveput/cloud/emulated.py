@@ -27,7 +27,10 @@ moment it was released or killed, in cloud (trace) seconds: ``time_scale`` trace
 clock second. With a launcher each running instance is an agent process
 (:class:`~liveput.cloud.processes.InstanceProcesses`), told who it is, how it is rented and
 where its notice lands (:mod:`liveput.runtime.instance_env`); without one the provider only
-accounts. Call :meth:`EmulatedProvider.step` after moving a manual clock, or
+accounts. An instance the cloud ended (preempted, or its agent exited) lists as terminated
+only ``loss_signal_delay_s`` after its end, as a real provider's API reports it late
+(:mod:`liveput.cloud.loss_report`); its bill stops at its end. Call
+:meth:`EmulatedProvider.step` after moving a manual clock, or
 :meth:`EmulatedProvider.start_background` to let a thread step it in real time.
 """
 
@@ -44,9 +47,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from liveput.catalog import Catalog, load_catalog
+from liveput.cloud.billing import Bill, BillingAccount
 from liveput.cloud.capacity import CapacitySchedule, within_quota
 from liveput.cloud.emulated_config import DEFAULT_ZONES as DEFAULT_ZONES
 from liveput.cloud.emulated_config import EmulatedProviderConfig, SpotModel
+from liveput.cloud.loss_report import as_reported, report_s
 from liveput.cloud.processes import InstanceProcesses, Launcher
 from liveput.cloud.provider import Provider
 from liveput.cloud.replay import ReplayAction, ReplaySchedule
@@ -121,6 +126,8 @@ class EmulatedProvider(Provider):
         self._spot_queue: list[str] = []  # pending spot, first come first served
         self._kills: list[tuple[float, str]] = []  # (kill time, victim), a heap
         self._doomed: set[str] = set()
+        # Ended by the cloud: when the list reports it (None: never; loss_signal_delay_s).
+        self._report_s: dict[str, float | None] = {}
         self._lock = threading.RLock()
         # A replay's cloud time starts with the replay (start); capacity's at once.
         self._start_clock_s: float | None = None if self._replay is not None else clock.now_s()
@@ -199,6 +206,9 @@ class EmulatedProvider(Provider):
             for iid in instance_ids:
                 record = self._records[iid]
                 if record.end_s is not None:
+                    # Ended before its release was asked, not reported yet: the terminate
+                    # call's answer says what state it is in.
+                    self._report_s[iid] = now
                     continue
                 self._ready_s.pop(iid, None)
                 if iid in self._spot_queue:
@@ -211,8 +221,25 @@ class EmulatedProvider(Provider):
                 )
 
     def _list(self) -> list[InstanceRecord]:
+        """What the API reports: an instance the cloud ended shows so only once its report is
+        due (``loss_signal_delay_s``)."""
+        with self._lock:
+            now = self.now_s()
+            return [
+                as_reported(r, self._report_s[iid], now) if iid in self._report_s else r
+                for iid, r in self._records.items()
+            ]
+
+    def records(self) -> list[InstanceRecord]:
+        """Every instance as it really stands, its end at once (what the account bills; the
+        API's view, :meth:`instances`, reports an end by the cloud's hand later)."""
         with self._lock:
             return list(self._records.values())
+
+    def bill(self) -> Bill:
+        """What every instance cost up to now: each charged until it really ended, reported or
+        not."""
+        return BillingAccount.bill(self.records(), self.now_s())
 
     def _quote(self, instance_type: str, zones: tuple[str, ...]) -> list[PriceQuote]:
         spec = self.catalog.get(instance_type)
@@ -383,6 +410,7 @@ class EmulatedProvider(Provider):
             self._records[iid] = dataclasses.replace(
                 self._records[iid], state=InstanceState.TERMINATED, end_s=now
             )
+            self._report_s[iid] = report_s(now, self.config.loss_signal_delay_s)
             self._event(
                 ProviderEventKind.EXIT,
                 f"{iid} exit code {code}",
@@ -439,6 +467,7 @@ class EmulatedProvider(Provider):
         self._records[iid] = dataclasses.replace(
             self._records[iid], preempted=True, state=InstanceState.TERMINATED, end_s=now
         )
+        self._report_s[iid] = report_s(now, self.config.loss_signal_delay_s)
         self._event(ProviderEventKind.PREEMPT, iid + detail, instance_id=iid, time_s=now, pid=pid)
 
     def pids(self) -> dict[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from liveput.cloud.loss_report import check_loss_signal_delay
 from liveput.cloud.retry import RetryPolicy
 from liveput.errors import LiveputError
 from liveput.runtime.notices import AWS_NOTICE_LEAD_S
@@ -47,6 +48,13 @@ class EmulatedProviderConfig:
     """Backoff of retryable errors."""
     spot: SpotModel = SpotModel.CAPACITY
     """How the trace drives spot instances: as the market's capacity, or replayed as the job's."""
+    loss_signal_delay_s: float | None = 0.0
+    """Cloud (trace) seconds from an instance's end by the cloud's hand (a preemption, or a
+    replayed instance whose agent exited) until the provider's list (:meth:`instances`) reports
+    it terminated; until then it lists as running (:mod:`liveput.cloud.loss_report`). None: never
+    reported, a system learns of the loss from its own heartbeats. 0: at once (the default). Its
+    processes die at the end all the same; a release is reported at once (EC2's
+    ``TerminateInstances`` answers with the state it put the instance in)."""
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
@@ -55,6 +63,7 @@ class EmulatedProviderConfig:
             raise LiveputError(
                 f"emulated provider: notice_lead_s must be >= 0, got {self.notice_lead_s}"
             )
+        check_loss_signal_delay(self.loss_signal_delay_s, "emulated provider")
         low, high = self.on_demand_delay_s
         if not 0 <= low <= high:
             raise LiveputError(

@@ -32,7 +32,10 @@ class LocalCloud:
     Without an ``instance_type`` it replays the trace as the job's instances
     (:attr:`SpotModel.REPLAY`). With one (a deadline job) the trace is the spot capacity and a
     holder carries out the policy's provisioning (:attr:`market`): it asks for ``workers`` spot
-    instances all along, and for the on-demand instances the policy wants."""
+    instances all along, and for the on-demand instances the policy wants.
+
+    ``loss_signal_delay_s``: trace seconds from an instance's end until the provider's list
+    reports it (None: never; :class:`EmulatedProviderConfig`)."""
 
     def __init__(
         self,
@@ -46,6 +49,7 @@ class LocalCloud:
         notice_lead_s: float,
         seed: int,
         instance_type: str | None = None,
+        loss_signal_delay_s: float | None = 0.0,
     ) -> None:
         self.workers = workers
         self.provider = EmulatedProvider(
@@ -57,6 +61,7 @@ class LocalCloud:
                 notice_lead_s=notice_lead_s,
                 seed=seed,
                 spot=SpotModel.REPLAY if instance_type is None else SpotModel.CAPACITY,
+                loss_signal_delay_s=loss_signal_delay_s,
             ),
             launcher=launcher,
             notice_dir=notice_dir,
@@ -93,8 +98,9 @@ class LocalCloud:
         return bool(self.provider.running_agents())
 
     def ended_instances(self) -> list[int]:
-        """The job's instance numbers of the instances the cloud has ended (preempted, released,
-        or exited)."""
+        """The job's instance numbers of the instances the provider's list reports ended
+        (preempted, released, or exited), read as an EC2 caller reads ``DescribeInstances``: an
+        end by the cloud's hand shows only its loss signal delay after it."""
         return sorted(
             number
             for record in self.provider.instances()
@@ -123,7 +129,7 @@ class LocalCloud:
         ``deadline_met`` take in the cloud hours before this run, ``usd`` the dollars billed
         then (``usd_before_resume``; ``usd_spot`` and ``usd_on_demand`` are this run's)."""
         earlier = earlier or EarlierCoordinators()
-        records = self.provider.instances()
+        records = self.provider.records()  # billed to their true ends, reported or not
         now_s = self.provider.now_s()
         bill = BillingAccount.bill(records, now_s)
         peak = peak_holding(records, now_s)

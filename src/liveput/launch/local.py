@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from liveput.cloud.agent_forks import shared_fork_server
+from liveput.cloud.loss_report import check_loss_signal_delay
 from liveput.cloud.processes import Launcher, command_launcher
 from liveput.errors import LiveputError
 from liveput.files import check_writable_url
@@ -112,6 +113,10 @@ class LocalTrainingConfig:
     network_gbps: float | None = None
     """The instances' link rate the planner assumes, Gb/s (``JobRequest.network_gbps``; agents
     on hosts whose links are shaped); None: the profile's."""
+    loss_signal_delay_s: float | None = 0.0
+    """Trace seconds from an instance's end by the cloud's hand until the emulated provider's
+    list reports it, which the coordinator is then told (None: never, the heartbeats alone
+    tell; 0: at once). The instance's processes die at its end all the same."""
     fork_agents: bool = True
     """Fork the agents from one process that imported torch (:mod:`liveput.cloud.agent_forks`);
     False: each a new interpreter that imports it, as a booting instance does (a benchmark)."""
@@ -129,6 +134,7 @@ class LocalTrainingConfig:
             raise LiveputError(
                 f"train: --heartbeat-timeout must be positive, got {self.heartbeat_timeout_s:g}"
             )
+        check_loss_signal_delay(self.loss_signal_delay_s, "train")
         check_device_request(self.device, "train")
         check_instance_memory_gb(self.instance_memory_gb, "train: --instance-memory-gb")
 
@@ -285,6 +291,7 @@ def run_local_training(
                 notice_lead_s=config.notice_lead_s,
                 seed=config.seed,
                 instance_type=None if config.deadline is None else config.deadline.instance_type,
+                loss_signal_delay_s=config.loss_signal_delay_s,
             )
             run = _LocalRun(store, cloud, config, started, on_progress, on_tick)
             run.drive(assembled)
