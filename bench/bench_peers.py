@@ -131,12 +131,22 @@ def _torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str
     return run_torchft(trace, settings, work)
 
 
-@functools.cache
+def _global_batch(job: str) -> int:
+    return _shape(job)[0]
+
+
 def _parameters(job: str) -> int:
-    """The built-in job's parameter count (its layers built once per benchmark)."""
+    return _shape(job)[1]
+
+
+@functools.cache
+def _shape(job: str) -> tuple[int, int]:
+    """The built-in job's global batch and parameter count (its layers built once per
+    benchmark, then let go)."""
     from liveput.models.jobs import resolve_job
 
-    return sum(p.numel() for layer in resolve_job(job).layers for p in layer.parameters())
+    built = resolve_job(job)
+    return built.global_batch_size, sum(p.numel() for x in built.layers for p in x.parameters())
 
 
 def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
@@ -163,6 +173,9 @@ RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
     "liveput": lambda t, s, w: run_liveput(t, s, w, "liveput", "liveput"),
     "liveput-restart": lambda t, s, w: run_liveput(t, s, w, "reactive", "liveput-restart"),
     "torchrun": run_torchrun,
+    "torchrun-notice": lambda t, s, w: run_torchrun(
+        t, s, w, system="torchrun-notice", extra=("--checkpoint-on-notice",)
+    ),
     "torchrun-fsdp": _torchrun_fsdp,
     "torchft": _torchft,
     "torchft-hsdp": _torchft_hsdp,
@@ -174,6 +187,7 @@ def _run(system: str, trace: Trace, settings: RunSettings) -> SystemRun | str:
     try:
         run = RUNNERS[system](trace, settings, work)
         if isinstance(run, SystemRun):
+            run.extra["checkpoint_every_steps"] = settings.checkpoint_every
             stop = stop_of(run, trace, settings, work / "logs")
             run.stopped = None if stop is None else stop.as_json()
         return run
@@ -198,14 +212,35 @@ def steady_runs(settings: RunSettings, systems: list[str], instances: int) -> di
         settings.window_s * settings.time_scale,
     )
     runs = {}
-    # Without preemptions liveput-restart is liveput's runtime doing the same thing.
-    for system in [s for s in systems if s != "liveput-restart"]:
+    twins = {
+        s: SAME_WITHOUT_PREEMPTION[s] for s in systems if SAME_WITHOUT_PREEMPTION.get(s) in systems
+    }
+    for system in [s for s in systems if s not in twins]:
         run = _run(system, constant, settings)
         if isinstance(run, SystemRun):
             runs[system] = run
-    if "liveput-restart" in systems and "liveput" in runs:
-        runs["liveput-restart"] = runs["liveput"]
+    for system, twin in twins.items():
+        if twin in runs:
+            runs[system] = runs[twin]
     return runs
+
+
+SAME_WITHOUT_PREEMPTION = {
+    "liveput-restart": "liveput",
+    "torchrun-notice": "torchrun",
+    "torchrun-pp-notice": "torchrun-pp",
+}
+"""Systems that do what another does while no instance is lost (a policy's restarts, a peer's
+checkpoint on notice): their no-preemption run is the other's."""
+
+
+def steps_between_checkpoints(interval_s: float, samples_per_s: float | None, batch: int) -> int:
+    """K for a system that trains ``samples_per_s`` without preemption: ``interval_s`` wall
+    seconds of its steps, at least 1 (10, the interval every system had before, where its rate
+    was not measured)."""
+    if not samples_per_s:
+        return RunSettings.checkpoint_every
+    return max(1, round(interval_s * samples_per_s / batch))
 
 
 def rates_by_count(
@@ -342,6 +377,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--trace-start", type=float, default=0.0, help="trace s (--trace)")
     parser.add_argument("--trace-span", type=float, default=300.0, help="trace s (--trace)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs of each system on each trace, interleaved (A B C A B C); the table gives "
+        "the median and the min-max (default 3; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--checkpoint-every-s",
+        type=float,
+        default=None,
+        help="wall s between every system's checkpoints: each system's K (steps) is this over "
+        "its own step time without preemption (default: the regime's: "
+        + "; ".join(f"{r.name} {r.checkpoint_every_s:g}" for r in REGIMES.values())
+        + ")",
+    )
     parser.add_argument("--work-dir", default="", help="keep logs and checkpoints here")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulator's prediction")
     return parser
@@ -361,6 +412,10 @@ def main(argv: list[str] | None = None) -> None:
         args.time_scale = regime.quick_time_scale if args.quick else regime.time_scale
     if args.notice_lead < 0 or args.trace_span <= 0:
         parser.error("--notice-lead must be >= 0 and --trace-span > 0")
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if args.checkpoint_every_s is not None and not args.checkpoint_every_s > 0:
+        parser.error("--checkpoint-every-s must be > 0")
     if args.link_mbit is not None and not args.link_mbit > 0:
         parser.error("--link-mbit must be > 0")
     link_mbit = args.link_mbit if args.link_mbit is not None else regime.link_mbit
@@ -453,22 +508,39 @@ def main(argv: list[str] | None = None) -> None:
             + ", ".join(f"{k} {v:.2f} s" for k, v in measured.downtimes_s.items()),
             flush=True,
         )
+    rates = steady_rates(steady, steady_settings.window_s)
+    every_s = (
+        regime.checkpoint_every_s if args.checkpoint_every_s is None else args.checkpoint_every_s
+    )
+    batch = _global_batch(base.job)
+    every = {s: steps_between_checkpoints(every_s, rates.get(s), batch) for s in systems}
+    print(
+        f"checkpoints every {every_s:g} s: "
+        + ", ".join(f"{s} every {k} steps" for s, k in every.items()),
+        flush=True,
+    )
+    repeats = args.repeats or (1 if args.quick else 3)
     results = []
     for name, trace, seed in chosen:
         settings = dataclasses.replace(base, window_s=trace.end_s / args.time_scale, seed=seed)
-        runs = {}
-        for system in systems:
-            print(f"{name}: {system} ({settings.window_s:.0f} s window) ...", flush=True)
-            runs[system] = _run(system, trace, settings)
+        runs: dict[str, list[SystemRun | str]] = {system: [] for system in systems}
+        # Interleaved (A B C A B C): a slow spell of the machine falls on every system.
+        for repeat in range(repeats):
+            for system in systems:
+                print(
+                    f"{name}: {system} ({settings.window_s:.0f} s window, run {repeat + 1} of "
+                    f"{repeats}) ...",
+                    flush=True,
+                )
+                chosen_k = dataclasses.replace(settings, checkpoint_every=every[system])
+                runs[system].append(_run(system, trace, chosen_k))
         simulated = {}
         if measured is not None:
             from bench.peers_sim import predict
 
             simulated = predict(trace, measured, settings.time_scale, settings.notice_lead_s, seed)
         results.append((name, runs, simulated))
-    document = peers_report.to_json_document(
-        results, steady_rates(steady, steady_settings.window_s)
-    )
+    document = peers_report.to_json_document(results, rates)
     document["regime"] = {
         "name": regime.name,
         "job": base.job,
@@ -477,11 +549,14 @@ def main(argv: list[str] | None = None) -> None:
         "link_mbit": base.link_mbit,
         "checkpoints": "object-store" if base.object_store else "local",
         "loss_signal_delay_s": base.loss_signal_delay_s,
+        "checkpoint_every_s": every_s,
+        "repeats": repeats,
     }
     if by_count:
         document["liveput_samples_per_s_by_instances"] = {str(n): r for n, r in by_count.items()}
     print(peers_report.table(document))
-    _verdicts(document, regime)
+    targets = regime.targets if base.notice_lead_s == 0 else regime.notice_targets or regime.targets
+    _verdicts(document, targets)
     if args.json:
         args.json.write_text(json.dumps(document, indent=1) + "\n")
         print(f"wrote {args.json}")
@@ -490,11 +565,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.plot}")
 
 
-def _verdicts(document: dict, regime: Regime) -> None:
+def _verdicts(document: dict, targets: tuple[tuple[str, float], ...]) -> None:
     for entry in document["traces"]:
         systems, simulated = entry["systems"], entry["simulated"]
         live = systems.get("liveput", {}).get("samples")
-        for peer, target in regime.targets:
+        for peer, target in targets:
             other = systems.get(peer, {}).get("samples")
             if live is not None and other == 0:
                 print(f"{entry['trace']}: liveput {live}, {peer} trained nothing")

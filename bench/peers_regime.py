@@ -62,12 +62,26 @@ class Regime:
     """liveput's ``--notice-margin``, wall seconds: what a user who measured the move off a
     noticed instance would set. tiny-gpt's layers move in 0.2 s here (``bench chaos``: 0.06 s
     median, 2.5 s p95 of downtime for a noticed kill on the loaded machine)."""
+    checkpoint_every_s: float = 2.0
+    """Wall seconds between checkpoints, the same for every system (``--checkpoint-every-s``):
+    each system checkpoints every ``round(checkpoint_every_s / its step time)`` steps, at least
+    1, its step time measured without preemption. tiny-gpt's 2 s: about the 10 steps of
+    liveput's and torchrun's step here, the interval every system had by steps before."""
     targets: tuple[tuple[str, float], ...] = (("torchrun", 1.5), ("torchft", 1.0))
-    """(peer, least ratio of liveput's samples to the peer's) the verdicts check."""
+    """(peer, least ratio of liveput's samples to the peer's) the verdicts check without a
+    notice."""
+    notice_targets: tuple[tuple[str, float], ...] | None = None
+    """The same with a notice (None: ``targets``)."""
 
 
 DATA_PARALLEL = Regime(
-    "data-parallel", "tiny-gpt", ("liveput", "liveput-restart", "torchrun", "torchft")
+    "data-parallel",
+    "tiny-gpt",
+    ("liveput", "liveput-restart", "torchrun", "torchrun-notice", "torchft"),
+    # Without a notice: >= torchft, >= 1.5x torchrun; with one, >= 1.2x torchft and >= 2x
+    # torchrun checkpointing on it.
+    targets=(("torchrun", 1.5), ("torchft", 1.0)),
+    notice_targets=(("torchft", 1.2), ("torchrun-notice", 2.0), ("torchrun", 1.5)),
 )
 PIPELINE = Regime(
     "pipeline",
@@ -90,6 +104,8 @@ PIPELINE = Regime(
     # A step in flight (9-13 s) and a stage's state over the link (258 MB at 100 Mbit/s: 21 s):
     # with 5 s the going instances were killed with their layers on the way (a restore).
     notice_margin_s=40.0,
+    # About the 10 steps liveput checkpointed every before (9-13 s a step at 8 instances).
+    checkpoint_every_s=100.0,
     # The best other peer: torchft with HSDP, and liveput-restart (checked both).
     targets=(("torchrun-fsdp", 1.5), ("torchft-hsdp", 1.2), ("liveput-restart", 1.2)),
 )

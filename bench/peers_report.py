@@ -20,23 +20,33 @@ from bench.peers_events import KINDS, by_kind, event_downtimes, trace_events
 from bench.peers_run import SystemRun
 from bench.peers_stops import Stop
 
-SYSTEMS = ("liveput", "liveput-restart", "torchrun", "torchft", "torchrun-fsdp", "torchft-hsdp")
+SYSTEMS = (
+    "liveput",
+    "liveput-restart",
+    "torchrun",
+    "torchrun-notice",
+    "torchft",
+    "torchrun-fsdp",
+    "torchft-hsdp",
+)
 SIMULATED = ("liveput", "liveput-restart")
 
 Outcome = SystemRun | str
 """A run, or why the system could not run."""
-TraceResult = tuple[str, Mapping[str, Outcome], Mapping[str, float]]
-"""(trace name, outcome per system, simulated samples per shared policy)."""
+TraceResult = tuple[str, Mapping[str, Outcome | Sequence[Outcome]], Mapping[str, float]]
+"""(trace name, outcome or repetitions' outcomes per system, simulated samples per shared
+policy)."""
 
 
-def _system_entry(run: Outcome, liveput: Outcome, steady: float | None) -> dict:
+def _system_entry(run: Outcome, base: float | None, steady: float | None) -> dict:
     if isinstance(run, str):
         return {"samples": None, "error": run, "no_preemption_samples_per_s": steady}
     downtimes = run.downtimes_s()
-    base = liveput.samples if isinstance(liveput, SystemRun) else 0
     return {
         "samples": int(run.samples),
         "ratio_to_liveput": round(run.samples / base, 4) if base else None,
+        "samples_min": int(run.samples),
+        "samples_max": int(run.samples),
         "downtime_per_event_s": [round(d, 2) for d in downtimes],
         "mean_downtime_s": round(statistics.mean(downtimes), 2) if downtimes else None,
         "downtime_by_event_kind": _by_event_kind(run),
@@ -47,6 +57,7 @@ def _system_entry(run: Outcome, liveput: Outcome, steady: float | None) -> dict:
         "kills_s": [round(t, 2) for t in run.kills_s],
         "launches_s": [round(t, 2) for t in run.launches_s],
         "stopped": run.stopped,
+        "checkpoint_every_steps": run.extra.get("checkpoint_every_steps"),
     }
 
 
@@ -60,18 +71,24 @@ def _by_event_kind(run: SystemRun) -> dict[str, dict]:
 def to_json_document(
     results: Sequence[TraceResult], steady: Mapping[str, float] | None = None
 ) -> dict:
-    """The ``--json`` document; ``steady``: each system's samples/s with no preemption."""
+    """The ``--json`` document; ``steady``: each system's samples/s with no preemption.
+
+    A system run more than once (``--repeats``) gives its median run's figures, ``samples``
+    the median of its runs' samples, ``samples_min`` and ``samples_max``, and ``runs``: each
+    repetition's own figures, in the order they ran. Ratios divide medians of the same
+    benchmark run."""
     steady = steady or {}
     traces = []
     for name, runs, simulated in results:
-        liveput = runs.get("liveput", "not run")
+        repeated = {system: _as_list(outcome) for system, outcome in runs.items()}
+        liveput = median_samples(repeated.get("liveput", []))
         traces.append(
             {
                 "trace": name,
                 "systems": {
-                    system: _system_entry(runs[system], liveput, steady.get(system))
+                    system: _repeated_entry(repeated[system], liveput, steady.get(system))
                     for system in SYSTEMS
-                    if system in runs
+                    if system in repeated
                 },
                 "simulated": {
                     policy: int(round(simulated[policy]))
@@ -85,13 +102,57 @@ def to_json_document(
     return {"traces": traces}
 
 
+def _as_list(outcome: Outcome | Sequence[Outcome]) -> list[Outcome]:
+    return [outcome] if isinstance(outcome, SystemRun | str) else list(outcome)
+
+
+def median_run(outcomes: Sequence[Outcome]) -> Outcome:
+    """The run at the median of the runs' samples (the lower of the middle two of an even
+    count), a run that could not run counted below every run that did."""
+    ran = sorted((o for o in outcomes if isinstance(o, SystemRun)), key=lambda r: r.samples)
+    ordered: list[Outcome] = [o for o in outcomes if isinstance(o, str)] + list(ran)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def median_samples(outcomes: Sequence[Outcome]) -> float | None:
+    """The median of the runs' samples (a run that could not run counts 0); None: none ran."""
+    if not any(isinstance(o, SystemRun) for o in outcomes):
+        return None
+    return statistics.median(o.samples if isinstance(o, SystemRun) else 0 for o in outcomes)
+
+
+def _repeated_entry(outcomes: list[Outcome], liveput: float | None, steady: float | None) -> dict:
+    entry = _system_entry(median_run(outcomes), liveput, steady)
+    median = median_samples(outcomes)
+    if entry["samples"] is not None and median is not None:
+        samples = [o.samples if isinstance(o, SystemRun) else 0 for o in outcomes]
+        entry["samples"] = int(round(median))
+        entry["samples_min"], entry["samples_max"] = min(samples), max(samples)
+        entry["ratio_to_liveput"] = round(median / liveput, 4) if liveput else None
+    entry["runs"] = [_run_entry(o) for o in outcomes]
+    return entry
+
+
+def _run_entry(outcome: Outcome) -> dict:
+    if isinstance(outcome, str):
+        return {"samples": None, "error": outcome}
+    downtimes = outcome.downtimes_s()
+    return {
+        "samples": int(outcome.samples),
+        "mean_downtime_s": round(statistics.mean(downtimes), 2) if downtimes else None,
+        "restarts_or_migrations": int(outcome.restarts),
+        "final_loss": None if outcome.final_loss is None else round(float(outcome.final_loss), 4),
+        "stopped": outcome.stopped,
+    }
+
+
 def table(document: dict) -> str:
     """The figures, one block per trace."""
     lines = []
     for entry in document["traces"]:
         lines.append(f"trace {entry['trace']}")
         lines.append(
-            f"  {'system':<16}{'samples':>9}{'/liveput':>10}{'simulated':>11}"
+            f"  {'system':<20}{'samples':>9}{'min-max':>15}{'/liveput':>10}{'simulated':>11}"
             f"{'down s/event':>14}{'restarts':>10}{'final loss':>12}"
             f"{'no-preempt/s':>14}"
         )
@@ -99,14 +160,15 @@ def table(document: dict) -> str:
             steady = figures.get("no_preemption_samples_per_s")
             steady_text = "-" if steady is None else f"{steady:.1f}"
             if figures["samples"] is None:
-                lines.append(f"  {system:<16}{'-':>9}  could not run: {figures['error']}")
+                lines.append(f"  {system:<20}{'-':>9}  could not run: {figures['error']}")
                 continue
             simulated = entry["simulated"].get(system)
             ratio = figures["ratio_to_liveput"]
             down = figures["mean_downtime_s"]
             loss = figures["final_loss"]
+            spread = f"{figures['samples_min']}-{figures['samples_max']}"
             lines.append(
-                f"  {system:<16}{figures['samples']:>9}"
+                f"  {system:<20}{figures['samples']:>9}{spread:>15}"
                 f"{'-' if ratio is None else f'{ratio:.2f}':>10}"
                 f"{'-' if simulated is None else str(simulated):>11}"
                 f"{'-' if down is None else f'{down:.1f}':>14}"

@@ -379,13 +379,15 @@ def run_torchrun(
     module: str = "bench.peers_ddp",
     system: str = "torchrun",
     minimum: int = 1,
+    extra: Sequence[str] = (),
 ) -> SystemRun:
     """A torchrun peer (``module``: :mod:`bench.peers_ddp`, or :mod:`bench.peers_fsdp`), one
     torchrun agent per instance, elastic over a c10d store this process hosts (not on any
-    instance); it trains on ``minimum`` instances or more."""
+    instance); it trains on ``minimum`` instances or more; ``extra``: more of the worker's
+    arguments (``--checkpoint-on-notice``)."""
     maximum = max(1, trace.max_count())
     with placement(settings, maximum) as pool, checkpoint_location(settings, pool, work) as where:
-        return _run_torchrun(trace, settings, work, where, module, system, minimum, pool)
+        return _run_torchrun(trace, settings, work, where, module, system, minimum, pool, extra)
 
 
 def _run_torchrun(
@@ -397,6 +399,7 @@ def _run_torchrun(
     system: str,
     minimum: int,
     pool: HostPool | None,
+    extra: Sequence[str],
 ) -> SystemRun:
     from torch.distributed import TCPStore
 
@@ -431,6 +434,7 @@ def _run_torchrun(
         str(settings.checkpoint_every),
         "--progress",
         str(progress_file),
+        *extra,
     ]
     env = {
         **os.environ,

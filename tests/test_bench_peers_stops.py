@@ -62,3 +62,44 @@ def test_no_error_line_is_none(tmp_path: Path) -> None:
     (tmp_path / "a.log").write_text("all well\n")
     assert last_error(tmp_path) is None
     assert last_error(tmp_path / "missing") is None
+
+
+def test_repeated_runs_give_the_median_its_spread_and_every_run() -> None:
+    """Three runs per system: ``samples`` is the median, the spread and each run are kept,
+    and the ratio divides medians; a run that could not run counts below every run that did."""
+
+    def run(system: str, samples: int) -> SystemRun:
+        return SystemRun(system, samples, [(0.0, 0), (10.0, samples)], [])
+
+    document = to_json_document(
+        [
+            (
+                "t",
+                {
+                    "liveput": [run("liveput", 900), run("liveput", 700), run("liveput", 800)],
+                    "torchft": [run("torchft", 500), "RuntimeError: boom", run("torchft", 300)],
+                },
+                {},
+            )
+        ]
+    )
+    systems = document["traces"][0]["systems"]
+    assert systems["liveput"]["samples"] == 800
+    assert (systems["liveput"]["samples_min"], systems["liveput"]["samples_max"]) == (700, 900)
+    assert [r["samples"] for r in systems["liveput"]["runs"]] == [900, 700, 800]
+    assert systems["torchft"]["samples"] == 300 and systems["torchft"]["samples_min"] == 0
+    assert systems["torchft"]["runs"][1] == {"samples": None, "error": "RuntimeError: boom"}
+    assert systems["torchft"]["ratio_to_liveput"] == 0.375
+    assert "700-900" in table(document)
+
+
+def test_every_system_checkpoints_at_the_same_wall_interval() -> None:
+    from bench.bench_peers import build_parser, steps_between_checkpoints
+
+    # tiny-gpt (a batch of 16) at 96 samples/s: 2 s are 12 steps; a 10-s step checkpoints
+    # every step at 5 s; an unmeasured rate keeps the 10 steps every system had.
+    assert steps_between_checkpoints(2.0, 96.0, 16) == 12
+    assert steps_between_checkpoints(5.0, 0.8, 8) == 1
+    assert steps_between_checkpoints(2.0, None, 16) == RunSettings.checkpoint_every
+    args = build_parser().parse_args(["--checkpoint-every-s", "30", "--repeats", "3"])
+    assert (args.checkpoint_every_s, args.repeats) == (30.0, 3)
