@@ -48,7 +48,7 @@ from bench import peers_report
 from bench.inputs import P3_TRACE, real_trace
 from bench.peers_regime import REGIMES, Regime, interpolated, sharded_minimum
 from bench.peers_run import RunSettings, SystemRun, run_liveput, run_torchrun, scratch
-from bench.peers_stops import stop_of
+from bench.peers_stops import Stop, stop_of
 from liveput.traces import IntervalTrace, Trace, generate_trace, read_trace
 
 
@@ -565,15 +565,36 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.plot}")
 
 
+HUNG_S = 60.0
+"""Wall seconds an instance was held without the system taking a step after which its run
+counts as broken (a crash loop or a hang, not a slow restart): no verdict is drawn from it."""
+
+
+def _broken(figures: dict) -> str:
+    """Why a system's median run cannot carry a ratio ('' when it can): it trained nothing, or
+    it stopped while an instance was held :data:`HUNG_S` or longer."""
+    if figures.get("samples") == 0:
+        return "trained nothing"
+    stopped = figures.get("stopped")
+    if stopped and stopped["held_after_s"] >= HUNG_S:
+        return f"stopped: {Stop(**stopped).describe()}"
+    return ""
+
+
 def _verdicts(document: dict, targets: tuple[tuple[str, float], ...]) -> None:
     for entry in document["traces"]:
         systems, simulated = entry["systems"], entry["simulated"]
         live = systems.get("liveput", {}).get("samples")
         for peer, target in targets:
             other = systems.get(peer, {}).get("samples")
-            if live is not None and other == 0:
-                print(f"{entry['trace']}: liveput {live}, {peer} trained nothing")
-            if live and other:
+            broken = [s for s in ("liveput", peer) if _broken(systems.get(s, {}))]
+            if live is not None and other is not None and broken:
+                # A ratio to a run that crashed or hung measures the harness, not the systems.
+                print(
+                    f"{entry['trace']}: liveput / {peer}: NO VERDICT, "
+                    + "; ".join(f"{s} {_broken(systems[s])}" for s in broken)
+                )
+            elif live and other:
                 ratio = live / other
                 bound = entry.get("bound_samples")
                 reach = (

@@ -41,8 +41,12 @@ class Stop:
     """``<log file>: <line>``, the last error line of its most recently written log that has
     one (None: its logs have none)."""
     instances_after: int
-    """Most instances the trace held from its last step to the window's end (0: no instance to
-    train on, so the stop is the trace's)."""
+    """Most instances the trace held after its last step, to the window's end (0: no instance
+    to train on, so the stop is the trace's)."""
+    held_after_s: float
+    """Longest stretch (wall s) after its last step in which the trace held an instance: a
+    system that restarts slower than this could not train again; one that stops with a long
+    stretch held hung or crashed."""
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -53,7 +57,10 @@ class Stop:
             if self.last_step_s is None
             else f"no step after {self.last_step_s:.0f} s"
         )
-        held = f"{self.instances_after} instance(s) held meanwhile"
+        held = (
+            f"up to {self.instances_after} instance(s) held after it, at most "
+            f"{self.held_after_s:.0f} s on end"
+        )
         error = f"; last error: {self.last_error}" if self.last_error else "; no error in its logs"
         return f"{when} ({held}, {self.restarts} restarts){error}"
 
@@ -73,7 +80,7 @@ def stop_of(run: SystemRun, trace: Trace, settings: RunSettings, logs: Path) -> 
         last_step_s=None if last is None else round(last, 2),
         restarts=run.restarts,
         last_error=last_error(logs),
-        instances_after=_most_instances(trace, (last or 0.0) * settings.time_scale, trace.end_s),
+        **_held_after(trace, (last or 0.0) * settings.time_scale, settings),
     )
 
 
@@ -93,6 +100,22 @@ def last_error(logs: Path) -> str | None:
     return None
 
 
-def _most_instances(trace: Trace, from_s: float, to_s: float) -> int:
-    inside = [t for t in trace.times_s if from_s < t < to_s]
-    return int(max(int(trace.count_at(t)) for t in [from_s, *inside]))
+def _held_after(trace: Trace, from_s: float, settings: RunSettings) -> dict:
+    """``instances_after`` and ``held_after_s`` from trace time ``from_s`` to the window's end
+    (an instance killed right after ``from_s`` is not counted as held)."""
+    end_s = min(trace.end_s, settings.window_s * settings.time_scale)
+    changes = [t for t in trace.times_s if from_s < t < end_s]
+    edges = [from_s, *changes, end_s]
+    most, longest, run_s = 0, 0.0, 0.0
+    for start, stop in zip(edges, edges[1:], strict=False):
+        # The count from a change on (just past ``start``: a kill at it has happened).
+        count = int(trace.count_at(start)) if start > from_s else int(trace.count_at(from_s))
+        run_s = run_s + (stop - start) if count > 0 else 0.0
+        longest = max(longest, run_s)
+        # Under a wall second held is no chance to train (a kill just after the last step).
+        if (stop - start) / settings.time_scale >= 1.0:
+            most = max(most, count)
+    return {
+        "instances_after": most,
+        "held_after_s": round(longest / settings.time_scale, 2),
+    }

@@ -40,8 +40,10 @@ def test_a_stop_gives_the_last_step_restarts_and_the_last_error_line(tmp_path: P
         restarts=3,
         last_error="i-0003.log: [E] gloo: connectFullMesh failed: Connection refused",
         instances_after=4,
+        held_after_s=55.0,
     )
-    assert "no step after 20 s (4 instance(s) held meanwhile, 3 restarts)" in stop.describe()
+    described = stop.describe()
+    assert "no step after 20 s (up to 4 instance(s) held after it, at most 55 s on end" in described
     # Shown in the table and the JSON.
     run.stopped = stop.as_json()
     document = to_json_document([("t", {"torchrun": run}, {})])
@@ -55,7 +57,7 @@ def test_never_trained_and_the_traces_own_gap(tmp_path: Path) -> None:
     assert never.describe().startswith("never trained")
     # Steps until the trace's last instance went at 75 wall s: nothing held after 80.
     gap = stop_of(SystemRun("liveput", 0, _steps(80), []), TRACE, SETTINGS, tmp_path)
-    assert gap is not None and gap.instances_after == 0
+    assert gap is not None and (gap.instances_after, gap.held_after_s) == (0, 0.0)
 
 
 def test_no_error_line_is_none(tmp_path: Path) -> None:
@@ -103,3 +105,14 @@ def test_every_system_checkpoints_at_the_same_wall_interval() -> None:
     assert steps_between_checkpoints(2.0, None, 16) == RunSettings.checkpoint_every
     args = build_parser().parse_args(["--checkpoint-every-s", "30", "--repeats", "3"])
     assert (args.checkpoint_every_s, args.repeats) == (30.0, 3)
+
+
+def test_no_ratio_is_drawn_from_a_run_that_crashed_or_hung() -> None:
+    from bench.bench_peers import HUNG_S, _broken
+
+    hung = Stop(20.0, 0, "i-0001.log: failed (exitcode: 1)", 3, HUNG_S).as_json()
+    slow = Stop(20.0, 1, None, 1, HUNG_S - 1).as_json()
+    assert _broken({"samples": 0}) == "trained nothing"
+    assert _broken({"samples": 400, "stopped": hung}).startswith("stopped: no step after 20 s")
+    assert _broken({"samples": 400, "stopped": slow}) == ""  # restarting slower than the gap
+    assert _broken({"samples": 400, "stopped": None}) == ""

@@ -1,0 +1,115 @@
+"""Every peer trains, and trains again after it loses an instance: each system of a regime run
+on the regime's job at the most instances the regime's traces reach, one instance killed a
+third into the window (after the notice lead), then checked for a step before the kill and a
+step after it.
+
+Usage: ``python -m bench peers-check [--regime data-parallel|pipeline] [--systems A,B]
+[--window-s S] [--notice-lead S] [--work-dir DIR]``.
+
+A system fails the check when it takes no step before the kill (it never trained) or none after
+it (it did not come back); the line then says why, from its own logs
+(:mod:`bench.peers_stops`). The window is wall seconds from the cloud's start, start-up
+included (data-parallel 60 s; pipeline 360 s: eight agents building gpt2-small on two cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bench.bench_peers import RUNNERS, _run
+from bench.peers_regime import REGIMES
+from bench.peers_run import RunSettings, SystemRun
+from bench.peers_stops import Stop
+from liveput.traces import Trace
+
+CHECK_WINDOW_S = {"data-parallel": 60.0, "pipeline": 360.0}
+"""Wall seconds each system runs in the check, by regime."""
+
+
+def one_loss_trace(instances: int, window_s: float, time_scale: float) -> Trace:
+    """``instances`` from the start, one lost a third into a window of ``window_s`` wall s."""
+    span_s = window_s * time_scale
+    return Trace.from_counts(
+        f"one-loss-{instances}",
+        np.array([0.0, span_s / 3]),
+        np.array([instances, instances - 1]),
+        span_s,
+    )
+
+
+def check(run: SystemRun | str, kill_s: float) -> tuple[bool, str]:
+    """(passed, what happened) of one system's run with one kill at ``kill_s`` wall s."""
+    if isinstance(run, str):
+        return False, f"could not run: {run}"
+    steps = [t for (t, s), (_, before) in zip(run.timeline[1:], run.timeline) if s > before]
+    before = [t for t in steps if t <= kill_s]
+    after = [t for t in steps if t > kill_s]
+    why = "" if not run.stopped else f"; {Stop(**run.stopped).describe()}"
+    if not before:
+        return False, f"no step before the kill at {kill_s:.0f} s{why}"
+    if not after:
+        return False, f"{len(before)} steps, none after the kill at {kill_s:.0f} s{why}"
+    return True, (
+        f"{len(before)} steps before the kill at {kill_s:.0f} s, trains again "
+        f"{after[0] - kill_s:.1f} s after it ({len(after)} steps after)"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench peers-check", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--regime", choices=sorted(REGIMES), default="data-parallel")
+    parser.add_argument("--systems", default=None, help=f"comma-separated, of {', '.join(RUNNERS)}")
+    parser.add_argument("--window-s", type=float, default=None, help="wall s per system")
+    parser.add_argument("--notice-lead", type=float, default=RunSettings.notice_lead_s)
+    parser.add_argument("--work-dir", default="", help="keep logs and checkpoints here")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv or [])
+    regime = REGIMES[args.regime]
+    systems = [s for s in (args.systems or ",".join(regime.systems)).split(",") if s]
+    unknown = sorted(set(systems) - set(RUNNERS))
+    if unknown:
+        parser.error(f"unknown systems {unknown}; known: {', '.join(RUNNERS)}")
+    window_s = args.window_s or CHECK_WINDOW_S[regime.name]
+    settings = RunSettings(
+        job=regime.job,
+        time_scale=regime.time_scale,
+        window_s=window_s,
+        notice_margin_s=regime.notice_margin_s,
+        notice_lead_s=args.notice_lead,
+        work_dir=args.work_dir,
+        instance_memory_gb=regime.instance_memory_gb,
+        link_mbit=regime.link_mbit,
+        object_store=regime.object_store,
+    )
+    trace = one_loss_trace(regime.workers, window_s, settings.time_scale)
+    kill_s = window_s / 3
+    print(
+        f"{regime.name}: {regime.job} on {regime.workers} instances, one lost at "
+        f"{kill_s:.0f} s of {window_s:.0f} s",
+        flush=True,
+    )
+    results, failed = {}, 0
+    for system in systems:
+        run = _run(system, trace, dataclasses.replace(settings))
+        passed, what = check(run, kill_s)
+        failed += not passed
+        results[system] = {"passed": passed, "what": what}
+        print(f"  {system:<20}{'PASS' if passed else 'FAIL'}  {what}", flush=True)
+    if args.json:
+        args.json.write_text(
+            json.dumps({"regime": regime.name, "systems": results}, indent=1) + "\n"
+        )
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
