@@ -550,7 +550,6 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument(
         "--notice-file", help="this instance's notice file: checkpoint once it appears"
     )
-    parser.add_argument("--final", help="each pipeline-0 rank writes its stage's weights to FILE.s")
     return parser
 
 
@@ -572,11 +571,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     dist.init_process_group("gloo")
     try:
-        module, lay = train(config)
-        role = lay.role(dist.get_rank())
-        if args.final and role is not None and role[0] == 0:
-            torch.save(module.state_dict(), f"{args.final}.{role[1]}")
-        dist.barrier()
+        train(config)
     finally:
         dist.destroy_process_group()
     # As bench.peers_fsdp's worker: ended without the interpreter's teardown, where a gloo rank

@@ -18,7 +18,16 @@ from pathlib import Path
 from bench.peers_events import KINDS, by_kind, event_downtimes, trace_events
 from bench.peers_run import SystemRun
 
-SYSTEMS = ("liveput", "liveput-restart", "torchrun", "torchft", "torchrun-fsdp", "torchft-hsdp")
+SYSTEMS = (
+    "liveput",
+    "liveput-restart",
+    "torchrun",
+    "torchft",
+    "torchrun-fsdp",
+    "torchft-hsdp",
+    "torchrun-pp",
+    "torchrun-pp-notice",
+)
 SIMULATED = ("liveput", "liveput-restart")
 
 Outcome = SystemRun | str

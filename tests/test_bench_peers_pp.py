@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.multiprocessing.spawn import start_processes
 
 from bench.peers_ddp import _local_batch, build_model
+from liveput.errors import LiveputError
 from liveput.models.jobs import resolve_job
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     # one worker runs this file.
     from bench.peers_pp import PPConfig
 
-pytestmark = pytest.mark.process  # gloo groups in processes of their own
 JOB = "tiny-gpt-small"  # 4 layers (embedding, 2 blocks, head), 4 micro-batches of 2 samples
 
 
@@ -88,6 +88,7 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.process  # gloo groups in processes of their own
 def test_two_stages_train_as_one_process_does(tmp_path: Path) -> None:
     """P = 2 on 2 ranks (1F1B over the 4 micro-batches), 5 steps: the weights and the losses of
     a plain run of the same steps; the checkpoint at step 3 complete, with both stages."""
@@ -115,6 +116,7 @@ def test_two_stages_train_as_one_process_does(tmp_path: Path) -> None:
     assert not _equal(trained, fresh)  # fewer steps differ: the comparison can fail
 
 
+@pytest.mark.process  # gloo groups in processes of their own
 def test_three_pipelines_of_one_stage_split_four_micro_batches(tmp_path: Path) -> None:
     """D = 3 pipelines of one stage: 1, 1 and 2 micro-batches, the gradients summed over the
     pipelines with each micro-batch weighted 1 / M, as one process's mean loss."""
@@ -134,6 +136,7 @@ def test_three_pipelines_of_one_stage_split_four_micro_batches(tmp_path: Path) -
     assert [r["loss"] for r in _lines(progress)[1:]] == pytest.approx(losses, abs=1e-5)
 
 
+@pytest.mark.process  # gloo groups in processes of their own
 def test_a_resume_under_another_cut_ends_where_a_straight_run_does(tmp_path: Path) -> None:
     """2 ranks (P = 2) train to step 5 with K = 3 (steps 3 and 4 are lost with them); 3 ranks
     (P = 3: another cut) load step 3's checkpoint, each its own layers, and train to 7: the
@@ -167,6 +170,7 @@ def test_a_resume_under_another_cut_ends_where_a_straight_run_does(tmp_path: Pat
     assert [r["loss"] for r in lines[1:]] == pytest.approx(losses[3:], abs=1e-5)
 
 
+@pytest.mark.process  # gloo groups in processes of their own
 def test_an_idle_rank_waits_and_its_notice_makes_every_rank_checkpoint(tmp_path: Path) -> None:
     """3 ranks, P = 2: D = 1, rank 2 idle; the steps are the plain run's. Its instance's notice
     file is there from the start: after the first step every rank takes part in a checkpoint
@@ -189,3 +193,43 @@ def test_an_idle_rank_waits_and_its_notice_makes_every_rank_checkpoint(tmp_path:
     )
     assert _equal(trained, reference)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-0000000001"]
+
+
+def test_the_layout_caps_pipelines_at_the_micro_batches_and_idles_the_rest() -> None:
+    from bench.peers_pp import PPConfig, layout
+
+    config = PPConfig("unused", cuts={4: (0, 4, 7, 10, 14), 6: (0, 5, 9, 14)})
+    four = layout(config, 5, num_micro_batches=4)  # 5 instances: the cut of 4, one idle
+    assert (four.stages, four.pipelines, four.active) == (4, 1, 4)
+    assert [four.role(r) for r in range(5)] == [(0, 0), (0, 1), (0, 2), (0, 3), None]
+    assert list(four.layers(1)) == [4, 5, 6]
+    seven = layout(config, 7, num_micro_batches=4)
+    assert (seven.stages, seven.pipelines) == (3, 2) and seven.role(4) == (1, 1)
+    assert seven.role(6) is None
+    # More pipelines than micro-batches: capped at the micro-batches, the others idle.
+    wide = layout(PPConfig("unused", cuts={1: (0, 4)}), 6, num_micro_batches=4)
+    assert (wide.pipelines, wide.active) == (4, 4)
+    with pytest.raises(LiveputError, match="no stage cut for 3"):
+        layout(config, 3, num_micro_batches=4)
+
+
+def test_cuts_come_from_a_plan_file_or_one_boundary_list(tmp_path: Path) -> None:
+    from bench.peers_pp import PlannedCuts, parse_cuts, write_plan
+
+    plan = tmp_path / "plan.json"
+    write_plan(plan, PlannedCuts({4: (0, 4, 7, 10, 14), 8: (0, 4, 7, 10, 14)}, {4: (1, 4)}))
+    assert parse_cuts(str(plan), None) == {4: (0, 4, 7, 10, 14), 8: (0, 4, 7, 10, 14)}
+    assert parse_cuts(None, "0,2,4") == {2: (0, 2, 4)}
+    for bad in [(None, None), (str(plan), "0,4"), (None, "0,two"), (str(tmp_path / "no"), None)]:
+        with pytest.raises(LiveputError):
+            parse_cuts(*bad)
+
+
+@pytest.mark.parametrize(
+    "cuts", [{}, {2: (1, 2, 4)}, {2: (0, 2, 2, 4)}, {2: (0, 1, 2, 4)}, {0: (0, 4)}]
+)
+def test_a_cut_that_is_not_one_is_refused(cuts: dict) -> None:
+    from bench.peers_pp import PPConfig
+
+    with pytest.raises(LiveputError):
+        PPConfig("unused", cuts=cuts)
