@@ -22,7 +22,9 @@ global batch's mean loss, as the DDP peer's does. One optimizer per stage over i
 job's optimizers are element-wise: the same as one over the whole model).
 
 Checkpoints: every K steps (and, with ``--notice-file``, at the first step boundary after any
-rank's notice appears) every pipeline rank takes part in one DCP save (``dcp.save`` over the
+pipeline rank's notice appears: the pipeline ranks agree on it by a max all-reduce of a flag
+after every step; an idle rank's kill stops no pipeline, so its notice is left alone) every
+pipeline rank takes part in one DCP save (``dcp.save`` over the
 pipeline ranks' group, each stage's weights and optimizer state keyed by the unsplit model's
 names, ``"5.attn.weight"``; DCP writes each stage once, spread over the pipelines that hold it).
 A checkpoint is complete once its ``.metadata`` is written, which DCP does last, after every
@@ -112,8 +114,9 @@ class PPConfig:
     keep_checkpoints: int = 2
     """Only the newest this many complete checkpoints stay."""
     notice_file: str | None = None
-    """This instance's preemption notice file (None: notices are not read): once any rank's
-    appears, every rank checkpoints at the next step boundary."""
+    """This instance's preemption notice file (None: notices are not read): once any pipeline
+    rank's appears, every pipeline rank checkpoints at the next step boundary (an idle rank's is
+    not read: its kill stops no pipeline)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1 or self.steps < 1 or self.keep_checkpoints < 1:
@@ -309,11 +312,10 @@ class _Noticed:
         return True
 
 
-def _agree(flag: bool) -> bool:
-    """Whether any rank (idle ones included) raised ``flag``: every rank takes the same
-    decision."""
+def _agree(flag: bool, group: dist.ProcessGroup) -> bool:
+    """Whether any pipeline rank raised ``flag``: every one takes the same decision."""
     value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return bool(value.item())
 
 
@@ -351,16 +353,18 @@ def train(config: PPConfig) -> tuple[nn.Module, Layout]:
     _check_ties(job, lay)
     groups = _groups(lay, rank)
     role = lay.role(rank)
-    notices = _Noticed(config.notice_file)
     fs, root = url_to_fs(config.checkpoint_dir)
     fs.makedirs(root, exist_ok=True)
     latest = latest_checkpoint(config.checkpoint_dir)
     if role is None:
         # Nothing of the model on an idle rank (its memory stays free, as an idle instance's).
         job.layers = []
-        step = _broadcast_step(0)
-        if config.notice_file is not None:
-            _idle_steps(config, notices, step)
+        # An idle rank takes part in no step: its instance's kill stops no pipeline (nothing of
+        # theirs waits on it; torchrun restarts the group only when a worker fails, or at the
+        # next arrival), so its notice is not theirs to act on. Where it took part in the
+        # notices' agreement every step, its kill failed the pipelines' next step and cost a
+        # restart (measured: tiny-gpt, 3 instances at 1x2, the idle one killed).
+        _broadcast_step(0)
         dist.barrier(group=groups.idle)
         return nn.Sequential(), lay
     pipeline, stage_index = role
@@ -408,6 +412,7 @@ def train(config: PPConfig) -> tuple[nn.Module, Layout]:
             )
             + "\n"
         )
+    notices = _Noticed(config.notice_file)
     first, last = stage_index == 0, stage_index == lay.stages - 1
     try:
         while step < config.steps:
@@ -423,7 +428,9 @@ def train(config: PPConfig) -> tuple[nn.Module, Layout]:
             loss = _reduce_gradients(module, groups.stage, lay.pipelines, share)
             optimizer.step()
             step += 1
-            noticed = _agree(notices.new()) if config.notice_file is not None else False
+            noticed = (
+                _agree(notices.new(), groups.active) if config.notice_file is not None else False
+            )
             if step % config.checkpoint_every == 0 or noticed:
                 save_checkpoint(
                     config.checkpoint_dir,
@@ -452,14 +459,6 @@ def _broadcast_step(step: int) -> int:
     value = torch.tensor([step], dtype=torch.int64)
     dist.broadcast(value, src=0)
     return int(value.item())
-
-
-def _idle_steps(config: PPConfig, notices: _Noticed, step: int) -> None:
-    """An idle rank's part of the notice agreement, step after step as the pipelines take
-    them (its own instance may be the one noticed)."""
-    while step < config.steps:
-        _agree(notices.new())
-        step += 1
 
 
 def parse_cuts(plan: str | None, boundaries: str | None) -> dict[int, tuple[int, ...]]:

@@ -171,16 +171,17 @@ def test_a_resume_under_another_cut_ends_where_a_straight_run_does(tmp_path: Pat
 
 
 @pytest.mark.process  # gloo groups in processes of their own
-def test_an_idle_rank_waits_and_its_notice_makes_every_rank_checkpoint(tmp_path: Path) -> None:
-    """3 ranks, P = 2: D = 1, rank 2 idle; the steps are the plain run's. Its instance's notice
-    file is there from the start: after the first step every rank takes part in a checkpoint
-    (K = 10 would take none in 3 steps), and only once."""
+def test_an_idle_rank_waits_and_a_notice_makes_every_pipeline_rank_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """3 ranks, P = 2: D = 1, rank 2 idle; the steps are the plain run's. Rank 1's instance's
+    notice file is there from the start: after the first step both stages take part in a
+    checkpoint (K = 10 would take none in 3 steps), and only once."""
     reference, _ = _reference(3)
     notices = tmp_path / "notices"
     notices.mkdir()
-    (notices / "2").write_text("{}")  # what the emulated cloud writes does not matter here
+    (notices / "1").write_text("{}")  # what the emulated cloud writes does not matter here
     checkpoints = tmp_path / "checkpoints"
-
     trained = _run(
         tmp_path,
         "idle",
@@ -193,6 +194,7 @@ def test_an_idle_rank_waits_and_its_notice_makes_every_rank_checkpoint(tmp_path:
     )
     assert _equal(trained, reference)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-0000000001"]
+    assert (checkpoints / "step-0000000001" / ".metadata").is_file()  # both stages in it
 
 
 def test_the_layout_caps_pipelines_at_the_micro_batches_and_idles_the_rest() -> None:
