@@ -15,6 +15,10 @@ after the notice lead. Systems:
 - ``torchrun``: plain DDP under TorchElastic (:mod:`bench.peers_ddp`);
 - ``torchrun-fsdp`` (only when ``--systems`` names it): the same under FSDP2 with DCP
   checkpoints (:mod:`bench.peers_fsdp`), as users run a model that needs sharding;
+- ``torchrun-pp`` (the pipeline regime): the job cut into liveput's plan's stages under
+  ``torch.distributed.pipelining`` (1F1B), ``world // P`` pipelines, per-stage DCP checkpoints
+  (:mod:`bench.peers_pp`); ``torchrun-pp-notice``: the same, checkpointing at the first step
+  boundary after any instance's notice;
 - ``torchft``: per-step fault tolerance (:mod:`bench.peers_torchft`), installed in the
   benchmark's own environment ``bench/.peers-venv``;
 - ``torchft-hsdp`` (the pipeline regime): torchft across replica groups, FSDP2 inside each
@@ -43,6 +47,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench import peers_report
 from bench.inputs import P3_TRACE, real_trace
@@ -50,6 +55,9 @@ from bench.peers_regime import REGIMES, Regime, interpolated, sharded_minimum
 from bench.peers_run import RunSettings, SystemRun, run_liveput, run_torchrun, scratch
 from bench.peers_stops import Stop, stop_of
 from liveput.traces import IntervalTrace, Trace, generate_trace, read_trace
+
+if TYPE_CHECKING:
+    from bench.peers_pp import PlannedCuts
 
 
 def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trace:
@@ -154,6 +162,40 @@ def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun
     return run_torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp", minimum)
 
 
+@functools.cache
+def _planned_cuts(job: str, instance_memory_gb: float | None, maximum: int) -> PlannedCuts:
+    """liveput's plan's stage cut per instance count (:func:`bench.peers_pp.liveput_cuts`),
+    once per benchmark: the job is profiled in a process of its own (about a minute for
+    gpt2-small on the loaded cores; its layers' memory stays out of the benchmark's process, as
+    the simulator's measurements do)."""
+    from bench.peers_pp import liveput_cuts
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(liveput_cuts, job, instance_memory_gb, maximum).result()
+
+
+def _torchrun_pp(
+    trace: Trace, settings: RunSettings, work: Path, notice: bool = False
+) -> SystemRun | str:
+    """The pipeline peer (:mod:`bench.peers_pp`) on liveput's plan's cut of each instance count,
+    from the fewest instances a cut fits; with ``notice``, every rank checkpoints at the first
+    step boundary after any instance's notice file appears."""
+    from bench.peers_pp import write_plan
+
+    planned = _planned_cuts(settings.job, settings.instance_memory_gb, max(1, trace.max_count()))
+    work.mkdir(parents=True, exist_ok=True)
+    plan = work / "pp-plan.json"
+    write_plan(plan, planned)
+    worker_args = ["--plan", str(plan)]
+    if notice:
+        # Where the emulated cloud writes each instance's notice (its LaunchSpec.notice_file).
+        worker_args += ["--notice-file", str(work / "notices" / "{instance_id}.notice.json")]
+    system = "torchrun-pp-notice" if notice else "torchrun-pp"
+    return run_torchrun(
+        trace, settings, work, "bench.peers_pp", system, planned.minimum, worker_args
+    )
+
+
 def _torchft_hsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
     from bench.peers_hsdp import run_torchft_hsdp
     from liveput.launch.assemble import OPTIMIZER_STATE_FACTOR
@@ -174,9 +216,11 @@ RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
     "liveput-restart": lambda t, s, w: run_liveput(t, s, w, "reactive", "liveput-restart"),
     "torchrun": run_torchrun,
     "torchrun-notice": lambda t, s, w: run_torchrun(
-        t, s, w, system="torchrun-notice", extra=("--checkpoint-on-notice",)
+        t, s, w, system="torchrun-notice", worker_args=("--checkpoint-on-notice",)
     ),
     "torchrun-fsdp": _torchrun_fsdp,
+    "torchrun-pp": _torchrun_pp,
+    "torchrun-pp-notice": functools.partial(_torchrun_pp, notice=True),
     "torchft": _torchft,
     "torchft-hsdp": _torchft_hsdp,
 }

@@ -86,7 +86,14 @@ DATA_PARALLEL = Regime(
 PIPELINE = Regime(
     "pipeline",
     "gpt2-small",
-    ("liveput", "liveput-restart", "torchrun-fsdp", "torchft-hsdp"),
+    (
+        "liveput",
+        "liveput-restart",
+        "torchrun-fsdp",
+        "torchft-hsdp",
+        "torchrun-pp",
+        "torchrun-pp-notice",
+    ),
     instance_memory_gb=0.9,
     link_mbit=100.0,
     object_store=True,

@@ -28,6 +28,8 @@ SYSTEMS = (
     "torchft",
     "torchrun-fsdp",
     "torchft-hsdp",
+    "torchrun-pp",
+    "torchrun-pp-notice",
 )
 SIMULATED = ("liveput", "liveput-restart")
 

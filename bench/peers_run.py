@@ -379,15 +379,18 @@ def run_torchrun(
     module: str = "bench.peers_ddp",
     system: str = "torchrun",
     minimum: int = 1,
-    extra: Sequence[str] = (),
+    worker_args: Sequence[str] = (),
 ) -> SystemRun:
-    """A torchrun peer (``module``: :mod:`bench.peers_ddp`, or :mod:`bench.peers_fsdp`), one
-    torchrun agent per instance, elastic over a c10d store this process hosts (not on any
-    instance); it trains on ``minimum`` instances or more; ``extra``: more of the worker's
-    arguments (``--checkpoint-on-notice``)."""
+    """A torchrun peer (``module``: :mod:`bench.peers_ddp`, :mod:`bench.peers_fsdp` or
+    :mod:`bench.peers_pp`), one torchrun agent per instance, elastic over a c10d store this
+    process hosts (not on any instance); it trains on ``minimum`` instances or more.
+    ``worker_args``: more of the worker's arguments, ``{instance_id}`` in them replaced by the
+    instance's (``--notice-file .../{instance_id}.notice.json``)."""
     maximum = max(1, trace.max_count())
     with placement(settings, maximum) as pool, checkpoint_location(settings, pool, work) as where:
-        return _run_torchrun(trace, settings, work, where, module, system, minimum, pool, extra)
+        return _run_torchrun(
+            trace, settings, work, where, module, system, minimum, pool, worker_args
+        )
 
 
 def _run_torchrun(
@@ -399,7 +402,7 @@ def _run_torchrun(
     system: str,
     minimum: int,
     pool: HostPool | None,
-    extra: Sequence[str],
+    worker_args: Sequence[str] = (),
 ) -> SystemRun:
     from torch.distributed import TCPStore
 
@@ -434,7 +437,7 @@ def _run_torchrun(
         str(settings.checkpoint_every),
         "--progress",
         str(progress_file),
-        *extra,
+        *worker_args,
     ]
     env = {
         **os.environ,
