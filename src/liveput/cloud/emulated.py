@@ -20,18 +20,13 @@ launch delay drawn uniformly (seeded) from ``on_demand_delay_s`` (default 60-90 
 measured 70-92 s on EC2), and is never preempted.
 
 Quotas: the catalog's vCPU quota per (family, market) counts pending and running instances
-(:func:`~liveput.cloud.capacity.within_quota`).
-
-Billing: an instance is charged its catalog price from the moment it started running to the
-moment it was released or killed, in cloud (trace) seconds: ``time_scale`` trace seconds pass per
-clock second. With a launcher each running instance is an agent process
-(:class:`~liveput.cloud.processes.InstanceProcesses`), told who it is, how it is rented and
-where its notice lands (:mod:`liveput.runtime.instance_env`); without one the provider only
-accounts. An instance the cloud ended (preempted, or its agent exited) lists as terminated
-only ``loss_signal_delay_s`` after its end, as a real provider's API reports it late
-(:mod:`liveput.cloud.loss_report`); its bill stops at its end. Call
-:meth:`EmulatedProvider.step` after moving a manual clock, or
-:meth:`EmulatedProvider.start_background` to let a thread step it in real time.
+(:func:`~liveput.cloud.capacity.within_quota`). Billing: an instance is charged its catalog price
+from its start to its release or kill, in cloud (trace) seconds (``time_scale`` of them per clock
+second), even where the API reports its end ``loss_signal_delay_s`` late
+(:mod:`liveput.cloud.loss_report`). With a launcher each running instance is an agent process
+(:class:`~liveput.cloud.processes.InstanceProcesses`, :mod:`liveput.runtime.instance_env`);
+without one the provider only accounts. Step it with :meth:`EmulatedProvider.step` after
+moving a manual clock, or on a thread in real time (:meth:`EmulatedProvider.start_background`).
 """
 
 from __future__ import annotations
@@ -47,7 +42,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from liveput.catalog import Catalog, load_catalog
-from liveput.cloud.billing import Bill, BillingAccount
 from liveput.cloud.capacity import CapacitySchedule, within_quota
 from liveput.cloud.emulated_config import DEFAULT_ZONES as DEFAULT_ZONES
 from liveput.cloud.emulated_config import EmulatedProviderConfig, SpotModel
@@ -56,6 +50,7 @@ from liveput.cloud.processes import InstanceProcesses, Launcher
 from liveput.cloud.provider import Provider
 from liveput.cloud.replay import ReplayAction, ReplaySchedule
 from liveput.cloud.retry import ProviderError
+from liveput.cloud.stepping import BackgroundStepper
 from liveput.cloud.types import (
     InstanceRecord,
     InstanceState,
@@ -107,17 +102,13 @@ class EmulatedProvider(Provider):
             else None
         )
         self._unnoticed: list[float] = []  # replay: removal times still waiting for a victim
-        self._procs: InstanceProcesses | None = None
-        if launcher is not None:
-            if notice_dir is None:
-                raise LiveputError("emulated provider: a launcher needs a notice directory")
-            self._procs = InstanceProcesses(
-                launcher,
-                notice_dir,
-                notice_signal=notice_signal,
-                store=store,
-                what="emulated provider",
-            )
+        if launcher is not None and notice_dir is None:
+            raise LiveputError("emulated provider: a launcher needs a notice directory")
+        self._procs = (
+            None
+            if launcher is None or notice_dir is None
+            else InstanceProcesses(launcher, notice_dir, notice_signal=notice_signal, store=store)
+        )
         self._rng = random.Random(self.config.seed)
         self._ids = itertools.count()
         self._zone_turn = itertools.count()
@@ -131,8 +122,9 @@ class EmulatedProvider(Provider):
         self._lock = threading.RLock()
         # A replay's cloud time starts with the replay (start); capacity's at once.
         self._start_clock_s: float | None = None if self._replay is not None else clock.now_s()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stepper = BackgroundStepper(
+            self.step, self.next_action_s, self.now_s, clock, self.config.time_scale
+        )
 
     # -- the contract ------------------------------------------------------------------------
 
@@ -231,15 +223,10 @@ class EmulatedProvider(Provider):
             ]
 
     def records(self) -> list[InstanceRecord]:
-        """Every instance as it really stands, its end at once (what the account bills; the
-        API's view, :meth:`instances`, reports an end by the cloud's hand later)."""
+        """Every instance as it really stands, its end at once (the API's view reports an end by
+        the cloud's hand later)."""
         with self._lock:
             return list(self._records.values())
-
-    def bill(self) -> Bill:
-        """What every instance cost up to now: each charged until it really ended, reported or
-        not."""
-        return BillingAccount.bill(self.records(), self.now_s())
 
     def _quote(self, instance_type: str, zones: tuple[str, ...]) -> list[PriceQuote]:
         spec = self.catalog.get(instance_type)
@@ -407,10 +394,7 @@ class EmulatedProvider(Provider):
             if code is None:
                 continue
             pid = self._procs.forget(iid)
-            self._records[iid] = dataclasses.replace(
-                self._records[iid], state=InstanceState.TERMINATED, end_s=now
-            )
-            self._report_s[iid] = report_s(now, self.config.loss_signal_delay_s)
+            self._ended(iid, now, preempted=False)
             self._event(
                 ProviderEventKind.EXIT,
                 f"{iid} exit code {code}",
@@ -464,11 +448,15 @@ class EmulatedProvider(Provider):
         if self._procs is not None and iid in self._procs:
             pid, code = self._procs.kill(iid)
             detail = "" if code is None else f" (its agent had exited, code {code})"
+        self._ended(iid, now, preempted=True)
+        self._event(ProviderEventKind.PREEMPT, iid + detail, instance_id=iid, time_s=now, pid=pid)
+
+    def _ended(self, iid: str, now: float, *, preempted: bool) -> None:
+        """The cloud ended ``iid`` at ``now``: its list reports so ``loss_signal_delay_s`` on."""
         self._records[iid] = dataclasses.replace(
-            self._records[iid], preempted=True, state=InstanceState.TERMINATED, end_s=now
+            self._records[iid], preempted=preempted, state=InstanceState.TERMINATED, end_s=now
         )
         self._report_s[iid] = report_s(now, self.config.loss_signal_delay_s)
-        self._event(ProviderEventKind.PREEMPT, iid + detail, instance_id=iid, time_s=now, pid=pid)
 
     def pids(self) -> dict[str, int]:
         """Running instances' agent processes: id -> pid (empty without a launcher)."""
@@ -489,35 +477,15 @@ class EmulatedProvider(Provider):
     def start_background(self, poll_s: float = 0.05) -> None:
         """Start (a replay), then step on a daemon thread until closed (sleeping on the
         injected clock: ``poll_s``, or less until a replay's next action)."""
-        if not poll_s > 0:
-            raise LiveputError(f"poll_s must be positive, got {poll_s}")
-        if self._thread is not None:
-            raise LiveputError("the emulated provider is already stepping")
+        self._stepper.check(poll_s)
         self.start()
-        self._thread = threading.Thread(
-            target=self._run, args=(poll_s,), name="liveput-provider", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, poll_s: float) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception:  # a dead stepping thread would silently freeze the cloud
-                log.exception("emulated provider step failed")
-            upcoming = self.next_action_s()
-            wait_s = poll_s
-            if upcoming is not None:
-                wait_s = min(poll_s, max(0.0, (upcoming - self.now_s()) / self.config.time_scale))
-            self.clock.sleep(max(wait_s, 0.001))
+        self._stepper.start(poll_s)
 
     def close(self) -> None:
         """Stop stepping and end every instance still alive (its bill is then final): a
         replay's agents are killed at once, as at the end of its trace; the others are
         released (stopped, with a grace)."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        self._stepper.stop()
         with self._lock:
             if self._replay is not None and self._procs is not None:
                 self._procs.close()

@@ -188,9 +188,14 @@ class Provider(ABC):
         chosen = self._check_zones(zones)
         return self._retrying(lambda: self._quote(name, chosen), f"prices of {name}")
 
+    def records(self) -> list[InstanceRecord]:
+        """Every instance as billing sees it: by default what the API lists (an emulator that
+        reports ends late keeps the true ones here)."""
+        return self.instances()
+
     def bill(self) -> Bill:
-        """What every instance cost up to now."""
-        return BillingAccount.bill(self.instances(), self.now_s())
+        """What every instance cost up to now: each charged until it really ended."""
+        return BillingAccount.bill(self.records(), self.now_s())
 
     def close(self) -> None:
         """Stop any background work (instances stay as they are; release them first)."""

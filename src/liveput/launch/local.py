@@ -114,9 +114,8 @@ class LocalTrainingConfig:
     """The instances' link rate the planner assumes, Gb/s (``JobRequest.network_gbps``; agents
     on hosts whose links are shaped); None: the profile's."""
     loss_signal_delay_s: float | None = 0.0
-    """Trace seconds from an instance's end by the cloud's hand until the emulated provider's
-    list reports it, which the coordinator is then told (None: never, the heartbeats alone
-    tell; 0: at once). The instance's processes die at its end all the same."""
+    """Trace seconds from an instance's end until the emulated provider's list reports it and
+    the coordinator is told (None: never, heartbeats alone tell; 0: at once)."""
     fork_agents: bool = True
     """Fork the agents from one process that imported torch (:mod:`liveput.cloud.agent_forks`);
     False: each a new interpreter that imports it, as a booting instance does (a benchmark)."""
