@@ -1,8 +1,9 @@
 """Peers: liveput's runtime against torchrun elastic and torchft on the same job and trace, and
 the simulator's prediction of the runtime's samples.
 
-Usage: ``python -m bench peers [--quick] [--notice-lead S] [--loss-signal-delay S|none]
-[--trace FILE [--trace-start S] [--trace-span S]] [--json FILE] [--plot FILE] [--work-dir DIR]``.
+Usage: ``python -m bench peers [--quick] [--repeats N] [--checkpoint-every-s S] [--notice-lead S]
+[--loss-signal-delay S|none] [--trace FILE [--trace-start S] [--trace-span S]] [--json FILE]
+[--plot FILE] [--work-dir DIR]``.
 
 Every system trains the built-in job (``tiny-gpt``: same model, data order, global batch and
 learning rate) on the same emulated cloud (:mod:`bench.peers_run`): the trace replayed at the same
@@ -12,7 +13,8 @@ after the notice lead. Systems:
 - ``liveput``: the runtime with the liveput policy (``liveput train``'s coordinator and agents);
 - ``liveput-restart``: the same runtime with the ``reactive`` policy, whose every change is a
   restart from the newest checkpoint (the simulator's reactive baseline, executed for real);
-- ``torchrun``: plain DDP under TorchElastic (:mod:`bench.peers_ddp`);
+- ``torchrun``: plain DDP under TorchElastic (:mod:`bench.peers_ddp`); ``torchrun-notice``:
+  the same, checkpointing at the first step boundary after any instance's notice;
 - ``torchrun-fsdp`` (only when ``--systems`` names it): the same under FSDP2 with DCP
   checkpoints (:mod:`bench.peers_fsdp`), as users run a model that needs sharding;
 - ``torchrun-pp`` (the pipeline regime): the job cut into liveput's plan's stages under
@@ -24,9 +26,12 @@ after the notice lead. Systems:
 - ``torchft-hsdp`` (the pipeline regime): torchft across replica groups, FSDP2 inside each
   group of as many instances as the shards need (:mod:`bench.peers_hsdp`).
 
-Per trace it prints samples in the window, ratios to liveput, downtime per preemption, restarts
-or migrations, final loss, the simulator's prediction (:mod:`bench.peers_sim`) and each system's
-samples/s with no preemption (two instances, one per core of this machine).
+Each system runs ``--repeats`` times per trace (3; 1 with ``--quick``), interleaved, and
+checkpoints every ``--checkpoint-every-s`` wall seconds of its own steps. Per trace it prints
+the median samples in the window and their min-max, ratios of medians to liveput's, downtime
+per preemption, restarts or migrations, final loss, why a system stopped (from its logs), the
+simulator's prediction (:mod:`bench.peers_sim`) and each system's samples/s with no preemption
+(two instances, one per core of this machine).
 
 Targets: liveput >= 1.5x torchrun where preemptions come more than once per 5 trace
 minutes, >= torchft; no-preemption throughput within 5 % of torchrun's; the simulator within

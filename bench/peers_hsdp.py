@@ -283,6 +283,12 @@ def _run_groups(
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
         "OMP_NUM_THREADS": "1",
+        # Each worker group a store of its own: torchrun's agents otherwise share one store
+        # across restarts, isolated by a restart count each agent keeps for itself, and a
+        # restart after a membership change read the last group's addresses from it (gloo's
+        # connectFullMesh refused, every round; pytorch/pytorch#135712, the opt-out its
+        # maintainers give).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "TORCHFT_LIGHTHOUSE": url,
     }
     if pool is not None:

@@ -445,6 +445,12 @@ def _run_torchrun(
             [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]
         ),
         "OMP_NUM_THREADS": "1",
+        # Each worker group a store of its own: torchrun's agents otherwise share one store
+        # across restarts, isolated by a restart count each agent keeps for itself, and a
+        # restart after a membership change read the last group's addresses from it (gloo's
+        # connectFullMesh refused, every round; pytorch/pytorch#135712, the opt-out its
+        # maintainers give).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
     if pool is None:
         launcher = tree_launcher(template, env, work / "logs")
