@@ -42,212 +42,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import logging
 import multiprocessing
-import shutil
 import signal
 import sys
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bench import peers_report
-from bench.inputs import P3_TRACE, real_trace
-from bench.peers_regime import REGIMES, Regime, interpolated, sharded_minimum
-from bench.peers_run import RunSettings, SystemRun, run_liveput, run_torchrun, scratch
-from bench.peers_stops import Stop, stop_of
-from liveput.traces import IntervalTrace, Trace, generate_trace, read_trace
-
-if TYPE_CHECKING:
-    from bench.peers_pp import PlannedCuts
-
-
-def p3_cut(workers: int, start_s: float = 3030.0, span_s: float = 300.0) -> Trace:
-    """A ``span_s`` cut of the real p3 trace (the default: its 5 minutes with the most
-    preemption events, 4), rescaled to ``workers``."""
-    return cut_trace(read_trace(real_trace(P3_TRACE)), workers, start_s, span_s, "p3-cut")
-
-
-def cut_trace(
-    full: Trace | IntervalTrace, workers: int, start_s: float, span_s: float, name: str
-) -> Trace:
-    """``span_s`` seconds of ``full`` from ``start_s``, rescaled to ``workers``: the count scaled
-    by ``workers / peak``, each change keeping at least one instance so that no preemption event
-    vanishes in the rounding."""
-    import numpy as np
-
-    if isinstance(full, IntervalTrace):
-        full = Trace.from_counts(
-            full.name,
-            np.arange(len(full.count)) * full.interval_s,
-            np.asarray(full.count),
-            len(full.count) * full.interval_s,
-        )
-    if not 0 <= start_s < full.end_s:
-        sys.exit(
-            f"bench peers: --trace-start {start_s:g} s is outside {full.name} "
-            f"(0 to {full.end_s:g} s)"
-        )
-    ratio = workers / max(int(full.max_count()), 1)
-    count = int(np.clip(round(int(full.count_at(start_s)) * ratio), 1, workers))
-    times, counts = [0.0], [count]
-    inside = (full.times_s > start_s) & (full.times_s < start_s + span_s)
-    for time_s, added, removed in zip(
-        full.times_s[inside], full.added[inside], full.removed[inside], strict=True
-    ):
-        delta = int(added) - int(removed)
-        if delta:
-            step = int(np.sign(delta)) * max(1, round(abs(delta) * ratio))
-            count = int(np.clip(count + step, 0, workers))
-            times.append(float(time_s - start_s))
-            counts.append(count)
-    span_s = min(span_s, full.end_s - start_s)
-    return Trace.from_counts(f"{name}-{workers}", np.array(times), np.array(counts), span_s)
-
-
-def user_traces(
-    paths: list[str], start_s: float, span_s: float, workers: int
-) -> list[tuple[str, Trace]]:
-    """Traces the user names (any format the CLI reads), cut and rescaled to ``workers``; a
-    missing or unreadable one ends the benchmark with a message (it never skips one)."""
-    from liveput.errors import LiveputError
-
-    chosen = []
-    for path in paths:
-        if not Path(path).is_file():
-            sys.exit(f"bench peers: --trace {path}: no such file")
-        try:
-            full = read_trace(Path(path))
-        except LiveputError as error:
-            sys.exit(f"bench peers: --trace {path}: {error}")
-        chosen.append((Path(path).stem, cut_trace(full, workers, start_s, span_s, Path(path).stem)))
-    return chosen
-
-
-def traces(quick: bool, seeds: list[int], workers: int) -> list[tuple[str, Trace, int]]:
-    """(name, trace, seed): the generated 5-minute trace per seed, and the p3 cut."""
-    chosen = [
-        (f"generated-{workers}-seed{s}", generate_trace(workers, 5 / 60, s), s) for s in seeds
-    ]
-    if quick:
-        return chosen[:1]
-    chosen.append(("p3-cut", p3_cut(workers), seeds[0]))
-    return chosen
-
-
-def _torchft(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
-    from bench.peers_torchft import run_torchft
-
-    return run_torchft(trace, settings, work)
-
-
-def _global_batch(job: str) -> int:
-    return _shape(job)[0]
-
-
-def _parameters(job: str) -> int:
-    return _shape(job)[1]
-
-
-@functools.cache
-def _shape(job: str) -> tuple[int, int]:
-    """The built-in job's global batch and parameter count (its layers built once per
-    benchmark, then let go)."""
-    from liveput.models.jobs import resolve_job
-
-    built = resolve_job(job)
-    return built.global_batch_size, sum(p.numel() for x in built.layers for p in x.parameters())
-
-
-def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
-    minimum = sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
-    return run_torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp", minimum)
-
-
-@functools.cache
-def _planned_cuts(job: str, instance_memory_gb: float | None, maximum: int) -> PlannedCuts:
-    """liveput's plan's stage cut per instance count (:func:`bench.peers_pp.liveput_cuts`),
-    once per benchmark: the job is profiled in a process of its own (about a minute for
-    gpt2-small on the loaded cores; its layers' memory stays out of the benchmark's process, as
-    the simulator's measurements do)."""
-    from bench.peers_pp import liveput_cuts
-
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-        return child.submit(liveput_cuts, job, instance_memory_gb, maximum).result()
-
-
-def _torchrun_pp(
-    trace: Trace, settings: RunSettings, work: Path, notice: bool = False
-) -> SystemRun | str:
-    """The pipeline peer (:mod:`bench.peers_pp`) on liveput's plan's cut of each instance count,
-    from the fewest instances a cut fits; with ``notice``, every rank checkpoints at the first
-    step boundary after any instance's notice file appears."""
-    from bench.peers_pp import write_plan
-
-    planned = _planned_cuts(settings.job, settings.instance_memory_gb, max(1, trace.max_count()))
-    work.mkdir(parents=True, exist_ok=True)
-    plan = work / "pp-plan.json"
-    write_plan(plan, planned)
-    worker_args = ["--plan", str(plan)]
-    if notice:
-        # Where the emulated cloud writes each instance's notice (its LaunchSpec.notice_file).
-        worker_args += ["--notice-file", str(work / "notices" / "{instance_id}.notice.json")]
-    system = "torchrun-pp-notice" if notice else "torchrun-pp"
-    return run_torchrun(
-        trace, settings, work, "bench.peers_pp", system, planned.minimum, worker_args
-    )
-
-
-def _torchft_hsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
-    from bench.peers_hsdp import run_torchft_hsdp
-    from liveput.launch.assemble import OPTIMIZER_STATE_FACTOR
-    from liveput.runtime.launch import comm_timeout_s
-
-    parameters = _parameters(settings.job)
-    group_size = sharded_minimum(parameters, settings.instance_memory_gb)
-    # liveput's agents' collective timeout on these links: a heal sends a rank's shards of the
-    # fp32 weights and Adam's two moments over its link.
-    shard_bytes = OPTIMIZER_STATE_FACTOR * 4 * parameters / group_size
-    link_gbps = None if settings.link_mbit is None else settings.link_mbit / 1000
-    timeout_s = comm_timeout_s(shard_bytes, link_gbps)
-    return run_torchft_hsdp(trace, settings, work, group_size, timeout_s)
-
-
-RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
-    "liveput": lambda t, s, w: run_liveput(t, s, w, "liveput", "liveput"),
-    "liveput-restart": lambda t, s, w: run_liveput(t, s, w, "reactive", "liveput-restart"),
-    "torchrun": run_torchrun,
-    "torchrun-notice": lambda t, s, w: run_torchrun(
-        t, s, w, system="torchrun-notice", worker_args=("--checkpoint-on-notice",)
-    ),
-    "torchrun-fsdp": _torchrun_fsdp,
-    "torchrun-pp": _torchrun_pp,
-    "torchrun-pp-notice": functools.partial(_torchrun_pp, notice=True),
-    "torchft": _torchft,
-    "torchft-hsdp": _torchft_hsdp,
-}
-
-
-def _run(system: str, trace: Trace, settings: RunSettings) -> SystemRun | str:
-    work = scratch(settings, system)
-    try:
-        run = RUNNERS[system](trace, settings, work)
-        if isinstance(run, SystemRun):
-            run.extra["checkpoint_every_steps"] = settings.checkpoint_every
-            stop = stop_of(run, trace, settings, work / "logs")
-            run.stopped = None if stop is None else stop.as_json()
-        return run
-    except Exception as error:  # noqa: BLE001 - one system failing must not lose the others
-        logging.getLogger(__name__).exception("%s failed", system)
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    finally:
-        # A run's logs and checkpoints (76 MB a liveput run in the pipeline regime; a full
-        # benchmark left 1.6 GB in a tmpfs) are kept only where --work-dir asks for them.
-        if not settings.work_dir:
-            shutil.rmtree(work, ignore_errors=True)
+from bench.peers_regime import REGIMES, Regime, interpolated
+from bench.peers_run import RunSettings, SystemRun
+from bench.peers_systems import RUNNERS, SAME_WITHOUT_PREEMPTION, global_batch, run_system
+from bench.peers_traces import traces, user_traces
+from liveput.traces import Trace
 
 
 def steady_runs(settings: RunSettings, systems: list[str], instances: int) -> dict[str, SystemRun]:
@@ -265,22 +73,13 @@ def steady_runs(settings: RunSettings, systems: list[str], instances: int) -> di
         s: SAME_WITHOUT_PREEMPTION[s] for s in systems if SAME_WITHOUT_PREEMPTION.get(s) in systems
     }
     for system in [s for s in systems if s not in twins]:
-        run = _run(system, constant, settings)
+        run = run_system(system, constant, settings)
         if isinstance(run, SystemRun):
             runs[system] = run
     for system, twin in twins.items():
         if twin in runs:
             runs[system] = runs[twin]
     return runs
-
-
-SAME_WITHOUT_PREEMPTION = {
-    "liveput-restart": "liveput",
-    "torchrun-notice": "torchrun",
-    "torchrun-pp-notice": "torchrun-pp",
-}
-"""Systems that do what another does while no instance is lost (a policy's restarts, a peer's
-checkpoint on notice): their no-preemption run is the other's."""
 
 
 def steps_between_checkpoints(interval_s: float, samples_per_s: float | None, batch: int) -> int:
@@ -310,7 +109,7 @@ def rates_by_count(
             rates[count] = steady.rate(settings.window_s / 3)
             continue
         constant = Trace(f"constant-{count}", count, [], [], [], window_s * settings.time_scale)
-        run = _run("liveput", constant, dataclasses.replace(settings, window_s=window_s))
+        run = run_system("liveput", constant, dataclasses.replace(settings, window_s=window_s))
         if isinstance(run, SystemRun):
             rates[count] = run.rate(window_s / 3)
     rates = interpolated({n: r for n, r in rates.items() if r > 0}, every)
@@ -561,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
     every_s = (
         regime.checkpoint_every_s if args.checkpoint_every_s is None else args.checkpoint_every_s
     )
-    batch = _global_batch(base.job)
+    batch = global_batch(base.job)
     every = {s: steps_between_checkpoints(every_s, rates.get(s), batch) for s in systems}
     print(
         f"checkpoints every {every_s:g} s: "
@@ -582,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
                 chosen_k = dataclasses.replace(settings, checkpoint_every=every[system])
-                runs[system].append(_run(system, trace, chosen_k))
+                runs[system].append(run_system(system, trace, chosen_k))
         simulated = {}
         if measured is not None:
             from bench.peers_sim import predict
@@ -605,65 +404,13 @@ def main(argv: list[str] | None = None) -> None:
         document["liveput_samples_per_s_by_instances"] = {str(n): r for n, r in by_count.items()}
     print(peers_report.table(document))
     targets = regime.targets if base.notice_lead_s == 0 else regime.notice_targets or regime.targets
-    _verdicts(document, targets)
+    peers_report.verdicts(document, targets)
     if args.json:
         args.json.write_text(json.dumps(document, indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.plot:
         peers_report.plot(document, args.plot)
         print(f"wrote {args.plot}")
-
-
-HUNG_S = 60.0
-"""Wall seconds an instance was held without the system taking a step after which its run
-counts as broken (a crash loop or a hang, not a slow restart): no verdict is drawn from it."""
-
-
-def _broken(figures: dict) -> str:
-    """Why a system's median run cannot carry a ratio ('' when it can): it trained nothing, or
-    it stopped while an instance was held :data:`HUNG_S` or longer."""
-    if figures.get("samples") == 0:
-        return "trained nothing"
-    stopped = figures.get("stopped")
-    if stopped and stopped["held_after_s"] >= HUNG_S:
-        return f"stopped: {Stop(**stopped).describe()}"
-    return ""
-
-
-def _verdicts(document: dict, targets: tuple[tuple[str, float], ...]) -> None:
-    for entry in document["traces"]:
-        systems, simulated = entry["systems"], entry["simulated"]
-        live = systems.get("liveput", {}).get("samples")
-        for peer, target in targets:
-            other = systems.get(peer, {}).get("samples")
-            broken = [s for s in ("liveput", peer) if _broken(systems.get(s, {}))]
-            if live is not None and other is not None and broken:
-                # A ratio to a run that crashed or hung measures the harness, not the systems.
-                print(
-                    f"{entry['trace']}: liveput / {peer}: NO VERDICT, "
-                    + "; ".join(f"{s} {_broken(systems[s])}" for s in broken)
-                )
-            elif live and other:
-                ratio = live / other
-                bound = entry.get("bound_samples")
-                reach = (
-                    ""
-                    if bound is None or bound >= target * other
-                    else (f"; out of reach here: {target} x {other} > the bound, {bound}")
-                )
-                print(
-                    f"{entry['trace']}: liveput / {peer} = {ratio:.2f} (target >= {target}): "
-                    f"{'PASS' if ratio >= target else 'FAIL'}{reach}"
-                )
-        for system, predicted in simulated.items():
-            real = systems.get(system, {}).get("samples")
-            if real:
-                error = predicted / real - 1
-                print(
-                    f"{entry['trace']}: simulator / runtime for {system} = {predicted} / "
-                    f"{real} ({error * 100:+.0f} %, target within 10 %): "
-                    f"{'PASS' if abs(error) <= 0.10 else 'FAIL'}"
-                )
 
 
 if __name__ == "__main__":

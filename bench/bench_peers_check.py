@@ -16,17 +16,16 @@ cores, 20-25 s before a step; pipeline 360 s: eight agents building gpt2-small).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from bench.bench_peers import RUNNERS, _run
 from bench.peers_regime import REGIMES
 from bench.peers_run import RunSettings, SystemRun
 from bench.peers_stops import Stop
+from bench.peers_systems import RUNNERS, run_system
 from liveput.traces import Trace
 
 CHECK_WINDOW_S = {"data-parallel": 90.0, "pipeline": 360.0}
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     results, failed = {}, 0
     for system in systems:
-        run = _run(system, trace, dataclasses.replace(settings))
+        run = run_system(system, trace, settings)
         passed, what = check(run, kill_s)
         failed += not passed
         results[system] = {"passed": passed, "what": what}

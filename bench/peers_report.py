@@ -243,3 +243,55 @@ def plot(document: dict, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+HUNG_S = 60.0
+"""Wall seconds an instance was held without the system taking a step after which its run
+counts as broken (a crash loop or a hang, not a slow restart): no verdict is drawn from it."""
+
+
+def broken(figures: dict) -> str:
+    """Why a system's median run cannot carry a ratio ('' when it can): it trained nothing, or
+    it stopped while an instance was held :data:`HUNG_S` or longer."""
+    if figures.get("samples") == 0:
+        return "trained nothing"
+    stopped = figures.get("stopped")
+    if stopped and stopped["held_after_s"] >= HUNG_S:
+        return f"stopped: {Stop(**stopped).describe()}"
+    return ""
+
+
+def verdicts(document: dict, targets: tuple[tuple[str, float], ...]) -> None:
+    for entry in document["traces"]:
+        systems, simulated = entry["systems"], entry["simulated"]
+        live = systems.get("liveput", {}).get("samples")
+        for peer, target in targets:
+            other = systems.get(peer, {}).get("samples")
+            broken = [s for s in ("liveput", peer) if broken(systems.get(s, {}))]
+            if live is not None and other is not None and broken:
+                # A ratio to a run that crashed or hung measures the harness, not the systems.
+                print(
+                    f"{entry['trace']}: liveput / {peer}: NO VERDICT, "
+                    + "; ".join(f"{s} {broken(systems[s])}" for s in broken)
+                )
+            elif live and other:
+                ratio = live / other
+                bound = entry.get("bound_samples")
+                reach = (
+                    ""
+                    if bound is None or bound >= target * other
+                    else (f"; out of reach here: {target} x {other} > the bound, {bound}")
+                )
+                print(
+                    f"{entry['trace']}: liveput / {peer} = {ratio:.2f} (target >= {target}): "
+                    f"{'PASS' if ratio >= target else 'FAIL'}{reach}"
+                )
+        for system, predicted in simulated.items():
+            real = systems.get(system, {}).get("samples")
+            if real:
+                error = predicted / real - 1
+                print(
+                    f"{entry['trace']}: simulator / runtime for {system} = {predicted} / "
+                    f"{real} ({error * 100:+.0f} %, target within 10 %): "
+                    f"{'PASS' if abs(error) <= 0.10 else 'FAIL'}"
+                )

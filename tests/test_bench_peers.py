@@ -129,8 +129,9 @@ def test_upper_bound_against_a_count_of_each_second() -> None:
 def test_any_trace_is_cut_and_rescaled_to_the_benchmarks_instances(tmp_path: Path) -> None:
     import numpy as np
 
-    from bench.bench_peers import main, p3_cut, user_traces
+    from bench.bench_peers import main
     from bench.peers_regime import DATA_PARALLEL
+    from bench.peers_traces import p3_cut, user_traces
     from liveput.traces import Trace, write_trace
 
     workers = DATA_PARALLEL.workers
@@ -314,7 +315,7 @@ def test_a_systems_scratch_is_removed_after_its_run_unless_a_work_dir_keeps_it(
     removed once the run is read (also when the system failed); with it, it stays there."""
     import tempfile
 
-    from bench import bench_peers
+    from bench import peers_systems
 
     seen: list[Path] = []
 
@@ -325,14 +326,15 @@ def test_a_systems_scratch_is_removed_after_its_run_unless_a_work_dir_keeps_it(
             raise RuntimeError("the system broke")
         return "ran"
 
-    monkeypatch.setitem(bench_peers.RUNNERS, "liveput", writes)
+    monkeypatch.setitem(peers_systems.RUNNERS, "liveput", writes)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     trace = Trace.from_counts("t", [0.0], [1], end_s=10.0)
-    assert bench_peers._run("liveput", trace, RunSettings()) == "ran"
-    assert bench_peers._run("liveput", trace, RunSettings(seed=1)).startswith("RuntimeError")
+    assert peers_systems.run_system("liveput", trace, RunSettings()) == "ran"
+    broke = peers_systems.run_system("liveput", trace, RunSettings(seed=1))
+    assert isinstance(broke, str) and broke.startswith("RuntimeError")
     kept = RunSettings(work_dir=str(tmp_path / "kept"))
-    assert bench_peers._run("liveput", trace, kept) == "ran"
+    assert peers_systems.run_system("liveput", trace, kept) == "ran"
     assert [path.exists() for path in seen] == [False, False, True]
     assert seen[2].parent == tmp_path / "kept" and (seen[2] / "checkpoint.pt").is_file()
 

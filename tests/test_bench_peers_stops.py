@@ -108,11 +108,11 @@ def test_every_system_checkpoints_at_the_same_wall_interval() -> None:
 
 
 def test_no_ratio_is_drawn_from_a_run_that_crashed_or_hung() -> None:
-    from bench.bench_peers import HUNG_S, _broken
+    from bench.peers_report import HUNG_S, broken
 
     hung = Stop(20.0, 0, "i-0001.log: failed (exitcode: 1)", 3, HUNG_S).as_json()
     slow = Stop(20.0, 1, None, 1, HUNG_S - 1).as_json()
-    assert _broken({"samples": 0}) == "trained nothing"
-    assert _broken({"samples": 400, "stopped": hung}).startswith("stopped: no step after 20 s")
-    assert _broken({"samples": 400, "stopped": slow}) == ""  # restarting slower than the gap
-    assert _broken({"samples": 400, "stopped": None}) == ""
+    assert broken({"samples": 0}) == "trained nothing"
+    assert broken({"samples": 400, "stopped": hung}).startswith("stopped: no step after 20 s")
+    assert broken({"samples": 400, "stopped": slow}) == ""  # restarting slower than the gap
+    assert broken({"samples": 400, "stopped": None}) == ""
