@@ -171,10 +171,14 @@ def main() -> None:
         dist.barrier()  # every rank leaves the group once the weights are written
     finally:
         dist.destroy_process_group()
-    # Everything is written and the group is gone: the worker ends here, without the
-    # interpreter's teardown, where a rank aborted in C++ ("terminate called without an active
-    # exception") after a complete run in 3 of 38 runs on a loaded machine (with or without the
-    # group destroyed first); ending so, 0 of 20. Its cause inside torch was not found.
+    end_worker()
+
+
+def end_worker() -> None:
+    """End a worker whose output is written and whose group is gone, without the interpreter's
+    teardown, where a rank aborted in C++ ("terminate called without an active exception")
+    after a complete run in 3 of 38 runs on a loaded machine (with or without the group
+    destroyed first); ending so, 0 of 20. Its cause inside torch was not found."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

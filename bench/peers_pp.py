@@ -46,7 +46,6 @@ import contextlib
 import json
 import logging
 import os
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -74,6 +73,7 @@ from bench.peers_fsdp import (
     _reader,
     _url,
     _writer,
+    end_worker,
     latest_checkpoint,
 )
 from liveput.errors import LiveputError
@@ -573,11 +573,7 @@ def main() -> None:
         train(config)
     finally:
         dist.destroy_process_group()
-    # As bench.peers_fsdp's worker: ended without the interpreter's teardown, where a gloo rank
-    # aborted in C++ after a complete run on the loaded machine.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_worker()  # as the FSDP peer's worker: a gloo rank aborted in the interpreter's teardown
 
 
 if __name__ == "__main__":
