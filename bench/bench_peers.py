@@ -145,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench peers", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
-        "--quick", action="store_true", help="one trace, one seed (under 10 minutes)"
+        "--quick",
+        action="store_true",
+        help="one trace, one seed, one run of each system (data-parallel: about 11 minutes on "
+        "2 cores; with --repeats 3, 23)",
     )
     parser.add_argument(
         "--regime",
