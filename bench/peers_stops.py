@@ -26,6 +26,10 @@ ERROR_LINE = re.compile(
 )
 """A log line that reads as an error (torch's, gloo's, torchft's, liveput's)."""
 
+NOT_AN_ERROR = re.compile(r"\[INFO\]|\bINFO\b|\bDEBUG\b|^I\d{4} ")
+"""A line logged at info or debug level (torchft's lighthouse reports its join timeout so;
+torch's glog-style ``I1207 ...`` lines), whatever words it holds."""
+
 MAX_LINE_CHARS = 240
 
 
@@ -95,7 +99,7 @@ def last_error(logs: Path) -> str | None:
     for path in files:
         lines = path.read_text(errors="replace").splitlines()
         for line in reversed(lines):
-            if ERROR_LINE.search(line):
+            if ERROR_LINE.search(line) and not NOT_AN_ERROR.search(line):
                 return f"{path.relative_to(logs)}: {line.strip()[:MAX_LINE_CHARS]}"
     return None
 

@@ -61,7 +61,10 @@ def test_never_trained_and_the_traces_own_gap(tmp_path: Path) -> None:
 
 
 def test_no_error_line_is_none(tmp_path: Path) -> None:
-    (tmp_path / "a.log").write_text("all well\n")
+    (tmp_path / "a.log").write_text(
+        "all well\n"
+        "2026-12-07T05:08:44.905 [INFO] [torchft::lighthouse] - waiting due to join timeout\n"
+    )
     assert last_error(tmp_path) is None
     assert last_error(tmp_path / "missing") is None
 
