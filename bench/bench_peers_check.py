@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -44,19 +45,26 @@ def one_loss_trace(instances: int, window_s: float, time_scale: float) -> Trace:
 
 
 def check(run: SystemRun | str, kill_s: float) -> tuple[bool, str]:
-    """(passed, what happened) of one system's run with one kill at ``kill_s`` wall s."""
+    """(passed, what happened) of one system's run with one kill at ``kill_s`` wall s.
+
+    It trains again once its samples pass what it had reached by the kill and one median step
+    gap after it: a step in flight when the kill came (the survivors' share of it) may still be
+    written after the kill, and is not a restart."""
     if isinstance(run, str):
         return False, f"could not run: {run}"
-    steps = [t for (t, s), (_, before) in zip(run.timeline[1:], run.timeline) if s > before]
-    before = [t for t in steps if t <= kill_s]
-    after = [t for t in steps if t > kill_s]
+    steps = [(t, s) for (t, s), (_, before) in zip(run.timeline[1:], run.timeline) if s > before]
+    before = [t for t, _ in steps if t <= kill_s]
     why = "" if not run.stopped else f"; {Stop(**run.stopped).describe()}"
     if not before:
         return False, f"no step before the kill at {kill_s:.0f} s{why}"
+    gaps = [b - a for a, b in zip(before, before[1:])]
+    in_flight_s = kill_s + (statistics.median(gaps) if gaps else 0.0)
+    reached = max(s for t, s in steps if t <= in_flight_s)
+    after = [t for t, s in steps if t > in_flight_s and s > reached]
     if not after:
-        return False, f"{len(before)} steps, none after the kill at {kill_s:.0f} s{why}"
+        return False, f"{len(before)} steps, none past them after the kill at {kill_s:.0f} s{why}"
     return True, (
-        f"{len(before)} steps before the kill at {kill_s:.0f} s, trains again "
+        f"{len(before)} steps before the kill at {kill_s:.0f} s, past them again "
         f"{after[0] - kill_s:.1f} s after it ({len(after)} steps after)"
     )
 
