@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import start_processes
+from forked_ranks import fork_ranks
 
 from bench.peers_ddp import build_model, local_batch
 from liveput.errors import LiveputError
@@ -73,7 +73,7 @@ def _run(tmp_path: Path, name: str, world: int, **fields: Any) -> dict[str, torc
     # Forked: the test process has imported torch and the job already (spawned, two ranks took
     # 22 s where the training took 0.3, importing them on the loaded machine). A failed rank
     # raises here with its traceback.
-    start_processes(_worker, args=(world, str(where), config), nprocs=world, start_method="fork")
+    fork_ranks(_worker, (world, str(where), config), world)
     merged: dict[str, torch.Tensor] = {}
     for part in sorted(where.glob("stage-*.pt")):
         merged.update(torch.load(part, weights_only=True))

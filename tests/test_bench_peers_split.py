@@ -4,12 +4,12 @@ instances crashed every peer), and ranks beyond the batch are spares that add no
 
 from __future__ import annotations
 
-import multiprocessing
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from forked_ranks import fork_ranks
 
 from bench import peers_ddp
 from bench.peers_ddp import DDPConfig, local_batch, loss_weight, sample_share
@@ -46,21 +46,10 @@ def _rank(rank: int, world: int, rendezvous: str, directory: str, out: str) -> N
 
 
 def _trained(world: int, tmp_path: Path) -> dict[str, torch.Tensor]:
-    # Forked from this process (torch imported once): ten gloo ranks cost a fork each.
-    context = multiprocessing.get_context("fork")
     out = tmp_path / f"world-{world}.pt"
     rendezvous = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
-    ranks = [
-        context.Process(
-            target=_rank, args=(r, world, rendezvous, str(tmp_path / f"ck-{world}"), str(out))
-        )
-        for r in range(world)
-    ]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(timeout=120)
-    assert [p.exitcode for p in ranks] == [0] * world
+    # Forked from this process (torch imported once): nine gloo ranks cost a fork each.
+    fork_ranks(_rank, (world, rendezvous, str(tmp_path / f"ck-{world}"), str(out)), world)
     return torch.load(out, weights_only=True)
 
 
