@@ -52,7 +52,7 @@ def check(run: SystemRun | str, kill_s: float) -> tuple[bool, str]:
     written after the kill, and is not a restart."""
     if isinstance(run, str):
         return False, f"could not run: {run}"
-    steps = [(t, s) for (t, s), (_, before) in zip(run.timeline[1:], run.timeline) if s > before]
+    steps = run.steps()
     before = [t for t, _ in steps if t <= kill_s]
     why = "" if not run.stopped else f"; {Stop(**run.stopped).describe()}"
     if not before:

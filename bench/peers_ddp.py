@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from liveput.models.jobs import resolve_job
 from liveput.runtime.instance_env import NOTICE_FILE_ENV
 
 CHECKPOINT_GLOB = "step-*.pt"
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,24 +132,34 @@ def reported_loss(loss: torch.Tensor, weight: float) -> float:
 
 
 class NoticeWatch:
-    """Whether a rank's instance was noticed since the last look, agreed by every rank: each
-    rank's notice file (``LIVEPUT_NOTICE_FILE``, set by the cloud for the instance's processes)
-    counted, summed over the ranks (one small all-reduce a step), and a rise of the sum is a new
-    notice: every rank then saves together (FSDP's and DCP's saves are collective)."""
+    """Whether a rank's instance was noticed since the last look, agreed by every rank of
+    ``group`` (None: the default group): each rank's notice file (``notice_file``, by default
+    ``LIVEPUT_NOTICE_FILE``, set by the cloud for the instance's processes) counted, summed over
+    the ranks (one small all-reduce a step), and a rise of the sum is a new notice: every rank
+    then saves together (FSDP's and DCP's saves are collective). Disabled, it never says so and
+    takes part in no collective."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        notice_file: str | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         self.enabled = enabled
-        notice_file = os.environ.get(NOTICE_FILE_ENV)
+        notice_file = notice_file or os.environ.get(NOTICE_FILE_ENV)
         self.notice_file = Path(notice_file) if notice_file else None
+        self.group = group
         self.seen = 0
 
     def new_notice(self) -> bool:
         if not self.enabled:
             return False
         mine = torch.tensor([int(self.notice_file is not None and self.notice_file.exists())])
-        dist.all_reduce(mine)
+        dist.all_reduce(mine, group=self.group)
         noticed = int(mine.item())
         rose, self.seen = noticed > self.seen, noticed
+        if rose:
+            LOG.info("a notice among the ranks (%d in all): checkpointing at this step", noticed)
         return rose
 
 

@@ -60,6 +60,7 @@ from bench.peers_fsdp import _load, _save, latest_checkpoint
 from bench.peers_hosts import HostPool
 from bench.peers_run import (
     REPO,
+    TORCHRUN_WORKER_ENV,
     RunSettings,
     SystemRun,
     checkpoint_location,
@@ -282,13 +283,7 @@ def _run_groups(
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
-        "OMP_NUM_THREADS": "1",
-        # Each worker group a store of its own: torchrun's agents otherwise share one store
-        # across restarts, isolated by a restart count each agent keeps for itself, and a
-        # restart after a membership change read the last group's addresses from it (gloo's
-        # connectFullMesh refused, every round; pytorch/pytorch#135712, the opt-out its
-        # maintainers give).
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        **TORCHRUN_WORKER_ENV,
         "TORCHFT_LIGHTHOUSE": url,
     }
     if pool is not None:

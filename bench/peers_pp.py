@@ -65,7 +65,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from bench.peers_ddp import worker_arguments
+from bench.peers_ddp import NoticeWatch, worker_arguments
 from bench.peers_fsdp import (
     CHECKPOINT_PREFIX,
     _checkpoints,
@@ -80,8 +80,6 @@ from liveput.errors import LiveputError
 from liveput.models.job import Job, replica_micro_batches
 from liveput.models.jobs import resolve_job
 from liveput.objectstore import url_to_fs
-
-LOG = logging.getLogger(__name__)
 
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 """Optimizer state flattened to one entry per parameter, keyed by the parameter's name: what
@@ -297,28 +295,6 @@ def _pipeline_batch(
     return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs]), len(chunks)
 
 
-class _Noticed:
-    """Whether this rank's notice file has appeared since the worker started (said once)."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = None if path is None else Path(path)
-        self.said = False
-
-    def new(self) -> bool:
-        if self.path is None or self.said or not self.path.exists():
-            return False
-        self.said = True
-        LOG.info("peers_pp: notice at %s: checkpointing at the next step boundary", self.path)
-        return True
-
-
-def _agree(flag: bool, group: dist.ProcessGroup) -> bool:
-    """Whether any pipeline rank raised ``flag``: every one takes the same decision."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return bool(value.item())
-
-
 def _reduce_gradients(
     stage: nn.Module, group: dist.ProcessGroup, pipelines: int, loss: torch.Tensor | None
 ) -> torch.Tensor | None:
@@ -412,7 +388,7 @@ def train(config: PPConfig) -> tuple[nn.Module, Layout]:
             )
             + "\n"
         )
-    notices = _Noticed(config.notice_file)
+    notices = NoticeWatch(config.notice_file is not None, config.notice_file, groups.active)
     first, last = stage_index == 0, stage_index == lay.stages - 1
     try:
         while step < config.steps:
@@ -428,10 +404,7 @@ def train(config: PPConfig) -> tuple[nn.Module, Layout]:
             loss = _reduce_gradients(module, groups.stage, lay.pipelines, share)
             optimizer.step()
             step += 1
-            noticed = (
-                _agree(notices.new(), groups.active) if config.notice_file is not None else False
-            )
-            if step % config.checkpoint_every == 0 or noticed:
+            if step % config.checkpoint_every == 0 or notices.new_notice():
                 save_checkpoint(
                     config.checkpoint_dir,
                     step,

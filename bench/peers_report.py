@@ -135,17 +135,15 @@ def _repeated_entry(outcomes: list[Outcome], liveput: float | None, steady: floa
     return entry
 
 
+RUN_FIELDS = ("samples", "mean_downtime_s", "restarts_or_migrations", "final_loss", "stopped")
+"""What ``runs`` keeps of each repetition (its system entry's fields of the same names)."""
+
+
 def _run_entry(outcome: Outcome) -> dict:
     if isinstance(outcome, str):
         return {"samples": None, "error": outcome}
-    downtimes = outcome.downtimes_s()
-    return {
-        "samples": int(outcome.samples),
-        "mean_downtime_s": round(statistics.mean(downtimes), 2) if downtimes else None,
-        "restarts_or_migrations": int(outcome.restarts),
-        "final_loss": None if outcome.final_loss is None else round(float(outcome.final_loss), 4),
-        "stopped": outcome.stopped,
-    }
+    entry = _system_entry(outcome, None, None)
+    return {field: entry[field] for field in RUN_FIELDS}
 
 
 def table(document: dict) -> str:

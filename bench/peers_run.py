@@ -28,6 +28,7 @@ from pathlib import Path
 from bench.peers_hosts import BENCH_SUBNET, HostPool, shaped_hosts, start_tree
 from bench.peers_storage import object_store
 from liveput.cloud.emulated import EmulatedProvider, EmulatedProviderConfig, SpotModel
+from liveput.cloud.loss_report import check_loss_signal_delay
 from liveput.cloud.processes import Launcher, LaunchSpec
 from liveput.cloud.replay import trace_schedule
 from liveput.launch.local import (
@@ -42,6 +43,16 @@ from liveput.testbed import free_port
 from liveput.traces import Trace
 
 REPO = Path(__file__).resolve().parent.parent
+
+TORCHRUN_WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    # Each worker group a store of its own: torchrun's agents otherwise share one store across
+    # restarts, isolated by a restart count each agent keeps for itself, and a restart after a
+    # membership change read the last group's addresses from it (gloo's connectFullMesh
+    # refused, every round; pytorch/pytorch#135712, the opt-out its maintainers give).
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+}
+"""What every torchrun peer's agents and workers run with, beside the machine's environment."""
 
 
 @dataclass(frozen=True)
@@ -125,11 +136,7 @@ class RunSettings:
                 "peers: time scale, window, checkpoint interval, memory and link rate must be "
                 "positive, the notice margin >= 0, a step to stop at >= the checkpoint interval"
             )
-        if self.loss_signal_delay_s is not None and not self.loss_signal_delay_s >= 0:
-            raise ValueError(
-                f"peers: the loss signal delay must be >= 0 s or none, got "
-                f"{self.loss_signal_delay_s}"
-            )
+        check_loss_signal_delay(self.loss_signal_delay_s, "peers")
         if self.object_store and self.link_mbit is None:
             raise ValueError("peers: the object store sits behind shaped links: set a link rate")
 
@@ -173,6 +180,13 @@ class SystemRun:
             end = after[0] if after else (self.timeline[-1][0] if self.timeline else kill_s)
             out.append(max(end - last_t, 0.0))
         return out
+
+    def steps(self) -> list[tuple[float, int]]:
+        """(seconds, samples) of each point of the timeline where the samples grew: a step
+        (a redone one after a rollback included)."""
+        return [
+            (t, s) for (t, s), (_, before) in zip(self.timeline[1:], self.timeline) if s > before
+        ]
 
     def rate(self, skip_s: float) -> float:
         """Samples per second from ``skip_s`` (warm-up) to the last progress."""
@@ -444,13 +458,7 @@ def _run_torchrun(
         "PYTHONPATH": os.pathsep.join(
             [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]
         ),
-        "OMP_NUM_THREADS": "1",
-        # Each worker group a store of its own: torchrun's agents otherwise share one store
-        # across restarts, isolated by a restart count each agent keeps for itself, and a
-        # restart after a membership change read the last group's addresses from it (gloo's
-        # connectFullMesh refused, every round; pytorch/pytorch#135712, the opt-out its
-        # maintainers give).
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        **TORCHRUN_WORKER_ENV,
     }
     if pool is None:
         launcher = tree_launcher(template, env, work / "logs")

@@ -71,9 +71,7 @@ class Stop:
 
 def stop_of(run: SystemRun, trace: Trace, settings: RunSettings, logs: Path) -> Stop | None:
     """The run's :class:`Stop`, or None when it trained to its window's end."""
-    steps = [
-        t for (t, samples), (_, before) in zip(run.timeline[1:], run.timeline) if samples > before
-    ]
+    steps = [t for t, _ in run.steps()]
     if steps:
         gaps = [b - a for a, b in zip(steps, steps[1:])]
         stall_s = max(STALL_S, 5 * statistics.median(gaps)) if gaps else STALL_S
