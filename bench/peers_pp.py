@@ -22,7 +22,7 @@ global batch's mean loss, as the DDP peer's does. One optimizer per stage over i
 job's optimizers are element-wise: the same as one over the whole model).
 
 Checkpoints: every K steps (and, with ``--notice-file``, at the first step boundary after any
-pipeline rank's notice appears: the pipeline ranks agree on it by a max all-reduce of a flag
+pipeline rank's notice appears: the pipeline ranks agree on it by an all-reduce of a count
 after every step; an idle rank's kill stops no pipeline, so its notice is left alone) every
 pipeline rank takes part in one DCP save (``dcp.save`` over the
 pipeline ranks' group, each stage's weights and optimizer state keyed by the unsplit model's
