@@ -33,6 +33,10 @@ SYSTEMS = (
 )
 SIMULATED = ("liveput", "liveput-restart")
 
+MIN_STEPS = 50
+"""Steps (redone ones included) each run of a system that trains should take in its window, so
+that one step either way moves a ratio by 2 % at most; the table names the systems short of it."""
+
 Outcome = SystemRun | str
 """A run, or why the system could not run."""
 TraceResult = tuple[str, Mapping[str, Outcome | Sequence[Outcome]], Mapping[str, float]]
@@ -52,6 +56,7 @@ def _system_entry(run: Outcome, base: float | None, steady: float | None) -> dic
         "downtime_per_event_s": [round(d, 2) for d in downtimes],
         "mean_downtime_s": round(statistics.mean(downtimes), 2) if downtimes else None,
         "downtime_by_event_kind": _by_event_kind(run),
+        "steps": len(run.steps()),
         "restarts_or_migrations": int(run.restarts),
         "final_loss": None if run.final_loss is None else round(float(run.final_loss), 4),
         "no_preemption_samples_per_s": steady,
@@ -135,7 +140,14 @@ def _repeated_entry(outcomes: list[Outcome], liveput: float | None, steady: floa
     return entry
 
 
-RUN_FIELDS = ("samples", "mean_downtime_s", "restarts_or_migrations", "final_loss", "stopped")
+RUN_FIELDS = (
+    "samples",
+    "steps",
+    "mean_downtime_s",
+    "restarts_or_migrations",
+    "final_loss",
+    "stopped",
+)
 """What ``runs`` keeps of each repetition (its system entry's fields of the same names)."""
 
 
@@ -174,6 +186,17 @@ def table(document: dict) -> str:
                 f"{'-' if down is None else f'{down:.1f}':>14}"
                 f"{figures['restarts_or_migrations']:>10}"
                 f"{'-' if loss is None else f'{loss:.3f}':>12}{steady_text:>14}"
+            )
+        few = {
+            system: min(run["steps"] for run in figures["runs"] if run["samples"] is not None)
+            for system, figures in entry["systems"].items()
+            if figures["samples"] and figures.get("runs")
+        }
+        few = {system: steps for system, steps in few.items() if steps < MIN_STEPS}
+        if few:
+            lines.append(
+                f"  fewer than {MIN_STEPS} steps in a run's window (one step either way moves a "
+                "ratio): " + ", ".join(f"{system} {steps}" for system, steps in few.items())
             )
         for system, figures in entry["systems"].items():
             if figures.get("stopped"):
@@ -265,12 +288,12 @@ def verdicts(document: dict, targets: tuple[tuple[str, float], ...]) -> None:
         live = systems.get("liveput", {}).get("samples")
         for peer, target in targets:
             other = systems.get(peer, {}).get("samples")
-            broken = [s for s in ("liveput", peer) if broken(systems.get(s, {}))]
-            if live is not None and other is not None and broken:
+            unfit = [s for s in ("liveput", peer) if broken(systems.get(s, {}))]
+            if live is not None and other is not None and unfit:
                 # A ratio to a run that crashed or hung measures the harness, not the systems.
                 print(
                     f"{entry['trace']}: liveput / {peer}: NO VERDICT, "
-                    + "; ".join(f"{s} {broken(systems[s])}" for s in broken)
+                    + "; ".join(f"{s} {broken(systems[s])}" for s in unfit)
                 )
             elif live and other:
                 ratio = live / other

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from bench.peers_report import table, to_json_document
+from bench.peers_report import HUNG_S, MIN_STEPS, table, to_json_document, verdicts
 from bench.peers_run import RunSettings, SystemRun
 from bench.peers_stops import Stop, last_error, stop_of
 from liveput.traces import Trace
@@ -111,7 +112,7 @@ def test_every_system_checkpoints_at_the_same_wall_interval() -> None:
 
 
 def test_no_ratio_is_drawn_from_a_run_that_crashed_or_hung() -> None:
-    from bench.peers_report import HUNG_S, broken
+    from bench.peers_report import broken
 
     hung = Stop(20.0, 0, "i-0001.log: failed (exitcode: 1)", 3, HUNG_S).as_json()
     slow = Stop(20.0, 1, None, 1, HUNG_S - 1).as_json()
@@ -119,3 +120,57 @@ def test_no_ratio_is_drawn_from_a_run_that_crashed_or_hung() -> None:
     assert broken({"samples": 400, "stopped": hung}).startswith("stopped: no step after 20 s")
     assert broken({"samples": 400, "stopped": slow}) == ""  # restarting slower than the gap
     assert broken({"samples": 400, "stopped": None}) == ""
+
+
+def test_verdicts_pass_fail_and_withhold_a_ratio_to_a_broken_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    hung = {
+        "last_step_s": 20.0,
+        "restarts": 3,
+        "last_error": "connectFullMesh failed",
+        "instances_after": 2,
+        "held_after_s": HUNG_S + 1,
+    }
+    document = {
+        "traces": [
+            {
+                "trace": "t",
+                "systems": {
+                    "liveput": {"samples": 300},
+                    "torchft": {"samples": 200},
+                    "torchrun": {"samples": 250},
+                    "torchrun-notice": {"samples": 100, "stopped": hung},
+                },
+                "simulated": {"liveput": 320},
+                "bound_samples": 350,
+            }
+        ]
+    }
+    verdicts(document, (("torchft", 1.2), ("torchrun", 1.5), ("torchrun-notice", 2.0)))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "t: liveput / torchft = 1.50 (target >= 1.2): PASS"
+    assert lines[1].startswith("t: liveput / torchrun = 1.20 (target >= 1.5): FAIL")
+    assert "out of reach here" in lines[1]  # 1.5 x 250 > the bound of 350
+    assert lines[2].startswith("t: liveput / torchrun-notice: NO VERDICT, torchrun-notice stopped")
+    assert lines[3] == (
+        "t: simulator / runtime for liveput = 320 / 300 (+7 %, target within 10 %): PASS"
+    )
+
+
+def test_the_table_names_systems_short_of_fifty_steps_in_a_window() -> None:
+    def run(name: str, steps: int) -> SystemRun:
+        timeline = [(float(i), 16 * i) for i in range(steps + 1)]
+        return SystemRun(name, 16 * steps, timeline, [])
+
+    runs = {
+        "liveput": [run("liveput", 80), run("liveput", 90)],
+        "torchrun": [run("torchrun", 60), run("torchrun", MIN_STEPS - 3)],
+    }
+    document = to_json_document([("t", runs, {})])
+    assert [r["steps"] for r in document["traces"][0]["systems"]["torchrun"]["runs"]] == [60, 47]
+    lines = [line for line in table(document).splitlines() if "fewer than" in line]
+    assert lines == [
+        f"  fewer than {MIN_STEPS} steps in a run's window (one step either way moves a ratio): "
+        "torchrun 47"
+    ]
