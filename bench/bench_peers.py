@@ -154,14 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--regime",
         choices=sorted(REGIMES),
         default="data-parallel",
-        help="data-parallel: tiny-gpt on loopback (default); pipeline: gpt2-small under a "
+        help="data-parallel: tiny-gpt on loopback (default); pipeline: tiny-gpt under a "
         "memory budget on hosts with shaped links",
     )
     parser.add_argument(
         "--link-mbit",
         type=float,
         default=None,
-        help="each instance's link, Mbit/s (default: the regime's; pipeline 100)",
+        help="each instance's link, Mbit/s (default: the regime's; pipeline 200)",
     )
     parser.add_argument(
         "--checkpoints",
