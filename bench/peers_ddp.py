@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -38,6 +39,7 @@ from liveput.errors import LiveputError
 from liveput.models.job import Job
 from liveput.models.jobs import resolve_job
 from liveput.runtime.instance_env import NOTICE_FILE_ENV
+from liveput.runtime.launch import DEFAULT_COMM_TIMEOUT_S
 
 CHECKPOINT_GLOB = "step-*.pt"
 LOG = logging.getLogger(__name__)
@@ -250,11 +252,27 @@ def worker_arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=1_000_000_000)
     parser.add_argument("--progress")
     parser.add_argument(
+        "--comm-timeout-s",
+        type=float,
+        default=DEFAULT_COMM_TIMEOUT_S,
+        help="timeout of the process group's operations, its start included (liveput's "
+        "agents': 30 s, more on slow links)",
+    )
+    parser.add_argument(
         "--checkpoint-on-notice",
         action="store_true",
         help="also save at the first step boundary after an instance's notice file appears",
     )
     return parser
+
+
+def init_group(args: argparse.Namespace) -> None:
+    """The worker's gloo group, with the timeout liveput's agents have: with gloo's default (30
+    min) a rank whose peer was killed between torchrun's rendezvous and the group's start waited
+    for that peer's address until the store's host was killed too (torchrun on the p3 cut: no
+    step from 10 s to 80 s of a 100-s window), and torchrun restarts only a group whose worker
+    failed."""
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.comm_timeout_s))
 
 
 def worker_config(args: argparse.Namespace) -> DDPConfig:
@@ -269,8 +287,9 @@ def worker_config(args: argparse.Namespace) -> DDPConfig:
 
 
 def main() -> None:
-    config = worker_config(worker_arguments(__doc__.splitlines()[0]).parse_args())
-    dist.init_process_group("gloo")
+    args = worker_arguments(__doc__.splitlines()[0]).parse_args()
+    config = worker_config(args)
+    init_group(args)
     try:
         train(config)
     finally:

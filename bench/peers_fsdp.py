@@ -33,7 +33,14 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from bench.peers_ddp import DDPConfig, build_model, run_steps, worker_arguments, worker_config
+from bench.peers_ddp import (
+    DDPConfig,
+    build_model,
+    init_group,
+    run_steps,
+    worker_arguments,
+    worker_config,
+)
 from liveput.models.jobs import resolve_job
 from liveput.objectstore import url_to_fs
 
@@ -162,7 +169,7 @@ def main() -> None:
     parser = worker_arguments(__doc__.splitlines()[0])
     parser.add_argument("--final", help="rank 0 writes the whole trained weights here at the end")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    init_group(args)
     try:
         model = train(worker_config(args))
         weights = full_state(model)

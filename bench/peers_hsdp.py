@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +211,6 @@ def worker(
 def _transport(host: str, timeout_s: float) -> Any:
     """torchft's HTTP checkpoint transport (what heals a group), advertised at ``host``: its own
     advertises the machine's host name, which resolves outside the hosts' namespaces."""
-    from datetime import timedelta
 
     from torchft.checkpointing.http_transport import HTTPTransport
 
@@ -322,9 +322,11 @@ def _run_groups(
 
 def main() -> None:
     logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
-    dist.init_process_group("gloo")
     host = sys.argv[6] if len(sys.argv) > 6 else "127.0.0.1"
     timeout_s = float(sys.argv[7]) if len(sys.argv) > 7 else 10.0
+    # The group's own gloo group with torchft's timeout, not gloo's 30 minutes: a rank whose
+    # peer was killed before the group started would wait that long (bench.peers_ddp.init_group).
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
     worker(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], host, timeout_s)
 
 

@@ -65,7 +65,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from bench.peers_ddp import NoticeWatch, worker_arguments
+from bench.peers_ddp import NoticeWatch, init_group, worker_arguments
 from bench.peers_fsdp import (
     CHECKPOINT_PREFIX,
     _checkpoints,
@@ -541,7 +541,7 @@ def main() -> None:
     args = arguments().parse_args()
     config = config_of(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    dist.init_process_group("gloo")
+    init_group(args)
     try:
         train(config)
     finally:

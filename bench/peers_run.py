@@ -39,6 +39,7 @@ from liveput.launch.local import (
 )
 from liveput.models.jobs import resolve_job
 from liveput.runtime.clock import MonotonicClock
+from liveput.runtime.launch import DEFAULT_COMM_TIMEOUT_S
 from liveput.testbed import free_port
 from liveput.traces import Trace
 
@@ -394,13 +395,16 @@ def run_torchrun(
     system: str = "torchrun",
     minimum: int = 1,
     worker_args: Sequence[str] = (),
+    comm_timeout_s: float = DEFAULT_COMM_TIMEOUT_S,
 ) -> SystemRun:
     """A torchrun peer (``module``: :mod:`bench.peers_ddp`, :mod:`bench.peers_fsdp` or
     :mod:`bench.peers_pp`), one torchrun agent per instance, elastic over a c10d store this
     process hosts (not on any instance); it trains on ``minimum`` instances or more.
     ``worker_args``: more of the worker's arguments, ``{instance_id}`` in them replaced by the
-    instance's (``--notice-file .../{instance_id}.notice.json``)."""
+    instance's (``--notice-file .../{instance_id}.notice.json``); ``comm_timeout_s``: its
+    process group's, the one liveput's agents have for the same job and links."""
     maximum = max(1, trace.max_count())
+    worker_args = [*worker_args, "--comm-timeout-s", f"{comm_timeout_s:g}"]
     with placement(settings, maximum) as pool, checkpoint_location(settings, pool, work) as where:
         return _run_torchrun(
             trace, settings, work, where, module, system, minimum, pool, worker_args

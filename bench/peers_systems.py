@@ -47,9 +47,35 @@ def _shape(job: str) -> tuple[int, int]:
     return built.global_batch_size, sum(p.numel() for x in built.layers for p in x.parameters())
 
 
+def agents_timeout_s(settings: RunSettings, state_share: float = 1.0) -> float:
+    """The process-group timeout liveput's agents get for the job on these links
+    (``comm_timeout_s`` of its fp32 weights and Adam's two moments; ``state_share``: the share
+    of them one rank holds and sends), which every torchrun peer gets too."""
+    from liveput.launch.assemble import OPTIMIZER_STATE_FACTOR
+    from liveput.runtime.launch import comm_timeout_s
+
+    state_bytes = OPTIMIZER_STATE_FACTOR * 4 * _parameters(settings.job) * state_share
+    link_gbps = None if settings.link_mbit is None else settings.link_mbit / 1000
+    return comm_timeout_s(state_bytes, link_gbps)
+
+
+def _torchrun(
+    trace: Trace,
+    settings: RunSettings,
+    work: Path,
+    module: str = "bench.peers_ddp",
+    system: str = "torchrun",
+    minimum: int = 1,
+    worker_args: tuple[str, ...] = (),
+) -> SystemRun | str:
+    return run_torchrun(
+        trace, settings, work, module, system, minimum, worker_args, agents_timeout_s(settings)
+    )
+
+
 def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
     minimum = sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
-    return run_torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp", minimum)
+    return _torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp", minimum)
 
 
 @functools.cache
@@ -81,31 +107,25 @@ def _torchrun_pp(
         # Where the emulated cloud writes each instance's notice (its LaunchSpec.notice_file).
         worker_args += ["--notice-file", str(work / "notices" / "{instance_id}.notice.json")]
     system = "torchrun-pp-notice" if notice else "torchrun-pp"
-    return run_torchrun(
-        trace, settings, work, "bench.peers_pp", system, planned.minimum, worker_args
+    return _torchrun(
+        trace, settings, work, "bench.peers_pp", system, planned.minimum, tuple(worker_args)
     )
 
 
 def _torchft_hsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
     from bench.peers_hsdp import run_torchft_hsdp
-    from liveput.launch.assemble import OPTIMIZER_STATE_FACTOR
-    from liveput.runtime.launch import comm_timeout_s
 
-    parameters = _parameters(settings.job)
-    group_size = sharded_minimum(parameters, settings.instance_memory_gb)
-    # liveput's agents' collective timeout on these links: a heal sends a rank's shards of the
-    # fp32 weights and Adam's two moments over its link.
-    shard_bytes = OPTIMIZER_STATE_FACTOR * 4 * parameters / group_size
-    link_gbps = None if settings.link_mbit is None else settings.link_mbit / 1000
-    timeout_s = comm_timeout_s(shard_bytes, link_gbps)
+    group_size = sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
+    # A heal sends a rank's shards of the weights and Adam's moments over its link.
+    timeout_s = agents_timeout_s(settings, 1 / group_size)
     return run_torchft_hsdp(trace, settings, work, group_size, timeout_s)
 
 
 RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
     "liveput": lambda t, s, w: run_liveput(t, s, w, "liveput", "liveput"),
     "liveput-restart": lambda t, s, w: run_liveput(t, s, w, "reactive", "liveput-restart"),
-    "torchrun": run_torchrun,
-    "torchrun-notice": lambda t, s, w: run_torchrun(
+    "torchrun": _torchrun,
+    "torchrun-notice": lambda t, s, w: _torchrun(
         t, s, w, system="torchrun-notice", worker_args=("--checkpoint-on-notice",)
     ),
     "torchrun-fsdp": _torchrun_fsdp,
