@@ -119,7 +119,8 @@ PIPELINE = Regime(
     # Every 25 or so of liveput's steps; a stage's part of a checkpoint crosses its link in
     # under half a second.
     checkpoint_every_s=10.0,
-    # Issue 64's: >= 1.5x torchrun-pp, >= 1.2x torchrun-pp-notice and every other peer.
+    # The targets the pipeline work set: >= 1.5x torchrun-pp, >= 1.2x torchrun-pp-notice and
+    # every other peer.
     targets=(
         ("torchrun-pp", 1.5),
         ("torchrun-pp-notice", 1.2),

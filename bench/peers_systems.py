@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bench.peers_regime import sharded_minimum
 from bench.peers_run import RunSettings, SystemRun, run_liveput, run_torchrun, scratch
@@ -59,23 +59,17 @@ def agents_timeout_s(settings: RunSettings, state_share: float = 1.0) -> float:
     return comm_timeout_s(state_bytes, link_gbps)
 
 
-def _torchrun(
-    trace: Trace,
-    settings: RunSettings,
-    work: Path,
-    module: str = "bench.peers_ddp",
-    system: str = "torchrun",
-    minimum: int = 1,
-    worker_args: tuple[str, ...] = (),
-) -> SystemRun | str:
-    return run_torchrun(
-        trace, settings, work, module, system, minimum, worker_args, agents_timeout_s(settings)
-    )
+def _torchrun(trace: Trace, settings: RunSettings, work: Path, **options: Any) -> SystemRun | str:
+    """:func:`bench.peers_run.run_torchrun` with liveput's agents' timeout (``options``: its
+    keyword arguments)."""
+    return run_torchrun(trace, settings, work, comm_timeout_s=agents_timeout_s(settings), **options)
 
 
 def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
     minimum = sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
-    return _torchrun(trace, settings, work, "bench.peers_fsdp", "torchrun-fsdp", minimum)
+    return _torchrun(
+        trace, settings, work, module="bench.peers_fsdp", system="torchrun-fsdp", minimum=minimum
+    )
 
 
 @functools.cache
@@ -108,7 +102,13 @@ def _torchrun_pp(
         worker_args += ["--notice-file", str(work / "notices" / "{instance_id}.notice.json")]
     system = "torchrun-pp-notice" if notice else "torchrun-pp"
     return _torchrun(
-        trace, settings, work, "bench.peers_pp", system, planned.minimum, tuple(worker_args)
+        trace,
+        settings,
+        work,
+        module="bench.peers_pp",
+        system=system,
+        minimum=planned.minimum,
+        worker_args=worker_args,
     )
 
 
