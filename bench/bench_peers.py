@@ -99,26 +99,27 @@ def rates_by_count(
     counts: tuple[int, ...] | None = None,
 ) -> dict[int, float]:
     """liveput's samples/s with ``n`` instances and no preemption, ``n`` from the regime's
-    fewest to its workers (``counts`` only, the others interpolated, where given), each after a
-    third of its window (the simulator's throughput per instance count: the instances share
-    this machine's cores). ``steady``: the run of the regime's steady instances already made."""
+    fewest to its workers (``counts`` only, the others interpolated, where given), each from its
+    run's first step to its last (the simulator's throughput per instance count and the bound's:
+    the instances share this machine's cores). ``steady``: the run of the regime's steady
+    instances already made."""
     every = range(regime.fewest_instances, regime.workers + 1)
     rates = {}
     for count in every if counts is None else counts:
         if count == regime.steady_instances and steady is not None:
-            rates[count] = steady.rate(settings.window_s / 3)
+            rates[count] = steady.rate()
             continue
         constant = Trace(f"constant-{count}", count, [], [], [], window_s * settings.time_scale)
         run = run_system("liveput", constant, dataclasses.replace(settings, window_s=window_s))
         if isinstance(run, SystemRun):
-            rates[count] = run.rate(window_s / 3)
+            rates[count] = run.rate()
     rates = interpolated({n: r for n, r in rates.items() if r > 0}, every)
     return {count: round(rate, 2) for count, rate in rates.items()}
 
 
-def steady_rates(runs: dict[str, SystemRun], window_s: float) -> dict[str, float]:
-    """Samples/s of each no-preemption run after a third of its window (past start-up)."""
-    return {system: round(run.rate(window_s / 3), 2) for system, run in runs.items()}
+def steady_rates(runs: dict[str, SystemRun]) -> dict[str, float]:
+    """Samples/s of each no-preemption run from its first step to its last."""
+    return {system: round(run.rate(), 2) for system, run in runs.items()}
 
 
 def first_step_s(run: SystemRun) -> float | None:
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
             + ", ".join(f"{k} {v:.2f} s" for k, v in measured.downtimes_s.items()),
             flush=True,
         )
-    rates = steady_rates(steady, steady_settings.window_s)
+    rates = steady_rates(steady)
     every_s = (
         regime.checkpoint_every_s if args.checkpoint_every_s is None else args.checkpoint_every_s
     )

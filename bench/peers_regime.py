@@ -54,8 +54,8 @@ class Regime:
     quick_time_scale: float = 4.0
     """Trace seconds per wall second (``--quick``)."""
     steady_window_s: float = 60.0
-    """Wall seconds of each no-preemption run (the full benchmark); its rate is measured after
-    a third of it, past start-up."""
+    """Wall seconds of each no-preemption run (the full benchmark); its rate is measured from
+    its first step to its last, start-up left out."""
     quick_steady_window_s: float = 45.0
     """The same with ``--quick``."""
     count_window_s: float = 30.0

@@ -5,8 +5,9 @@
 that could not run has ``"samples": null`` and an ``"error"``. Each system's
 ``"downtime_by_event_kind"`` maps ``loss``, ``total-loss`` and ``arrival`` to ``{"events",
 "median_s", "p95_s", "each_s"}`` (``bench.peers_events`` defines them). ``"bound_samples"``:
-what no system trains more than on the trace here (``peers_sim.upper_bound``), when the rates
-were measured. ``"stopped"``: why a system trained nothing or stopped before the window's end,
+liveput's configuration bound on the trace here (``peers_sim.upper_bound``: every instance at
+liveput's best rate for that many, measured from each run's first step, nothing lost), when the
+rates were measured. ``"stopped"``: why a system trained nothing or stopped before the window's end,
 from its own logs (:class:`bench.peers_stops.Stop`), or null.
 """
 
@@ -204,8 +205,9 @@ def table(document: dict) -> str:
         lines.extend(_event_kind_lines(entry["systems"]))
         if "bound_samples" in entry:
             lines.append(
-                f"  bound: {entry['bound_samples']} samples (every instance at the best "
-                "measured rate, nothing lost)"
+                f"  liveput's configuration bound: {entry['bound_samples']} samples (every "
+                "instance at liveput's best rate for that many, measured from each run's first "
+                "step; nothing lost)"
             )
     return "\n".join(lines)
 
@@ -301,7 +303,10 @@ def verdicts(document: dict, targets: tuple[tuple[str, float], ...]) -> None:
                 reach = (
                     ""
                     if bound is None or bound >= target * other
-                    else (f"; out of reach here: {target} x {other} > the bound, {bound}")
+                    else (
+                        f"; out of reach here: {target} x {other} > liveput's configuration "
+                        f"bound, {bound}"
+                    )
                 )
                 print(
                     f"{entry['trace']}: liveput / {peer} = {ratio:.2f} (target >= {target}): "

@@ -5,7 +5,7 @@ A run *stopped* when its last step came more than :data:`STALL_S` (or five of it
 gaps, whichever is longer) before the window's end. The reason given is what the run itself
 left: the worker-group starts it counted, the last line of its logs that reads as an error (the
 most recently written log that has one), and how many instances the trace held while it did
-not train (none: the trace's gap, not the system's stop).
+not train (fewer than the system trains on: the trace's gap, not the system's stop).
 """
 
 from __future__ import annotations
@@ -48,9 +48,12 @@ class Stop:
     """Most instances the trace held after its last step, to the window's end (0: no instance
     to train on, so the stop is the trace's)."""
     held_after_s: float
-    """Longest stretch (wall s) after its last step in which the trace held an instance: a
-    system that restarts slower than this could not train again; one that stops with a long
-    stretch held hung or crashed."""
+    """Longest stretch (wall s) after its last step in which the trace held as many instances
+    as the system trains on (``fewest_instances``): a system that restarts slower than this
+    could not train again; one that stops with a long stretch held hung or crashed."""
+    fewest_instances: int = 1
+    """The fewest instances the system trains the job on (a pipeline's stages, a sharded
+    job's shards): fewer held is the trace's gap, not the system's stop."""
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -61,16 +64,20 @@ class Stop:
             if self.last_step_s is None
             else f"no step after {self.last_step_s:.0f} s"
         )
+        needs = f" with the {self.fewest_instances} it needs" if self.fewest_instances > 1 else ""
         held = (
             f"up to {self.instances_after} instance(s) held after it, at most "
-            f"{self.held_after_s:.0f} s on end"
+            f"{self.held_after_s:.0f} s on end{needs}"
         )
         error = f"; last error: {self.last_error}" if self.last_error else "; no error in its logs"
         return f"{when} ({held}, {self.restarts} restarts){error}"
 
 
-def stop_of(run: SystemRun, trace: Trace, settings: RunSettings, logs: Path) -> Stop | None:
-    """The run's :class:`Stop`, or None when it trained to its window's end."""
+def stop_of(
+    run: SystemRun, trace: Trace, settings: RunSettings, logs: Path, fewest: int = 1
+) -> Stop | None:
+    """The run's :class:`Stop`, or None when it trained to its window's end (``fewest``: the
+    fewest instances the system trains on)."""
     steps = [t for t, _ in run.steps()]
     if steps:
         gaps = [b - a for a, b in zip(steps, steps[1:])]
@@ -82,7 +89,8 @@ def stop_of(run: SystemRun, trace: Trace, settings: RunSettings, logs: Path) -> 
         last_step_s=None if last is None else round(last, 2),
         restarts=run.restarts,
         last_error=last_error(logs),
-        **_held_after(trace, (last or 0.0) * settings.time_scale, settings),
+        fewest_instances=fewest,
+        **_held_after(trace, (last or 0.0) * settings.time_scale, settings, fewest),
     )
 
 
@@ -102,9 +110,10 @@ def last_error(logs: Path) -> str | None:
     return None
 
 
-def _held_after(trace: Trace, from_s: float, settings: RunSettings) -> dict:
-    """``instances_after`` and ``held_after_s`` from trace time ``from_s`` to the window's end
-    (an instance killed right after ``from_s`` is not counted as held)."""
+def _held_after(trace: Trace, from_s: float, settings: RunSettings, fewest: int) -> dict:
+    """``instances_after`` and ``held_after_s`` (stretches of ``fewest`` instances or more) from
+    trace time ``from_s`` to the window's end (an instance killed right after ``from_s`` is not
+    counted as held)."""
     end_s = min(trace.end_s, settings.window_s * settings.time_scale)
     changes = [t for t in trace.times_s if from_s < t < end_s]
     edges = [from_s, *changes, end_s]
@@ -112,7 +121,7 @@ def _held_after(trace: Trace, from_s: float, settings: RunSettings) -> dict:
     for start, stop in zip(edges, edges[1:], strict=False):
         # The count from a change on (just past ``start``: a kill at it has happened).
         count = int(trace.count_at(start)) if start > from_s else int(trace.count_at(from_s))
-        run_s = run_s + (stop - start) if count > 0 else 0.0
+        run_s = run_s + (stop - start) if count >= fewest else 0.0
         longest = max(longest, run_s)
         # Under a wall second held is no chance to train (a kill just after the last step).
         if (stop - start) / settings.time_scale >= 1.0:

@@ -136,13 +136,41 @@ RUNNERS: dict[str, Callable[[Trace, RunSettings, Path], SystemRun | str]] = {
 }
 
 
+def _planned_minimum(settings: RunSettings, maximum: int) -> int:
+    return _planned_cuts(settings.job, settings.instance_memory_gb, maximum).minimum
+
+
+def _sharded_minimum(settings: RunSettings, maximum: int) -> int:
+    return sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
+
+
+FEWEST_INSTANCES: dict[str, Callable[[RunSettings, int], int]] = {
+    "liveput": _planned_minimum,
+    "liveput-restart": _planned_minimum,
+    "torchrun-pp": _planned_minimum,
+    "torchrun-pp-notice": _planned_minimum,
+    "torchrun-fsdp": _sharded_minimum,
+    "torchft-hsdp": _sharded_minimum,
+}
+"""The fewest instances each system trains the job on under a memory budget, given the most
+the trace holds (liveput's plan's stages, a sharded job's shards; the others: one)."""
+
+
+def fewest_instances(system: str, settings: RunSettings, maximum: int) -> int:
+    """The fewest instances ``system`` trains ``settings.job`` on (1 without a budget)."""
+    if settings.instance_memory_gb is None or system not in FEWEST_INSTANCES:
+        return 1
+    return FEWEST_INSTANCES[system](settings, maximum)
+
+
 def run_system(system: str, trace: Trace, settings: RunSettings) -> SystemRun | str:
     work = scratch(settings, system)
     try:
         run = RUNNERS[system](trace, settings, work)
         if isinstance(run, SystemRun):
             run.extra["checkpoint_every_steps"] = settings.checkpoint_every
-            stop = stop_of(run, trace, settings, work / "logs")
+            fewest = fewest_instances(system, settings, max(1, trace.max_count()))
+            stop = stop_of(run, trace, settings, work / "logs", fewest)
             run.stopped = None if stop is None else stop.as_json()
         return run
     except Exception as error:  # noqa: BLE001 - one system failing must not lose the others

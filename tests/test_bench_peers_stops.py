@@ -174,3 +174,23 @@ def test_the_table_names_systems_short_of_fifty_steps_in_a_window() -> None:
         f"  fewer than {MIN_STEPS} steps in a run's window (one step either way moves a ratio): "
         "torchrun 47"
     ]
+
+
+def test_a_trace_short_of_what_the_system_trains_on_is_not_held(tmp_path: Path) -> None:
+    """A pipeline of 4 stages that stops when the trace falls to 1 instance: only the 10 wall
+    s it kept 4 after its last step count as held."""
+    run = SystemRun("liveput", 320, _steps(20), [30.0])
+    stop = stop_of(run, TRACE, SETTINGS, tmp_path, fewest=4)
+    assert stop is not None and (stop.instances_after, stop.held_after_s) == (4, 10.0)
+    assert "at most 10 s on end with the 4 it needs" in stop.describe()
+    # One instance is enough for a data-parallel peer: 55 s held.
+    assert stop_of(run, TRACE, SETTINGS, tmp_path).held_after_s == 55.0  # type: ignore[union-attr]
+
+
+def test_a_rate_runs_from_the_first_step_whatever_the_start_up() -> None:
+    """16 samples a second once training: a 20-s start-up in a 30-s run leaves it at 16, where
+    a rate after a third of the run gave 8."""
+    steps = [(float(t), 16 * (t - 20)) for t in range(21, 31)]
+    run = SystemRun("liveput", 160, [(0.0, 0), (10.0, 0), (20.0, 0), *steps], [])
+    assert run.rate() == pytest.approx(16.0)
+    assert SystemRun("liveput", 0, [(0.0, 0), (30.0, 0)], []).rate() == 0.0
