@@ -30,6 +30,9 @@ NOT_AN_ERROR = re.compile(r"\[INFO\]|\bINFO\b|\bDEBUG\b|^I\d{4} ")
 """A line logged at info or debug level (torchft's lighthouse reports its join timeout so;
 torch's glog-style ``I1207 ...`` lines), whatever words it holds."""
 
+WORKER_EXIT = re.compile(r"elastic/multiprocessing/api\.py:\d+\] failed \(exitcode")
+"""torchrun's agent on a worker that exited with an error: the group restarts after it."""
+
 MAX_LINE_CHARS = 240
 
 
@@ -40,7 +43,9 @@ class Stop:
     last_step_s: float | None
     """Wall seconds from the cloud's start to its last step (None: it never trained)."""
     restarts: int
-    """Worker-group restarts or migrations it counted (its own progress)."""
+    """Worker-group restarts or migrations it counted (its own progress), or the worker exits
+    one torchrun agent logged where those are more (a group that fails again before its first
+    step writes no progress)."""
     last_error: str | None
     """``<log file>: <line>``, the last error line of its most recently written log that has
     one (None: its logs have none)."""
@@ -87,7 +92,7 @@ def stop_of(
     last = steps[-1] if steps else None
     return Stop(
         last_step_s=None if last is None else round(last, 2),
-        restarts=run.restarts,
+        restarts=max(run.restarts, worker_exits(logs)),
         last_error=last_error(logs),
         fewest_instances=fewest,
         **_held_after(trace, (last or 0.0) * settings.time_scale, settings, fewest),
@@ -108,6 +113,21 @@ def last_error(logs: Path) -> str | None:
             if ERROR_LINE.search(line) and not NOT_AN_ERROR.search(line):
                 return f"{path.relative_to(logs)}: {line.strip()[:MAX_LINE_CHARS]}"
     return None
+
+
+def worker_exits(logs: Path) -> int:
+    """The most worker exits one torchrun agent logged under ``logs`` (0: none, or not
+    torchrun)."""
+    if not logs.is_dir():
+        return 0
+    return max(
+        (
+            len(WORKER_EXIT.findall(p.read_text(errors="replace")))
+            for p in logs.rglob("*")
+            if p.is_file()
+        ),
+        default=0,
+    )
 
 
 def _held_after(trace: Trace, from_s: float, settings: RunSettings, fewest: int) -> dict:

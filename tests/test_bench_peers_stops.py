@@ -194,3 +194,18 @@ def test_a_rate_runs_from_the_first_step_whatever_the_start_up() -> None:
     run = SystemRun("liveput", 160, [(0.0, 0), (10.0, 0), (20.0, 0), *steps], [])
     assert run.rate() == pytest.approx(16.0)
     assert SystemRun("liveput", 0, [(0.0, 0), (30.0, 0)], []).rate() == 0.0
+
+
+def test_restarts_count_the_worker_exits_a_torchrun_agent_logged(tmp_path: Path) -> None:
+    """A group that failed twice after its last step wrote no progress of it: the agents' logs
+    say so."""
+    exit_line = (
+        "E1207 08:00:47.042000 16495 .venv/lib/python3.11/site-packages/torch/distributed/"
+        "elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 16514)\n"
+    )
+    (tmp_path / "i-0001.log").write_text(exit_line * 2)
+    (tmp_path / "i-0004.log").write_text(exit_line)
+    run = SystemRun("torchrun-pp", 320, _steps(20), [30.0], restarts=0)
+    stop = stop_of(run, TRACE, SETTINGS, tmp_path)
+    assert stop is not None and stop.restarts == 2
+    assert "2 restarts" in stop.describe()
