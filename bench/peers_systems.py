@@ -65,10 +65,20 @@ def _torchrun(trace: Trace, settings: RunSettings, work: Path, **options: Any) -
     return run_torchrun(trace, settings, work, comm_timeout_s=agents_timeout_s(settings), **options)
 
 
+def _shards(settings: RunSettings) -> int:
+    """The fewest instances the sharded peers shard the job over (a torchrun-fsdp group, a
+    torchft-hsdp replica group)."""
+    return sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
+
+
 def _torchrun_fsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
-    minimum = sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
     return _torchrun(
-        trace, settings, work, module="bench.peers_fsdp", system="torchrun-fsdp", minimum=minimum
+        trace,
+        settings,
+        work,
+        module="bench.peers_fsdp",
+        system="torchrun-fsdp",
+        minimum=_shards(settings),
     )
 
 
@@ -115,7 +125,7 @@ def _torchrun_pp(
 def _torchft_hsdp(trace: Trace, settings: RunSettings, work: Path) -> SystemRun | str:
     from bench.peers_hsdp import run_torchft_hsdp
 
-    group_size = sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
+    group_size = _shards(settings)
     # A heal sends a rank's shards of the weights and Adam's moments over its link.
     timeout_s = agents_timeout_s(settings, 1 / group_size)
     return run_torchft_hsdp(trace, settings, work, group_size, timeout_s)
@@ -141,7 +151,7 @@ def _planned_minimum(settings: RunSettings, maximum: int) -> int:
 
 
 def _sharded_minimum(settings: RunSettings, maximum: int) -> int:
-    return sharded_minimum(_parameters(settings.job), settings.instance_memory_gb)
+    return _shards(settings)
 
 
 FEWEST_INSTANCES: dict[str, Callable[[RunSettings, int], int]] = {
