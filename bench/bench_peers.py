@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help="one trace, one seed, one run of each system (data-parallel: about 11 minutes on "
-        "2 cores; with --repeats 3, 23)",
+        "2 cores, with --repeats 3, 23; pipeline: about 10, a smoke test: its 60-s windows "
+        "leave the torchrun peers no step after their 25-40-s starts)",
     )
     parser.add_argument(
         "--regime",

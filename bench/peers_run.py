@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from liveput.launch.local import (
 )
 from liveput.models.jobs import resolve_job
 from liveput.runtime.clock import MonotonicClock
+from liveput.runtime.entry import LOG_FORMAT
 from liveput.runtime.launch import DEFAULT_COMM_TIMEOUT_S
 from liveput.testbed import free_port
 from liveput.traces import Trace
@@ -349,10 +351,38 @@ def _train_liveput(
         # Told of a loss when the provider's list reports it, as the peers' cloud would.
         loss_signal_delay_s=settings.loss_signal_delay_s,
     )
+    with coordinator_log(work / "logs" / "coordinator.log"):
+        try:
+            run_local_training(config, trace, progress, launcher_factory=factory)
+        except WindowOver:
+            pass
+
+
+@contextlib.contextmanager
+def coordinator_log(path: Path) -> Iterator[None]:
+    """The coordinator's decisions (INFO and up, timestamped) in ``path`` while the block runs:
+    liveput's own log of a run, beside its agents', as each peer keeps its agents' logs. The
+    console still shows warnings only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(path)
+    to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+    to_console = logging.StreamHandler()
+    to_console.setLevel(logging.WARNING)
+    to_console.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    logger = logging.getLogger("liveput")
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(to_file)
+    logger.addHandler(to_console)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
     try:
-        run_local_training(config, trace, progress, launcher_factory=factory)
-    except WindowOver:
-        pass
+        yield
+    finally:
+        logger.removeHandler(to_file)
+        logger.removeHandler(to_console)
+        logger.setLevel(level)
+        logger.propagate = propagate
+        to_file.close()
 
 
 def reached(settings: RunSettings, steps: int) -> bool:

@@ -914,3 +914,26 @@ def test_a_restarted_coordinator_whose_agents_live_goes_on_without_a_new_plan():
     run(recovered, agents, clock, 30)
     assert recovered.plan.generation == plan.generation, recovered.status
     assert recovered.committed > committed + 10 and agents.stale_trained == 0
+
+
+def test_the_first_plan_waits_for_the_rest_only_while_instances_keep_registering():
+    """Two of eight initial instances were preempted while they booted (the p3 cut): the job
+    waited the whole start grace for them. It starts once none has registered for
+    ``start_settle_s``; one that comes later joins as an arrival."""
+    config = CoordinatorConfig(
+        num_steps=100, num_micro_batches=4, initial_workers=8, start_grace_s=30.0
+    )
+    six = {i: Member("h", 0.1) for i in range(6)}
+
+    def first(registration_age_s: float) -> Action:
+        view = CoordinatorView(12.0, six, None, None, -1, registration_age_s=registration_age_s)
+        return decide(view, config, lambda n, e, lost: Configuration(1, 4) if n >= 4 else None)
+
+    assert first(1.0).status == "waiting for instances: 6 of 8 up"
+    started = first(config.start_settle_s)
+    assert started.kind is ActionKind.REPLAN and started.workers == tuple(range(6))
+    assert started.target == Configuration(1, 4)
+    three = {i: Member("h", 0.1) for i in range(3)}
+    view = CoordinatorView(12.0, three, None, None, -1, registration_age_s=60.0)
+    action = decide(view, config, lambda n, e, lost: Configuration(1, 4) if n >= 4 else None)
+    assert action.kind is ActionKind.WAIT and "no configuration runs on 3" in action.status

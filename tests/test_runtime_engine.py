@@ -267,3 +267,62 @@ def test_a_checkpoint_writes_every_layer_once_spread_over_the_replicas(
         # one that every other waits for.
         assert max(shares) <= -(-len(held) // data_parallel)
     assert sorted(written) == list(range(num_layers))
+
+
+class _RecordingGroups:
+    """Process groups that hand over given bytes and record when each receive happened."""
+
+    def __init__(self, payloads: dict[int, bytes], events: list[str]) -> None:
+        self.payloads, self.events = payloads, events
+
+    def recv_bytes(self, peer: int, tag: int) -> bytes:
+        self.events.append(f"recv {tag}")
+        return self.payloads[tag]
+
+    def wait(self, work) -> None:  # nothing is sent from the receiving instance
+        raise AssertionError("the receiver sends nothing")
+
+
+def test_a_receiver_takes_every_layers_bytes_before_it_builds_any(monkeypatch):
+    """A sender with a notice is done once its bytes crossed the link: the receiver's building
+    of each layer (its first optimizer imports torch._dynamo, seconds of CPU) comes after."""
+    from liveput.runtime import layer_moves
+    from liveput.runtime.engine import Engine
+    from liveput.runtime.layer_moves import TRANSFER_TAG
+    from liveput.runtime.layer_state import encode_state, fresh_layer
+    from liveput.runtime.protocol import RuntimePlan, Transfer
+    from liveput.runtime.store.memory import MemoryStore
+
+    job = resolve_job(JOB)
+    events: list[str] = []
+    built = layer_moves.fresh_layer
+
+    def recording_fresh_layer(job, index, device):
+        events.append(f"build {index}")
+        return built(job, index, device)
+
+    monkeypatch.setattr(layer_moves, "fresh_layer", recording_fresh_layer)
+    payloads = {
+        TRANSFER_TAG + tag: encode_state(
+            fresh_layer(job, layer, torch.device("cpu")).state_dict(), b"token"
+        )
+        for tag, layer in enumerate((0, 1))
+    }
+    plan = RuntimePlan(
+        generation=1,
+        epoch=0,
+        start_step=5,
+        end_step=100,
+        data_parallel=1,
+        pipeline_stages=1,
+        boundaries=[0, job.num_layers],
+        slots={0: (0, 0), 1: None},
+        hosts={0: "127.0.0.1", 1: "127.0.0.1"},
+        transfers=[Transfer(0, 1, 0), Transfer(1, 1, 0)],
+    )
+    engine = Engine(job, 0, MemoryStore(), lambda plan, rank: None, None, token=b"token")
+    engine.layers = {i: fresh_layer(job, i, torch.device("cpu")) for i in range(2, job.num_layers)}
+    engine.last_applied = 4
+    engine._transfer(plan, _RecordingGroups(payloads, events), range(job.num_layers))
+    assert events == [f"recv {TRANSFER_TAG}", f"recv {TRANSFER_TAG + 1}", "build 0", "build 1"]
+    assert sorted(engine.layers) == list(range(job.num_layers))

@@ -419,3 +419,63 @@ def test_a_noticed_agent_left_out_before_its_margin_stays_and_leaves_at_it():
             agent._stop.set()
         assert (None if found is None else found.generation) == expected
         assert abs(clock.polls - polls) <= 1, clock.polls
+
+
+def test_an_idle_agent_warms_up_once_a_plan_without_it_trains_with_a_notice():
+    """The first optimizer a process builds imports torch._dynamo (seconds of CPU): an instance
+    that did so only once planned kept the plan waiting, and a noticed sender it received from
+    was preempted mid-move (bench peers, pipeline quick run: 18 steps lost). It warms up while
+    idle once a move is coming (a member of the running plan has a notice), not before the
+    plan's first step nor without a notice."""
+    from liveput.models.jobs import resolve_job
+    from liveput.runtime.engine import Engine
+
+    store = MemoryStore()
+    engine = Engine(resolve_job("tiny-gpt-small"), 7, store, lambda plan, rank: None, None)
+    seen: dict[str, bool] = {}
+
+    class Steps(ManualClock):
+        polls = 0
+
+        def sleep(self, seconds: float) -> None:
+            super().sleep(seconds)
+            self.polls += 1
+            if self.polls == 1:  # plan 0 runs without instance 7; instance 0 has a notice
+                store.set(keys.notice(0), b"{}")
+            if self.polls == 2:  # the agent looked once since, before any step committed
+                seen["before_a_step"] = engine.warm
+                for _ in range(2):
+                    protocol.vote_commit(store, 0, 0, 2)
+            if self.polls == 4:
+                protocol.publish_plan(store, plan(1, [0, 7]))
+
+    agent = Agent(AgentConfig(instance=7), store, engine, clock=Steps())
+    agent.join()
+    protocol.publish_plan(store, plan(0, [0, 1]))
+    try:
+        found = agent._next_plan(-1)
+    finally:
+        agent._stop.set()
+    assert found is not None and found.generation == 1
+    assert seen == {"before_a_step": False}
+    assert engine.warm
+
+
+def test_an_idle_agent_does_not_warm_up_while_no_member_of_the_plan_has_a_notice():
+    from liveput.models.jobs import resolve_job
+    from liveput.runtime.engine import Engine
+
+    store = MemoryStore()
+    engine = Engine(resolve_job("tiny-gpt-small"), 7, store, lambda plan, rank: None, None)
+    protocol.publish_plan(store, plan(0, [0, 1]))
+    for _ in range(2):
+        protocol.vote_commit(store, 0, 0, 2)
+    store.set(keys.notice(7), b"{}")  # its own notice: no member of the plan is going
+    agent = Agent(AgentConfig(instance=7), store, engine, clock=Plans(store, {3: plan(1, [0, 7])}))
+    agent.joined_under = -1
+    try:
+        found = agent._next_plan(0)
+    finally:
+        agent._stop.set()
+    assert found is not None and found.generation == 1
+    assert not engine.warm

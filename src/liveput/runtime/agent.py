@@ -275,6 +275,13 @@ class Agent:
                         after, left_out = current, True
                 if self.going() and left_out and after > self.joined_under:
                     return None  # a plan made knowing this instance left it out: it goes
+                if self._warm_up_due(current) and not self.engine.warm:
+                    LOG.info(
+                        "agent %d: warmed up in %.2f s (idle; plan %d trains with a notice)",
+                        self.config.instance,
+                        self.engine.warm_up(),
+                        current,
+                    )
                 failing_since_s = None
                 self._store_warnings.flush()
             except protocol.JobFailure:
@@ -290,6 +297,23 @@ class Agent:
                 self._store_warnings(f"agent {self.config.instance}: store: {error}")
             self.clock.sleep(self.config.poll_s)
         return None
+
+    def _warm_up_due(self, generation: int | None) -> bool:
+        """Plan ``generation`` trains (its first step committed) without this instance, and an
+        instance of it has a notice: the next plan is coming and may need this one, so it
+        builds now what its first layers will need (:meth:`Engine.warm_up`). Not before the
+        plan's first step: where instances share a machine's cores (the emulated cloud), the
+        plan's own instances need them to start; nor without a notice: a spare that is never
+        planned would spend them for nothing (4 spares of 8 instances on two cores: 14 CPU-s)."""
+        if generation is None:
+            return False
+        plan = protocol.load_plan(self.store, generation)
+        if plan is None or plan.slots.get(self.config.instance) is not None:
+            return False
+        noticed = readers.by_instance(self.store, keys.NOTICE)
+        return any(plan.slots.get(i) is not None for i in noticed) and (
+            protocol.step_outcome(self.store, generation, plan.start_step) == protocol.COMMITTED
+        )
 
     def _disown(self, generation: int) -> None:
         """Plan ``generation``, made before this process joined, names this instance: it was

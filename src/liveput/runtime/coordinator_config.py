@@ -71,6 +71,12 @@ class CoordinatorConfig:
     """Instances to wait for before the first plan (or ``start_grace_s``, whichever first)."""
     start_grace_s: float = 10.0
     """Longest wait for ``initial_workers``, seconds."""
+    start_settle_s: float = 5.0
+    """The first plan waits no longer for ``initial_workers`` once no instance has registered
+    for this long, seconds: instances booted together register within seconds of each other,
+    and one that has not by then may never (preempted while it booted). The p3 cut of ``bench
+    peers --regime pipeline`` lost two of eight that way, and the job waited 18 s of its 100-s
+    window for them (``start_grace_s``); an instance that comes later joins as an arrival."""
     finish_wait_s: float = 10.0
     """Once the job is done, the longest wait for every live instance to say it saw that
     (the store may end with the coordinator), seconds."""
@@ -114,6 +120,7 @@ class CoordinatorConfig:
                 self.notice_settle_s,
                 self.arrival_settle_s,
                 self.start_grace_s,
+                self.start_settle_s,
                 self.notice_margin_s,
                 self.jit_checkpoint_lead_s,
                 self.jit_checkpoint_min_lead_s,

@@ -126,6 +126,8 @@ class CoordinatorView:
     """Seconds the newest checkpoint that recorded it took to write, from its writer's
     snapshot; until one has, the write estimated for the plan where the coordinator has an
     estimate (None: neither; as ``step_s``, only while an instance has a notice)."""
+    registration_age_s: float = 0.0
+    """Seconds since the newest member registered (Rule 1; 0 before any has)."""
     instances_held: int | None = None
     """Instances the objective's latest provisioning holds (a deadline job's market; None: no
     provisioning yet, or the market offers them all): a first plan waits for no more."""

@@ -31,7 +31,8 @@ committed, ``epoch`` the restore epoch of the plan. An instance is
 Rules, in order (numbered as in :func:`decide`):
 
 1. No plan yet: start once ``initial_workers`` have registered (no more than the objective's
-   provisioning holds, at least one) or ``start_grace_s`` passed.
+   provisioning holds, at least one), ``start_grace_s`` passed, or none registered for
+   ``start_settle_s`` (the rest may never come; a later one joins as an arrival, Rule 7).
    Instances with a preemption notice count toward ``initial_workers`` (waiting for them to
    be replaced would only lose time) but the plan is made on the others when there are any.
 2. The last step committed: finish once the ledger has it and every live worker of the plan
@@ -389,7 +390,8 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         wanted = config.initial_workers
         if view.instances_held is not None:  # a deadline policy that holds fewer: none to wait for
             wanted = max(1, min(wanted, view.instances_held))
-        if alive and (len(alive) >= wanted or view.now_s >= config.start_grace_s):
+        settled = view.registration_age_s >= config.start_settle_s
+        if alive and (len(alive) >= wanted or view.now_s >= config.start_grace_s or settled):
             return _replan(view, config, choose, "start", frozenset(), (), "interval")
         noticed = (
             f"; {num_going} with a preemption notice, used from "

@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from liveput.errors import LiveputError
 from liveput.models.job import Job
-from liveput.runtime import keys, protocol
+from liveput.runtime import keys, layer_moves, protocol
 from liveput.runtime.arrival import await_peers
-from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
+from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.comm import CommAborted, Groups, build_unless
 from liveput.runtime.engine_config import EngineConfig
 from liveput.runtime.generation import (
@@ -33,7 +33,7 @@ from liveput.runtime.generation import (
     group_ranks,
     stage_position,
 )
-from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
+from liveput.runtime.layer_state import LayerState
 from liveput.runtime.optimizer_step import OptimizerStep
 from liveput.runtime.protocol import LedgerRecord, RuntimePlan
 from liveput.runtime.schedule import (
@@ -56,7 +56,6 @@ LOG = logging.getLogger(__name__)
 __all__ = ["Engine", "EngineConfig", "Ending", "GenerationResult", "Rendezvous", "checkpoint_share"]
 Rendezvous = Callable[[RuntimePlan, int], dist.Store]
 """``rendezvous(plan, rank)`` -> the c10d store the generation's process groups meet on."""
-_TRANSFER_TAG = 1 << 20
 
 
 class Engine:
@@ -92,6 +91,15 @@ class Engine:
         """Unscaling, global norm, clipping, schedule, and the loss scaler's state."""
         self.stage_check = StageCheck(job, store, instance, self.config.instance_memory_gb)
         """Refuses a stage over the job's memory budget."""
+        self.warm = False
+        """A layer and its optimizer were built once in this process (:meth:`warm_up`)."""
+
+    def warm_up(self) -> float:
+        """Build one layer and its optimizer once, before a plan needs them (an idle instance
+        when a move is coming, :mod:`liveput.runtime.layer_moves`); seconds it took."""
+        seconds = layer_moves.warm_up(self.job, self.device)
+        self.warm = True
+        return seconds
 
     def _report(self, generation: int, ending: str = "") -> None:
         """Tell the coordinator what this instance holds (it plans from this, nothing else)."""
@@ -105,39 +113,17 @@ class Engine:
 
     # --- state movement ---------------------------------------------------------------------
     def _restore(self, plan: RuntimePlan, needed: range) -> None:
-        layers = {}
-        for index in needed:
-            layer = fresh_layer(self.job, index, self.device)
-            if plan.restore_step is not None and plan.restore_step != protocol.FRESH_START:
-                if self.checkpointer is None:
-                    raise LiveputError(
-                        "plan restores from a checkpoint but no checkpoint dir is set"
-                    )
-                try:
-                    state = self.checkpointer.load_layer(plan.restore_step, index)
-                except (CorruptCheckpoint, FileNotFoundError) as error:
-                    # Detected by its signature, or deleted: the next plan restores the one
-                    # before (a transient read error below is tried again instead).
-                    self.checkpointer.discard(plan.restore_step)
-                    raise LiveputError(
-                        f"checkpoint of step {plan.restore_step}, layer {index}: {error}"
-                    ) from None
-                except OSError as error:  # gone or unreadable: this plan fails, the job goes on
-                    raise LiveputError(
-                        f"checkpoint of step {plan.restore_step} has no readable "
-                        f"layer {index}: {error}"
-                    ) from None
-                layer.load_state_dict(state)
-            layers[index] = layer
-        self.layers = layers
+        assert plan.restore_step is not None
+        self.layers = layer_moves.restored_layers(
+            self.job, self.device, self.checkpointer, plan.restore_step, needed
+        )
+        self.warm = self.warm or bool(needed)
 
     def _transfer(self, plan: RuntimePlan, groups: Groups | None, needed: range) -> None:
         if (self.epoch, self.last_applied) != (plan.epoch, plan.start_step - 1):
             # Layers of another point of training (this instance sat out plans that ran):
             # never train on them nor send them.
             self.layers = {}
-        sends: list[dist.Work] = []
-        buffers: list[torch.Tensor] = []
         received: dict[int, LayerState] = {}
         if plan.transfers:
             if groups is None:
@@ -145,32 +131,16 @@ class Engine:
                     f"plan {plan.generation} moves layers between instances but "
                     "builds no process groups"
                 )
-            for tag, transfer in enumerate(plan.transfers):
-                if transfer.source == self.instance:
-                    if transfer.layer not in self.layers:
-                        raise LiveputError(
-                            f"instance {self.instance} holds no layer "
-                            f"{transfer.layer} at step {plan.start_step - 1} "
-                            f"(epoch {plan.epoch})"
-                        )
-                    data = encode_state(self.layers[transfer.layer].state_dict(), self.token)
-                    works, buffer = groups.isend_bytes(
-                        data, plan.rank_of(transfer.destination), _TRANSFER_TAG + tag
-                    )
-                    sends += works
-                    buffers.append(buffer)
-            for tag, transfer in enumerate(plan.transfers):
-                if transfer.destination == self.instance:
-                    self._peer = transfer.source
-                    data = groups.recv_bytes(plan.rank_of(transfer.source), _TRANSFER_TAG + tag)
-                    layer = fresh_layer(self.job, transfer.layer, self.device)
-                    layer.load_state_dict(
-                        decode_state(data, self.token, f"instance {transfer.source}")
-                    )
-                    received[transfer.layer] = layer
-            self._peer = None
+            sends, buffers = layer_moves.send_layers(
+                plan, groups, self.instance, self.layers, self.token
+            )
+            received = layer_moves.receive_layers(
+                plan, groups, self.instance, self.job, self.device, self.token, self._waiting_on
+            )
+            self.warm = self.warm or bool(received)
             for work in sends:
                 groups.wait(work)
+            del buffers  # the sends' bytes, alive until the sends completed
         missing = [i for i in needed if i not in self.layers and i not in received]
         if missing:
             raise LiveputError(
@@ -181,6 +151,9 @@ class Engine:
         self.layers.update(received)
         self.epoch = plan.epoch
         self.last_applied = plan.start_step - 1
+
+    def _waiting_on(self, source: int | None) -> None:
+        self._peer = source
 
     # --- one generation ---------------------------------------------------------------------
     def run_generation(

@@ -277,9 +277,16 @@ class Observer:
         if interval_due:
             self.next_interval_s = now + self.config.interval_s
         if plan is None:
+            registered_s = [self.since(keys.member(i), now) for i in members]
             return Observed(
                 CoordinatorView(
-                    now - self.started_s, members, None, None, -1, interval_due=interval_due
+                    now - self.started_s,
+                    members,
+                    None,
+                    None,
+                    -1,
+                    interval_due=interval_due,
+                    registration_age_s=min(registered_s, default=0.0),
                 )
             )
         committed = progress.committed
