@@ -157,15 +157,23 @@ class Checkpointer:
     def _path(self, step: int, layer: int) -> str:
         return f"{self.root}/step-{step}/layer-{layer}.pt"
 
-    def save_async(self, epoch: int, step: int, layers: list[LayerState], num_layers: int) -> None:
-        """Snapshot ``layers`` after step ``step`` now; write them in the background."""
+    def save_async(self, epoch: int, step: int, layers: list[LayerState], num_layers: int) -> float:
+        """Snapshot ``layers`` after step ``step`` now; write them in the background. Seconds
+        the snapshot took (on training's critical path)."""
         taken_s = time.perf_counter()
         snapshot = [(layer.index, layer.state_dict()) for layer in layers]
+        snapshot_s = time.perf_counter() - taken_s
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(
                 self._pool.submit(self._write, epoch, step, snapshot, num_layers, taken_s)
             )
+        return snapshot_s
+
+    def writing(self) -> bool:
+        """A write is running or waiting to."""
+        with self._lock:
+            return any(not f.done() for f in self._pending)
 
     def _write(
         self,
