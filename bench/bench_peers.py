@@ -127,6 +127,26 @@ def first_step_s(run: SystemRun) -> float | None:
     return next((t for t, samples in run.timeline if samples > 0), None)
 
 
+@dataclasses.dataclass(frozen=True)
+class Margin:
+    """``--notice-margin``'s value: seconds, or None for ``auto``."""
+
+    seconds: float | None
+
+
+def notice_margin(text: str) -> Margin:
+    """``--notice-margin S`` (>= 0) or ``auto``."""
+    if text.strip().lower() == "auto":
+        return Margin(None)
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or auto") from None
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return Margin(seconds)
+
+
 def loss_signal_delay(text: str) -> float | None:
     """``--loss-signal-delay``'s value: trace seconds >= 0, or ``none`` (never reported)."""
     if text.strip().lower() == "none":
@@ -199,9 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--notice-margin",
-        type=float,
+        type=notice_margin,
         default=None,
-        help="liveput's --notice-margin, wall s (default: the regime's: "
+        metavar="S|auto",
+        help="liveput's --notice-margin, wall s, or auto (the product's default: twice the "
+        "move it measured; default here: the regime's: "
         + "; ".join(f"{r.name} {r.notice_margin_s:g}" for r in REGIMES.values())
         + ")",
     )
@@ -292,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
         time_scale=args.time_scale,
         work_dir=args.work_dir,
         notice_margin_s=(
-            regime.notice_margin_s if args.notice_margin is None else args.notice_margin
+            regime.notice_margin_s if args.notice_margin is None else args.notice_margin.seconds
         ),
         notice_lead_s=args.notice_lead,
         loss_signal_delay_s=args.loss_signal_delay,

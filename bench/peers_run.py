@@ -70,12 +70,13 @@ class RunSettings:
     """Wall seconds each system trains, from the emulated cloud's start."""
     notice_lead_s: float = 120.0
     """Preemption notice lead, trace seconds (scaled like the trace)."""
-    notice_margin_s: float = 5.0
+    notice_margin_s: float | None = 5.0
     """liveput's ``--notice-margin``, wall seconds: a noticed instance trains until this long
-    before its end. The product's default (20 s) is for big layers on real networks; this job
-    moves in well under a second here (``bench runtime``), and ``bench chaos`` measured a
+    before its end; None: ``auto``, the product's default (twice the move it measured). This
+    job moves in well under a second here (``bench runtime``), and ``bench chaos`` measured a
     downtime of 0.06 s median, 2.5 s p95 for a noticed kill on the loaded machine, so a user
-    who measured would set 5 s, as the torchrun peer gets a careful user's rendezvous settings."""
+    who measured would set 5 s, as the torchrun peer gets a careful user's rendezvous
+    settings."""
     checkpoint_every: int = 10
     """K: steps between checkpoints (liveput's runtime and the peers alike)."""
     seed: int = 20
@@ -130,7 +131,7 @@ class RunSettings:
             self.time_scale <= 0
             or self.window_s <= 0
             or self.checkpoint_every < 1
-            or self.notice_margin_s < 0
+            or (self.notice_margin_s is not None and self.notice_margin_s < 0)
             or (self.instance_memory_gb is not None and not self.instance_memory_gb > 0)
             or (self.link_mbit is not None and not self.link_mbit > 0)
             or (self.stop_at_step is not None and self.stop_at_step < self.checkpoint_every)

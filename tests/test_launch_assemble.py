@@ -148,9 +148,14 @@ def test_notice_sources_and_the_agent_command_are_read_as_the_entry_points_do():
 def test_the_job_files_notice_margin_is_read_and_checked():
     from liveput.operate.jobfile import NoticeSpec, parse_job_file
 
-    assert NoticeSpec().margin_s == DEFAULTS.notice_margin_s
+    assert NoticeSpec().margin_s == "auto" and NoticeSpec().margin_seconds is None
+    assert DEFAULTS.notice_margin_s is None  # auto, as --notice-margin's default
     job = parse_job_file("model: tiny-gpt\nnotices:\n  lead_s: 30\n  margin_s: 5\n")
-    assert job.notices.margin_s == 5.0
+    assert job.notices.margin_s == 5.0 and job.notices.margin_seconds == 5.0
+    job = parse_job_file("model: tiny-gpt\nnotices:\n  margin_s: auto\n")
+    assert job.notices.margin_seconds is None
+    with pytest.raises(LiveputError, match=r"job.yaml:3: notices: margin_s must be a number"):
+        parse_job_file("model: tiny-gpt\nnotices:\n  margin_s: soon\n")
     with pytest.raises(LiveputError, match=r"job.yaml:3: notices: margin_s must be >= 0"):
         parse_job_file("model: tiny-gpt\nnotices:\n  margin_s: -2\n")
 
@@ -169,6 +174,22 @@ def test_the_coordinator_refuses_a_bad_notice_margin_in_one_line(capsys):
     assert main(["coordinator", "--notice-margin", "-3", "--embedded"]) == 2
     err = capsys.readouterr().err
     assert "--notice-margin" in err and "must be" in err and len(err.strip().splitlines()) == 1
+    assert main(["coordinator", "--notice-margin", "soon", "--embedded"]) == 2
+    err = capsys.readouterr().err
+    assert "--notice-margin" in err and "not a number" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_notice_margin_is_seconds_or_auto_and_auto_by_default():
+    import inspect
+
+    from liveput.cli import params, train
+
+    assert params.notice_margin("auto") is None and params.notice_margin(" Auto ") is None
+    assert params.notice_margin("7.5") == 7.5
+    default = inspect.signature(train.train).parameters["notice_margin_s"].default
+    assert default is None  # auto
+    config = assemble_job(JobRequest("tiny-gpt", 50, "ckpt", capacity=4)).config
+    assert config.notice_margin_s is None
 
 
 @pytest.mark.process

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from measured import tiny_gpt_profile
@@ -228,6 +229,7 @@ def make_coordinator(
     interval_s: float = 2.0,
     policy: str = "test-every-instance",
     costs: MigrationCostModel | None = None,
+    notice_margin_s: float | None = 20.0,
 ) -> Coordinator:
     profile = tiny_gpt_profile()
     config = CoordinatorConfig(
@@ -240,6 +242,8 @@ def make_coordinator(
         capacity=capacity,
         policy=policy,
         costs=costs or MigrationCostModel(),
+        # The rules at a fixed margin (``--notice-margin 20``) but in auto's own tests.
+        notice_margin_s=notice_margin_s,
     )
     return Coordinator(store, profile, config, clock, wall_clock=wall_clock)
 
@@ -937,3 +941,55 @@ def test_the_first_plan_waits_for_the_rest_only_while_instances_keep_registering
     view = CoordinatorView(12.0, three, None, None, -1, registration_age_s=60.0)
     action = decide(view, config, lambda n, e, lost: Configuration(1, 4) if n >= 4 else None)
     assert action.kind is ActionKind.WAIT and "no configuration runs on 3" in action.status
+
+
+def test_an_auto_margin_is_twice_the_predicted_move_then_twice_the_measured_one():
+    """``--notice-margin auto``: the job moves off a noticed instance twice the predicted move
+    before its end (the fixed 20 s gave away two thirds of this 30-s lead, for a move of about
+    1.6 s), the plan tells its agents that margin, and once a move between instances is
+    measured (publication to first step), the margin is twice that one."""
+    store, clock = MemoryStore(), ManualClock()
+    coordinator = make_coordinator(store, clock, steps=4000, initial=3, notice_margin_s=None)
+    agents = ModelAgents(store, coordinator.profile.num_layers)
+    for instance in range(3):
+        agents.join(instance)
+    run(coordinator, agents, clock, 40)
+    plan = coordinator.plan
+    assert plan.num_working == 2 and len(plan.world) == 3  # 1x2 and a spare
+    assert coordinator.observer.measured_move_s is None
+    predicted_s = coordinator.observer.auto_notice_margin_s(plan)
+    costs = coordinator.config.costs
+    assert predicted_s == pytest.approx(max(2.0, 2 * costs.rebuild_s(3)), rel=0.05)
+    victim = max(i for i, s in plan.slots.items() if s is not None)
+    agents.notice(victim, lead_s=30.0)
+    noticed_at = clock.now_s()
+    while coordinator.plan.generation == plan.generation:
+        run(coordinator, agents, clock, 1)
+    moved_after_s = clock.now_s() - noticed_at
+    settle_s = coordinator.config.notice_settle_s + 2 * TICK_S
+    assert 30.0 - predicted_s <= moved_after_s <= 30.0 - predicted_s + settle_s
+    moved = coordinator.plan
+    assert moved.notice_margin_s == pytest.approx(predicted_s)
+    assert moved.slots.get(victim) is None and {t.source for t in moved.transfers} == {victim}
+    started = coordinator.committed
+    while coordinator.committed <= started + 1:
+        run(coordinator, agents, clock, 1)
+    measured_s = coordinator.observer.measured_move_s
+    assert measured_s is not None and measured_s > 0
+    assert coordinator.observer.auto_notice_margin_s(moved) == pytest.approx(
+        max(2.0, 2 * measured_s)
+    )
+
+
+def test_an_auto_margin_takes_the_measured_move_over_the_predicted_and_a_floor():
+    from liveput.runtime.decide import auto_notice_margin_s, notice_margin_s
+
+    auto = CoordinatorConfig(num_steps=10, num_micro_batches=2)
+    assert auto.notice_margin_s is None
+    assert auto_notice_margin_s(auto, None, 7.0) == 14.0
+    assert auto_notice_margin_s(auto, 3.0, 7.0) == 6.0  # measured, whatever was predicted
+    assert auto_notice_margin_s(auto, 0.2, 7.0) == 2.0  # the floor
+    view = CoordinatorView(1.0, {}, None, None, -1, auto_notice_margin_s=9.0)
+    assert notice_margin_s(view, auto) == 9.0
+    fixed = CoordinatorConfig(num_steps=10, num_micro_batches=2, notice_margin_s=5.0)
+    assert notice_margin_s(view, fixed) == 5.0

@@ -106,6 +106,8 @@ def test_the_checkpoint_is_asked_exactly_when_only_noticed_instances_hold_a_laye
             arrived=True,
             **fields,
         )
+    # The fewest instances a configuration runs on: up to one more than the plan has.
+    fewest = data.draw(st.integers(1, data_parallel * stages + 1), label="fewest instances")
     view = CoordinatorView(
         100.0,
         members,
@@ -116,6 +118,7 @@ def test_the_checkpoint_is_asked_exactly_when_only_noticed_instances_hold_a_laye
         latest_checkpoint=COMMITTED if saved else 29,
         step_s=step_s,
         checkpoint_write_s=write_s,
+        fewest_instances=fewest,
     )
     action = decide(view, CONFIG, _choose)
     # Brute force: per stage (its two layers), its holders all noticed, the earliest end
@@ -135,6 +138,16 @@ def test_the_checkpoint_is_asked_exactly_when_only_noticed_instances_hold_a_laye
     elif write_s is not None:  # a write known before a step: at least 3 writes, 5 s
         lead_s = min(20.0, max(5.0, 3 * write_s))
     due = bool(ends) and min(ends) <= lead_s and not saved
+    if due:  # unless enough instances stay up a margin past that end to take the layers over
+        margin = CONFIG.notice_margin_s
+        staying = [
+            m
+            for m in members.values()
+            if not m.noticed
+            or (m.notice_lead_s is not None and m.notice_lead_s - m.notice_age_s > margin)
+            and m.notice_lead_s - m.notice_age_s > min(ends) + margin
+        ]
+        due = len(staying) < fewest
     assert (action.kind is ActionKind.CHECKPOINT) == due, (action, ends)
     if due:
         assert action.checkpoint_before_s == max(0.0, min(ends))
@@ -250,7 +263,8 @@ def test_with_steps_and_writes_measured_the_checkpoint_is_asked_later():
 def test_a_checkpoint_written_slower_than_the_unmeasured_lead_is_asked_for_in_time():
     """A stage's state written over a slow link (21 s measured) next to 10-s steps: the
     checkpoint is asked for the notice margin (20 s) before the end, not the unmeasured 5 s
-    (a write that could not finish), and the coordinator waits for it as long."""
+    (a write that could not finish), and the coordinator waits for it as long. The newcomer
+    alone runs no configuration (the fewest is 2): the layers have nowhere to move."""
 
     def view(age_s: float, **measured: float) -> CoordinatorView:
         members = dict(_checkpointing_view().members)
@@ -258,7 +272,9 @@ def test_a_checkpoint_written_slower_than_the_unmeasured_lead_is_asked_for_in_ti
             members[instance] = dataclasses.replace(
                 members[instance], notice_lead_s=80.0, notice_age_s=age_s
             )
-        return _checkpointing_view(members=members, checkpoint_requested=False, **measured)
+        return _checkpointing_view(
+            members=members, checkpoint_requested=False, fewest_instances=2, **measured
+        )
 
     slow = dict(step_s=10.0, checkpoint_write_s=21.0)
     assert checkpoint_lead_s(view(0.0, **slow), CONFIG) == CONFIG.notice_margin_s
@@ -381,3 +397,21 @@ def test_a_rank_whose_connection_a_fenced_peer_reset_still_writes_its_share(tmp_
     assert latest_checkpoint(store) == 2
     for index in range(job.num_layers):
         assert (tmp_path / "ckpt" / "step-2" / f"layer-{index}.pt").is_file()
+
+
+def test_noticed_holders_hand_their_layers_over_where_a_configuration_runs_without_them():
+    """Every holder of the plan's layers has a notice, but the newcomer runs a configuration
+    alone: no checkpoint that every stage writes and reads back (the pipeline regime's
+    noticed losses stopped the job 65-79 s that way); at the margin the noticed holders send
+    their layers to it while they are still up."""
+    members = dict(_checkpointing_view().members)
+    for instance in (0, 1):
+        members[instance] = dataclasses.replace(
+            members[instance], notice_lead_s=80.0, notice_age_s=61.0
+        )
+    measured = dict(step_s=10.0, checkpoint_write_s=21.0)
+    view = _checkpointing_view(members=members, checkpoint_requested=False, **measured)
+    action = decide(view, CONFIG, _choose)
+    assert action.kind is ActionKind.REPLAN and action.reason == "loss"
+    assert action.workers == (5,) and action.senders == (0, 1) and not action.restore
+    assert action.holdings == {0: (0, 1), 1: (0, 1)}

@@ -442,11 +442,11 @@ def test_an_idle_agent_warms_up_once_a_plan_without_it_trains_with_a_notice():
             self.polls += 1
             if self.polls == 1:  # plan 0 runs without instance 7; instance 0 has a notice
                 store.set(keys.notice(0), b"{}")
-            if self.polls == 2:  # the agent looked once since, before any step committed
+            if self.polls == 12:  # it looked once since (a look a second), no step committed
                 seen["before_a_step"] = engine.warm
                 for _ in range(2):
                     protocol.vote_commit(store, 0, 0, 2)
-            if self.polls == 4:
+            if self.polls == 25:
                 protocol.publish_plan(store, plan(1, [0, 7]))
 
     agent = Agent(AgentConfig(instance=7), store, engine, clock=Steps())
@@ -471,7 +471,7 @@ def test_an_idle_agent_does_not_warm_up_while_no_member_of_the_plan_has_a_notice
     for _ in range(2):
         protocol.vote_commit(store, 0, 0, 2)
     store.set(keys.notice(7), b"{}")  # its own notice: no member of the plan is going
-    agent = Agent(AgentConfig(instance=7), store, engine, clock=Plans(store, {3: plan(1, [0, 7])}))
+    agent = Agent(AgentConfig(instance=7), store, engine, clock=Plans(store, {25: plan(1, [0, 7])}))
     agent.joined_under = -1
     try:
         found = agent._next_plan(0)

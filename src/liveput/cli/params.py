@@ -128,6 +128,15 @@ STEPS = integer(1, 100_000_000)
 """Training steps."""
 NON_NEGATIVE_SECONDS = number(0.0, 86_400.0 * 366)
 """A lead or a grace, seconds (0: none)."""
+
+
+def notice_margin(value: object) -> float | None:
+    """``--notice-margin``: seconds, or ``auto`` (None: from the moves the job measures)."""
+    if str(value).strip().lower() == "auto":
+        return None
+    return NON_NEGATIVE_SECONDS(value)
+
+
 PRICE_POSITIVE = number(0.0, 1e6, low_open=True)
 """A budget, $ per hour."""
 WARMUP = integer(0, 10_000_000)
@@ -176,12 +185,14 @@ FLAG = ""
 Model = Annotated[str, typer.Option("--model", help="Built-in job or module:function.")]
 Token = Annotated[str | None, typer.Option("--token", help="Job token (or LIVEPUT_TOKEN).")]
 NoticeMargin = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--notice-margin",
-        parser=NON_NEGATIVE_SECONDS,
+        parser=notice_margin,
+        metavar="S|auto",
         help="Wall seconds before a noticed instance's announced end at which the job moves "
-        "off it (it trains until then); must cover the move.",
+        "off it (it trains until then); must cover the move. auto (the default): twice the "
+        "move as this run measured it (until then, as predicted from the links), at least 2 s.",
     ),
 ]
 DeadlinePolicy = Annotated[

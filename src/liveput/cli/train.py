@@ -68,7 +68,7 @@ class _JobOptions:
     checkpoint_dir: str | None
     checkpoint_every: int
     notice_lead_s: float
-    notice_margin_s: float
+    notice_margin_s: float | None
     seed: int
     keep_checkpoints: int
     deadline_hours: float | None
@@ -334,7 +334,7 @@ def _from_job_file(path: Path) -> _JobOptions:
         checkpoint_dir=job.checkpoint.url,
         checkpoint_every=job.checkpoint.every,
         notice_lead_s=job.notices.lead_s,
-        notice_margin_s=job.notices.margin_s,
+        notice_margin_s=job.notices.margin_seconds,
         seed=provider.trace_seed,
         keep_checkpoints=job.checkpoint.keep,
         deadline_hours=objective.deadline_hours,

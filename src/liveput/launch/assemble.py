@@ -51,9 +51,10 @@ class JobDefaults:
     """Under an emulated time scale the heartbeat timeout is this many decision intervals (at
     least :attr:`heartbeat_timeout_s`): the agents share this machine's cores with the
     coordinator and the store, and a short timeout would take a busy one for dead."""
-    notice_margin_s: float = 20.0
+    notice_margin_s: float | None = None
     """A noticed instance trains until this long before the end its notice announces (it must
-    cover the move off it: a few seconds for a small model, ``bench runtime``)."""
+    cover the move off it); None (``auto``): from the moves the job measures
+    (:attr:`liveput.runtime.coordinator.CoordinatorConfig.notice_margin_s`)."""
     store_outage_s: float = 120.0
     """How long an agent rides out a store it cannot reach (an etcd restarting)."""
     interval_s: float = 60.0
@@ -108,8 +109,9 @@ class JobRequest:
     heartbeat_timeout_s: float | None = None
     """Wall seconds of silence before an agent is dead (None: :data:`DEFAULTS`, which scales
     with the decision interval under a time scale other than 1)."""
-    notice_margin_s: float = DEFAULTS.notice_margin_s
-    """Wall seconds before a noticed instance's announced end at which the job moves off it."""
+    notice_margin_s: float | None = DEFAULTS.notice_margin_s
+    """Wall seconds before a noticed instance's announced end at which the job moves off it
+    (None: ``auto``)."""
     local: bool = False
     """The agents, the store and the coordinator share this machine (``liveput train``,
     ``liveput launch``): the agents spread over its GPUs, the heartbeat timeout defaults to
@@ -135,10 +137,12 @@ class JobRequest:
             raise LiveputError("job: steps, capacity and initial workers must be >= 1")
         if not self.time_scale > 0 or not self.interval_s > 0:
             raise LiveputError("job: the time scale and the decision interval must be positive")
-        if self.notice_margin_s < 0 or self.start_grace_s < 0:
+        if (self.notice_margin_s is not None and self.notice_margin_s < 0) or (
+            self.start_grace_s < 0
+        ):
             raise LiveputError(
                 f"job: --notice-margin and --start-grace must be >= 0, got "
-                f"{self.notice_margin_s:g} and {self.start_grace_s:g}"
+                f"{self.notice_margin_s} and {self.start_grace_s:g}"
             )
         if self.heartbeat_timeout_s is not None and not self.heartbeat_timeout_s > 0:
             raise LiveputError(

@@ -85,10 +85,10 @@ class LocalTrainingConfig:
     heartbeat_timeout_s: float | None = None
     """Wall seconds of silence before the coordinator takes an agent for dead, whatever the
     time scale (the failure detection time; None: two decision intervals, at least 3 s)."""
-    notice_margin_s: float = DEFAULTS.notice_margin_s
+    notice_margin_s: float | None = DEFAULTS.notice_margin_s
     """A noticed instance trains until this many wall seconds before the end its notice
-    announces, whatever the time scale (it must cover the move off it: a few seconds for a
-    small model here, ``bench runtime``; more for big layers on a slow network)."""
+    announces, whatever the time scale; None (``auto``, the default): twice the move the job
+    measured (:attr:`liveput.runtime.coordinator.CoordinatorConfig.notice_margin_s`)."""
     training: TrainingConfig | None = None
     """Precision, clipping, schedule, activation checkpointing (None: the job's own)."""
     policy: str = DEFAULTS.policy
@@ -127,7 +127,7 @@ class LocalTrainingConfig:
             raise LiveputError("train: --keep-checkpoints must be >= 1")
         if self.time_scale <= 0 or self.notice_lead_s < 0 or self.timeout_s <= 0:
             raise LiveputError("train: --time-scale must be positive and the notice lead >= 0")
-        if self.notice_margin_s < 0:
+        if self.notice_margin_s is not None and self.notice_margin_s < 0:
             raise LiveputError(f"train: --notice-margin must be >= 0, got {self.notice_margin_s:g}")
         if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= 0:
             raise LiveputError(

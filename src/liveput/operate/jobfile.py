@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 
 from liveput.errors import LiveputError
-from liveput.launch.assemble import DEFAULTS
 
 OBJECTIVES = ("throughput", "deadline")
 
@@ -121,15 +120,27 @@ class NoticeSpec:
 
     lead_s: float = 120.0
     """Notice lead, trace seconds (AWS 120, GCP 30)."""
-    margin_s: float = DEFAULTS.notice_margin_s
+    margin_s: float | str = "auto"
     """A noticed instance trains until this many wall seconds before the end its notice
-    announces, then the job moves off it (``liveput train --notice-margin``)."""
+    announces, then the job moves off it; ``auto``: from the moves the job measures
+    (``liveput train --notice-margin``)."""
 
     def __post_init__(self) -> None:
         if self.lead_s < 0:
             raise LiveputError("notices: lead_s must be >= 0")
-        if not self.margin_s >= 0:
+        if isinstance(self.margin_s, str):
+            if self.margin_s != "auto":
+                raise LiveputError(
+                    f"notices: margin_s must be a number of seconds >= 0 or auto, "
+                    f"got {self.margin_s!r}"
+                )
+        elif not self.margin_s >= 0:
             raise LiveputError(f"notices: margin_s must be >= 0, got {self.margin_s:g}")
+
+    @property
+    def margin_seconds(self) -> float | None:
+        """``margin_s`` as the runtime takes it (None: ``auto``)."""
+        return None if isinstance(self.margin_s, str) else self.margin_s
 
 
 @dataclass(frozen=True)

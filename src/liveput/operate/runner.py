@@ -231,7 +231,7 @@ def _training_config(
         steps=num_steps,
         time_scale=provider.time_scale,
         notice_lead_s=job.notices.lead_s,
-        notice_margin_s=job.notices.margin_s,
+        notice_margin_s=job.notices.margin_seconds,
         store_url=place.store,
         checkpoint_dir=checkpoint_url,
         checkpoint_every=job.checkpoint.every,

@@ -76,6 +76,9 @@ _TRANSITIONS = {
 whose migration failed, goes back to WAITING without training."""
 
 
+WARM_CHECK_S = 1.0
+"""Seconds between an idle agent's looks whether a move is coming (:meth:`Agent._warm_up_due`)."""
+
 MARKETS = ("spot", "on-demand")
 """How an instance is rented."""
 
@@ -101,9 +104,10 @@ class AgentConfig:
     """Longest the store may stay unreachable, seconds: long enough for an etcd restart; a store
     that stays gone (an embedded store whose coordinator ended) then stops the agent with an
     error instead of a silent wait."""
-    notice_margin_s: float = 20.0
+    notice_margin_s: float | None = 20.0
     """The coordinator's ``notice_margin_s`` (the job spec's): a noticed agent left out of a
-    plan leaves only once its lead is this close to spent."""
+    plan leaves only once its lead is this close to spent. Each plan says the margin it was
+    made with, which the agent follows once it has seen one; None (``auto``): only that."""
     exit_on_store_loss: bool = False
     """End the process (exit code 3) once the store has been unreachable for
     ``store_outage_s``, even if training is blocked in a collective (agent processes)."""
@@ -113,7 +117,7 @@ class AgentConfig:
             raise LiveputError(f"agent: instance id must be >= 0, got {self.instance}")
         if self.heartbeat_s <= 0 or self.poll_s <= 0 or self.store_outage_s <= 0:
             raise LiveputError("agent: heartbeat, poll and store-outage times must be positive")
-        if self.notice_margin_s < 0:
+        if self.notice_margin_s is not None and self.notice_margin_s < 0:
             raise LiveputError(f"agent: notice margin must be >= 0, got {self.notice_margin_s:g}")
         if self.market not in MARKETS:
             raise LiveputError(f"agent: market {self.market!r} is not one of {', '.join(MARKETS)}")
@@ -143,6 +147,10 @@ class Agent:
         """Generation of the plan in force when this agent joined (-1: none): a plan not newer
         was made without it, so leaving it out says nothing about a noticed agent's future, and
         one that names its instance was made for an earlier process (:meth:`_disown`)."""
+        self._next_warm_check_s = 0.0
+        """When an idle agent next looks whether to warm up (:meth:`_warm_up_due`)."""
+        self.plan_margin_s: float | None = None
+        """The notice margin of the newest plan it read (None: none said one yet)."""
         self._stop = threading.Event()
         # One per source: the heartbeat thread and the main thread fail and recover separately.
         self._heartbeat_warnings = RepeatFilter(LOG, now_s=self.clock.now_s)
@@ -172,11 +180,21 @@ class Agent:
         self.store.set(keys.notice(self.config.instance), notice.to_json().encode())
 
     def going(self) -> bool:
-        """Its notice gives no lead, or less than ``notice_margin_s`` of it is left (the
-        coordinator's rule: it then plans without this instance)."""
+        """Its notice gives no lead, or less than the notice margin of it is left (the
+        coordinator's rule: it then plans without this instance). The margin is the newest
+        plan's, else the job spec's (none: not before the end its notice announces)."""
+        margin_s = self.plan_margin_s
+        if margin_s is None:
+            margin_s = self.config.notice_margin_s or 0.0
         return self.notice is not None and self.clock.now_s() - self.noticed_at_s >= moves_after_s(
-            self.notice.lead_s, self.config.notice_margin_s
+            self.notice.lead_s, margin_s
         )
+
+    def _read(self, plan: protocol.RuntimePlan | None) -> protocol.RuntimePlan | None:
+        """``plan``, its notice margin kept (:meth:`going`)."""
+        if plan is not None and plan.notice_margin_s is not None:
+            self.plan_margin_s = plan.notice_margin_s
+        return plan
 
     def _beat(self) -> None:
         key = keys.heartbeat(self.config.instance)
@@ -256,7 +274,7 @@ class Agent:
         while not self._stop.is_set():
             try:
                 if left_out is None:  # the plan it ran: one that only took its layers away?
-                    ran = protocol.load_plan(self.store, after) if after >= 0 else None
+                    ran = self._read(protocol.load_plan(self.store, after)) if after >= 0 else None
                     left_out = ran is not None and ran.slots.get(self.config.instance) is None
                 if self.store.get(keys.job_done()) is not None:
                     return None
@@ -265,7 +283,7 @@ class Agent:
                     raise failure
                 current = readers.current_generation(self.store)
                 if current is not None and current > after:
-                    plan = protocol.load_plan(self.store, current)
+                    plan = self._read(protocol.load_plan(self.store, current))
                     mine = plan is not None and self.config.instance in plan.slots
                     if mine and current > self.joined_under:
                         return plan
@@ -305,8 +323,11 @@ class Agent:
         plan's first step: where instances share a machine's cores (the emulated cloud), the
         plan's own instances need them to start; nor without a notice: a spare that is never
         planned would spend them for nothing (4 spares of 8 instances on two cores: 14 CPU-s)."""
-        if generation is None:
+        now_s = self.clock.now_s()
+        if generation is None or now_s < self._next_warm_check_s:
             return False
+        # Three store reads: once a second, not at every poll of every idle agent.
+        self._next_warm_check_s = now_s + WARM_CHECK_S
         plan = protocol.load_plan(self.store, generation)
         if plan is None or plan.slots.get(self.config.instance) is not None:
             return False

@@ -35,11 +35,21 @@ class CoordinatorConfig:
     arrival_settle_s: float = 0.5
     """An instance that registers outside the plan has the policy asked at once (Rule 7), once
     no other has registered for this long: instances booted together join in one move."""
-    notice_margin_s: float = 20.0
+    notice_margin_s: float | None = None
     """A noticed instance trains until this many wall seconds before the end its notice
     announces; then the job moves off it (the margin covers the gathering, the plan and the
-    layer transfer: a few seconds measured here, ``docs/runtime.md``). A notice whose lead is
-    this or shorter, or that gives none, is acted on at once."""
+    layer transfer). A notice whose lead is this or shorter, or that gives none, is acted on
+    at once. None (``--notice-margin auto``): ``notice_margin_safety`` times the move the
+    running plan would make, as this run measured it (from a plan's publication to its first
+    step, the newest plan that moved layers), until then as predicted (a group rebuild and the
+    largest stage's state over the links); at least ``notice_margin_min_s``
+    (:func:`liveput.runtime.decide.notice_margin_s`)."""
+    notice_margin_safety: float = 2.0
+    """``--notice-margin auto``: the margin is this many times the move's measured or predicted
+    seconds (a loaded machine's move may take twice its last)."""
+    notice_margin_min_s: float = 2.0
+    """``--notice-margin auto``: the margin is at least this, wall seconds (the notice's way to
+    the coordinator, its tick, the gathering of notices that come together)."""
     jit_checkpoint_lead_s: float = 5.0
     """Rule 9: when every current holder of some layer has a notice, at most this many wall
     seconds (and at most ``notice_margin_s``) before the earliest end those notices announce,
@@ -121,7 +131,9 @@ class CoordinatorConfig:
                 self.arrival_settle_s,
                 self.start_grace_s,
                 self.start_settle_s,
-                self.notice_margin_s,
+                0.0 if self.notice_margin_s is None else self.notice_margin_s,
+                self.notice_margin_safety,
+                self.notice_margin_min_s,
                 self.jit_checkpoint_lead_s,
                 self.jit_checkpoint_min_lead_s,
                 self.jit_checkpoint_safety,

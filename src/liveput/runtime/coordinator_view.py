@@ -126,6 +126,12 @@ class CoordinatorView:
     """Seconds the newest checkpoint that recorded it took to write, from its writer's
     snapshot; until one has, the write estimated for the plan where the coordinator has an
     estimate (None: neither; as ``step_s``, only while an instance has a notice)."""
+    auto_notice_margin_s: float = 20.0
+    """The notice margin ``--notice-margin auto`` gives now, wall seconds: the executor's
+    ``notice_margin_safety`` x the move measured (or, until one is, predicted), at least
+    ``notice_margin_min_s``; a fixed ``notice_margin_s`` overrides it."""
+    fewest_instances: int = 1
+    """The fewest instances a configuration of the job runs on (the coordinator's table)."""
     registration_age_s: float = 0.0
     """Seconds since the newest member registered (Rule 1; 0 before any has)."""
     instances_held: int | None = None
@@ -174,6 +180,9 @@ class Action:
     """Slots of the running plan that were lost (for the policy)."""
     noticed_workers: tuple[int, ...] = ()
     """Workers that are going (Rule 6: no other instance is up)."""
+    notice_margin_s: float | None = None
+    """For a plan: the notice margin it was decided with, wall seconds (its agents leave by
+    it)."""
     checkpoint_before_s: float | None = None
     """For a checkpoint (Rule 9): seconds left before the earliest end the notices of the
     last holders announce, by which the checkpoint is to be written."""

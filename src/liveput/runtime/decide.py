@@ -13,7 +13,8 @@ committed, ``epoch`` the restore epoch of the plan. An instance is
   go, and nobody else may be there to report it), or it said it left, or the cloud said its
   instance ended (no heartbeat timeout to wait for: a total loss restores as soon as an
   instance is back);
-- *going* when it has a preemption notice whose lead is (nearly) spent: ``notice_margin_s``
+- *going* when it has a preemption notice whose lead is (nearly) spent: the notice margin
+  (:func:`notice_margin_s`: ``notice_margin_s``, or with ``auto`` twice the move measured)
   before the end its notice announces, or at once for a notice that gives no lead. Until then a
   noticed instance trains like any other: the lead is paid-for time, and moving off it at the
   notice would give away up to two minutes of an instance for every preemption;
@@ -67,9 +68,11 @@ Rules, in order (numbered as in :func:`decide`):
    an instance that may only be starved (a busy machine delays heartbeats past
    ``suspect_after_s`` long before it kills anything). If it is dead after all, the plan it is
    in fails and the next one, made once its heartbeat timed out, restores as it would have.
-9. Just in time: when every current holder of some layer has a notice (a wipe-out with
-   notice: nowhere to move that layer to), a lead before the earliest end those notices
-   announce (:func:`checkpoint_lead_s`: a few measured steps and checkpoint writes, at most
+9. Just in time: when every current holder of some layer has a notice and the instances that
+   stay up a margin past the earliest end those notices announce run no configuration (fewer
+   than ``fewest_instances``: a wipe-out with notice, nowhere to move that layer to; where they
+   run one, the going holders send their layers at the margin, Rules 3-4), a lead before that
+   end (:func:`checkpoint_lead_s`: a few measured steps and checkpoint writes, at most
    ``notice_margin_s``; ``jit_checkpoint_lead_s`` until measured), the running plan is
    fenced at the next step boundary and its instances checkpoint the step they end at (a
    :data:`ActionKind.CHECKPOINT`); the coordinator waits for that checkpoint (at most the
@@ -92,6 +95,7 @@ from liveput.runtime.coordinator_view import (
     Member,
     moves_after_s,
 )
+from liveput.runtime.notice_margin import auto_notice_margin_s, margin_in_force, notice_margin_s
 from liveput.runtime.protocol import moving
 
 __all__ = [
@@ -101,9 +105,12 @@ __all__ = [
     "CoordinatorConfig",
     "CoordinatorView",
     "Member",
+    "auto_notice_margin_s",
     "checkpoint_lead_s",
     "decide",
+    "margin_in_force",
     "moves_after_s",
+    "notice_margin_s",
 ]
 
 
@@ -156,7 +163,7 @@ def _replan(
     plan = view.plan
     epoch = plan.epoch if plan is not None else 0
     alive = _alive(view, config, suspects)
-    margin = config.notice_margin_s
+    margin = notice_margin_s(view, config)
     if view.checkpoint_requested and plan is not None:
         # Rule 9: the plan's going instances checkpointed, and leave once their generation ends.
         alive = {i: m for i, m in alive.items() if not (m.going(margin) and i in plan.slots)}
@@ -207,6 +214,7 @@ def _replan(
         suspects,
         lost_slots,
         noticed_workers,
+        notice_margin_s=margin,
     )
 
 
@@ -279,6 +287,20 @@ def _noticed_holders_end_s(view: CoordinatorView, config: CoordinatorConfig) -> 
     return min(ends, default=None)
 
 
+def _movable(view: CoordinatorView, config: CoordinatorConfig, end_s: float) -> bool:
+    """Rule 9 does not apply: enough instances stay up past the noticed holders' end (no
+    notice, or one that ends a margin after it) to run a configuration, so the going holders
+    hand their layers over (Rules 3-4) instead of a checkpoint every stage writes and reads
+    back (the pipeline regime's noticed losses stopped the job for 65-79 s that way)."""
+    margin = notice_margin_s(view, config)
+    staying = [
+        m
+        for m in _alive(view, config).values()
+        if not m.going(margin) and ((ends := m.end_in_s()) is None or ends > end_s + margin)
+    ]
+    return len(staying) >= view.fewest_instances
+
+
 def checkpoint_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
     """Rule 9's lead, wall seconds: ``jit_checkpoint_safety`` x (a step + a checkpoint
     write), at least ``jit_checkpoint_min_lead_s``, both measured (the view's), at most
@@ -290,20 +312,22 @@ def checkpoint_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float
     checkpoint was still being written when the instances went, and the restore after them went
     back to the checkpoint before."""
     if view.checkpoint_write_s is None:
-        return _unmeasured_lead_s(config)
+        return _unmeasured_lead_s(view, config)
     if view.step_s is None:
         # A write known (measured or estimated) before any step of the plan is: the write alone
         # may need more than the unmeasured lead (a plan's first steps on slow storage).
         write_lead_s = config.jit_checkpoint_safety * view.checkpoint_write_s
-        return min(config.notice_margin_s, max(_unmeasured_lead_s(config), write_lead_s))
+        return min(
+            notice_margin_s(view, config), max(_unmeasured_lead_s(view, config), write_lead_s)
+        )
     measured_s = config.jit_checkpoint_safety * (view.step_s + view.checkpoint_write_s)
-    return min(config.notice_margin_s, max(config.jit_checkpoint_min_lead_s, measured_s))
+    return min(notice_margin_s(view, config), max(config.jit_checkpoint_min_lead_s, measured_s))
 
 
-def _unmeasured_lead_s(config: CoordinatorConfig) -> float:
+def _unmeasured_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
     """Rule 9's lead before anything is measured: ``jit_checkpoint_lead_s``, at most
     ``notice_margin_s``."""
-    return min(config.jit_checkpoint_lead_s, config.notice_margin_s)
+    return min(config.jit_checkpoint_lead_s, notice_margin_s(view, config))
 
 
 def _checkpoint_before_end(
@@ -343,7 +367,7 @@ def _checkpoint_before_end(
                 and (
                     i in suspects
                     or (member := view.members.get(i)) is None
-                    or member.going(config.notice_margin_s)
+                    or member.going(notice_margin_s(view, config))
                 )
             )
         )
@@ -351,7 +375,7 @@ def _checkpoint_before_end(
     if saved or unannounced or not view.all_arrived or view.committed < plan.start_step:
         return None
     end_s = _noticed_holders_end_s(view, config)
-    if end_s is None or end_s > checkpoint_lead_s(view, config):
+    if end_s is None or end_s > checkpoint_lead_s(view, config) or _movable(view, config, end_s):
         return None
     return Action(
         ActionKind.CHECKPOINT,
@@ -381,7 +405,7 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
     """The coordinator's next action (module docstring: the rules)."""
     plan = view.plan
     members = view.members
-    margin = config.notice_margin_s
+    margin = notice_margin_s(view, config)
     if plan is None:  # Rule 1
         alive = _alive(view, config)
         up = [i for i, m in alive.items() if not m.going(margin)]

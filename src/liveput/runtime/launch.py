@@ -106,8 +106,9 @@ class JobSpec:
     them; None: the job's own."""
     data: str | None = None
     """The file a built-in job that takes ``--data`` trains on (every agent must reach it)."""
-    notice_margin_s: float = 20.0
-    """The coordinator's ``notice_margin_s``, wall seconds (agents leave by it)."""
+    notice_margin_s: float | None = None
+    """The coordinator's ``notice_margin_s``, wall seconds (agents leave by it, until a plan
+    says its own); None: ``auto``, each plan's."""
     instance_memory_gb: float | None = None
     """The job's per-instance memory budget, GB: each agent refuses a stage predicted over it
     (:mod:`liveput.runtime.stage_memory`), with the job's profile kept in the store; None:

@@ -86,6 +86,9 @@ class RuntimePlan:
     noticed: list[int] = field(default_factory=list)
     """Working instances that had a preemption notice when the plan was made (no other was up):
     their going is no news to replan for, and the first instance without a notice replaces them."""
+    notice_margin_s: float | None = None
+    """The notice margin the coordinator planned with, wall seconds: a noticed agent left out
+    of a plan leaves once its lead is this close to spent (None: its job spec's)."""
 
     @property
     def world(self) -> list[int]:

@@ -68,12 +68,31 @@ class Coordinator:
         self.action: Action | None = None  # the last decision
         self.started_s = self.clock.now_s()
         self.observer = Observer(
-            store, config, self.clock, self.started_s, wall_clock, self._write_estimate_s
+            store,
+            config,
+            self.clock,
+            self.started_s,
+            wall_clock,
+            self._write_estimate_s,
+            self._move_estimate_s,
         )
         self.publisher = Publisher(store, profile, config, self.clock, self.started_s, wall_clock)
         self.stall = upkeep.StallWatch(config.stall_warning_s)
         self.pruner = Pruner(store, config.prune, profile.global_batch_size)
         self.progress = self.observer.recover()
+
+    def _move_estimate_s(self, plan: protocol.RuntimePlan | None) -> float:
+        """A move off one of ``plan``'s instances, predicted: a group rebuild of its instances
+        and its largest stage's state over the links (before the first plan: the whole
+        model's, the most a move can carry)."""
+        state = self.profile.layer_state_bytes()
+        if plan is None:
+            return self.config.costs.rebuild_s(self.config.capacity) + (
+                self.config.costs.transfer_s(float(state.sum()))
+            )
+        bounds = plan.boundaries
+        largest = max(int(state[a:b].sum()) for a, b in zip(bounds, bounds[1:], strict=False))
+        return self.config.costs.rebuild_s(len(plan.world)) + self.config.costs.transfer_s(largest)
 
     def _write_estimate_s(self, plan: protocol.RuntimePlan) -> float:
         """A checkpoint write of ``plan``'s largest stage at the migration costs' checkpoint
@@ -103,7 +122,14 @@ class Coordinator:
                 self.planning = self.objective.refitted(
                     self.profile, self.config, calibration, self.planning.policy
                 )
-        return observed.view
+        return dataclasses.replace(observed.view, fewest_instances=self._fewest_instances())
+
+    def _fewest_instances(self) -> int:
+        """The fewest instances a configuration of the table runs on (Rule 9: fewer left
+        without a notice, and a noticed stage has nowhere to move)."""
+        table = self.table
+        sizes = (table.data_parallel * table.pipeline_stages)[table.feasible]
+        return int(sizes.min()) if sizes.size else 1
 
     def _inputs(self, view: CoordinatorView) -> PolicyInputs:
         """What the policy step sees; the history and the market are read only when it asks

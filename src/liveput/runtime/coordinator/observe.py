@@ -30,7 +30,13 @@ from liveput.errors import LiveputError
 from liveput.runtime import keys, ledger, protocol
 from liveput.runtime.checkpoint import latest_record
 from liveput.runtime.clock import Clock
-from liveput.runtime.decide import CoordinatorConfig, CoordinatorView, Member
+from liveput.runtime.decide import (
+    CoordinatorConfig,
+    CoordinatorView,
+    Member,
+    auto_notice_margin_s,
+    margin_in_force,
+)
 from liveput.runtime.notices import Notice
 from liveput.runtime.prune import read_floor
 from liveput.runtime.step_times import configuration_step_s, generation_step_s
@@ -76,8 +82,15 @@ class Observer:
         started_s: float,
         wall_clock: Callable[[], float],
         write_estimate_s: Callable[[protocol.RuntimePlan], float] | None = None,
+        move_estimate_s: Callable[[protocol.RuntimePlan | None], float] | None = None,
     ) -> None:
         self.store = store
+        self.move_estimate_s = move_estimate_s
+        """A move's seconds off a plan's noticed instance, predicted (None: none; the plan None
+        before the first): ``--notice-margin auto`` reads it until a move is measured."""
+        self.measured_move_s: float | None = None
+        """Seconds from the newest plan that moved layers between instances to its first
+        step (None: none yet)."""
         self.write_estimate_s = write_estimate_s
         """A checkpoint write's seconds for a plan, estimated (None: none): Rule 9's lead reads
         it until a write is measured, so that a first wipe-out with notice on slow storage is
@@ -242,11 +255,19 @@ class Observer:
             count += 1
         return max(0, count)
 
-    def arrival(self, members: dict[int, Member], plan: protocol.RuntimePlan, now: float) -> bool:
-        """Rule 7: instances up, not going, that no plan named and whose arrival was not
-        flagged yet, the newest registered ``arrival_settle_s`` ago or more (then flagged)."""
+    def auto_notice_margin_s(self, plan: protocol.RuntimePlan | None) -> float:
+        """``--notice-margin auto``'s margin now (:func:`liveput.runtime.decide.
+        auto_notice_margin_s`): from the newest measured move, else the predicted one."""
+        predicted_s = 0.0 if self.move_estimate_s is None else self.move_estimate_s(plan)
+        return auto_notice_margin_s(self.config, self.measured_move_s, predicted_s)
+
+    def arrival(
+        self, members: dict[int, Member], plan: protocol.RuntimePlan, now: float, margin_s: float
+    ) -> bool:
+        """Rule 7: instances up, not going (``margin_s``: the notice margin in force), that no
+        plan named and whose arrival was not flagged yet, the newest registered
+        ``arrival_settle_s`` ago or more (then flagged)."""
         self.planned.update(plan.world)
-        margin_s = self.config.notice_margin_s
         new = [
             i
             for i, m in members.items()
@@ -276,6 +297,7 @@ class Observer:
         interval_due = now >= self.next_interval_s
         if interval_due:
             self.next_interval_s = now + self.config.interval_s
+        margin_s = self.auto_notice_margin_s(plan)
         if plan is None:
             registered_s = [self.since(keys.member(i), now) for i in members]
             return Observed(
@@ -286,12 +308,16 @@ class Observer:
                     None,
                     -1,
                     interval_due=interval_due,
+                    auto_notice_margin_s=margin_s,
                     registration_age_s=min(registered_s, default=0.0),
                 )
             )
         committed = progress.committed
+        in_force_s = margin_in_force(self.config, margin_s)
         # Rule 7: an arrival during a move waits for the move (flagged after it, not lost).
-        arrival = not protocol.moving(plan, committed) and self.arrival(members, plan, now)
+        arrival = not protocol.moving(plan, committed) and self.arrival(
+            members, plan, now, in_force_s
+        )
         all_arrived = self.store.get(keys.all_arrived(plan.generation)) is not None
         newly_started = (
             all_arrived
@@ -300,6 +326,8 @@ class Observer:
         )
         if newly_started:
             progress.started = plan
+            if plan.transfers:  # a move between instances: what the next one may take
+                self.measured_move_s = self.since(keys.plan(plan.generation), now)
         outcome = protocol.step_outcome(self.store, plan.generation, committed + 1)
         fenced = outcome == protocol.ABORTED and progress.fence != (plan.generation, committed + 1)
         failures = protocol.failures(self.store, plan.generation)
@@ -332,6 +360,7 @@ class Observer:
                 checkpoint_requested=checkpoint_requested,
                 checkpoint_request_age_s=self.since(request, now) if checkpoint_requested else 0.0,
                 step_s=step_s,
+                auto_notice_margin_s=margin_s,
                 checkpoint_write_s=(
                     self.write_estimate_s(plan)
                     if self.checkpoint_write_s is None and self.write_estimate_s and noticed

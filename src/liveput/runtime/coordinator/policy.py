@@ -29,7 +29,14 @@ from liveput.perf.configuration import Configuration, ObservationEvent
 from liveput.perf.types import ConfigTable, ModelProfile
 from liveput.policies import Decision, Observation, Provisioning
 from liveput.runtime.coordinator.objective import CoordinatorObjective, MarketReading, Planning
-from liveput.runtime.decide import Action, ActionKind, CoordinatorConfig, CoordinatorView, decide
+from liveput.runtime.decide import (
+    Action,
+    ActionKind,
+    CoordinatorConfig,
+    CoordinatorView,
+    decide,
+    notice_margin_s,
+)
 from liveput.traces.trace import IntervalTrace
 
 
@@ -69,7 +76,7 @@ def available(view: CoordinatorView, config: CoordinatorConfig) -> list[int]:
         i
         for i, m in view.members.items()
         if not m.left
-        and not m.going(config.notice_margin_s)
+        and not m.going(notice_margin_s(view, config))
         and m.heartbeat_age_s <= config.heartbeat_timeout_s
     )
 

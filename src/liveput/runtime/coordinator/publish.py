@@ -178,6 +178,8 @@ class Publisher:
         )
         if action.noticed_workers:
             plan = dataclasses.replace(plan, noticed=list(action.noticed_workers))
+        if action.notice_margin_s is not None:
+            plan = dataclasses.replace(plan, notice_margin_s=action.notice_margin_s)
         if plan.restore_step is not None and previous is not None:
             self._log_restore(plan, plan.restore_step, action, holdings, start, view)
         if plan.epoch != context.epoch:
