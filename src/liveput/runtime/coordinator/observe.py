@@ -328,6 +328,20 @@ class Observer:
             progress.started = plan
             if plan.transfers:  # a move between instances: what the next one may take
                 self.measured_move_s = self.since(keys.plan(plan.generation), now)
+                predicted = (
+                    ""
+                    if self.move_estimate_s is None
+                    else (f" (predicted {self.move_estimate_s(plan):.2f} s)")
+                )
+                LOG.info(
+                    "plan %d moved %d layers between instances in %.2f s%s; notice margin "
+                    "auto: %.2f s",
+                    plan.generation,
+                    len(plan.transfers),
+                    self.measured_move_s,
+                    predicted,
+                    self.auto_notice_margin_s(plan),
+                )
         outcome = protocol.step_outcome(self.store, plan.generation, committed + 1)
         fenced = outcome == protocol.ABORTED and progress.fence != (plan.generation, committed + 1)
         failures = protocol.failures(self.store, plan.generation)

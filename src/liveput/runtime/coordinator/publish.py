@@ -208,8 +208,14 @@ class Publisher:
                 }
             ).encode(),
         )
+        # Moving off noticed instances: the margin it was decided at, for the log.
+        off = (
+            f"; off noticed {list(action.senders)} at a {action.notice_margin_s:.2f}-s margin"
+            if action.senders and action.notice_margin_s is not None
+            else ""
+        )
         LOG.info(
-            "plan %d (%s): %s %dx%d from step %d%s",
+            "plan %d (%s): %s %dx%d from step %d%s%s",
             plan.generation,
             action.reason,
             plan.kind,
@@ -217,6 +223,7 @@ class Publisher:
             plan.pipeline_stages,
             plan.start_step,
             f" without {sorted(action.suspects)}" if action.suspects else "",
+            off,
         )
         progress.plan = plan
         return plan
