@@ -261,6 +261,25 @@ class Observer:
         predicted_s = 0.0 if self.move_estimate_s is None else self.move_estimate_s(plan)
         return auto_notice_margin_s(self.config, self.measured_move_s, predicted_s)
 
+    def moved(self, plan: protocol.RuntimePlan, seconds: float) -> None:
+        """``plan`` moved layers between instances in ``seconds`` (from its publication to its
+        first step): ``--notice-margin auto`` follows it, and the log says it beside its
+        prediction."""
+        self.measured_move_s = seconds
+        predicted = (
+            ""
+            if self.move_estimate_s is None
+            else f" (predicted {self.move_estimate_s(plan):.2f} s)"
+        )
+        LOG.info(
+            "plan %d moved %d layers between instances in %.2f s%s; notice margin auto: %.2f s",
+            plan.generation,
+            len(plan.transfers),
+            seconds,
+            predicted,
+            self.auto_notice_margin_s(plan),
+        )
+
     def arrival(
         self, members: dict[int, Member], plan: protocol.RuntimePlan, now: float, margin_s: float
     ) -> bool:
@@ -327,21 +346,7 @@ class Observer:
         if newly_started:
             progress.started = plan
             if plan.transfers:  # a move between instances: what the next one may take
-                self.measured_move_s = self.since(keys.plan(plan.generation), now)
-                predicted = (
-                    ""
-                    if self.move_estimate_s is None
-                    else (f" (predicted {self.move_estimate_s(plan):.2f} s)")
-                )
-                LOG.info(
-                    "plan %d moved %d layers between instances in %.2f s%s; notice margin "
-                    "auto: %.2f s",
-                    plan.generation,
-                    len(plan.transfers),
-                    self.measured_move_s,
-                    predicted,
-                    self.auto_notice_margin_s(plan),
-                )
+                self.moved(plan, self.since(keys.plan(plan.generation), now))
         outcome = protocol.step_outcome(self.store, plan.generation, committed + 1)
         fenced = outcome == protocol.ABORTED and progress.fence != (plan.generation, committed + 1)
         failures = protocol.failures(self.store, plan.generation)
