@@ -230,3 +230,30 @@ def _ignores_sigusr1(pid: int) -> bool:
         if line.startswith("SigIgn:"):
             return bool(int(line.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
     return False
+
+
+def test_a_restarted_coordinator_resumes_though_its_checkpoint_folder_cannot_be_written_now(
+    tmp_path, monkeypatch, capsys
+):
+    """The fault campaign's disk-full came while a restarted coordinator started: it refused
+    its --checkpoint-dir in one line and the job lost its coordinator (199 steps). A restart on
+    an earlier coordinator's etcd data warns and resumes; a first start still refuses."""
+    from liveput.cli import agent as cli_agent
+    from liveput.cli.main import main
+
+    def store_reached(*args, **kwargs):
+        raise LiveputError("the job's store reached")
+
+    monkeypatch.setattr(cli_agent, "_job_store", store_reached)
+    unwritable = tmp_path / "a-file"
+    unwritable.write_text("not a folder")
+    command = ["coordinator", "--token", "t", "--checkpoint-dir", str(unwritable), "--etcd-dir"]
+    assert main([*command, str(tmp_path / "fresh")]) == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint-dir" in err and "cannot be written" in err
+    assert "store reached" not in err
+    (tmp_path / "earlier" / "data" / "member").mkdir(parents=True)
+    assert main([*command, str(tmp_path / "earlier")]) == 2
+    err = capsys.readouterr().err
+    assert "warning:" in err and "cannot be written" in err and "resuming the job" in err
+    assert "the job's store reached" in err

@@ -342,7 +342,17 @@ def coordinator(
     )
     job = resolve_job(model, data)  # an unknown model: one line, before anything starts
     check_job(job)  # a model mistake: one line naming the layer, before anything starts
-    check_writable_url(checkpoint_dir, "coordinator: --checkpoint-dir")
+    try:
+        check_writable_url(checkpoint_dir, "coordinator: --checkpoint-dir")
+    except LiveputError as error:
+        # A restart on the etcd data of a job that started (so once could write there) resumes
+        # it: a folder full now (the fault campaign's disk-full beside a coordinator restart)
+        # is its checkpoints' to report, not a reason to leave the job without a coordinator.
+        if not _resumes(store, embedded, etcd_dir):
+            raise
+        typer.echo(
+            f"warning: {error}; resuming the job, whose checkpoints fail until then", err=True
+        )
     token = _token(token)
     holder = build_holder(
         provider,
@@ -379,6 +389,11 @@ def coordinator(
             err=True,
         )
     typer.echo("job done", err=True)
+
+
+def _resumes(store: str | None, embedded: bool, etcd_dir: str) -> bool:
+    """This coordinator runs its own etcd on the data of an earlier one (a restart)."""
+    return store is None and not embedded and (Path(etcd_dir) / "data" / "member").is_dir()
 
 
 @contextmanager
