@@ -315,7 +315,6 @@ def coordinator(
     """Run the coordinator: run the job's store (a local etcd), decide configurations, publish
     plans. Restarted with the same --etcd-dir, it resumes the job. With --provider, it also
     rents the instances (--spot-max, --on-demand-max) and gives them back at the end."""
-    from liveput.files import check_writable_url
     from liveput.launch.remote import assemble_deadline_job, build_holder
     from liveput.models.jobs import resolve_job
     from liveput.models.validate import check_job
@@ -342,17 +341,7 @@ def coordinator(
     )
     job = resolve_job(model, data)  # an unknown model: one line, before anything starts
     check_job(job)  # a model mistake: one line naming the layer, before anything starts
-    try:
-        check_writable_url(checkpoint_dir, "coordinator: --checkpoint-dir")
-    except LiveputError as error:
-        # A restart on the etcd data of a job that started (so once could write there) resumes
-        # it: a folder full now (the fault campaign's disk-full beside a coordinator restart)
-        # is its checkpoints' to report, not a reason to leave the job without a coordinator.
-        if not _resumes(store, embedded, etcd_dir):
-            raise
-        typer.echo(
-            f"warning: {error}; resuming the job, whose checkpoints fail until then", err=True
-        )
+    _check_checkpoint_dir(checkpoint_dir, store, embedded, etcd_dir)
     token = _token(token)
     holder = build_holder(
         provider,
@@ -391,9 +380,20 @@ def coordinator(
     typer.echo("job done", err=True)
 
 
-def _resumes(store: str | None, embedded: bool, etcd_dir: str) -> bool:
-    """This coordinator runs its own etcd on the data of an earlier one (a restart)."""
-    return store is None and not embedded and (Path(etcd_dir) / "data" / "member").is_dir()
+def _check_checkpoint_dir(
+    checkpoint_dir: str, store: str | None, embedded: bool, etcd_dir: str
+) -> None:
+    """Refuse an unwritable --checkpoint-dir, but warn where a restart resumes etcd data."""
+    from liveput.files import check_writable_url
+
+    try:
+        check_writable_url(checkpoint_dir, "coordinator: --checkpoint-dir")
+    except LiveputError as error:
+        if store is not None or embedded or not (Path(etcd_dir) / "data" / "member").is_dir():
+            raise
+        typer.echo(
+            f"warning: {error}; resuming the job, whose checkpoints fail until then", err=True
+        )
 
 
 @contextmanager
