@@ -136,28 +136,25 @@ class Margin:
 
 def notice_margin(text: str) -> Margin:
     """``--notice-margin S`` (>= 0) or ``auto``."""
-    if text.strip().lower() == "auto":
-        return Margin(None)
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or auto") from None
-    if not seconds >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return Margin(seconds)
+    return Margin(seconds_or(text, "auto"))
 
 
 def loss_signal_delay(text: str) -> float | None:
     """``--loss-signal-delay``'s value: trace seconds >= 0, or ``none`` (never reported)."""
-    if text.strip().lower() == "none":
+    return seconds_or(text, "none")
+
+
+def seconds_or(text: str, word: str) -> float | None:
+    """Seconds >= 0, or None for ``word``."""
+    if text.strip().lower() == word:
         return None
     try:
-        delay_s = float(text)
+        seconds = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds or none: {text!r}") from None
-    if not delay_s >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 s or none, got {text}")
-    return delay_s
+        raise argparse.ArgumentTypeError(f"not a number of seconds or {word}: {text!r}") from None
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 s or {word}, got {text}")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
