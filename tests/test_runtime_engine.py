@@ -297,9 +297,9 @@ def test_a_receiver_takes_every_layers_bytes_before_it_builds_any(monkeypatch):
     events: list[str] = []
     built = layer_moves.fresh_layer
 
-    def recording_fresh_layer(job, index, device):
+    def recording_fresh_layer(job, index, device, initialize=True):
         events.append(f"build {index}")
-        return built(job, index, device)
+        return built(job, index, device, initialize)
 
     monkeypatch.setattr(layer_moves, "fresh_layer", recording_fresh_layer)
     payloads = {

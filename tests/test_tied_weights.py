@@ -50,12 +50,11 @@ def tied_gpt2_job() -> Job:
 
 
 def _tied_transformers_run(job: Job) -> tuple[nn.Module, list[float]]:
-    """The original tied model (the same initial weights) trained on the same batches with
-    the same optimizer and clipping, in one process; its losses."""
-    import transformers
-
-    torch.manual_seed(SEED)
-    model = transformers.AutoModelForCausalLM.from_config(tied_gpt2_config()).train()
+    """The original tied model (the job's initial weights, in ``transformers``' own model)
+    trained on the same batches with the same optimizer and clipping, in one process; its
+    losses."""
+    initial = nn.Sequential(*copy.deepcopy(job.layers)).state_dict()
+    model = to_hf_causal_lm(job.layers, initial).train()
     assert model.lm_head.weight is model.transformer.wte.weight
     optimizer = _adamw(model.parameters())
     losses = []

@@ -26,6 +26,13 @@ from torch import nn
 
 from liveput.errors import LiveputError
 from liveput.models.extras import require
+from liveput.models.lazy import (
+    InitLayer,
+    building_empty,
+    constructing,
+    initialize_layers,
+    seeded,
+)
 from liveput.registry import Registry
 
 LOG = logging.getLogger(__name__)
@@ -142,6 +149,13 @@ def hf_causal_lm_layers(model: nn.Module) -> list[nn.Module]:
 def from_hf_causal_lm(config: Any, seed: int = 0) -> list[nn.Module]:
     """A randomly initialized decoder-only transformer from a ``transformers`` config (GPT-2 or
     Llama family), as layers; initialization is deterministic in ``seed``."""
+    return hf_causal_lm(config, seed)[0]
+
+
+def hf_causal_lm(config: Any, seed: int = 0) -> tuple[list[nn.Module], InitLayer]:
+    """:func:`from_hf_causal_lm`'s layers and their ``init_layer``: the family's own
+    initialization (the model's ``_init_weights``, children first, as ``transformers`` applies
+    it), each layer under its own seed. Without weights while a job is built empty."""
     transformers = require("transformers", "liveput.models.from_hf_causal_lm")
     if not isinstance(config, transformers.PretrainedConfig):
         raise LiveputError(
@@ -149,13 +163,17 @@ def from_hf_causal_lm(config: Any, seed: int = 0) -> list[nn.Module]:
         )
     _family(config)
     config = copy.deepcopy(config)
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with constructing():
         model = transformers.AutoModelForCausalLM.from_config(config)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    return hf_causal_lm_layers(model.train())
+    layers = hf_causal_lm_layers(model.train())
+
+    def init(layer: nn.Module) -> None:
+        layer.apply(model._init_weights)  # children first, as transformers applies it
+
+    init_layer = seeded(seed, init)
+    if not building_empty():
+        initialize_layers(layers, init_layer)
+    return layers, init_layer
 
 
 def hf_config_of(layers: Sequence[nn.Module]) -> Any | None:

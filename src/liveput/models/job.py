@@ -11,6 +11,7 @@ The built-in jobs and the registry that names them are in :mod:`liveput.models.j
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,15 @@ import torch
 from torch import nn
 
 from liveput.errors import LiveputError
-from liveput.models.ties import Tie, resolve_ties
+from liveput.models.lazy import (
+    InitLayer,
+    building_empty,
+    check_initialized,
+    fill_empty,
+    initialize_layers,
+    is_empty,
+)
+from liveput.models.ties import Tie, members, resolve_ties
 from liveput.models.training import TrainingConfig
 
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
@@ -80,6 +89,13 @@ class Job:
     sum of their gradients, so they stay equal. Layers that share one ``nn.Parameter`` object
     are tied without being named (a ``transformers`` model built tied). Once the job is built,
     this lists every tie, the earlier layer first."""
+    init_layer: InitLayer | None = None
+    """None: the layers hold the job's initial weights. Else ``init_layer(k, layer)`` sets layer
+    ``k``'s parameters from ``k`` and a seed alone (``liveput.seeded_init(seed)``: each layer's
+    ``reset_parameters()`` under its own seed), so that an agent builds only the layers it holds
+    (``liveput.models.lazy``). The layers may then be built without weights, inside
+    ``liveput.empty_parameters()``: the job initializes them with it. Layers built with weights
+    must already hold what it gives (every agent uses its values)."""
 
     def __post_init__(self) -> None:
         if not self.layers or not all(isinstance(layer, nn.Module) for layer in self.layers):
@@ -117,8 +133,47 @@ class Job:
         every = self.evaluate_every_steps
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise LiveputError(f"Job.evaluate_every_steps must be an int >= 1, not {every!r}")
+        if self.init_layer is not None and not callable(self.init_layer):
+            raise LiveputError(
+                f"Job.init_layer must be None or a callable, not {self.init_layer!r}"
+            )
         self.layers = list(self.layers)
+        if not building_empty() and any(is_empty(layer) for layer in self.layers):
+            if self.init_layer is None:
+                first = next(i for i, layer in enumerate(self.layers) if is_empty(layer))
+                raise LiveputError(
+                    f"Job {self.name}: layer {first} was built without weights (meta device) "
+                    "and the job gives no init_layer to initialize it"
+                )
+            initialize_layers(self.layers, self.init_layer)
         self.tied_weights = resolve_ties(self.layers, self.tied_weights)
+
+    def own_layer(self, index: int, device: torch.device, initialize: bool = True) -> nn.Module:
+        """This instance's own copy of layer ``index`` on ``device``: as the job initializes
+        it, or, with ``initialize`` false, its memory only (for state loaded next). A layer
+        built without weights is materialized and initialized alone (``liveput.models.lazy``)."""
+        source = self.layers[index]
+        if not is_empty(source):
+            return copy.deepcopy(source).to(device)
+        module = copy.deepcopy(source)
+        filled = fill_empty(module)
+        if initialize and self.init_layer is not None:
+            # On the CPU: a CUDA generator would draw other numbers than the eager build's.
+            self.init_layer(index, module)
+            self._take_tied(index, module)
+            check_initialized(index, filled)
+        return module.to(device)
+
+    def _take_tied(self, index: int, module: nn.Module) -> None:
+        """Layer ``index``'s later parameters of ties take their earlier layer's initial
+        values."""
+        parameters = dict(module.named_parameters(remove_duplicate=False))
+        for tie in self.tied_weights:
+            (first_layer, first_name), (second_layer, second_name) = members(tie)
+            if second_layer == index and first_layer != index:
+                earlier = dict(self.own_layer(first_layer, torch.device("cpu")).named_parameters())
+                with torch.no_grad():
+                    parameters[second_name].copy_(earlier[first_name])
 
     @property
     def num_layers(self) -> int:

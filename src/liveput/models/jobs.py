@@ -12,6 +12,7 @@ run is the same computation whatever configuration trains it.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from liveput.models.job import Job
 
+LOG = logging.getLogger(__name__)
 JOBS: Registry[Callable[..., Job]] = Registry("job")
 """Built-in jobs by name: factories called without arguments, or with ``data=PATH`` (the
 user's ``--data``) where they take it."""
@@ -65,7 +67,12 @@ def tiny_gpt_job(config: TinyGPTJobConfig | None = None) -> Job:
 
     from liveput.models.corpus import ByteWindows, load_stdlib_corpus
     from liveput.models.job import Job
-    from liveput.models.tiny_gpt import TinyGPTConfig, build_tiny_gpt, language_model_loss
+    from liveput.models.tiny_gpt import (
+        TinyGPTConfig,
+        build_tiny_gpt,
+        language_model_loss,
+        tiny_gpt_init,
+    )
 
     config = config or TinyGPTJobConfig()
     model = TinyGPTConfig(
@@ -86,6 +93,7 @@ def tiny_gpt_job(config: TinyGPTJobConfig | None = None) -> Job:
         global_batch_size=config.global_batch_size,
         micro_batch_size=config.micro_batch_size,
         name="tiny-gpt",
+        init_layer=tiny_gpt_init(config.seed),
     )
 
 
@@ -133,6 +141,25 @@ def resolve_job(spec: str, data: str | None = None, folders: Sequence[str | Path
         )
     made: Job = load_reference(spec, (Job,), "job", folders)
     return made
+
+
+def resolve_empty_job(spec: str, data: str | None = None) -> Job:
+    """Job ``spec`` (as :func:`liveput.models.jobs.resolve_job`) with its parameters on the
+    ``meta`` device where it gives ``init_layer``; built whole where it does not (a user's job
+    without one, or whose build needs real parameters)."""
+    from liveput.models.lazy import empty_job
+
+    try:
+        with empty_job():
+            job = resolve_job(spec, data)
+    except Exception as error:  # noqa: BLE001 - the whole build below says what is wrong
+        LOG.debug("job %s cannot be built without its weights (%s): built whole", spec, error)
+        job = None
+    if job is not None and job.init_layer is not None:
+        return job
+    if job is not None:
+        LOG.info("job %s gives no init_layer: every agent builds all of its layers", spec)
+    return resolve_job(spec, data)
 
 
 @dataclass(frozen=True)
@@ -196,13 +223,15 @@ def causal_lm_job(
 ) -> Job:
     """A ``transformers`` causal LM job: ``make_config(vocab_size, seq_len)`` gives its
     config once the dataset has said how many tokens it has."""
-    from liveput.models.hf import from_hf_causal_lm
+    from liveput.models.hf import hf_causal_lm
     from liveput.models.job import Job
     from liveput.models.tiny_gpt import language_model_loss
 
     dataset, vocab_size = _text_dataset(config)
+    layers, init_layer = hf_causal_lm(make_config(vocab_size, config.seq_len), config.seed)
     return Job(
-        layers=from_hf_causal_lm(make_config(vocab_size, config.seq_len), config.seed),
+        layers=layers,
+        init_layer=init_layer,
         dataset=dataset,
         loss_fn=language_model_loss,
         optimizer=_optimizer(config.learning_rate, config.sgd),
@@ -293,7 +322,7 @@ def resnet50_job(config: ResNetJobConfig | None = None) -> Job:
     from torch.nn import functional as F
 
     from liveput.models.job import Job
-    from liveput.models.resnet import SyntheticImages, build_resnet50
+    from liveput.models.resnet import SyntheticImages, build_resnet50, resnet_init
 
     config = config or ResNetJobConfig()
     return Job(
@@ -306,6 +335,7 @@ def resnet50_job(config: ResNetJobConfig | None = None) -> Job:
         global_batch_size=config.global_batch_size,
         micro_batch_size=config.micro_batch_size,
         name="resnet50",
+        init_layer=resnet_init(config.seed),
     )
 
 

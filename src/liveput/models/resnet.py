@@ -19,6 +19,13 @@ import torch
 from torch import nn
 
 from liveput.errors import LiveputError
+from liveput.models.lazy import (
+    InitLayer,
+    building_empty,
+    constructing,
+    initialize_layers,
+    seeded,
+)
 
 RESNET50_BLOCKS = (3, 4, 6, 3)
 """Bottleneck blocks per stage of ResNet-50."""
@@ -139,14 +146,33 @@ def resnet_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def build_resnet50(num_classes: int = 1000, width: int = 64, seed: int = 0) -> list[nn.Module]:
-    """ResNet-50's layers (18: stem, 16 bottlenecks, head), initialized from ``seed``."""
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    """ResNet-50's layers (18: stem, 16 bottlenecks, head), each initialized by
+    :func:`resnet_init` (without weights while a job is built empty: ``liveput.models.lazy``)."""
+    with constructing():
         model = ResNet(RESNET50_BLOCKS, num_classes, width)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    return resnet_layers(model.train())
+    layers = resnet_layers(model.train())
+    if not building_empty():
+        initialize_layers(layers, resnet_init(seed))
+    return layers
+
+
+def resnet_init(seed: int = 0) -> InitLayer:
+    """ResNet's ``init_layer``: torchvision's initialization (Kaiming normal, fan-out, for the
+    convolutions; BatchNorm at one and zero; PyTorch's default for the classifier), each layer
+    under its own seed."""
+
+    def init(layer: nn.Module) -> None:
+        for module in layer.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+                module.reset_running_stats()
+            elif isinstance(module, nn.Linear):
+                module.reset_parameters()
+
+    return seeded(seed, init)
 
 
 class SyntheticImages(torch.utils.data.Dataset):

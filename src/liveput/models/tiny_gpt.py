@@ -15,6 +15,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from liveput.errors import LiveputError
+from liveput.models.lazy import (
+    InitLayer,
+    building_empty,
+    constructing,
+    initialize_layers,
+    reset_all,
+    seeded,
+)
 
 
 @dataclass(frozen=True)
@@ -98,21 +106,29 @@ class Head(nn.Module):
 
 
 def build_tiny_gpt(config: TinyGPTConfig | None = None, seed: int = 0) -> list[nn.Module]:
-    """The layers of tiny-gpt, initialized deterministically from ``seed``."""
+    """The layers of tiny-gpt, each initialized by :func:`tiny_gpt_init` (without weights while a
+    job is built empty: ``liveput.models.lazy``)."""
     config = config or TinyGPTConfig()
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with constructing():
         layers: list[nn.Module] = [Embedding(config)]
         layers += [Block(config) for _ in range(config.num_blocks)]
         layers.append(Head(config))
-        for layer in layers:
-            for name, parameter in layer.named_parameters():
-                if parameter.dim() >= 2:
-                    nn.init.normal_(parameter, std=0.02 / math.sqrt(1 if "proj" not in name else 2))
-    finally:
-        torch.random.set_rng_state(generator_state)
+    if not building_empty():
+        initialize_layers(layers, tiny_gpt_init(seed))
     return layers
+
+
+def tiny_gpt_init(seed: int = 0) -> InitLayer:
+    """tiny-gpt's ``init_layer``: PyTorch's defaults, then N(0, 0.02) for every matrix (over
+    sqrt(2) for the residual projections), each layer under its own seed."""
+
+    def init(layer: nn.Module) -> None:
+        reset_all(layer)
+        for name, parameter in layer.named_parameters():
+            if parameter.dim() >= 2:
+                nn.init.normal_(parameter, std=0.02 / math.sqrt(1 if "proj" not in name else 2))
+
+    return seeded(seed, init)
 
 
 def language_model_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ is not stopped for it. An instance lost while it evaluates leaves that step with
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import threading
@@ -66,8 +65,8 @@ def assemble_model(job: Job, checkpointer: Checkpointer, step: int) -> nn.Sequen
     """The unsplit model with the weights of checkpoint ``step``: copies of the job's layers
     (the job's own are not touched), on the CPU, each in the mode the job gave it."""
     layers = []
-    for index, layer in enumerate(job.layers):
-        module = copy.deepcopy(layer).cpu()
+    for index in range(job.num_layers):
+        module = job.own_layer(index, torch.device("cpu"), initialize=False)
         module.load_state_dict(checkpointer.load_layer(step, index)["module"])
         layers.append(module)
     return nn.Sequential(*layers)

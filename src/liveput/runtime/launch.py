@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from liveput.errors import LiveputError
-from liveput.models.jobs import resolve_job
+from liveput.models.jobs import resolve_empty_job, resolve_job
 from liveput.models.training import TrainingConfig
 from liveput.perf.types import check_instance_memory_gb, with_instance_memory
 from liveput.runtime import keys
@@ -197,7 +197,7 @@ def run_agent(
         if instance is None:
             instance = store.add(keys.next_instance_id(), 1) + 10_000
         watchers = notice_watchers(notices if notices is not None else ["sigterm", "emulator"])
-        job = resolve_job(spec.job, spec.data)
+        job = resolve_empty_job(spec.job, spec.data)  # its own layers built once it holds them
         if spec.training is not None:
             job = dataclasses.replace(job, training=TrainingConfig.from_dict(spec.training))
         # Before the agent joins: a CUDA request without CUDA ends it with one line, and the

@@ -53,7 +53,7 @@ def restored_layers(
     initializes them)."""
     layers = {}
     for index in needed:
-        layer = fresh_layer(job, index, device)
+        layer = fresh_layer(job, index, device, restore_step == protocol.FRESH_START)
         if restore_step != protocol.FRESH_START:
             if checkpointer is None:
                 raise LiveputError("plan restores from a checkpoint but no checkpoint dir is set")
@@ -122,7 +122,7 @@ def receive_layers(
     waiting_on(None)
     received = {}
     for index, source, data in arrived:
-        layer = fresh_layer(job, index, device)
+        layer = fresh_layer(job, index, device, initialize=False)
         layer.load_state_dict(decode_state(data, token, f"instance {source}"))
         received[index] = layer
     return received

@@ -63,9 +63,11 @@ def _copied(value: object) -> object:
     return copy.deepcopy(value)
 
 
-def fresh_layer(job: Job, index: int, device: torch.device) -> LayerState:
-    """Layer ``index`` as the job initializes it, with a new optimizer."""
-    module = copy.deepcopy(job.layers[index]).to(device)
+def fresh_layer(job: Job, index: int, device: torch.device, initialize: bool = True) -> LayerState:
+    """Layer ``index`` as the job initializes it, with a new optimizer; with ``initialize``
+    false, the memory of a layer whose state is loaded next (a job built without its weights
+    skips initializing it: ``liveput.models.lazy``)."""
+    module = job.own_layer(index, device, initialize)
     return LayerState(index, module, build_optimizer(job.optimizer, index, module))
 
 
