@@ -14,7 +14,13 @@ from moto import mock_aws
 from liveput.errors import LiveputError
 from liveput.files import check_writable_url
 from liveput.models.jobs import resolve_job
-from liveput.objectstore import S3FileSystem, url_to_fs, writes_whole_objects
+from liveput.objectstore import (
+    PACED_CHUNK_BYTES,
+    Pacer,
+    S3FileSystem,
+    url_to_fs,
+    writes_whole_objects,
+)
 from liveput.runtime.checkpoint import Checkpointer, latest_checkpoint
 from liveput.runtime.layer_state import fresh_layer
 from liveput.runtime.store import MemoryStore
@@ -114,3 +120,22 @@ def test_dcp_saves_and_loads_a_sharded_state_through_a_bucket(bucket: str) -> No
     assert torch.equal(loaded["weight"], state["weight"]) and int(loaded["step"]) == 7
     fs, _ = url_to_fs(f"s3://{bucket}")
     assert fs.isfile(f"{bucket}/dcp/step-7/.metadata")
+
+
+def test_a_paced_upload_sends_every_byte_through_its_pacer_once(bucket: str) -> None:
+    fs, root = url_to_fs(f"s3://{bucket}/run/")
+    data = bytes(range(256)) * 4096  # 1 MiB
+    slept_s: list[float] = []
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        slept_s.append(seconds)
+        now[0] += seconds
+
+    pacer = Pacer(2**20 / 4, clock=lambda: now[0], sleep=sleep)  # 1 MiB in 4 s
+    with fs.open(f"{root}/paced.bin", "wb", pacer=pacer) as handle:
+        handle.write(data)
+    assert fs.cat_file(f"{root}/paced.bin") == data
+    # Read once, as it is sent: no pass over the body before (a checksum, a signature).
+    assert pacer.admitted_bytes == len(data)
+    assert sum(slept_s) == pytest.approx(4.0 - PACED_CHUNK_BYTES / pacer.rate_bytes_per_s)

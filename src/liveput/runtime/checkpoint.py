@@ -28,7 +28,13 @@ from typing import Protocol
 import torch
 
 from liveput.errors import LiveputError
-from liveput.objectstore import url_to_fs, writes_whole_objects
+from liveput.objectstore import (
+    PACED_CHUNK_BYTES,
+    Pacer,
+    S3FileSystem,
+    url_to_fs,
+    writes_whole_objects,
+)
 from liveput.runtime import keys
 from liveput.runtime.layer_state import LayerState
 from liveput.runtime.store import Store
@@ -37,6 +43,21 @@ LOG = logging.getLogger(__name__)
 MAGIC = b"LPCKPT01"
 """First bytes of a signed layer file; the 32-byte signature follows, then the payload."""
 _SIGNATURE_BYTES = 32
+
+
+def _state_bytes(snapshot: list[tuple[int, dict]]) -> int:
+    """Bytes of the tensors in a snapshot's states (about its files' size)."""
+
+    def size(value: object) -> int:
+        if isinstance(value, torch.Tensor):
+            return value.numel() * value.element_size()
+        if isinstance(value, dict):
+            return sum(size(item) for item in value.values())
+        if isinstance(value, (list, tuple)):
+            return sum(size(item) for item in value)
+        return 0
+
+    return sum(size(state) for _, state in snapshot)
 
 
 class CorruptCheckpoint(LiveputError):
@@ -157,16 +178,27 @@ class Checkpointer:
     def _path(self, step: int, layer: int) -> str:
         return f"{self.root}/step-{step}/layer-{layer}.pt"
 
-    def save_async(self, epoch: int, step: int, layers: list[LayerState], num_layers: int) -> float:
-        """Snapshot ``layers`` after step ``step`` now; write them in the background. Seconds
-        the snapshot took (on training's critical path)."""
+    def save_async(
+        self,
+        epoch: int,
+        step: int,
+        layers: list[LayerState],
+        num_layers: int,
+        spread_s: float | None = None,
+    ) -> float:
+        """Snapshot ``layers`` after step ``step`` now; write them in the background, spread
+        over ``spread_s`` seconds where given (None: as fast as the link goes). Seconds the
+        snapshot took (on training's critical path)."""
         taken_s = time.perf_counter()
         snapshot = [(layer.index, layer.state_dict()) for layer in layers]
         snapshot_s = time.perf_counter() - taken_s
+        pacer = None
+        if spread_s is not None and spread_s > 0:
+            pacer = Pacer(max(1.0, _state_bytes(snapshot) / spread_s))
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(
-                self._pool.submit(self._write, epoch, step, snapshot, num_layers, taken_s)
+                self._pool.submit(self._write, epoch, step, snapshot, num_layers, taken_s, pacer)
             )
         return snapshot_s
 
@@ -182,6 +214,7 @@ class Checkpointer:
         snapshot: list[tuple[int, dict]],
         num_layers: int,
         taken_s: float,
+        pacer: Pacer | None = None,
     ) -> None:
         try:
             if _order(self.store.get(keys.latest_checkpoint()))[0] > epoch:
@@ -195,11 +228,7 @@ class Checkpointer:
                 # (an object store shows an object only once whole: written in place).
                 final = self._path(step, index)
                 partial = f"{final}.partial-{epoch}" if self._write_aside else final
-                with self.fs.open(partial, "wb") as handle:
-                    # Header and payload written apart: no copy of a layer's state joins
-                    # them (two copies cost a busy core 10 ms or more per checkpoint).
-                    handle.write(layer_file_header(payload, self.token))
-                    handle.write(payload)
+                self._write_file(partial, layer_file_header(payload, self.token), payload, pacer)
                 del payload
                 if partial != final:
                     self.fs.mv(partial, final)
@@ -211,6 +240,27 @@ class Checkpointer:
         except Exception as error:  # noqa: BLE001 - the previous checkpoint stays the latest
             LOG.exception("checkpoint of step %d failed", step)
             self._failed(step, error, final=False)
+
+    def _write_file(
+        self, path: str, header: bytes, payload: memoryview, pacer: Pacer | None
+    ) -> None:
+        """One layer file. Header and payload are written apart: no copy of a layer's state
+        joins them (two copies cost a busy core 10 ms or more per checkpoint). Paced, an
+        object store's upload is paced as it is sent; a file is written in paced chunks."""
+        if pacer is not None and isinstance(self.fs, S3FileSystem):
+            with self.fs.open(path, "wb", pacer=pacer) as handle:
+                handle.write(header)
+                handle.write(payload)
+            return
+        with self.fs.open(path, "wb") as handle:
+            handle.write(header)
+            if pacer is None:
+                handle.write(payload)
+                return
+            for start in range(0, len(payload), PACED_CHUNK_BYTES):
+                chunk = payload[start : start + PACED_CHUNK_BYTES]
+                pacer.admit(len(chunk))
+                handle.write(chunk)
 
     def _failed(self, step: int | None, error: BaseException, final: bool) -> None:
         """Say in the store that a write failed: the job's status, summary and exit code show

@@ -58,6 +58,11 @@ class CheckpointStallWatch:
         """Durations of the newest steps that began with no write running."""
         self._pending: tuple[int, float, list[float]] | None = None
 
+    @property
+    def median_step_s(self) -> float | None:
+        """The median of the newest steps without a write (None: none yet)."""
+        return statistics.median(self.outside) if self.outside else None
+
     def checkpointed(self, step: int, snapshot_s: float) -> CheckpointStall | None:
         """A checkpoint of ``step`` was snapshotted in ``snapshot_s``; the stall of the one
         before if its write had not been seen over (None: none)."""
@@ -80,6 +85,6 @@ class CheckpointStallWatch:
             return None
         step, snapshot_s, during = self._pending
         self._pending = None
-        median_s = statistics.median(self.outside) if self.outside else None
+        median_s = self.median_step_s
         slower_s = 0.0 if median_s is None else sum(during) - len(during) * median_s
         return CheckpointStall(step, snapshot_s, len(during), slower_s, median_s)

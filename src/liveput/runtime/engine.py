@@ -375,7 +375,7 @@ class Engine:
                 result.losses[step] = loss
                 self._record(plan, step, loss)
             stalled = stalls.step(time.perf_counter() - begin, writing)
-            snapshot_s = self._checkpoint(plan, step, layers, position)
+            snapshot_s = self._checkpoint(plan, step, layers, position, stalls.median_step_s)
             if snapshot_s is not None:
                 stalled = stalls.checkpointed(step, snapshot_s) or stalled
             if stalled is not None:
@@ -420,18 +420,28 @@ class Engine:
         self._retry(functools.partial(protocol.record_step, self.store, plan.epoch, record))
 
     def _checkpoint(
-        self, plan: RuntimePlan, step: int, layers: list[LayerState], position: StagePosition
+        self,
+        plan: RuntimePlan,
+        step: int,
+        layers: list[LayerState],
+        position: StagePosition,
+        median_step_s: float | None,
     ) -> float | None:
         """Save this instance's share of a checkpoint after every K-th committed step, and
-        after each step the job evaluates the model at (it is read from that checkpoint); the
-        seconds its snapshot took (None: no share saved)."""
+        after each step the job evaluates the model at (it is read from that checkpoint),
+        its write spread over ``checkpoint_spread`` of K median steps; the seconds its
+        snapshot took (None: no share saved)."""
         every = self.config.checkpoint_every
         due = (every and (step + 1) % every == 0) or self.job.evaluation_due(step)
-        if due and self.checkpointer:
-            share = checkpoint_share(layers, position)
-            if share:
-                return self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers)
-        return None
+        if not due or not self.checkpointer:
+            return None
+        share = checkpoint_share(layers, position)
+        if not share:
+            return None
+        spread_s = None
+        if every and median_step_s is not None:
+            spread_s = self.config.checkpoint_spread * every * median_step_s
+        return self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers, spread_s)
 
     def _log_stall(self, stall: CheckpointStall) -> None:
         """Each checkpoint's cost to training (:mod:`liveput.runtime.checkpoint_stall`): a
