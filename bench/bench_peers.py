@@ -51,6 +51,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench import peers_report
+from bench.peers_rates import SteadyRate, describe, steady_rate
 from bench.peers_regime import REGIMES, Regime, interpolated
 from bench.peers_run import RunSettings, SystemRun
 from bench.peers_systems import RUNNERS, SAME_WITHOUT_PREEMPTION, global_batch, run_system
@@ -97,28 +98,36 @@ def rates_by_count(
     window_s: float,
     regime: Regime,
     counts: tuple[int, ...] | None = None,
-) -> dict[int, float]:
+) -> tuple[dict[int, float], dict[int, SteadyRate]]:
     """liveput's samples/s with ``n`` instances and no preemption, ``n`` from the regime's
-    fewest to its workers (``counts`` only, the others interpolated, where given), each from its
-    run's first step to its last (the simulator's throughput per instance count and the bound's:
-    the instances share this machine's cores). ``steady``: the run of the regime's steady
-    instances already made."""
+    fewest to its workers (``counts`` only, the others interpolated, where given): the
+    simulator's throughput per instance count and the bound's (the instances share this
+    machine's cores), and how each measured count's rate was taken. Every count's rate, the
+    count runs' and ``steady``'s alike, is its run's steady rate
+    (:func:`bench.peers_rates.steady_rate`: past the run's warm-up, whose share of a 30-s count
+    run is twice its share of the 60-s run). ``steady``: the run of the regime's steady
+    instances already made, at ``settings``' checkpoint interval (None: that count is run
+    too)."""
     every = range(regime.fewest_instances, regime.workers + 1)
-    rates = {}
+    measured: dict[int, SteadyRate] = {}
     for count in every if counts is None else counts:
         if count == regime.steady_instances and steady is not None:
-            rates[count] = steady.rate()
+            measured[count] = steady_rate(steady)
             continue
         constant = Trace(f"constant-{count}", count, [], [], [], window_s * settings.time_scale)
         run = run_system("liveput", constant, dataclasses.replace(settings, window_s=window_s))
         if isinstance(run, SystemRun):
-            rates[count] = run.rate()
-    rates = interpolated({n: r for n, r in rates.items() if r > 0}, every)
-    return {count: round(rate, 2) for count, rate in rates.items()}
+            measured[count] = steady_rate(run)
+    rates = interpolated(
+        {n: how.samples_per_s for n, how in measured.items() if how.samples_per_s > 0}, every
+    )
+    return {count: round(rate, 2) for count, rate in rates.items()}, measured
 
 
 def steady_rates(runs: dict[str, SystemRun]) -> dict[str, float]:
-    """Samples/s of each no-preemption run from its first step to its last."""
+    """Samples/s of each no-preemption run from its first step to its last: each system's own
+    throughput (the table's and its checkpoint interval's), what it trained over its run; the
+    rate of an instance count for the bound and the simulator is :func:`rates_by_count`'s."""
     return {system: round(run.rate(), 2) for system, run in runs.items()}
 
 
@@ -339,7 +348,18 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     steady = steady_runs(steady_settings, systems, regime.steady_instances)
-    measured, by_count = None, {}
+    rates = steady_rates(steady)
+    every_s = (
+        regime.checkpoint_every_s if args.checkpoint_every_s is None else args.checkpoint_every_s
+    )
+    batch = global_batch(base.job)
+    every = {s: steps_between_checkpoints(every_s, rates.get(s), batch) for s in systems}
+    print(
+        f"checkpoints every {every_s:g} s: "
+        + ", ".join(f"{s} every {k} steps" for s, k in every.items()),
+        flush=True,
+    )
+    measured, by_count, how = None, {}, {}
     if not args.no_sim:
         from bench.peers_sim import measure
 
@@ -349,18 +369,21 @@ def main(argv: list[str] | None = None) -> None:
             "no preemption ...",
             flush=True,
         )
-        by_count = rates_by_count(
-            steady_settings,
-            steady.get("liveput"),
+        # At the trace runs' checkpoint interval (the no-preemption runs checkpoint every
+        # RunSettings.checkpoint_every steps, to measure the rate that interval is drawn from):
+        # checkpointing every 10 steps instead of 39 cost liveput 12 % of its rate.
+        count_settings = dataclasses.replace(
+            steady_settings, checkpoint_every=every.get("liveput", steady_settings.checkpoint_every)
+        )
+        same_k = count_settings.checkpoint_every == steady_settings.checkpoint_every
+        by_count, how = rates_by_count(
+            count_settings,
+            steady.get("liveput") if same_k else None,
             regime.count_window_s * (2 / 3 if args.quick else 1),
             regime,
             regime.quick_counts if args.quick else None,
         )
-        print(
-            "samples/s by instance count: "
-            + ", ".join(f"{n}: {rate:.1f}" for n, rate in by_count.items()),
-            flush=True,
-        )
+        print(describe(by_count, how), flush=True)
         # In a process of its own: its in-process instances (threads, each with the job's
         # layers) left about 9 GB of gpt2-small in this one, freed but kept by glibc's
         # per-thread arenas, and the next run's instances beside it ran the machine out of
@@ -380,17 +403,6 @@ def main(argv: list[str] | None = None) -> None:
             + ", ".join(f"{k} {v:.2f} s" for k, v in measured.downtimes_s.items()),
             flush=True,
         )
-    rates = steady_rates(steady)
-    every_s = (
-        regime.checkpoint_every_s if args.checkpoint_every_s is None else args.checkpoint_every_s
-    )
-    batch = global_batch(base.job)
-    every = {s: steps_between_checkpoints(every_s, rates.get(s), batch) for s in systems}
-    print(
-        f"checkpoints every {every_s:g} s: "
-        + ", ".join(f"{s} every {k} steps" for s, k in every.items()),
-        flush=True,
-    )
     repeats = args.repeats or (1 if args.quick else 3)
     results = []
     for name, trace, seed in chosen:
@@ -426,6 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if by_count:
         document["liveput_samples_per_s_by_instances"] = {str(n): r for n, r in by_count.items()}
+        document["liveput_steady_rate_by_instances"] = {str(n): h.to_json() for n, h in how.items()}
     # The figures first: an hour of runs is not lost to a fault in what reads them.
     if args.json:
         args.json.write_text(json.dumps(document, indent=1) + "\n")

@@ -54,12 +54,17 @@ class Regime:
     quick_time_scale: float = 4.0
     """Trace seconds per wall second (``--quick``)."""
     steady_window_s: float = 60.0
-    """Wall seconds of each no-preemption run (the full benchmark); its rate is measured from
-    its first step to its last, start-up left out."""
+    """Wall seconds of each no-preemption run (the full benchmark). A system's own rate (its
+    ``no-preempt/s``, its checkpoint interval) is measured from the run's first step to its
+    last, start-up left out; liveput's run also gives the rate of ``steady_instances`` to the
+    bound and the simulator, past its warm-up as every count's (:mod:`bench.peers_rates`)."""
     quick_steady_window_s: float = 45.0
     """The same with ``--quick``."""
     count_window_s: float = 30.0
-    """Wall seconds of each run per instance count (the simulator's throughput table)."""
+    """Wall seconds of each run per instance count (the simulator's throughput table and the
+    bound's), its rate taken past its warm-up (:mod:`bench.peers_rates`), as the longer
+    no-preemption run's is: the same rule makes the counts comparable without making each
+    count run as long as that run (two more minutes a regime)."""
     quick_counts: tuple[int, ...] | None = None
     """Instance counts ``--quick`` measures (the others interpolated); None: every count."""
     notice_margin_s: float = 5.0

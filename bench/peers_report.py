@@ -6,8 +6,13 @@ that could not run has ``"samples": null`` and an ``"error"``. Each system's
 ``"downtime_by_event_kind"`` maps ``loss``, ``total-loss`` and ``arrival`` to ``{"events",
 "median_s", "p95_s", "each_s"}`` (``bench.peers_events`` defines them). ``"bound_samples"``:
 liveput's configuration bound on the trace here (``peers_sim.upper_bound``: every instance at
-liveput's best rate for that many, measured from each run's first step, nothing lost), when the
-rates were measured. ``"stopped"``: why a system trained nothing or stopped before the window's end,
+liveput's best rate for that many, each rate its run's steady rate past its warm-up,
+``bench.peers_rates``; nothing lost), when the rates were measured. The document's
+``"liveput_samples_per_s_by_instances"`` holds those rates (``{"4": samples/s, ...}``) and
+``"liveput_steady_rate_by_instances"`` how each measured one was taken
+(``peers_rates.SteadyRate.to_json``: the steps skipped, ``"warm_up_left_in"`` where the run had
+too few steps past its warm-up, the rate from its first step beside it, the run's timeline).
+``"stopped"``: why a system trained nothing or stopped before the window's end,
 from its own logs (:class:`bench.peers_stops.Stop`), or null.
 """
 
@@ -206,10 +211,24 @@ def table(document: dict) -> str:
         if "bound_samples" in entry:
             lines.append(
                 f"  liveput's configuration bound: {entry['bound_samples']} samples (every "
-                "instance at liveput's best rate for that many, measured from each run's first "
-                "step; nothing lost)"
+                "instance at liveput's best rate for that many, measured past each run's "
+                "warm-up; nothing lost)"
             )
+            lines.extend(_warm_up_left_in(document))
     return "\n".join(lines)
+
+
+def _warm_up_left_in(document: dict) -> list[str]:
+    """A line naming the instance counts whose rate kept its run's start-up (too few steps past
+    the warm-up), so that the bound is not read as built on steady rates alone."""
+    how = document.get("liveput_steady_rate_by_instances", {})
+    short = {n: h["steps"] for n, h in how.items() if h.get("warm_up_left_in")}
+    if not short:
+        return []
+    return [
+        "  rates with their run's start-up left in (too few steps past the warm-up): "
+        + ", ".join(f"{n} instances ({steps} steps)" for n, steps in short.items())
+    ]
 
 
 def _event_kind_lines(systems: Mapping[str, dict]) -> list[str]:

@@ -195,7 +195,9 @@ class SystemRun:
     def rate(self) -> float:
         """Samples per second from the run's first step to its last: start-up left out, however
         long it took (a third of a 30-s run was not past the 20-s start-up of eight pipeline
-        instances, and their rate came out 40 % low)."""
+        instances, and their rate came out 40 % low). A system's own throughput; the rate of an
+        instance count for the bound and the simulator also leaves the first steps out
+        (:func:`bench.peers_rates.steady_rate`)."""
         steps = self.steps()
         if len(steps) < 2 or steps[-1][0] <= steps[0][0]:
             return 0.0

@@ -78,8 +78,9 @@ class Measured:
     startup_s: float = 0.0
     """Wall seconds from the cloud starting an instance to its first step."""
     samples_per_s_by_count: Mapping[int, float] = field(default_factory=dict)
-    """The runtime's samples/s with ``n`` instances and no preemption, measured here (empty:
-    the profile's table as it is)."""
+    """The runtime's samples/s with ``n`` instances and no preemption, measured here past each
+    run's warm-up (:func:`bench.peers_rates.steady_rate`; empty: the profile's table as it
+    is)."""
 
 
 def measured_table(table: ConfigTable, samples_per_s_by_count: Mapping[int, float]) -> ConfigTable:
