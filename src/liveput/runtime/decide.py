@@ -86,6 +86,7 @@ Rules, in order (numbered as in :func:`decide`):
 from __future__ import annotations
 
 from liveput.perf.configuration import Configuration
+from liveput.runtime import membership
 from liveput.runtime.coordinator_config import CoordinatorConfig
 from liveput.runtime.coordinator_view import (
     Action,
@@ -95,6 +96,7 @@ from liveput.runtime.coordinator_view import (
     Member,
     moves_after_s,
 )
+from liveput.runtime.just_in_time import checkpoint_before_end, checkpoint_lead_s
 from liveput.runtime.notice_margin import auto_notice_margin_s, margin_in_force, notice_margin_s
 from liveput.runtime.protocol import moving
 
@@ -114,42 +116,6 @@ __all__ = [
 ]
 
 
-def _suspects(view: CoordinatorView, config: CoordinatorConfig) -> frozenset[int]:
-    plan = view.plan
-    assert plan is not None
-    members = view.members
-    kept = _last_holders(view, config)
-    suspects = set()
-    named = {peer for report in view.failures.values() for peer in report.peers}
-    for instance in plan.slots:
-        member = members.get(instance)
-        silent = member is not None and member.heartbeat_age_s > config.suspect_after_s
-        if (
-            member is None
-            or member.left
-            or member.heartbeat_age_s > config.heartbeat_timeout_s
-            or (silent and member.past_announced_end())
-        ):
-            suspects.add(instance)
-            continue
-        unreported = instance not in view.failures and member.reported < plan.generation
-        if instance in named and unreported:
-            suspects.add(instance)  # a peer saw its connection close: it is gone or cut off
-        elif instance in kept:
-            continue  # Rule 8: silence or a late report is not enough to lose its layers
-        elif (
-            view.failures and unreported and (silent or view.failure_age_s > config.failure_wait_s)
-        ):
-            suspects.add(instance)
-        elif (
-            not view.all_arrived
-            and not member.arrived
-            and (silent or view.plan_age_s > config.arrival_timeout_s)
-        ):
-            suspects.add(instance)
-    return frozenset(suspects)
-
-
 def _replan(
     view: CoordinatorView,
     config: CoordinatorConfig,
@@ -162,7 +128,7 @@ def _replan(
 ) -> Action:
     plan = view.plan
     epoch = plan.epoch if plan is not None else 0
-    alive = _alive(view, config, suspects)
+    alive = membership.alive(view, config, suspects)
     margin = notice_margin_s(view, config)
     if view.checkpoint_requested and plan is not None:
         # Rule 9: the plan's going instances checkpointed, and leave once their generation ends.
@@ -224,178 +190,6 @@ def _short(reason: str) -> str:
     return reason.split(". ", 1)[0][:120]
 
 
-def _alive(
-    view: CoordinatorView, config: CoordinatorConfig, suspects: frozenset[int] = frozenset()
-) -> dict[int, Member]:
-    """Members that may take part in a plan. A silent instance takes no part, member of the plan
-    or not, but a last holder (Rule 8): a dead one left out of the last plan would otherwise be
-    back in the next until its heartbeat times out."""
-    kept = _last_holders(view, config)
-    return {
-        i: m
-        for i, m in view.members.items()
-        if not m.left
-        and (m.heartbeat_age_s <= config.suspect_after_s or i in kept)
-        and i not in suspects
-    }
-
-
-def _last_holders(view: CoordinatorView, config: CoordinatorConfig) -> frozenset[int]:
-    """Rule 8: silent members, not dead, holding a current layer that no member heard holds."""
-    if view.plan is None:
-        return frozenset()
-    point = (view.plan.epoch, view.committed)
-    current = {
-        i: m
-        for i, m in view.members.items()
-        if not m.left and m.layers and (m.held_epoch, m.held_step) == point
-    }
-    heard = {
-        layer
-        for m in current.values()
-        if m.heartbeat_age_s <= config.suspect_after_s
-        for layer in m.layers
-    }
-    return frozenset(
-        i
-        for i, m in current.items()
-        if config.suspect_after_s < m.heartbeat_age_s <= config.heartbeat_timeout_s
-        and not m.past_announced_end()
-        and not set(m.layers) <= heard
-    )
-
-
-def _noticed_holders_end_s(view: CoordinatorView, config: CoordinatorConfig) -> float | None:
-    """Rule 9: seconds left before the earliest end announced to the current holders of a layer
-    that only instances with a notice hold (None: no such layer, or none of its holders' notices
-    announces an end)."""
-    plan = view.plan
-    assert plan is not None
-    point = (plan.epoch, view.committed)
-    holders: dict[int, list[Member]] = {}
-    for member in _alive(view, config).values():
-        if (member.held_epoch, member.held_step) == point:
-            for layer in member.layers:
-                holders.setdefault(layer, []).append(member)
-    ends = [
-        end_s
-        for members in holders.values()
-        if all(m.noticed for m in members)
-        for m in members
-        if (end_s := m.end_in_s()) is not None
-    ]
-    return min(ends, default=None)
-
-
-def _movable(view: CoordinatorView, config: CoordinatorConfig, end_s: float) -> bool:
-    """Rule 9 does not apply: enough instances stay up past the noticed holders' end (no
-    notice, or one that ends a margin after it) to run a configuration, so the going holders
-    hand their layers over (Rules 3-4) instead of a checkpoint every stage writes and reads
-    back (the pipeline regime's noticed losses stopped the job for 65-79 s that way)."""
-    margin = notice_margin_s(view, config)
-    staying = [
-        m
-        for m in _alive(view, config).values()
-        if not m.going(margin) and ((ends := m.end_in_s()) is None or ends > end_s + margin)
-    ]
-    return len(staying) >= view.fewest_instances
-
-
-def checkpoint_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
-    """Rule 9's lead, wall seconds: ``jit_checkpoint_safety`` x (a step + a checkpoint
-    write), at least ``jit_checkpoint_min_lead_s``, both measured (the view's), at most
-    ``notice_margin_s``; while the write is unknown, ``jit_checkpoint_lead_s`` (at most
-    ``notice_margin_s``), and while only the step is, at least that and
-    ``jit_checkpoint_safety`` writes (at most ``notice_margin_s``). A write measured slower
-    than that lead (a stage's state over a slow link to an object store) gets the lead it
-    needs: capped at the unmeasured one, the
-    checkpoint was still being written when the instances went, and the restore after them went
-    back to the checkpoint before."""
-    if view.checkpoint_write_s is None:
-        return _unmeasured_lead_s(view, config)
-    if view.step_s is None:
-        # A write known (measured or estimated) before any step of the plan is: the write alone
-        # may need more than the unmeasured lead (a plan's first steps on slow storage).
-        write_lead_s = config.jit_checkpoint_safety * view.checkpoint_write_s
-        return min(
-            notice_margin_s(view, config), max(_unmeasured_lead_s(view, config), write_lead_s)
-        )
-    measured_s = config.jit_checkpoint_safety * (view.step_s + view.checkpoint_write_s)
-    return min(notice_margin_s(view, config), max(config.jit_checkpoint_min_lead_s, measured_s))
-
-
-def _unmeasured_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
-    """Rule 9's lead before anything is measured: ``jit_checkpoint_lead_s``, at most
-    ``notice_margin_s``."""
-    return min(config.jit_checkpoint_lead_s, notice_margin_s(view, config))
-
-
-def _checkpoint_before_end(
-    view: CoordinatorView,
-    config: CoordinatorConfig,
-    choose: Choose,
-    suspects: frozenset[int],
-    unannounced: bool,
-) -> Action | None:
-    """Rule 9 (module docstring): the checkpoint asked for, waited for, then the replan without
-    the going instances; None when the rule does not apply. ``unannounced``: the plan is
-    failing, or a working instance was lost without a notice (the other rules' business)."""
-    plan = view.plan
-    assert plan is not None
-    saved = view.latest_checkpoint is not None and view.latest_checkpoint >= view.committed
-    if view.checkpoint_requested:
-        # Failure reports may follow the fence (a rank aborted in a collective): no reason to
-        # stop waiting. A silent writer (one that wrote leaves, and says so) is: it died.
-        silent = any(
-            (m := view.members.get(i)) is None
-            or (not m.left and m.heartbeat_age_s > config.suspect_after_s)
-            for i, slot in plan.slots.items()
-            if slot is not None
-        )
-        if not (saved or silent) and view.checkpoint_request_age_s < checkpoint_lead_s(
-            view, config
-        ):
-            return Action(
-                ActionKind.WAIT,
-                f"checkpointing step {view.committed} before the end the notices announce",
-            )
-        lost_slots = tuple(
-            sorted(
-                slot
-                for i, slot in plan.slots.items()
-                if slot is not None
-                and (
-                    i in suspects
-                    or (member := view.members.get(i)) is None
-                    or member.going(notice_margin_s(view, config))
-                )
-            )
-        )
-        return _replan(view, config, choose, "checkpoint", suspects, lost_slots, "preemption")
-    if saved or unannounced or not view.all_arrived or view.committed < plan.start_step:
-        return None
-    end_s = _noticed_holders_end_s(view, config)
-    if end_s is None or end_s > checkpoint_lead_s(view, config) or _movable(view, config, end_s):
-        return None
-    return Action(
-        ActionKind.CHECKPOINT,
-        f"checkpointing step {view.committed} or the next: every holder of a layer goes "
-        f"in {max(0.0, end_s):.1f} s (lead {_lead_why(view, config)})",
-        "notice",
-        checkpoint_before_s=max(0.0, end_s),
-    )
-
-
-def _lead_why(view: CoordinatorView, config: CoordinatorConfig) -> str:
-    """Rule 9's lead and what it was made of, for the status."""
-    lead_s = checkpoint_lead_s(view, config)
-    if view.checkpoint_write_s is None:
-        return f"{lead_s:.1f} s, before a write is known"
-    if view.step_s is None:
-        return f"{lead_s:.1f} s: write {view.checkpoint_write_s:.2f} s, no step measured yet"
-    return f"{lead_s:.1f} s: step {view.step_s:.2f} s, write {view.checkpoint_write_s:.2f} s"
-
-
 def _checkpoint_name(view: CoordinatorView) -> str:
     step = view.latest_checkpoint
     return "the initial weights" if step is None else f"step {step}"
@@ -407,7 +201,7 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
     members = view.members
     margin = notice_margin_s(view, config)
     if plan is None:  # Rule 1
-        alive = _alive(view, config)
+        alive = membership.alive(view, config)
         up = [i for i, m in alive.items() if not m.going(margin)]
         num_going = len(alive) - len(up)
         # Rule 6 (in _replan): going instances are planned on when no other is up.
@@ -431,20 +225,28 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         workers_done = all(
             members[i].done
             for i, slot in plan.slots.items()
-            if slot is not None and i in _alive(view, config)
+            if slot is not None and i in membership.alive(view, config)
         )
         if (
             view.last_step_recorded and workers_done
         ) or view.finish_age_s > config.heartbeat_timeout_s:
             return Action(ActionKind.FINISH, "finished")
         return Action(ActionKind.NONE, "finishing")
-    suspects = _suspects(view, config)  # Rule 3
+    suspects = membership.suspects(view, config)  # Rule 3
     working = {i for i, s in plan.slots.items() if s is not None}
     going = {i for i, m in members.items() if m.going(margin)} - set(plan.noticed)
     lost = working & (suspects | going)
     stranded = bool(suspects) and not view.all_arrived
     unannounced = bool(lost - going or view.failures or view.fenced or stranded)
-    jit = _checkpoint_before_end(view, config, choose, suspects, unannounced)  # Rule 9
+    jit = checkpoint_before_end(  # Rule 9
+        view,
+        config,
+        suspects,
+        unannounced,
+        lambda reason, out, lost_slots, event: _replan(
+            view, config, choose, reason, out, lost_slots, event
+        ),
+    )
     if jit is not None:
         return jit
     if lost and lost <= going and not (view.failures or view.fenced or stranded):
@@ -479,11 +281,11 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
             "instances to arrive",
         )
     if plan.noticed and any(
-        i not in working and not m.going(margin) for i, m in _alive(view, config).items()
+        i not in working and not m.going(margin) for i, m in membership.alive(view, config).items()
     ):  # Rule 6
         return _replan(view, config, choose, "arrival", frozenset(), (), "interval")
     if (view.interval_due or view.arrival) and not moving(plan, view.committed):  # Rule 7
-        available = sum(not m.going(margin) for m in _alive(view, config).values())
+        available = sum(not m.going(margin) for m in membership.alive(view, config).values())
         target = choose(available, "interval", ())
         if target is not None and target != Configuration(plan.data_parallel, plan.pipeline_stages):
             reason = "interval" if view.interval_due else "arrival"
