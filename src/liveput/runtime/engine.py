@@ -24,7 +24,6 @@ from liveput.models.job import Job
 from liveput.runtime import keys, layer_moves, protocol
 from liveput.runtime.arrival import await_peers
 from liveput.runtime.checkpoint import Checkpointer
-from liveput.runtime.checkpoint_stall import CheckpointStall, CheckpointStallWatch
 from liveput.runtime.comm import CommAborted, Groups, build_unless
 from liveput.runtime.engine_config import EngineConfig
 from liveput.runtime.generation import (
@@ -36,6 +35,7 @@ from liveput.runtime.generation import (
 )
 from liveput.runtime.layer_state import LayerState
 from liveput.runtime.optimizer_step import OptimizerStep
+from liveput.runtime.periodic_checkpoints import PeriodicCheckpoints
 from liveput.runtime.protocol import LedgerRecord, RuntimePlan
 from liveput.runtime.schedule import (
     StagePosition,
@@ -309,7 +309,7 @@ class Engine:
         step = plan.start_step
         timer = StepTimer(self.store, plan) if position.pipeline == 0 and position.is_last else None
         ties = TiedGradients.of_stage(self.job, plan, position)
-        stalls = CheckpointStallWatch()
+        checkpoints = PeriodicCheckpoints(self.job, self.checkpointer, self.config, self.instance)
         while step < plan.end_step:
             if protocol.step_outcome(self.store, plan.generation, step) == protocol.ABORTED:
                 result.ending = Ending.FENCED
@@ -321,7 +321,7 @@ class Engine:
             if step == plan.start_step:
                 result.setup_s = time.perf_counter() - started
             begin = time.perf_counter()
-            writing = self.checkpointer is not None and self.checkpointer.writing()
+            writing = checkpoints.writing()
             if timer is not None:
                 timer.step_started(begin)
             loss = compute_gradients(
@@ -374,12 +374,9 @@ class Engine:
             if position.is_last:
                 result.losses[step] = loss
                 self._record(plan, step, loss)
-            stalled = stalls.step(time.perf_counter() - begin, writing)
-            snapshot_s = self._checkpoint(plan, step, layers, position, stalls.median_step_s)
-            if snapshot_s is not None:
-                stalled = stalls.checkpointed(step, snapshot_s) or stalled
-            if stalled is not None:
-                self._log_stall(stalled)
+            checkpoints.after_step(
+                plan, step, layers, position, time.perf_counter() - begin, writing
+            )
             step += 1
         result.last_applied = self.last_applied
         if timer is not None:
@@ -418,36 +415,6 @@ class Engine:
             committed_unix_s=time.time(),
         )
         self._retry(functools.partial(protocol.record_step, self.store, plan.epoch, record))
-
-    def _checkpoint(
-        self,
-        plan: RuntimePlan,
-        step: int,
-        layers: list[LayerState],
-        position: StagePosition,
-        median_step_s: float | None,
-    ) -> float | None:
-        """Save this instance's share of a checkpoint after every K-th committed step, and
-        after each step the job evaluates the model at (it is read from that checkpoint),
-        its write spread over ``checkpoint_spread`` of K median steps; the seconds its
-        snapshot took (None: no share saved)."""
-        every = self.config.checkpoint_every
-        due = (every and (step + 1) % every == 0) or self.job.evaluation_due(step)
-        if not due or not self.checkpointer:
-            return None
-        share = checkpoint_share(layers, position)
-        if not share:
-            return None
-        spread_s = None
-        if every and median_step_s is not None:
-            spread_s = self.config.checkpoint_spread * every * median_step_s
-        return self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers, spread_s)
-
-    def _log_stall(self, stall: CheckpointStall) -> None:
-        """Each checkpoint's cost to training (:mod:`liveput.runtime.checkpoint_stall`): a
-        warning where its write slowed the steps by more than its snapshot took."""
-        level = logging.WARNING if stall.slower_s > stall.snapshot_s else logging.INFO
-        LOG.log(level, "instance %d: %s", self.instance, stall.describe())
 
     def _save_if_asked(
         self, plan: RuntimePlan, ending: Ending, slot: tuple[int, int] | None, needed: range

@@ -1,0 +1,82 @@
+"""One instance's periodic checkpoints during a generation: when one is due, how its write is
+spread, and what each cost training.
+
+After every K-th committed step (and each step the job evaluates the model at: it is read from
+that checkpoint) the instance saves its share of the step's checkpoint
+(:func:`liveput.runtime.generation.checkpoint_share`): a snapshot now, the write in the
+background, spread over ``checkpoint_spread`` of K median steps so that it does not take the
+instance's link whole. Each checkpoint's stall (:mod:`liveput.runtime.checkpoint_stall`) is
+logged once its write is seen over, a warning where the write cost more than the snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from liveput.models.job import Job
+from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.checkpoint_stall import CheckpointStall, CheckpointStallWatch
+from liveput.runtime.engine_config import EngineConfig
+from liveput.runtime.generation import checkpoint_share
+from liveput.runtime.layer_state import LayerState
+from liveput.runtime.protocol import RuntimePlan
+from liveput.runtime.schedule import StagePosition
+
+LOG = logging.getLogger(__name__)
+
+
+class PeriodicCheckpoints:
+    """The periodic checkpoints of one generation on one instance."""
+
+    def __init__(
+        self, job: Job, checkpointer: Checkpointer | None, config: EngineConfig, instance: int
+    ) -> None:
+        self.job = job
+        self.checkpointer = checkpointer
+        self.config = config
+        self.instance = instance
+        self.stalls = CheckpointStallWatch()
+
+    def writing(self) -> bool:
+        """A write is running or waiting to (a step that begins now runs beside it)."""
+        return self.checkpointer is not None and self.checkpointer.writing()
+
+    def after_step(
+        self,
+        plan: RuntimePlan,
+        step: int,
+        layers: list[LayerState],
+        position: StagePosition,
+        duration_s: float,
+        writing: bool,
+    ) -> None:
+        """Step ``step`` committed and applied in ``duration_s``, begun beside a write
+        (``writing``) or not: save this instance's share if a checkpoint is due, and log the
+        stall of one whose write is now seen over."""
+        stalled = self.stalls.step(duration_s, writing)
+        snapshot_s = self._save(plan, step, layers, position)
+        if snapshot_s is not None:
+            stalled = self.stalls.checkpointed(step, snapshot_s) or stalled
+        if stalled is not None:
+            self._log(stalled)
+
+    def _save(
+        self, plan: RuntimePlan, step: int, layers: list[LayerState], position: StagePosition
+    ) -> float | None:
+        """Save the share if due; the seconds its snapshot took (None: nothing saved)."""
+        every = self.config.checkpoint_every
+        due = (every and (step + 1) % every == 0) or self.job.evaluation_due(step)
+        if not due or self.checkpointer is None:
+            return None
+        share = checkpoint_share(layers, position)
+        if not share:
+            return None
+        median_s = self.stalls.median_step_s
+        spread_s = None
+        if every and median_s is not None:
+            spread_s = self.config.checkpoint_spread * every * median_s
+        return self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers, spread_s)
+
+    def _log(self, stall: CheckpointStall) -> None:
+        level = logging.WARNING if stall.slower_s > stall.snapshot_s else logging.INFO
+        LOG.log(level, "instance %d: %s", self.instance, stall.describe())
