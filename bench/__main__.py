@@ -10,6 +10,7 @@ Each benchmark prints its figures and the ratio to its target.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -28,6 +29,9 @@ def main(argv: list[str]) -> int:
     for name in names:
         print(f"== bench {name}", flush=True)
         module = importlib.import_module(f"bench.bench_{name.replace('-', '_')}")
+        if options and not inspect.signature(module.main).parameters:
+            print(f"python -m bench {name} takes no options (given: {' '.join(options)})")
+            return 2
         if options:
             module.main(options)
         else:

@@ -230,7 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S|auto",
         help="liveput's --notice-margin, wall s, or auto (the product's default: twice the "
         "move it measured; default here: the regime's: "
-        + "; ".join(f"{r.name} {r.notice_margin_s:g}" for r in REGIMES.values())
+        + "; ".join(
+            f"{r.name} {'auto' if r.notice_margin_s is None else f'{r.notice_margin_s:g}'}"
+            for r in REGIMES.values()
+        )
         + ")",
     )
     parser.add_argument(

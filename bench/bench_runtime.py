@@ -140,11 +140,13 @@ def downtimes(job: Job, directory: str) -> dict[str, float]:
     return measured
 
 
-def _agents(url: str, instances: list[int], log_dir: Path) -> list[subprocess.Popen]:
+def _agents(
+    url: str, instances: list[int], log_dir: Path, verbose: bool = False
+) -> list[subprocess.Popen]:
     env = {**os.environ, "LIVEPUT_TOKEN": TOKEN}
     return [
         subprocess.Popen(
-            agent_command(url, instance=i),
+            agent_command(url, instance=i) + (["--verbose"] if verbose else []),
             env=env,
             stdout=open(log_dir / f"agent-{i}.log", "wb"),  # noqa: SIM115
             stderr=subprocess.STDOUT,
@@ -159,14 +161,19 @@ def _process_run(
     steps: int,
     directory: str,
     restore_step: int = protocol.FRESH_START,
+    bounds: list[int] | None = None,
+    verbose: bool = False,
 ) -> tuple[float, list[float]]:
     """Fresh agent processes run ``configuration``; (seconds from spawn to the first step's
-    start, seconds per step)."""
+    start, seconds per step). ``bounds``: the stages' first layers and the layer count (None:
+    tiny-gpt's profile cut into the configuration's stages); ``verbose``: the agents log at
+    DEBUG."""
     resolve_job(job_name)  # an unknown job fails before any process starts
     hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
     store = SignedStore(hosted, TOKEN)
     d, p = configuration.data_parallel, configuration.pipeline_stages
-    bounds = [int(b) for b in partition_layers(load_profile("tiny-gpt"), p)]
+    if bounds is None:
+        bounds = [int(b) for b in partition_layers(load_profile("tiny-gpt"), p)]
     Path(directory).mkdir(parents=True, exist_ok=True)
     slots = {i: (i // p, i % p) for i in range(d * p)}
     plan = protocol.RuntimePlan(
@@ -184,10 +191,17 @@ def _process_run(
         restore_step,
     )
     publish_spec(store, JobSpec(job_name, directory, checkpoint_every=0))
-    protocol.publish_plan(store, plan)
     spawned = time.time()
-    processes = _agents(hosted.url, list(slots), Path(directory))
+    processes = _agents(hosted.url, list(slots), Path(directory), verbose)
     try:
+        # Published once every agent has joined: an agent takes no plan made before it joined
+        # (one that named its instance then named an earlier process of it).
+        deadline_s = time.monotonic() + 300
+        while len(store.get_prefix(keys.MEMBER.prefix)) < len(slots):
+            if time.monotonic() > deadline_s or any(p.poll() is not None for p in processes):
+                raise SystemExit(f"bench: the agents did not all join (logs in {directory})")
+            time.sleep(0.05)
+        protocol.publish_plan(store, plan)
         for process in processes:
             process.wait(timeout=300)
         records = sorted(

@@ -67,10 +67,11 @@ class Regime:
     count run as long as that run (two more minutes a regime)."""
     quick_counts: tuple[int, ...] | None = None
     """Instance counts ``--quick`` measures (the others interpolated); None: every count."""
-    notice_margin_s: float = 5.0
+    notice_margin_s: float | None = 5.0
     """liveput's ``--notice-margin``, wall seconds: what a user who measured the move off a
     noticed instance would set. tiny-gpt's layers move in 0.2 s here (``bench chaos``: 0.06 s
-    median, 2.5 s p95 of downtime for a noticed kill on the loaded machine)."""
+    median, 2.5 s p95 of downtime for a noticed kill on the loaded machine). None: ``auto``,
+    the product's default (twice the move the run measured)."""
     checkpoint_every_s: float = 2.0
     """Wall seconds between checkpoints, the same for every system (``--checkpoint-every-s``):
     each system checkpoints every ``round(checkpoint_every_s / its step time)`` steps, at least
@@ -118,9 +119,9 @@ PIPELINE = Regime(
     quick_time_scale=5.0,
     count_window_s=30.0,
     quick_counts=(4, 8),
-    # A step in flight and a stage over the link take about a second: the data-parallel
-    # regime's 5 s.
-    notice_margin_s=5.0,
+    # The product's default, auto: twice the move the run measured (0.85-0.89 s per move of a
+    # stage here), where a fixed 5 s gave up 4 s of every noticed instance's lead.
+    notice_margin_s=None,
     # Every 25 or so of liveput's steps; a stage's part of a checkpoint crosses its link in
     # under half a second.
     checkpoint_every_s=10.0,

@@ -197,7 +197,15 @@ def run_agent(
         if instance is None:
             instance = store.add(keys.next_instance_id(), 1) + 10_000
         watchers = notice_watchers(notices if notices is not None else ["sigterm", "emulator"])
+        built_s = time.perf_counter()
         job = resolve_empty_job(spec.job, spec.data)  # its own layers built once it holds them
+        LOG.info(
+            "agent %d built job %s in %.2f s (%s)",
+            instance,
+            spec.job,
+            time.perf_counter() - built_s,
+            "its layers' shapes" if job.init_layer is not None else "every layer",
+        )
         if spec.training is not None:
             job = dataclasses.replace(job, training=TrainingConfig.from_dict(spec.training))
         # Before the agent joins: a CUDA request without CUDA ends it with one line, and the
