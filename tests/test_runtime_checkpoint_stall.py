@@ -116,7 +116,8 @@ def test_a_spread_checkpoint_takes_its_spread_to_write_and_an_unspread_one_does_
         for step, spread_s in ((9, 0.6), (19, None)):
             started_s = time.perf_counter()
             checkpointer.save_async(0, step, layers, job.num_layers, spread_s)
-            checkpointer.flush()
+            while checkpointer.writing():  # not flush(): waiting for a write unpaces it
+                time.sleep(0.01)
             took_s = time.perf_counter() - started_s
             if spread_s is None:
                 assert took_s < 0.5
@@ -163,3 +164,30 @@ def test_a_periodic_checkpoint_is_spread_over_its_share_of_k_median_steps(
         assert all(s is not None and 0 < s < 4 * 4 * spread for s in spreads)
     else:
         assert all(not s for s in spreads)
+
+
+def test_a_hurried_pacer_lets_every_byte_through_at_once():
+    clock = _FakeClock()
+    pacer = Pacer(1000.0, clock, clock.sleep)
+    pacer.admit(500)
+    pacer.hurry()
+    for _ in range(10):
+        pacer.admit(500)
+    assert clock.slept_s == [] and pacer.admitted_bytes == 5500
+
+
+def test_waiting_for_a_spread_write_unpaces_it(tmp_path):
+    """A checkpoint asked for before instances go waits for the periodic one being spread
+    before it (one writer): the wait must not last the spread."""
+    job = resolve_job("tiny-gpt-small")
+    layers = [fresh_layer(job, i, torch.device("cpu")) for i in range(job.num_layers)]
+    checkpointer = Checkpointer(MemoryStore(), str(tmp_path / "ckpt"))
+    try:
+        started_s = time.perf_counter()
+        checkpointer.save_async(0, 9, layers, job.num_layers, spread_s=30.0)
+        checkpointer.save_async(0, 10, layers, job.num_layers)
+        checkpointer.flush()
+        assert time.perf_counter() - started_s < 10.0
+        assert (tmp_path / "ckpt" / "step-10" / "layer-0.pt").exists()
+    finally:
+        checkpointer.close()

@@ -167,6 +167,8 @@ class Checkpointer:
         self._write_aside = not writes_whole_objects(self.fs)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: list[Future] = []
+        self._pacers: list[Pacer] = []
+        """The pacers of the newest spread writes: :meth:`flush` hurries them."""
         self._lock = threading.Lock()
         self.listeners: list[CheckpointListener] = []
         """Told of each checkpoint whose last layer this instance wrote."""
@@ -200,6 +202,8 @@ class Checkpointer:
             self._pending.append(
                 self._pool.submit(self._write, epoch, step, snapshot, num_layers, taken_s, pacer)
             )
+            if pacer is not None:
+                self._pacers = [*self._pacers[-4:], pacer]
         return snapshot_s
 
     def writing(self) -> bool:
@@ -406,8 +410,13 @@ class Checkpointer:
         return True
 
     def flush(self) -> None:
+        """Wait for every write pending, unpaced from now on: whoever flushes waits for them
+        (a checkpoint asked for before instances go came behind a periodic one's spread
+        write, and the instances went before it was written: 40 steps redone)."""
         with self._lock:
             pending = list(self._pending)
+            for pacer in self._pacers:
+                pacer.hurry()
         for future in pending:
             future.result()
         for listener in self.listeners:
