@@ -25,6 +25,7 @@ from liveput.runtime import keys, layer_moves, protocol
 from liveput.runtime.arrival import await_peers
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.comm import CommAborted, Groups, build_unless
+from liveput.runtime.copy_keeper import CopyKeeper
 from liveput.runtime.engine_config import EngineConfig
 from liveput.runtime.generation import (
     Ending,
@@ -71,6 +72,7 @@ class Engine:
         checkpointer: Checkpointer | None,
         config: EngineConfig | None = None,
         token: bytes | None = None,
+        keeper: CopyKeeper | None = None,
     ) -> None:
         self.job = job
         self.instance = instance
@@ -94,6 +96,8 @@ class Engine:
         """Refuses a stage over the job's memory budget."""
         self.warm = False
         """A layer and its optimizer were built once in this process (:meth:`warm_up`)."""
+        self.keeper = keeper
+        """Keeps and serves this instance's memory copies (None: none kept)."""
 
     def warm_up(self) -> float:
         """Build one layer and its optimizer once, before a plan needs them (an idle instance
@@ -115,9 +119,15 @@ class Engine:
     # --- state movement ---------------------------------------------------------------------
     def _restore(self, plan: RuntimePlan, needed: range) -> None:
         assert plan.restore_step is not None
-        self.layers = layer_moves.restored_layers(
-            self.job, self.device, self.checkpointer, plan.restore_step, needed
-        )
+        if plan.memory_epoch is not None:
+            own = self.keeper.copies if self.keeper is not None else None
+            self.layers = layer_moves.copied_layers(
+                self.job, self.device, plan, needed, own, self.token
+            )
+        else:
+            self.layers = layer_moves.restored_layers(
+                self.job, self.device, self.checkpointer, plan.restore_step, needed
+            )
         self.warm = self.warm or bool(needed)
 
     def _transfer(self, plan: RuntimePlan, groups: Groups | None, needed: range) -> None:
@@ -309,7 +319,9 @@ class Engine:
         step = plan.start_step
         timer = StepTimer(self.store, plan) if position.pipeline == 0 and position.is_last else None
         ties = TiedGradients.of_stage(self.job, plan, position)
-        checkpoints = PeriodicCheckpoints(self.job, self.checkpointer, self.config, self.instance)
+        checkpoints = PeriodicCheckpoints(
+            self.job, self.checkpointer, self.config, self.instance, self.keeper
+        )
         while step < plan.end_step:
             if protocol.step_outcome(self.store, plan.generation, step) == protocol.ABORTED:
                 result.ending = Ending.FENCED

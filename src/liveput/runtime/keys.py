@@ -15,7 +15,9 @@ lists and deletes from it. The values' formats and who writes them:
   (:class:`~liveput.runtime.protocol.Holding`), reported by its engine when a generation's state
   is in place and when a generation ends for it. ``notice-end/<id>``: when the coordinator first
   saw its notice and the end that notice announces (JSON: ``seen_unix_s``, ``end_unix_s`` or
-  null), so a restarted coordinator does not count the notice's lead afresh.
+  null), so a restarted coordinator does not count the notice's lead afresh. ``copies/<id>``:
+  the layers it keeps memory copies of, as of which step, and its copy server's address
+  (:class:`~liveput.runtime.memory_copies.CopyRecord`).
 - ``plan/current``: the generation number of the plan in force; ``plan/<g>``: plan g (JSON).
 - ``commit/<g>/<s>``: the commit counter of step s in generation g; ``done/<g>/<s>``: its outcome
   (the commit protocol: :mod:`liveput.runtime.protocol`).
@@ -123,6 +125,7 @@ NOTICE = Family("notice/", Scope.INSTANCE, Pruned.FORGOTTEN)
 LOST = Family("lost/", Scope.INSTANCE, Pruned.FORGOTTEN)
 GONE = Family("gone/", Scope.INSTANCE, Pruned.FORGOTTEN)
 NOTICE_END = Family("notice-end/", Scope.INSTANCE, Pruned.FORGOTTEN)
+COPIES = Family("copies/", Scope.INSTANCE, Pruned.FORGOTTEN)
 COMMIT = Family("commit/", Scope.STEP, Pruned.RETIRED_OR_OLD_STEP)
 DONE = Family("done/", Scope.STEP, Pruned.RETIRED_OR_OLD_STEP)
 ARRIVED = Family("arrived/", Scope.GENERATION, Pruned.RETIRED)
@@ -155,6 +158,7 @@ FAMILIES: tuple[Family, ...] = (
     LOST,
     GONE,
     NOTICE_END,
+    COPIES,
     COMMIT,
     DONE,
     ARRIVED,
@@ -196,6 +200,11 @@ def pruned_when(*rules: Pruned) -> tuple[Family, ...]:
 
 
 # -- an instance's keys ----------------------------------------------------------------------------
+
+
+def copies(instance: int) -> str:
+    """An instance's memory copies (``memory_copies.CopyRecord``)."""
+    return f"{COPIES.prefix}{instance}"
 
 
 def member(instance: int) -> str:

@@ -28,6 +28,7 @@ from liveput.perf.types import check_instance_memory_gb, with_instance_memory
 from liveput.runtime import keys
 from liveput.runtime.agent import Agent, AgentConfig, AgentState
 from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.copy_keeper import CopyKeeper
 from liveput.runtime.device import check_device_request, describe_device, resolve_device
 from liveput.runtime.engine import Engine, EngineConfig
 from liveput.runtime.evaluation import Evaluation
@@ -227,6 +228,7 @@ def run_agent(
         )
         if job.evaluate is not None:
             Evaluation(job, store, instance, checkpointer)  # told of each checkpoint it completes
+        keeper = CopyKeeper(store, instance, host, token.encode())
         engine = Engine(
             job,
             instance,
@@ -241,6 +243,7 @@ def run_agent(
                 comm_timeout_s=spec.comm_timeout_s,
             ),
             token=token.encode(),
+            keeper=keeper,
         )
         agent = Agent(
             AgentConfig(

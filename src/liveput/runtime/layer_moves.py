@@ -24,6 +24,7 @@ from liveput.runtime import protocol
 from liveput.runtime.checkpoint import Checkpointer, CorruptCheckpoint
 from liveput.runtime.comm import Groups
 from liveput.runtime.layer_state import LayerState, decode_state, encode_state, fresh_layer
+from liveput.runtime.memory_copies import MemoryCopies, fetch_copy
 from liveput.runtime.protocol import RuntimePlan
 
 TRANSFER_TAG = 1 << 20
@@ -71,6 +72,35 @@ def restored_layers(
                     f"checkpoint of step {restore_step} has no readable layer {index}: {error}"
                 ) from None
             layer.load_state_dict(state)
+        layers[index] = layer
+    return layers
+
+
+def copied_layers(
+    job: Job,
+    device: torch.device,
+    plan: RuntimePlan,
+    needed: range,
+    own: MemoryCopies | None,
+    token: bytes | None,
+) -> dict[int, LayerState]:
+    """Layers ``needed`` as of the memory copies ``plan`` restores (its ``memory_*``): each
+    from this instance's own copies where it keeps it, else from its source's copy server."""
+    assert plan.memory_epoch is not None and plan.restore_step is not None
+    epoch, step = plan.memory_epoch, plan.restore_step
+    layers = {}
+    for index in needed:
+        data = own.get(epoch, step, index) if own is not None else None
+        if data is None:
+            source = plan.memory_sources.get(index)
+            if source is None or source not in plan.memory_addresses:
+                raise LiveputError(f"plan {plan.generation} names no memory copy of layer {index}")
+            data = fetch_copy(plan.memory_addresses[source], epoch, step, index, token)
+            where = f"instance {source}'s memory copy"
+        else:
+            where = "this instance's memory copy"
+        layer = fresh_layer(job, index, device, initialize=False)
+        layer.load_state_dict(decode_state(data, token, where))
         layers[index] = layer
     return layers
 

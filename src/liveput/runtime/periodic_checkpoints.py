@@ -16,6 +16,7 @@ import logging
 from liveput.models.job import Job
 from liveput.runtime.checkpoint import Checkpointer
 from liveput.runtime.checkpoint_stall import CheckpointStall, CheckpointStallWatch
+from liveput.runtime.copy_keeper import CopyKeeper
 from liveput.runtime.engine_config import EngineConfig
 from liveput.runtime.generation import checkpoint_share
 from liveput.runtime.layer_state import LayerState
@@ -29,12 +30,19 @@ class PeriodicCheckpoints:
     """The periodic checkpoints of one generation on one instance."""
 
     def __init__(
-        self, job: Job, checkpointer: Checkpointer | None, config: EngineConfig, instance: int
+        self,
+        job: Job,
+        checkpointer: Checkpointer | None,
+        config: EngineConfig,
+        instance: int,
+        keeper: CopyKeeper | None = None,
     ) -> None:
         self.job = job
         self.checkpointer = checkpointer
         self.config = config
         self.instance = instance
+        self.keeper = keeper
+        """Keeps the memory copies, refreshed at each periodic checkpoint (None: none kept)."""
         self.stalls = CheckpointStallWatch()
 
     def writing(self) -> bool:
@@ -54,6 +62,9 @@ class PeriodicCheckpoints:
         (``writing``) or not: save this instance's share if a checkpoint is due, and log the
         stall of one whose write is now seen over."""
         stalled = self.stalls.step(duration_s, writing)
+        every = self.config.checkpoint_every
+        if self.keeper is not None and every and (step + 1) % every == 0:
+            self.keeper.refresh(plan, plan.epoch, step, layers, self._spread_s())
         snapshot_s = self._save(plan, step, layers, position)
         if snapshot_s is not None:
             stalled = self.stalls.checkpointed(step, snapshot_s) or stalled
@@ -71,11 +82,17 @@ class PeriodicCheckpoints:
         share = checkpoint_share(layers, position)
         if not share:
             return None
+        return self.checkpointer.save_async(
+            plan.epoch, step, share, self.job.num_layers, self._spread_s()
+        )
+
+    def _spread_s(self) -> float | None:
+        """Seconds a periodic write is spread over (None: not yet known, or not periodic)."""
+        every = self.config.checkpoint_every
         median_s = self.stalls.median_step_s
-        spread_s = None
-        if every and median_s is not None:
-            spread_s = self.config.checkpoint_spread * every * median_s
-        return self.checkpointer.save_async(plan.epoch, step, share, self.job.num_layers, spread_s)
+        if not every or median_s is None:
+            return None
+        return self.config.checkpoint_spread * every * median_s
 
     def _log(self, stall: CheckpointStall) -> None:
         level = logging.WARNING if stall.slower_s > stall.snapshot_s else logging.INFO

@@ -89,6 +89,14 @@ class RuntimePlan:
     notice_margin_s: float | None = None
     """The notice margin the coordinator planned with, wall seconds: a noticed agent left out
     of a plan leaves once its lead is this close to spent (None: its job spec's)."""
+    memory_epoch: int | None = None
+    """Set when the restore reads every layer from instances' memory copies
+    (:mod:`liveput.runtime.memory_copies`): the restore epoch of those copies (their step is
+    ``restore_step``); None: a restore reads the object store."""
+    memory_sources: dict[int, int] = field(default_factory=dict)
+    """Layer -> the instance whose memory copy a memory restore reads."""
+    memory_addresses: dict[int, str] = field(default_factory=dict)
+    """Instance -> its copy server's ``host:port``."""
 
     @property
     def world(self) -> list[int]:
@@ -115,6 +123,8 @@ class RuntimePlan:
         data = asdict(self)
         data["slots"] = {str(k): list(v) if v is not None else None for k, v in self.slots.items()}
         data["hosts"] = {str(k): v for k, v in self.hosts.items()}
+        data["memory_sources"] = {str(k): v for k, v in self.memory_sources.items()}
+        data["memory_addresses"] = {str(k): v for k, v in self.memory_addresses.items()}
         return json.dumps(data, sort_keys=True).encode()
 
     @classmethod
@@ -125,6 +135,8 @@ class RuntimePlan:
         }
         data["hosts"] = {int(k): v for k, v in data["hosts"].items()}
         data["transfers"] = [Transfer(**t) for t in data["transfers"]]
+        for name in ("memory_sources", "memory_addresses"):
+            data[name] = {int(k): v for k, v in data.get(name, {}).items()}
         return cls(**data)
 
 

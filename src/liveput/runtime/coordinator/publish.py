@@ -21,8 +21,9 @@ from liveput.runtime.checkpoint import latest_checkpoint, reset_latest
 from liveput.runtime.clock import Clock
 from liveput.runtime.coordinator.observe import JobProgress, Observed, Observer
 from liveput.runtime.decide import Action, CoordinatorConfig, CoordinatorView
+from liveput.runtime.memory_copies import CopyRecord, choose_restore
 from liveput.runtime.planning import PlanContext, plan_generation
-from liveput.runtime.store import Store
+from liveput.runtime.store import Store, readers
 
 LOG = logging.getLogger(__name__)
 
@@ -176,11 +177,13 @@ class Publisher:
             action.restore,
             on_demand,
         )
+        if plan.restore_step is not None and previous is not None and not action.restore:
+            plan = self._from_memory(plan, context, (*action.workers, *action.senders))
         if action.noticed_workers:
             plan = dataclasses.replace(plan, noticed=list(action.noticed_workers))
         if action.notice_margin_s is not None:
             plan = dataclasses.replace(plan, notice_margin_s=action.notice_margin_s)
-        if plan.restore_step is not None and previous is not None:
+        if plan.restore_step is not None and previous is not None and plan.memory_epoch is None:
             self._log_restore(plan, plan.restore_step, action, holdings, start, view)
         if plan.epoch != context.epoch:
             # The planner opens a new epoch only when the plan restores from a checkpoint.
@@ -188,11 +191,22 @@ class Publisher:
                 f"plan {plan.generation} opens epoch {plan.epoch} without a restore step"
             )
             protocol.record_restore(self.store, plan.epoch, start - 1, plan.restore_step)
-            reset_latest(self.store, plan.epoch, plan.restore_step)
+            # From memory, the newest complete checkpoint may be older than the step restored:
+            # it stays the one a later restore from the object store reads.
+            kept = plan.restore_step
+            if plan.memory_epoch is not None:
+                kept = -1 if context.latest_checkpoint is None else context.latest_checkpoint
+            reset_latest(self.store, plan.epoch, kept)
             progress.committed = plan.start_step - 1
         self.store.add(keys.migrations(plan.kind), 1)
         protocol.publish_plan(self.store, plan)
         observer.remember(plan)
+        self._announce(plan, action)
+        progress.plan = plan
+        return plan
+
+    def _announce(self, plan: protocol.RuntimePlan, action: Action) -> None:
+        """The plan's event (``events/<g>``) and its log line."""
         self.store.set(
             keys.event(plan.generation),
             json.dumps(
@@ -205,6 +219,7 @@ class Publisher:
                     "instances": len(plan.slots),
                     "suspects": sorted(action.suspects),
                     "restore_forced": action.restore,
+                    "restore_from_memory": plan.memory_epoch is not None,
                 }
             ).encode(),
         )
@@ -225,8 +240,40 @@ class Publisher:
             f" without {sorted(action.suspects)}" if action.suspects else "",
             off,
         )
-        progress.plan = plan
-        return plan
+
+    def _from_memory(
+        self, plan: protocol.RuntimePlan, context: PlanContext, up: tuple[int, ...]
+    ) -> protocol.RuntimePlan:
+        """``plan``, a restore, reading every layer from the memory copies of the instances
+        ``up`` where they hold all of them at a point no older than the newest complete
+        checkpoint (:mod:`liveput.runtime.memory_copies`); else ``plan`` as it is."""
+        records = {
+            i: CopyRecord.from_json(raw)
+            for i, raw in readers.by_instance(self.store, keys.COPIES).items()
+        }
+        newest = context.latest_checkpoint
+        found = choose_restore(records, up, self.profile.num_layers, context.epoch, newest)
+        assert plan.restore_step is not None
+        if found is None or found.step < plan.restore_step or found.step >= context.start_step:
+            return plan
+        LOG.info(
+            "plan %d restores step %d from memory copies on instances %s (the object store's "
+            "newest checkpoint: %s)",
+            plan.generation,
+            found.step,
+            sorted(found.addresses),
+            "none" if newest is None else f"step {newest}",
+        )
+        rolled_back = found.step + 1 < context.start_step
+        return dataclasses.replace(
+            plan,
+            epoch=context.epoch + (1 if rolled_back else 0),
+            start_step=found.step + 1,
+            restore_step=found.step,
+            memory_epoch=found.epoch,
+            memory_sources=found.sources,
+            memory_addresses=found.addresses,
+        )
 
     def _log_restore(
         self,
