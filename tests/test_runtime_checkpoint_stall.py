@@ -12,7 +12,7 @@ import torch
 from liveput.models.jobs import resolve_job
 from liveput.objectstore import PACED_CHUNK_BYTES, PacedReader, Pacer
 from liveput.perf.configuration import Configuration
-from liveput.runtime.checkpoint import Checkpointer
+from liveput.runtime.checkpoint import Checkpointer, latest_record
 from liveput.runtime.checkpoint_stall import CheckpointStallWatch
 from liveput.runtime.engine import EngineConfig
 from liveput.runtime.inprocess import ThreadCluster
@@ -123,6 +123,9 @@ def test_a_spread_checkpoint_takes_its_spread_to_write_and_an_unspread_one_does_
                 assert took_s < 0.5
             else:
                 assert took_s >= 0.5 * spread_s  # its bytes' last chunk goes at most this early
+                # Recorded unpaced: what a checkpoint waited for would take (Rule 9's lead).
+                write_s = latest_record(checkpointer.store)[1]
+                assert write_s is not None and write_s < took_s - 0.25 * spread_s
         for step in (9, 19):
             restored = fresh_layer(job, 1, torch.device("cpu"))
             restored.load_state_dict(checkpointer.load_layer(step, 1))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runtime_decide import TICK_S, ModelAgents, make_coordinator, run, start
@@ -287,6 +288,26 @@ def test_a_checkpoint_written_slower_than_the_unmeasured_lead_is_asked_for_in_ti
     assert decide(_checkpointing_view(checkpoint_request_age_s=15.0), CONFIG, _choose).kind is (
         ActionKind.REPLAN
     )
+
+
+def test_with_the_auto_margin_the_lead_is_the_checkpoints_own_not_a_moves():
+    """``--notice-margin auto`` is twice a move's measured seconds (2 s here), where Rule 9's
+    move is a checkpoint: its lead comes from its own step and write (the safety factor x
+    (0.32 + 5.6) s), not capped at the margin. Capped, the instances went before the
+    checkpoint was written."""
+    auto = dataclasses.replace(CONFIG, notice_margin_s=None)
+    view = _checkpointing_view(
+        checkpoint_requested=False,
+        fewest_instances=2,
+        step_s=0.32,
+        checkpoint_write_s=5.6,
+        auto_notice_margin_s=2.0,
+    )
+    lead_s = CONFIG.jit_checkpoint_safety * (0.32 + 5.6)
+    assert lead_s > 2.0 and checkpoint_lead_s(view, auto) == pytest.approx(lead_s)
+    assert checkpoint_lead_s(view, CONFIG) == pytest.approx(lead_s)  # under the fixed 20 s
+    capped = dataclasses.replace(CONFIG, notice_margin_s=5.0)
+    assert checkpoint_lead_s(view, capped) == 5.0  # a fixed margin: the user's word
 
 
 def test_before_a_write_is_measured_slow_storage_gets_the_lead_its_estimate_needs():

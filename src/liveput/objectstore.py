@@ -304,6 +304,8 @@ class Pacer:
         self._hurried = False
         self.admitted_bytes = 0
         """Bytes let through so far."""
+        self.slept_s = 0.0
+        """Seconds it held bytes back so far (a write's time less this: what it took unpaced)."""
 
     def hurry(self) -> None:
         """Let every byte through at once from now on (someone waits for the write: a
@@ -319,6 +321,7 @@ class Pacer:
         now_s = self._clock()
         if self._next_s is not None and self._next_s > now_s:
             self._sleep(self._next_s - now_s)
+            self.slept_s += self._next_s - now_s
             now_s = self._next_s
         self._next_s = now_s + num_bytes / self.rate_bytes_per_s
 

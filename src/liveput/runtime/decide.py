@@ -72,7 +72,7 @@ Rules, in order (numbered as in :func:`decide`):
    stay up a margin past the earliest end those notices announce run no configuration (fewer
    than ``fewest_instances``: a wipe-out with notice, nowhere to move that layer to; where they
    run one, the going holders send their layers at the margin, Rules 3-4), a lead before that
-   end (:func:`checkpoint_lead_s`: a few measured steps and checkpoint writes, at most
+   end (:func:`checkpoint_lead_s`: a few measured steps and checkpoint writes, at most a fixed
    ``notice_margin_s``; ``jit_checkpoint_lead_s`` until measured), the running plan is
    fenced at the next step boundary and its instances checkpoint the step they end at (a
    :data:`ActionKind.CHECKPOINT`); the coordinator waits for that checkpoint (at most the

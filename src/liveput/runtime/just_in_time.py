@@ -59,9 +59,9 @@ def movable(view: CoordinatorView, config: CoordinatorConfig, end_s: float) -> b
 def checkpoint_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
     """Rule 9's lead, wall seconds: ``jit_checkpoint_safety`` x (a step + a checkpoint
     write), at least ``jit_checkpoint_min_lead_s``, both measured (the view's), at most
-    ``notice_margin_s``; while the write is unknown, ``jit_checkpoint_lead_s`` (at most
-    ``notice_margin_s``), and while only the step is, at least that and
-    ``jit_checkpoint_safety`` writes (at most ``notice_margin_s``). A write measured slower
+    the cap (:func:`lead_cap_s`); while the write is unknown, ``jit_checkpoint_lead_s`` (at
+    most the cap), and while only the step is, at least that and
+    ``jit_checkpoint_safety`` writes (at most the cap). A write measured slower
     than that lead (a stage's state over a slow link to an object store) gets the lead it
     needs: capped at the unmeasured one, the
     checkpoint was still being written when the instances went, and the restore after them went
@@ -72,17 +72,25 @@ def checkpoint_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float
         # A write known (measured or estimated) before any step of the plan is: the write alone
         # may need more than the unmeasured lead (a plan's first steps on slow storage).
         write_lead_s = config.jit_checkpoint_safety * view.checkpoint_write_s
-        return min(
-            notice_margin_s(view, config), max(unmeasured_lead_s(view, config), write_lead_s)
-        )
+        return min(lead_cap_s(view, config), max(unmeasured_lead_s(view, config), write_lead_s))
     measured_s = config.jit_checkpoint_safety * (view.step_s + view.checkpoint_write_s)
-    return min(notice_margin_s(view, config), max(config.jit_checkpoint_min_lead_s, measured_s))
+    return min(lead_cap_s(view, config), max(config.jit_checkpoint_min_lead_s, measured_s))
+
+
+def lead_cap_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
+    """The most Rule 9's lead may be: a fixed ``notice_margin_s``, the user's word; none with
+    ``auto``, whose margin is twice a move's (a second or two): the checkpoint is the move
+    chosen here, and its lead is aimed from its own measurements (capped at a 2-s auto margin
+    beside a 5.6-s write, the instances went before their checkpoint was written: 40 steps
+    redone)."""
+    if config.notice_margin_s is None:
+        return float("inf")
+    return notice_margin_s(view, config)
 
 
 def unmeasured_lead_s(view: CoordinatorView, config: CoordinatorConfig) -> float:
-    """Rule 9's lead before anything is measured: ``jit_checkpoint_lead_s``, at most
-    ``notice_margin_s``."""
-    return min(config.jit_checkpoint_lead_s, notice_margin_s(view, config))
+    """Rule 9's lead before anything is measured: ``jit_checkpoint_lead_s``, at most the cap."""
+    return min(config.jit_checkpoint_lead_s, lead_cap_s(view, config))
 
 
 def checkpoint_before_end(
