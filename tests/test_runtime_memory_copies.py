@@ -158,3 +158,25 @@ def test_no_restore_from_memory_older_than_the_checkpoint_or_of_another_epoch() 
     assert choose_restore(records, [1, 2, 3], 4, epoch=2, newest_checkpoint=20) is None
     assert choose_restore(records, [1, 3], 4, epoch=2, newest_checkpoint=None) is None
     assert choose_restore(records, [1, 2], 4, epoch=2, newest_checkpoint=None) is not None
+
+
+def test_a_requester_that_leaves_mid_copy_costs_the_server_nothing(capfd) -> None:
+    import json
+    import socket
+
+    from liveput.runtime.memory_copies import _request_mac
+
+    copies, server = _server()
+    try:
+        copies.replace(0, 9, {0: bytes(4_000_000)})
+        request = {"epoch": 0, "step": 9, "layer": 0, "rate_bytes_per_s": 4_000_000}
+        request["mac"] = _request_mac(TOKEN, request)
+        host, _, port = server.address.rpartition(":")
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(json.dumps(request).encode() + b"\n")
+            connection.recv(1024)  # the copy has begun; the requester goes (a lost instance)
+        time.sleep(1.0)
+        assert fetch_copy(server.address, 0, 9, 0, TOKEN) == bytes(4_000_000)
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        server.close()

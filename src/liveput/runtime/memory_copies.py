@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import json
 import logging
 import socket
@@ -218,7 +219,7 @@ class CopyServer:
             target=self._server.serve_forever, daemon=True, name="liveput-copies"
         ).start()
 
-    def _serve(self, rfile, wfile) -> None:  # type: ignore[no-untyped-def]
+    def _serve(self, rfile: io.BufferedIOBase, wfile: io.BufferedIOBase) -> None:
         try:
             request = json.loads(rfile.readline(4096))
             if not hmac.compare_digest(
@@ -226,17 +227,24 @@ class CopyServer:
             ):
                 LOG.warning("copy request not signed with the job token: refused")
                 return
+            rate_bytes_per_s = float(request.get("rate_bytes_per_s") or 0)
             data = self.copies.get(
                 int(request["epoch"]), int(request["step"]), int(request["layer"]), COPY_WAIT_S
             )
-        except (ValueError, KeyError, TypeError, OSError):
-            return
+        except (ValueError, KeyError, TypeError, AttributeError, OSError):
+            return  # not a request (a port scan, a half line): nothing to answer
+        try:
+            self._send(wfile, data, rate_bytes_per_s)
+        except OSError as error:  # the requester left (a lost instance): its copy goes nowhere
+            LOG.info("copy of layer %s not sent: %s", request.get("layer"), error)
+
+    @staticmethod
+    def _send(wfile: io.BufferedIOBase, data: bytes | None, rate_bytes_per_s: float) -> None:
         if data is None:
             wfile.write(_LENGTH.pack(0))
             return
         wfile.write(_LENGTH.pack(len(data)))
-        rate = float(request.get("rate_bytes_per_s") or 0)
-        pacer = Pacer(rate) if rate > 0 else None
+        pacer = Pacer(rate_bytes_per_s) if rate_bytes_per_s > 0 else None
         view = memoryview(data)
         for start in range(0, len(view), _CHUNK_BYTES):
             chunk = view[start : start + _CHUNK_BYTES]
