@@ -92,6 +92,20 @@ def test_a_stage_lost_without_notice_comes_back_from_its_buddys_memory(tmp_path,
         # No older than the newest complete checkpoint, and at most the steps between two
         # copies (and the copy's spread) behind the step the job was at.
         assert restore.restore_step >= max(-1, coordinator_latest(store, restore))
+        # The restore's first step is copied in its new epoch: a second loss before the next
+        # periodic copy reads memory too.
+        run_until(
+            coordinator.tick,
+            lambda: any(
+                (point.epoch, point.step) == (restore.epoch, restore.start_step)
+                and set(point.layers) == set(range(job.num_layers))
+                for point in CopyRecord.from_json(
+                    readers.by_instance(store, keys.COPIES)[buddy]
+                ).points
+            ),
+            60,
+            "copies of the step restored in its new epoch",
+        )
         run_to_end(coordinator, agents)
         agents.wait_all()
         events = [json.loads(v) for v in store.get_prefix(keys.EVENT.prefix).values()]

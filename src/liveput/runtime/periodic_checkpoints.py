@@ -63,7 +63,12 @@ class PeriodicCheckpoints:
         stall of one whose write is now seen over."""
         stalled = self.stalls.step(duration_s, writing)
         every = self.config.checkpoint_every
-        if self.keeper is not None and every and (step + 1) % every == 0:
+        periodic = bool(every) and (step + 1) % every == 0
+        # After a restore, copies of its first step in the new epoch (those of the epoch
+        # before no longer count): a loss before the next periodic copy reads them. Not at
+        # the restore itself: its sources still serve the copies it reads.
+        restored = plan.restore_step is not None and plan.restore_step >= 0
+        if self.keeper is not None and (periodic or (restored and step == plan.start_step)):
             self.keeper.refresh(plan, plan.epoch, step, layers, self._spread_s())
         snapshot_s = self._save(plan, step, layers, position)
         if snapshot_s is not None:
