@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
@@ -32,7 +31,6 @@ from torch import nn
 
 from liveput.errors import LiveputError
 
-LOG = logging.getLogger(__name__)
 InitLayer = Callable[[int, nn.Module], None]
 """``init_layer(k, layer)``: set layer ``k``'s parameters (in place, under ``torch.no_grad``)
 from ``k`` and the job's own seed alone."""

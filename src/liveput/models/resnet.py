@@ -33,6 +33,16 @@ EXPANSION = 4
 """Output channels of a bottleneck over its inner width."""
 
 
+def _torchvision_init(module: nn.Module) -> None:
+    """torchvision's ResNet initialization of one module: Kaiming normal (fan-out) for a
+    convolution, one and zero for a BatchNorm's weight and bias."""
+    if isinstance(module, nn.Conv2d):
+        nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+    elif isinstance(module, nn.BatchNorm2d):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
 class Bottleneck(nn.Module):
     """1x1 reduce, 3x3 (strided), 1x1 expand, with a projected shortcut where shapes change."""
 
@@ -86,11 +96,7 @@ class ResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(channels, num_classes)
         for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.BatchNorm2d):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+            _torchvision_init(module)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(images))))
@@ -163,11 +169,8 @@ def resnet_init(seed: int = 0) -> InitLayer:
 
     def init(layer: nn.Module) -> None:
         for module in layer.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.BatchNorm2d):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+            _torchvision_init(module)
+            if isinstance(module, nn.BatchNorm2d):
                 module.reset_running_stats()
             elif isinstance(module, nn.Linear):
                 module.reset_parameters()

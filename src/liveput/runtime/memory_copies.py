@@ -180,10 +180,6 @@ class MemoryCopies:
                 for e, s in sorted(self._points)
             )
 
-    def nbytes(self) -> int:
-        with self._changed:
-            return sum(len(d) for layers in self._points.values() for d in layers.values())
-
     def get(self, epoch: int, step: int, layer: int, wait_s: float = 0.0) -> bytes | None:
         """Layer ``layer``'s copy as of (epoch, step), waiting up to ``wait_s`` for that point
         while only older ones are kept (its copy is being made, behind training)."""
