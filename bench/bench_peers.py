@@ -425,7 +425,9 @@ def main(argv: list[str] | None = None) -> None:
         if measured is not None:
             from bench.peers_sim import predict
 
-            simulated = predict(trace, measured, settings.time_scale, settings.notice_lead_s, seed)
+            simulated = predict(
+                trace, measured, settings.time_scale, settings.notice_lead_s, seed, every_s
+            )
         results.append((name, runs, simulated))
     document = peers_report.to_json_document(results, rates)
     document["regime"] = {

@@ -221,9 +221,11 @@ def predict(
     time_scale: float,
     notice_lead_s: float,
     seed: int,
+    checkpoint_every_s: float = 0.0,
     resolution_s: float = 2.0,
 ) -> dict[str, float]:
-    """Samples the simulator predicts, per benchmark system it shares with the runtime."""
+    """Samples the simulator predicts, per benchmark system it shares with the runtime, whose
+    instances checkpoint every ``checkpoint_every_s`` wall seconds and keep buddy copies."""
     intervals = wall_clock_trace(
         trace.ready_after(measured.startup_s * time_scale), time_scale, resolution_s
     )
@@ -233,6 +235,8 @@ def predict(
         predictor="persistence",
         preemption_notice_s=notice_lead_s / time_scale,
         horizon=look_ahead_intervals(time_scale, intervals.interval_s),
+        buddy_copies=True,
+        checkpoint_every_s=checkpoint_every_s,
     )
     context = dataclasses.replace(
         make_context(intervals, measured.profile, config), costs=measured.costs

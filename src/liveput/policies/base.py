@@ -196,8 +196,20 @@ class PolicyContext:
     policies that listen to it may move state off a leaving instance meanwhile."""
     seed: int = 0
     """Seed of any randomness inside a policy."""
+    buddy_copies: bool = False
+    """The runtime keeps every stage's state, as of its last periodic checkpoint, in another
+    instance's host memory (:mod:`liveput.runtime.memory_copies`): a stage lost without a usable
+    notice comes back over a link instead of from the checkpoint storage
+    (:mod:`liveput.policies.recovery`)."""
+    checkpoint_every_s: float = 0.0
+    """Training seconds between the job's periodic checkpoints (and buddy copies): a recovery
+    from either redoes half of it on average (0: nothing redone is counted)."""
 
     def __post_init__(self) -> None:
+        if not self.checkpoint_every_s >= 0:
+            raise LiveputError(
+                f"policy context: checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}"
+            )
         if self.interval_s <= 0 or self.horizon < 1:
             raise LiveputError("policy context: interval must be positive and horizon >= 1")
         if self.capacity < 0 or self.on_demand_budget < 0:

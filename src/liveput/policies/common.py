@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from liveput.perf.configuration import Configuration
-from liveput.policies.base import Observation, Policy, PolicyContext
+from liveput.policies.base import Policy, PolicyContext
 
 
 class ConfigurationLookup:
@@ -82,23 +82,3 @@ def surviving_pipelines(
     if not lost_slots:
         return configuration.data_parallel
     return int(configuration.data_parallel - lost_per_stage(configuration, lost_slots).max())
-
-
-def recovery_start(
-    context: PolicyContext, observation: Observation
-) -> tuple[Configuration | None, int | None]:
-    """Where a recovery after a loss starts: (the surviving pipelines of the running
-    configuration, or None when every pipeline lost a stage; the stages whose state can still
-    be sent out during the notice, when every replica of a stage is leaving and the transfer
-    fits in the notice, else None), for :meth:`LiveputOptimizer.recover`."""
-    current = observation.current
-    start: Configuration | None = current
-    if current is not None and observation.lost_slots:
-        survivors = surviving_pipelines(current, observation.lost_slots)
-        start = Configuration(survivors, current.pipeline_stages) if survivors > 0 else None
-    salvage = None
-    if start is None and current is not None:
-        stage_bytes = stage_state_bytes(context, current.pipeline_stages)
-        if context.costs.transfer_s(stage_bytes) <= context.preemption_notice_s:
-            salvage = current.pipeline_stages
-    return start, salvage

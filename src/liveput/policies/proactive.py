@@ -16,7 +16,8 @@ Model:
   :meth:`LiveputOptimizer.recover`. A stage that lost every replica still has its state on the
   leaving instances during the cloud's preemption notice (Parcae's agents listen to it): when one
   stage's state can be sent within the notice, it moves to a spare or a re-partitioned pipeline
-  (rebuild + transfer); otherwise the job restores from its checkpoint.
+  (rebuild + transfer); otherwise a checkpoint written in the notice, the stage's buddy copy in
+  another instance's memory, or the periodic checkpoint (:mod:`liveput.policies.recovery`).
 - *Objective* ``cost``: the optimizer maximizes samples per dollar and the policy releases its
   idle spares (they are not billed, and come back only as the cloud grants new instances).
 """
@@ -29,7 +30,7 @@ from liveput.forecast.base import Forecast
 from liveput.forecast.shared import SharedPredictor
 from liveput.perf.configuration import Configuration, MigrationKind, ObservationEvent
 from liveput.policies.base import POLICIES, Decision, Observation, Policy, PolicyContext
-from liveput.policies.common import recovery_start
+from liveput.policies.recovery import plan_recovery
 
 
 @POLICIES.register("liveput")
@@ -114,20 +115,23 @@ class LiveputPolicy(Policy):
         return max(observation.num_available - max(used - observation.num_on_demand, 0), 0)
 
     def _recover(self, observation: Observation) -> Decision:
-        start, salvage = recovery_start(self.context, observation)
+        recovery = plan_recovery(self.context, observation)
         plan = self.optimizer.recover(
-            start,
+            recovery.start,
             observation.num_available,
             observation.remaining_s,
             observation.num_on_demand,
-            salvage_stages=salvage,
+            salvage_stages=recovery.salvage_stages,
         )
+        runs = plan.configuration is not None
         return Decision(
             plan.configuration,
             migration=plan.migration,
             downtime_s=plan.migration_s,
             expected_samples=plan.expected_samples,
             release=self._spares(plan.configuration, observation),
+            checkpoint_s=recovery.checkpoint_s if runs else 0.0,
+            rollback_s=recovery.rollback_s if runs else 0.0,
         )
 
 

@@ -32,6 +32,13 @@ class SimulationConfig:
     """Warning before a preemption, seconds (AWS: 120; GCP: 30; 0: none): ``liveput`` moves a
     wholly lost stage's state off the leaving instances when the transfer fits in it. (``reactive``
     always saves its checkpoint in the notice: at most 33 s for the built-in models.)"""
+    buddy_copies: bool = True
+    """The job keeps buddy copies of every stage in another instance's memory (the runtime's
+    default): a stage lost beyond what the notice saves comes back over a link, not from the
+    checkpoint storage (:mod:`liveput.policies.recovery`)."""
+    checkpoint_every_s: float = 0.0
+    """Training seconds between the job's periodic checkpoints: a recovery from one (or from
+    a buddy copy) redoes half of it on average (0: nothing redone is counted)."""
     launch_delay_min_s: float = 60.0
     """Shortest launch of an on-demand instance, seconds (deadline jobs; CM-DARE measured 70 to
     92 s)."""
@@ -59,5 +66,7 @@ class SimulationConfig:
                 f"launch delays must satisfy 0 <= min <= max, got {self.launch_delay_min_s} and "
                 f"{self.launch_delay_max_s} s"
             )
+        if not self.checkpoint_every_s >= 0:
+            raise LiveputError(f"checkpoint interval must be >= 0 s, got {self.checkpoint_every_s}")
         if self.num_on_demand < 0:
             raise LiveputError(f"on-demand instances must be >= 0, got {self.num_on_demand}")

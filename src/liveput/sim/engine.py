@@ -160,6 +160,8 @@ def make_context(
         predictor=config.predictor,
         preemption_notice_s=config.preemption_notice_s,
         seed=config.seed,
+        buddy_copies=config.buddy_copies,
+        checkpoint_every_s=config.checkpoint_every_s,
     )
 
 

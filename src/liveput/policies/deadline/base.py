@@ -34,8 +34,9 @@ from liveput.errors import LiveputError
 from liveput.perf.configuration import Configuration, MigrationKind, ObservationEvent
 from liveput.plan.costs import migration_kind
 from liveput.policies.base import Decision, Observation, PolicyContext, Provisioning
-from liveput.policies.common import ConfigurationLookup, recovery_start, restart_s
+from liveput.policies.common import ConfigurationLookup, restart_s
 from liveput.policies.objective import JobObjective
+from liveput.policies.recovery import plan_recovery
 from liveput.registry import Registry
 
 
@@ -209,19 +210,22 @@ class DeadlinePolicy(ABC):
 
     def _recover(self, observation: Observation) -> Decision:
         """Regroup the survivors, fail over or restart (the liveput optimizer's recovery)."""
-        start, salvage = recovery_start(self.context.policy, observation)
+        recovery = plan_recovery(self.context.policy, observation)
         plan = self.optimizer.recover(
-            start,
+            recovery.start,
             observation.num_available,
             observation.remaining_s,
             observation.num_on_demand,
-            salvage_stages=salvage,
+            salvage_stages=recovery.salvage_stages,
         )
+        runs = plan.configuration is not None
         return Decision(
             plan.configuration,
             migration=plan.migration,
             downtime_s=plan.migration_s,
             expected_samples=plan.expected_samples,
+            checkpoint_s=recovery.checkpoint_s if runs else 0.0,
+            rollback_s=recovery.rollback_s if runs else 0.0,
         )
 
 
