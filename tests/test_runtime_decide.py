@@ -979,6 +979,16 @@ def test_an_auto_margin_is_twice_the_predicted_move_then_twice_the_measured_one(
     assert coordinator.observer.auto_notice_margin_s(moved) == pytest.approx(
         max(2.0, 2 * measured_s)
     )
+    # The choice, its prediction and its measure are the plan's event (status, summary).
+    event = json.loads(store.get(keys.event(moved.generation)))
+    assert event["notice"] == {
+        "choice": "move",
+        "senders": [victim],
+        "notice_margin_s": pytest.approx(predicted_s, abs=1e-3),
+        "predicted_s": pytest.approx(predicted_s / 2, abs=1e-3),
+        "measured_s": pytest.approx(measured_s, abs=1e-3),
+    }
+    assert json.loads(store.get(keys.event(plan.generation)))["notice"] is None
 
 
 def test_an_auto_margin_takes_the_measured_move_over_the_predicted_and_a_floor():

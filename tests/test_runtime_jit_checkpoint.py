@@ -233,6 +233,9 @@ def test_a_noticed_wipe_out_restores_the_step_it_was_at():
     assert coordinator.committed > saved and agents.stale_trained == 0
     restores = [e for e in readers.events(store) if e["kind"] == "checkpoint-restore"]
     assert [e["start_step"] for e in restores] == [saved + 1]
+    # The choice is the restore's event, with the time from the request to it.
+    notice = restores[0]["notice"]
+    assert notice["choice"] == "just-in-time" and notice["measured_s"] >= 4.0
 
 
 def test_with_steps_and_writes_measured_the_checkpoint_is_asked_later():

@@ -145,6 +145,7 @@ class StatusRecorder:
                 configuration=f"{plan.data_parallel}x{plan.pipeline_stages}",
                 start_step=plan.start_step,
                 instances=len(plan.slots),
+                notice=published.get("notice"),
             )
             self._plan_at_s = now_s
         if self._downtime is not None and coordinator.committed >= self._downtime["start_step"]:

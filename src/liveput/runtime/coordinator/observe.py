@@ -266,6 +266,11 @@ class Observer:
         first step): ``--notice-margin auto`` follows it, and the log says it beside its
         prediction."""
         self.measured_move_s = seconds
+        raw = self.store.get(keys.event(plan.generation))
+        event = None if raw is None else json.loads(raw)
+        if event is not None and event.get("notice") is not None:
+            event["notice"]["measured_s"] = round(seconds, 3)
+            self.store.set(keys.event(plan.generation), json.dumps(event).encode())
         predicted = (
             ""
             if self.move_estimate_s is None

@@ -201,12 +201,13 @@ class Publisher:
         self.store.add(keys.migrations(plan.kind), 1)
         protocol.publish_plan(self.store, plan)
         observer.remember(plan)
-        self._announce(plan, action)
+        self._announce(plan, action, notice_choice(plan, action, view, observer))
         progress.plan = plan
         return plan
 
-    def _announce(self, plan: protocol.RuntimePlan, action: Action) -> None:
-        """The plan's event (``events/<g>``) and its log line."""
+    def _announce(self, plan: protocol.RuntimePlan, action: Action, notice: dict | None) -> None:
+        """The plan's event (``events/<g>``, with ``notice``: what a notice made it do) and its
+        log line."""
         self.store.set(
             keys.event(plan.generation),
             json.dumps(
@@ -220,6 +221,7 @@ class Publisher:
                     "suspects": sorted(action.suspects),
                     "restore_forced": action.restore,
                     "restore_from_memory": plan.memory_epoch is not None,
+                    "notice": notice,
                 }
             ).encode(),
         )
@@ -297,3 +299,34 @@ class Publisher:
             f"at step {start - 1} "
             f"(reported: { {i: m.held_step for i, m in view.members.items()} })",
         )
+
+
+def notice_choice(
+    plan: protocol.RuntimePlan, action: Action, view: CoordinatorView, observer: Observer
+) -> dict | None:
+    """What a preemption notice made ``plan`` do, for its event (None: no notice did).
+
+    ``choice``: ``move`` (the noticed instances hand their layers over, Rules 3-4; ``predicted_s``
+    the move's estimate, ``measured_s`` added once it ran, from publication to the first step:
+    :meth:`Observer.moved`) or ``just-in-time`` (Rule 9: they checkpointed the step they end
+    at; ``predicted_s`` the write the lead was aimed at, ``measured_s`` from the request to this
+    plan). ``notice_margin_s``: the margin it was decided at."""
+    margin_s = None if action.notice_margin_s is None else round(action.notice_margin_s, 3)
+    if action.senders and plan.transfers:
+        estimate = observer.move_estimate_s
+        return {
+            "choice": "move",
+            "senders": sorted(action.senders),
+            "notice_margin_s": margin_s,
+            "predicted_s": None if estimate is None else round(estimate(plan), 3),
+            "measured_s": None,
+        }
+    if action.reason == "checkpoint":
+        write_s = view.checkpoint_write_s
+        return {
+            "choice": "just-in-time",
+            "notice_margin_s": margin_s,
+            "predicted_s": None if write_s is None else round(write_s, 3),
+            "measured_s": round(view.checkpoint_request_age_s, 3),
+        }
+    return None
