@@ -4,12 +4,15 @@ it)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from liveput.perf import load_profile
 from liveput.policies import Provisioning
 from liveput.policies.objective import JobObjective
+from liveput.runtime import keys
 from liveput.runtime.coordinator.objective import DeadlineObjective
 from liveput.runtime.decide import CoordinatorConfig
 from liveput.runtime.store import MemoryStore
@@ -54,12 +57,19 @@ def test_a_restarted_coordinator_plans_for_the_deadline_the_job_was_given() -> N
     first = DeadlineObjective(context, _Market(usd=5.0))
     first.recover(store, now_unix_s=1000.0)
     assert first.seconds_to_deadline(0.0, config) == pytest.approx(2 * 3600.0)
-    assert first.read_market().usd_spent == 5.0  # type: ignore[union-attr]
+    reading = first.read_market()
+    assert reading is not None and reading.usd_spent == 5.0
+    assert store.get(keys.coordinator_deadline()) is not None
+    kept = json.loads(store.get(keys.coordinator_deadline()))["usd"]
+    assert kept == 0.0  # reading the market writes nothing
+    first.keep_spending(reading)  # the loop keeps what it read
     # Half the deadline later (60 wall s = 60 policy minutes), a new coordinator, a new bill.
     second = DeadlineObjective(context, _Market(usd=1.5))
     second.recover(store, now_unix_s=1060.0)
     assert second.seconds_to_deadline(0.0, config) == pytest.approx(3600.0)
-    assert second.read_market().usd_spent == pytest.approx(6.5)  # type: ignore[union-attr]
+    reading = second.read_market()
+    assert reading is not None and reading.usd_spent == pytest.approx(6.5)
+    second.keep_spending(reading)
     third = DeadlineObjective(context, _Market(usd=0.0))
     third.recover(store, now_unix_s=1090.0)
     assert third.seconds_to_deadline(0.0, config) == pytest.approx(1800.0)

@@ -264,3 +264,49 @@ def test_the_policy_is_told_when_the_noticed_instances_it_may_plan_on_go():
     planning.policy.decide = recording  # type: ignore[method-assign]
     step(PolicyInputs(view, (2, 3)), CONFIG, tiny_gpt_profile(), planning, objective)
     assert [o.noticed_ends_s for o in seen] == [(30.0 * scale,)]
+
+
+def test_fit_is_the_fastest_runnable_configuration_by_brute_force():
+    """``fit`` against every (D, P) of random tables: the wanted one where it runs, else one
+    of the highest throughput among those that run (D <= micro-batches, P <= layers, D x P
+    within the instances, feasible)."""
+    import numpy as np
+
+    from liveput.perf.types import ConfigTable
+
+    profile = tiny_gpt_profile()
+    rng = np.random.default_rng(7)
+    pairs = [(d, p) for d in range(1, 7) for p in range(1, 7)]
+    for _ in range(200):
+        rates = rng.choice([0.5, 1.0, 2.0, 3.0], size=len(pairs)) * rng.uniform(1, 2, len(pairs))
+        feasible = rng.uniform(size=len(pairs)) < 0.6
+        table = ConfigTable(
+            "m",
+            "t",
+            np.array([d for d, _ in pairs]),
+            np.array([p for _, p in pairs]),
+            np.where(feasible, rates, 0.0),
+            np.zeros(len(pairs)),
+            feasible,
+            tuple(None if f else "no" for f in feasible),
+        )
+        config = dataclasses.replace(CONFIG, num_micro_batches=int(rng.integers(1, 7)))
+        count = int(rng.integers(0, 13))
+        runs = [
+            (d, p, r)
+            for (d, p), r, ok in zip(pairs, table.samples_per_s, feasible, strict=True)
+            if ok and d * p <= count and d <= config.num_micro_batches and p <= profile.num_layers
+        ]
+        got = fit(None, count, table, profile, config)
+        if not runs:
+            assert got is None
+            continue
+        best_rate = max(r for _, _, r in runs)
+        assert got is not None and (got.data_parallel, got.pipeline_stages, best_rate) in runs
+        wanted = Configuration(*pairs[int(rng.integers(len(pairs)))])
+        expected = (
+            wanted
+            if any((d, p) == (wanted.data_parallel, wanted.pipeline_stages) for d, p, _ in runs)
+            else got
+        )
+        assert fit(wanted, count, table, profile, config) == expected

@@ -11,7 +11,7 @@ from liveput.errors import LiveputError
 
 MAX_INPUT_BYTES = 256 * 2**20
 """Largest input file read (traces, catalogs, profiles, speedups), bytes: a larger one is
-refused before it is read (the largest measured trace in ../shared is a few MB)."""
+refused before it is read (the largest measured spot trace we know of is a few MB)."""
 
 
 def read_text_file(path: str | Path, role: str = "input") -> str:

@@ -32,7 +32,7 @@ Tiering (n spot nodes of type i, m >= 1 on-demand CPU nodes of one type j):
         n r <= m B_j                    (the tier's network absorbs every node's checkpoint stream)
     (6) m >= 1
 
-NSP(B) is DeepVM's measured saturation point (its artifact, ``../shared/reference/systems.md``):
+NSP(B) is DeepVM's measured saturation point (its published artifact's ``solution/run.py``):
 0.3 Gb/s -> 2, 1.7 -> 12, 5 -> 16, 10 -> 20, 12.5 -> 24, 15 -> 24, 25 -> 28, 30 -> 32, taken at
 the largest tabulated bandwidth not above B (the first entry below 0.3 Gb/s, 32 above 30).
 

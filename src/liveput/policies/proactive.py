@@ -29,6 +29,7 @@ import numpy as np
 from liveput.forecast.base import Forecast
 from liveput.forecast.shared import SharedPredictor
 from liveput.perf.configuration import Configuration, MigrationKind, ObservationEvent
+from liveput.plan import LiveputOptimizer, OptimizerConfig
 from liveput.policies.base import POLICIES, Decision, Observation, Policy, PolicyContext
 from liveput.policies.recovery import plan_recovery
 
@@ -42,9 +43,6 @@ class LiveputPolicy(Policy):
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)
-        # Imported here: the optimizer imports this package's base module.
-        from liveput.plan import LiveputOptimizer, OptimizerConfig
-
         self.optimizer = LiveputOptimizer(
             context.profile,
             context.table,

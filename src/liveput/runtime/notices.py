@@ -4,7 +4,8 @@ Each watcher answers :meth:`NoticeWatcher.poll` with a :class:`Notice` once the 
 told it will go (and keeps answering it: a notice is never withdrawn), or ``None``.
 :class:`NoticeMonitor` polls several watchers on a thread and calls back once, at the first notice.
 
-Sources (lead times per ``../shared/reference/systems.md``: AWS gives 2 minutes, GCP 30 s):
+Sources (lead times as the clouds document them: AWS's spot interruption notice comes 2 minutes
+ahead, GCP's preemption notice 30 s):
 
 - AWS: ``GET /latest/meta-data/spot/instance-action`` with an IMDSv2 session token (``PUT
   /latest/api/token``); 404 means no notice; 200 carries ``{"action": ..., "time": ...}``.

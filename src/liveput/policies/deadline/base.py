@@ -32,6 +32,7 @@ import numpy as np
 
 from liveput.errors import LiveputError
 from liveput.perf.configuration import Configuration, MigrationKind, ObservationEvent
+from liveput.plan import LiveputOptimizer, OptimizerConfig
 from liveput.plan.costs import migration_kind
 from liveput.policies.base import Decision, Observation, PolicyContext, Provisioning
 from liveput.policies.common import ConfigurationLookup, restart_s
@@ -74,9 +75,6 @@ class DeadlinePolicy(ABC):
     name: str = ""
 
     def __init__(self, context: DeadlineContext) -> None:
-        # Imported here: the optimizer imports the policies package's base module.
-        from liveput.plan import LiveputOptimizer, OptimizerConfig
-
         self.context = context
         base = context.policy
         self.lookup = ConfigurationLookup(base)

@@ -150,7 +150,10 @@ class Coordinator:
         if held is not None and held.spot_hold is not None:
             view = dataclasses.replace(view, instances_held=held.spot_hold + held.on_demand)
         self.available = available(view, self.config)
-        answer = step(self._inputs(view), self.config, self.profile, self.planning, self.objective)
+        inputs = self._inputs(view)
+        if inputs.market is not None:
+            self.objective.keep_spending(inputs.market)
+        answer = step(inputs, self.config, self.profile, self.planning, self.objective)
         if answer.policy_error is not None:
             LOG.warning(
                 "policy %s failed (%s); keeping the fastest fit",

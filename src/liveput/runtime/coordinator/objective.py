@@ -120,8 +120,12 @@ class CoordinatorObjective(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not re-fit its table")
 
     def read_market(self) -> MarketReading | None:
-        """What the market holds now (None: no market)."""
+        """What the market holds now (None: no market); reads only."""
         return None
+
+    def keep_spending(self, reading: MarketReading) -> None:
+        """Keep in the store what ``reading`` says was spent, for a later coordinator (an
+        objective that keeps no account: nothing)."""
 
     def observation(
         self,
@@ -249,9 +253,12 @@ class DeadlineObjective(CoordinatorObjective):
         if self.market is None:
             return None
         usd = self.market.usd_spent()
+        return MarketReading(self.market.on_demand_pending(), self.kept["usd_before"] + usd)
+
+    def keep_spending(self, reading: MarketReading) -> None:
+        usd = reading.usd_spent - self.kept["usd_before"]
         if usd != self._usd_kept:
             self._keep(usd)
-        return MarketReading(self.market.on_demand_pending(), self.kept["usd_before"] + usd)
 
     def observation(
         self,

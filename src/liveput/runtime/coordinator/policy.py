@@ -132,30 +132,23 @@ def fit(
     config: CoordinatorConfig,
 ) -> Configuration | None:
     """``wanted`` if it runs on ``num_instances`` and the table has it feasible (it fits the
-    instances' memory, or the job's budget), else the fastest configuration that does."""
-    limit = config.num_micro_batches
-    feasible = {
-        (int(d), int(p))
-        for d, p, ok in zip(table.data_parallel, table.pipeline_stages, table.feasible, strict=True)
-        if ok
-    }
-
-    def runs(d: int, p: int) -> bool:
-        return d * p <= num_instances and d <= limit and p <= profile.num_layers
-
-    if (
-        wanted is not None
-        and runs(wanted.data_parallel, wanted.pipeline_stages)
-        and (wanted.data_parallel, wanted.pipeline_stages) in feasible
-    ):
-        return wanted
-    best, best_rate = None, 0.0
-    for d, p, rate in zip(
-        table.data_parallel, table.pipeline_stages, table.samples_per_s, strict=True
-    ):
-        if (int(d), int(p)) in feasible and runs(int(d), int(p)) and rate > best_rate:
-            best, best_rate = Configuration(int(d), int(p)), float(rate)
-    return best
+    instances' memory, or the job's budget), else the fastest configuration that does
+    (:meth:`ConfigTable.best_for`). A configuration runs when each pipeline has a micro-batch
+    (``D <= num_micro_batches``) and each stage a layer (``P <= num_layers``)."""
+    runnable = dataclasses.replace(
+        table,
+        feasible=table.feasible
+        & (table.data_parallel <= config.num_micro_batches)
+        & (table.pipeline_stages <= profile.num_layers),
+    )
+    if wanted is not None and wanted.num_instances <= num_instances:
+        same = (runnable.data_parallel == wanted.data_parallel) & (
+            runnable.pipeline_stages == wanted.pipeline_stages
+        )
+        if (same & runnable.feasible).any():
+            return wanted
+    best = runnable.best_for(num_instances)
+    return None if best is None else Configuration(best[0], best[1])
 
 
 def step(
