@@ -55,3 +55,15 @@ def test_the_coordinator_refuses_a_malformed_store_url_in_one_line(
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [lines[-1]] and "unknown scheme" in lines[-1]
     assert time.monotonic() - started < 60.0  # not the 120 s of --connect-timeout
+    assert not (tmp_path / "ckpt").exists()  # refused: no folder left behind
+
+
+def test_train_refuses_a_malformed_store_url_before_it_makes_any_folder(
+    tmp_path, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--store", "bogus://x", "--steps", "2", "--checkpoint-dir", "ck"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--store" in err[0] and "unknown scheme" in err[0]
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, log or model folder

@@ -137,8 +137,13 @@ def test_export_of_a_launched_jobs_folder_takes_its_token(tmp_path, tiny, capsys
     assert main(["export", str(tmp_path / "job"), "-o", str(tmp_path / "m.pt")]) == 0
     got = torch.load(tmp_path / "m.pt", weights_only=True)
     assert all(torch.equal(got[k], v) for k, v in _unsplit(layers).state_dict().items())
-    # Elsewhere a token is required, said in one line.
-    code = main(["export", str(tmp_path / "job" / "checkpoints"), "-o", str(tmp_path / "n.pt")])
+    # Its checkpoints folder too (the token is beside it); elsewhere a token is required, said
+    # in one line.
+    assert (
+        main(["export", str(tmp_path / "job" / "checkpoints"), "-o", str(tmp_path / "c.pt")]) == 0
+    )
+    _write_checkpoint(tmp_path / "elsewhere", tiny, 3, seed=4)
+    code = main(["export", str(tmp_path / "elsewhere"), "-o", str(tmp_path / "n.pt")])
     err = capsys.readouterr().err
     assert code == 2 and "--token" in err and len(err.strip().splitlines()) == 1
 
@@ -289,3 +294,49 @@ def test_a_launched_jobs_final_layers_become_model_pt_and_its_pretrained_folder(
     assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
     with pytest.raises(LiveputError, match="lacks layer files: the job did not finish"):
         export_model(str(tmp_path / "nothing"), job.num_layers, tmp_path / "x.pt", 0.0)
+
+
+def test_a_train_checkpoint_folder_keeps_its_token_and_every_step_exports(
+    tmp_path, tiny, capsys, monkeypatch
+):
+    """`liveput train --checkpoint-dir ck` signs with a token it made up; the folder keeps it
+    (mode 0600), so that `liveput export ck/step-<s>` needs no --token; a run into the same
+    folder again signs with the same token; a token given wins."""
+    from liveput.launch.job_token import keep_token, run_token
+
+    monkeypatch.delenv("LIVEPUT_TOKEN", raising=False)
+    folder = tmp_path / "ck"
+    token = run_token(None, str(folder))
+    assert not folder.exists()  # nothing written before the run is assembled
+    keep_token(str(folder), token)
+    assert (folder / "token").stat().st_mode & 0o777 == 0o600
+    assert run_token(None, str(folder)) == token
+    assert run_token("given", str(folder)) == "given"
+    keep_token(str(folder), "other")  # a folder's token is never replaced
+    assert (folder / "token").read_text().strip() == token
+    older = _write_checkpoint(folder, tiny, 2, seed=1, token=token)
+    newer = _write_checkpoint(folder, tiny, 5, seed=2, token=token)
+    for source, layers in ((folder / "step-2", older), (folder, newer)):
+        out = tmp_path / f"{source.name}.pt"
+        assert main(["export", str(source), "-o", str(out)]) == 0, capsys.readouterr().err
+        got = torch.load(out, weights_only=True)
+        assert all(torch.equal(got[k], v) for k, v in _unsplit(layers).state_dict().items())
+    # Another folder's token does not verify these files.
+    (tmp_path / "forged").mkdir()
+    _write_checkpoint(tmp_path / "forged", tiny, 2, seed=1, token="someone-else")
+    (tmp_path / "forged" / "token").write_text(token + "\n")
+    code = main(["export", str(tmp_path / "forged"), "-o", str(tmp_path / "f.pt")])
+    assert code == 2 and not (tmp_path / "f.pt").exists()
+
+
+def test_a_writability_check_leaves_no_folder_it_made(tmp_path):
+    from liveput.files import check_writable_url
+
+    check_writable_url(str(tmp_path / "a" / "b" / "c"), "train: --checkpoint-dir")
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "kept").mkdir()
+    check_writable_url(str(tmp_path / "kept"), "train: --checkpoint-dir")
+    assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(LiveputError, match="train: --checkpoint-dir .* cannot be written"):
+        check_writable_url(str(tmp_path / "file" / "sub"), "train: --checkpoint-dir")

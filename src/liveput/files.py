@@ -109,15 +109,23 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 
 def check_writable_url(url: str, role: str) -> None:
-    """Create ``url`` (a folder or any fsspec URL) if need be, then write and remove a probe
-    file there: a one-line LiveputError, naming ``role``, if it cannot (checked before work
-    starts, so that no run trains on while each of its writes there fails)."""
+    """Write and remove a probe file in ``url`` (a folder or any fsspec URL), created for the
+    probe if need be: a one-line LiveputError, naming ``role``, if it cannot (checked before
+    work starts, so that no run trains on while each of its writes there fails). Local folders
+    made for the probe are removed after it: a command refused later for another argument
+    leaves nothing behind, and the first write makes them again."""
     import uuid
 
     from liveput.objectstore import url_to_fs
 
+    made: list[Path] = []
     try:
         fs, root = url_to_fs(url.rstrip("/"))
+        if "file" in _protocols(fs):
+            folder = Path(root)
+            while not folder.exists() and folder != folder.parent:
+                made.append(folder)
+                folder = folder.parent
         fs.makedirs(root, exist_ok=True)
         probe = f"{root}/.liveput-probe-{uuid.uuid4().hex}"
         with fs.open(probe, "wb") as handle:
@@ -127,3 +135,14 @@ def check_writable_url(url: str, role: str) -> None:
         lines = str(error).splitlines()
         reason = getattr(error, "strerror", None) or (lines[0] if lines else type(error).__name__)
         raise LiveputError(f"{role} {url} cannot be written: {reason}") from None
+    finally:
+        for folder in made:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # something was written there meanwhile: it stays
+
+
+def _protocols(fs: object) -> tuple[str, ...]:
+    protocol = getattr(fs, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)

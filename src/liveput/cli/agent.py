@@ -39,7 +39,7 @@ CoordinatorAddress = Annotated[
     ),
 ]
 AgentStore = Annotated[
-    str | None, typer.Option("--store", help="Store URL (tcp://H:P or etcd://H:P).")
+    str | None, typer.Option("--store", parser=params.store_url, help="Store URL (tcp/etcd).")
 ]
 Instance = Annotated[
     int | None,
@@ -117,7 +117,7 @@ Listen = Annotated[
 ]
 UseStore = Annotated[
     str | None,
-    typer.Option("--store", help="Use this store instead (etcd://H:P, tcp://H:P) and run none."),
+    typer.Option("--store", parser=params.store_url, help="Use this store (etcd, tcp); run none."),
 ]
 EtcdDir = Annotated[
     str,

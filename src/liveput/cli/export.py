@@ -55,11 +55,12 @@ def export(
     from liveput.runtime.weights import FINAL, TOKEN_FILE, read_checkpoint
 
     token_given = token or os.environ.get("LIVEPUT_TOKEN") or None
-    launched = (Path(checkpoint) / TOKEN_FILE).is_file()
-    if token_given is None and not launched and Path(checkpoint).name != FINAL:
+    here = Path(checkpoint)
+    kept = (here / TOKEN_FILE).is_file() or (here.parent / TOKEN_FILE).is_file()
+    if token_given is None and not kept and here.name != FINAL:
         raise LiveputError(
-            f"export: {checkpoint} is signed with its job token: give --token, LIVEPUT_TOKEN, "
-            "or the launched job's folder"
+            f"export: {checkpoint} is signed with its job token: give --token or LIVEPUT_TOKEN "
+            "(the one its run had), or the launched job's folder"
         )
     check_model_output(output)
     layers = None

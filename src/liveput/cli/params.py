@@ -18,6 +18,8 @@ from typing import Annotated
 
 import typer
 
+from liveput.errors import LiveputError
+
 MAX_HOURS = 24.0 * 366
 """Longest span of time any command models (a year), hours."""
 MAX_INSTANCES = 100_000
@@ -214,3 +216,15 @@ InstanceMemory = Annotated[
         "device's memory).",
     ),
 ]
+
+
+def store_url(value: object) -> str | None:
+    """``--store``: a URL a store opens at (checked before anything starts), or None."""
+    if value is None:
+        return None
+    from liveput.runtime.store.opening import check_store_url
+
+    try:
+        return check_store_url(str(value))
+    except LiveputError as error:
+        raise typer.BadParameter(str(error)) from None

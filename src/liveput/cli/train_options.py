@@ -44,7 +44,8 @@ Steps = Annotated[
     ),
 ]
 StoreUrl = Annotated[
-    str | None, typer.Option("--store", help="Store URL (default: a TCPStore here).")
+    str | None,
+    typer.Option("--store", parser=params.store_url, help="Store URL (default: a TCPStore here)."),
 ]
 CheckpointDir = Annotated[
     str | None, typer.Option("--checkpoint-dir", help="Checkpoint directory or fsspec URL.")

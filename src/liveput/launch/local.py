@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble
 from liveput.launch.cloud import LocalCloud, tell_gone
 from liveput.launch.deadline import DeadlineJob
 from liveput.launch.evaluations import attach_evaluations, gather_evaluations
+from liveput.launch.job_token import keep_token, run_token
 from liveput.launch.scratch import scratch_folder
 from liveput.models.training import TrainingConfig
 from liveput.perf.types import check_instance_memory_gb
@@ -92,13 +92,12 @@ class LocalTrainingConfig:
     training: TrainingConfig | None = None
     """Precision, clipping, schedule, activation checkpointing (None: the job's own)."""
     policy: str = DEFAULTS.policy
-    """Policy deciding the configuration (``liveput.policies``; ``reactive`` restarts from the
-    checkpoint on every change of the instance count)."""
+    """Policy deciding the configuration (``liveput.policies``: ``reactive`` restarts)."""
     deadline: DeadlineJob | None = None
     """A deadline job: the deadline policy decides, and the emulated provider rents, the spot
     and on-demand instances (:mod:`liveput.launch.deadline`); None: the trace's instances."""
     token: str | None = None
-    """The job token (default: a fresh one; a launched job keeps its own in its state dir)."""
+    """The job token (None: :func:`liveput.launch.job_token.run_token`'s)."""
     device: str = DEFAULTS.device
     """What the agents train on: ``auto`` (CUDA where this machine has it), ``cpu``, ``cuda``
     or ``cuda:K``. They share this machine: on CUDA they spread over its GPUs and communicate
@@ -253,7 +252,7 @@ def run_local_training(
     if launcher_factory is not None and config.fork_agents:
         raise ValueError("run_local_training: a launcher_factory starts agents without forks")
     started = time.monotonic()
-    token = config.token or secrets.token_hex(16)
+    token = run_token(config.token or os.environ.get("LIVEPUT_TOKEN"), config.checkpoint_dir)
     # A CUDA request on a machine without CUDA: one line, before anything starts.
     device = resolve_device(config.device, "train")
     log_dir = _log_dir(config)
@@ -271,6 +270,7 @@ def run_local_training(
         try:
             request = job_request(config, checkpoint_dir, _initial_count(trace))
             assembled = _assemble(store, request, trace, device)
+            keep_token(config.checkpoint_dir, token)
             launcher = (
                 command_launcher(
                     agent_command(url), env=agent_env, log_dir=log_dir, fork_server=forks

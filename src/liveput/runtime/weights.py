@@ -33,7 +33,8 @@ _LAYER = re.compile(r"layer-(\d+)\.pt$")
 FINAL = "final"
 """The folder of the final layer files, under a checkpoint directory."""
 TOKEN_FILE = "token"
-"""The job token's file in a launched job's state folder (beside ``checkpoints/``)."""
+"""The job token's file in a launched job's state folder (beside ``checkpoints/``), or in a
+checkpoint folder of ``liveput train`` (beside its ``step-<s>/``)."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,12 @@ def read_checkpoint(
         root, path_or_url = f"{root}/checkpoints", f"{path_or_url.rstrip('/')}/checkpoints"
     name = root.rsplit("/", 1)[-1]
     parent = root.rsplit("/", 1)[0] if "/" in root else "."
+    if token is None:  # a checkpoint folder that keeps its token (``liveput train``'s)
+        for folder in (root, parent):
+            if fs.isfile(f"{folder}/{TOKEN_FILE}"):
+                with fs.open(f"{folder}/{TOKEN_FILE}", "rb") as handle:
+                    token = handle.read().strip()
+                break
     if num_layers is not None:
         most = _most_layers(fs, parent if _STEP.fullmatch(name) or name == FINAL else root)
         if most > num_layers:

@@ -57,6 +57,21 @@ _OPENERS: dict[str, Callable[[str, bool, float], Store]] = {
 }
 
 
+def check_store_url(url: object) -> str:
+    """``url`` if it names a store :func:`open_store` opens (its scheme, and for ``tcp://`` and
+    ``etcd://`` a HOST:PORT), else a one-line :class:`StoreAddressError`; opens nothing."""
+    if not isinstance(url, str):
+        raise StoreAddressError(f"store URL must be a string, got {url!r}")
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme not in _OPENERS:
+        raise StoreAddressError(
+            f"store URL {url!r}: unknown scheme; use tcp://HOST:PORT, etcd://HOST:PORT or memory://"
+        )
+    if scheme != "memory":
+        parse_host_port(url)
+    return url
+
+
 def open_store(
     url: str, *, host: bool = False, token: str | None = None, timeout_s: float = 30.0
 ) -> Store:
@@ -67,14 +82,7 @@ def open_store(
     ``token`` the store is wrapped in :class:`SignedStore`. ``timeout_s`` bounds connecting (and,
     for etcd, riding out an outage).
     """
-    if not isinstance(url, str):
-        raise StoreAddressError(f"store URL must be a string, got {url!r}")
-    scheme, sep, _ = url.partition("://")
-    opener = _OPENERS.get(scheme) if sep else None
-    if opener is None:
-        raise StoreAddressError(
-            f"store URL {url!r}: unknown scheme; use tcp://HOST:PORT, etcd://HOST:PORT or memory://"
-        )
+    opener = _OPENERS[check_store_url(url).partition("://")[0]]
     if timeout_s <= 0:
         raise LiveputError(f"store timeout_s must be positive, got {timeout_s}")
     store = opener(url, host, timeout_s)
