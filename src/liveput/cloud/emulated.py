@@ -32,7 +32,6 @@ moving a manual clock, or on a thread in real time (:meth:`EmulatedProvider.star
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import itertools
 import logging
 import random
@@ -48,8 +47,8 @@ from liveput.cloud.emulated_config import EmulatedProviderConfig, SpotModel
 from liveput.cloud.loss_report import as_reported, report_s
 from liveput.cloud.processes import InstanceProcesses, Launcher
 from liveput.cloud.provider import Provider
-from liveput.cloud.replay import ReplayAction, ReplaySchedule
 from liveput.cloud.retry import ProviderError
+from liveput.cloud.spot_supply import spot_supply
 from liveput.cloud.stepping import BackgroundStepper
 from liveput.cloud.types import (
     InstanceRecord,
@@ -96,12 +95,9 @@ class EmulatedProvider(Provider):
         self.trace = trace
         self._capacity = CapacitySchedule(trace)
         self._end_s = self._capacity.end_s
-        self._replay = (
-            ReplaySchedule(trace, self.config.notice_lead_s)
-            if self.config.spot is SpotModel.REPLAY
-            else None
+        self._supply = spot_supply(
+            self.config.spot, trace, self._capacity, self.config.notice_lead_s
         )
-        self._unnoticed: list[float] = []  # replay: removal times still waiting for a victim
         if launcher is not None and notice_dir is None:
             raise LiveputError("emulated provider: a launcher needs a notice directory")
         self._procs = (
@@ -115,13 +111,12 @@ class EmulatedProvider(Provider):
         self._records: dict[str, InstanceRecord] = {}
         self._ready_s: dict[str, float] = {}  # pending on-demand: when its launch delay is over
         self._spot_queue: list[str] = []  # pending spot, first come first served
-        self._kills: list[tuple[float, str]] = []  # (kill time, victim), a heap
         self._doomed: set[str] = set()
         # Ended by the cloud: when the list reports it (None: never; loss_signal_delay_s).
         self._report_s: dict[str, float | None] = {}
         self._lock = threading.RLock()
         # A replay's cloud time starts with the replay (start); capacity's at once.
-        self._start_clock_s: float | None = None if self._replay is not None else clock.now_s()
+        self._start_clock_s = clock.now_s() if self._supply.starts_with_provider else None
         self._stepper = BackgroundStepper(
             self.step, self.next_action_s, self.now_s, clock, self.config.time_scale
         )
@@ -146,12 +141,9 @@ class EmulatedProvider(Provider):
     def _grant(
         self, count: int, instance_types: tuple[str, ...], market: Market, zones: tuple[str, ...]
     ) -> tuple[list[InstanceRecord], ProviderError | None]:
-        if self._replay is not None and market is Market.SPOT:
-            return [], ProviderError(
-                "InsufficientInstanceCapacity",
-                "a replayed trace grants the spot instances itself",
-                retryable=False,
-            )
+        refusal = self._supply.refusal(market)
+        if refusal is not None:
+            return [], refusal
         with self._lock:
             spec = min(
                 (self.catalog.get(name) for name in instance_types),
@@ -249,7 +241,7 @@ class EmulatedProvider(Provider):
             return (
                 self._start_clock_s is not None
                 and self.next_action_s() is None
-                and not self._kills
+                and not self._supply.pending()
                 and not self._ready_s
                 and self.now_s() >= self._end_s
             )
@@ -281,23 +273,12 @@ class EmulatedProvider(Provider):
         """Start a replay: its clock, and the trace's initial instances (a provider of spot
         capacity runs from its construction; starting it is a no-op)."""
         with self._lock:
-            if self._replay is None:
+            if self._supply.starts_with_provider:
                 return
             if self._start_clock_s is not None:
                 raise LiveputError("the emulated provider is already started")
             self._start_clock_s = self.clock.now_s()
-            log.info(
-                "emulated provider: replaying %s, %d initial instances, %d removals, "
-                "%d additions over %.0f s (x%g)",
-                self.trace.name,
-                self._replay.initial,
-                self._replay.removals,
-                self._replay.additions,
-                self._end_s,
-                self.config.time_scale,
-            )
-            for _ in range(self._replay.initial):
-                self._launch_replayed(0.0, initial=True)
+            self._supply.start(self)
 
     def step(self) -> list[ProviderEvent]:
         """Carry out everything due by now; the events that produced."""
@@ -311,13 +292,11 @@ class EmulatedProvider(Provider):
     def next_action_s(self) -> float | None:
         """Cloud time of a replay's next scheduled action (None: none, or no replay)."""
         with self._lock:
-            return None if self._replay is None else self._replay.next_s()
+            return self._supply.next_action_s()
 
     def _step_locked(self) -> None:
-        if self._replay is None:
-            self._step_capacity()
-        elif self._start_clock_s is not None:  # nothing of a replay is due before its start
-            self._step_replay(self._replay)
+        if self._start_clock_s is not None:  # nothing of a replay is due before its start
+            self._supply.step(self)
 
     def _launch_on_demand(self, now: float) -> None:
         """Launch the pending on-demand instances whose launch delay is over by ``now``."""
@@ -325,87 +304,6 @@ class EmulatedProvider(Provider):
             if ready_s <= now:
                 del self._ready_s[iid]
                 self._launch(iid, now)
-
-    def _step_capacity(self) -> None:
-        now = self.now_s()
-        lead_s = self.config.notice_lead_s
-        for kill_s in self._capacity.removals_due(now, lead_s):
-            running = self._running_spot()
-            if len(running) > self.spot_capacity(kill_s):
-                victim = self._rng.choice(running)
-                self._notice(victim, now, kill_s)
-                heapq.heappush(self._kills, (kill_s, victim))
-        while self._kills and self._kills[0][0] <= now:
-            _, iid = heapq.heappop(self._kills)
-            self._preempt(iid, now)
-        self._launch_on_demand(now)
-        while self._spot_queue and len(self._running_spot()) < self._capacity.least(
-            now, now + lead_s
-        ):
-            self._launch(self._spot_queue.pop(0), now)
-
-    def _step_replay(self, replay: ReplaySchedule) -> None:
-        self._reap()
-        now = self.now_s()
-        while (due := replay.pop_due(now)) is not None:
-            time_s, action, payload = due
-            if action is ReplayAction.NOTICE:
-                self._unnoticed.append(float(payload))
-                self._unnoticed.sort()
-            elif action is ReplayAction.PREEMPT:
-                self._preempt(payload, time_s)
-            else:
-                self._launch_replayed(time_s, initial=False)
-            self._notice_pending(replay, time_s)
-        self._launch_on_demand(self.now_s())
-
-    def _notice_pending(self, replay: ReplaySchedule, now_s: float) -> None:
-        """Give every replayed removal that is due a notice a victim, while there are any."""
-        while self._unnoticed:
-            candidates = self._running_spot()
-            # Removals whose time has come with nobody to remove (agents that exited by
-            # themselves) are void, and so are those whose time passed while they waited: an
-            # instance launched since is not theirs to end before it started. Later ones wait
-            # for the next launch.
-            void = [k for k in self._unnoticed if k < now_s or (not candidates and k <= now_s)]
-            if void:
-                log.warning(
-                    "emulated provider: %d preemption(s) by %.1f s found no instance",
-                    len(void),
-                    now_s,
-                )
-                self._unnoticed = [k for k in self._unnoticed if k not in void]
-            if not candidates or not self._unnoticed:
-                return
-            kill_s = self._unnoticed.pop(0)
-            victim = self._rng.choice(candidates)
-            self._notice(victim, now_s, kill_s)
-            replay.push(kill_s, ReplayAction.PREEMPT, victim)
-
-    def _reap(self) -> None:
-        """A replayed instance whose agent ended by itself before any notice is gone."""
-        if self._procs is None:
-            return
-        now = self.now_s()
-        for iid in list(self._procs.pids()):
-            # A noticed instance that is gone before its kill (say it exited on the notice)
-            # still counts as preempted, at its kill time.
-            code = None if iid in self._doomed else self._procs.exit_code(iid)
-            if code is None:
-                continue
-            pid = self._procs.forget(iid)
-            self._ended(iid, now, preempted=False)
-            self._event(
-                ProviderEventKind.EXIT,
-                f"{iid} exit code {code}",
-                instance_id=iid,
-                time_s=now,
-                pid=pid,
-            )
-
-    def _launch_replayed(self, time_s: float, *, initial: bool) -> None:
-        record = self._new_record("i", self._types[0], Market.SPOT, self.zones, time_s)
-        self._launch(record.instance_id, time_s, initial=initial)
 
     def _launch(self, iid: str, now: float, *, initial: bool = False) -> None:
         self._records[iid] = dataclasses.replace(
@@ -487,7 +385,7 @@ class EmulatedProvider(Provider):
         released (stopped, with a grace)."""
         self._stepper.stop()
         with self._lock:
-            if self._replay is not None and self._procs is not None:
+            if self._supply.kills_agents_at_close and self._procs is not None:
                 self._procs.close()
                 self._doomed.clear()
             alive = [iid for iid, r in self._records.items() if r.end_s is None]
