@@ -1003,3 +1003,39 @@ def test_an_auto_margin_takes_the_measured_move_over_the_predicted_and_a_floor()
     assert notice_margin_s(view, auto) == 9.0
     fixed = CoordinatorConfig(num_steps=10, num_micro_batches=2, notice_margin_s=5.0)
     assert notice_margin_s(view, fixed) == 5.0
+
+
+def test_the_rules_run_once_a_tick_and_the_policy_only_when_they_want_a_configuration(
+    monkeypatch,
+):
+    """The loop decides once a tick; the policy step completes that action (no rehearsal of
+    the rules with a dummy policy, then the rules again): a start, a loss and intervals."""
+    from liveput.runtime.coordinator import loop as loop_module
+    from liveput.runtime.coordinator import policy as policy_module
+
+    calls = {"rules": 0}
+    real = loop_module.decide
+
+    def counted(*args, **kwargs):
+        calls["rules"] += 1
+        return real(*args, **kwargs)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the policy step ran the rules again")
+
+    monkeypatch.setattr(loop_module, "decide", counted)
+    monkeypatch.setattr(policy_module, "decide", refused)
+    store, clock, coordinator, agents = start(steps=400, instances=4)
+    ticks = 0
+    for _ in range(60):
+        before = calls["rules"]
+        coordinator.tick()
+        ticks += 1
+        assert calls["rules"] == before + 1
+        agents.tick()
+        clock.advance(TICK_S)
+    started = coordinator.plan.generation
+    agents.kill(max(i for i, s in coordinator.plan.slots.items() if s is not None))
+    run(coordinator, agents, clock, 40)
+    assert coordinator.plan.generation > started  # the loss was replanned, the policy asked
+    assert coordinator.committed > 10 and agents.stale_trained == 0

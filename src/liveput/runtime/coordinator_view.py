@@ -156,6 +156,19 @@ class ActionKind(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Wanted:
+    """A configuration the rules want from the policy before their action is whole (decide
+    without a ``choose``): the policy is asked ``choose(num_available, event, lost_slots)``
+    and :func:`liveput.runtime.decide.complete` makes the action of its answer."""
+
+    num_available: int
+    event: str
+    lost_slots: tuple[tuple[int, int], ...] = ()
+    unless_running: Configuration | None = None
+    """Rule 7: the configuration running; only an answer that differs replans."""
+
+
+@dataclass(frozen=True)
 class Action:
     """A decision of the coordinator."""
 
@@ -186,6 +199,8 @@ class Action:
     checkpoint_before_s: float | None = None
     """For a checkpoint (Rule 9): seconds left before the earliest end the notices of the
     last holders announce, by which the checkpoint is to be written."""
+    wanted: Wanted | None = None
+    """Set while the action waits for the policy's configuration (:class:`Wanted`)."""
 
 
 Choose = Callable[[int, str, tuple[tuple[int, int], ...]], Configuration | None]

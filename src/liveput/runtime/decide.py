@@ -85,6 +85,8 @@ Rules, in order (numbered as in :func:`decide`):
 
 from __future__ import annotations
 
+import dataclasses
+
 from liveput.perf.configuration import Configuration
 from liveput.runtime import membership
 from liveput.runtime.coordinator_config import CoordinatorConfig
@@ -94,6 +96,7 @@ from liveput.runtime.coordinator_view import (
     Choose,
     CoordinatorView,
     Member,
+    Wanted,
     moves_after_s,
 )
 from liveput.runtime.just_in_time import checkpoint_before_end, checkpoint_lead_s
@@ -109,6 +112,7 @@ __all__ = [
     "Member",
     "auto_notice_margin_s",
     "checkpoint_lead_s",
+    "complete",
     "decide",
     "margin_in_force",
     "moves_after_s",
@@ -119,7 +123,7 @@ __all__ = [
 def _replan(
     view: CoordinatorView,
     config: CoordinatorConfig,
-    choose: Choose,
+    choose: Choose | None,
     reason: str,
     suspects: frozenset[int],
     lost_slots: tuple[tuple[int, int], ...],
@@ -151,12 +155,47 @@ def _replan(
             f"restores from {_checkpoint_name(view)})",
             suspects=suspects,
         )
-    target = target or choose(len(workers), event, lost_slots)
+    pending = Action(
+        ActionKind.REPLAN,
+        "choosing a configuration",
+        reason,
+        None,
+        workers,
+        senders,
+        holdings,
+        False,
+        suspects,
+        lost_slots,
+        noticed_workers,
+        notice_margin_s=margin,
+        wanted=Wanted(len(workers), event, lost_slots),
+    )
+    if target is not None:
+        return complete(pending, target, view, config)
+    if choose is None:
+        return pending
+    return complete(pending, choose(len(workers), event, lost_slots), view, config)
+
+
+def complete(
+    action: Action, target: Configuration | None, view: CoordinatorView, config: CoordinatorConfig
+) -> Action:
+    """``action``, which wanted a configuration (:class:`Wanted`), with the policy's answer
+    ``target`` (None: none runs on what is there)."""
+    wanted = action.wanted
+    assert wanted is not None
+    plan = view.plan
+    if wanted.unless_running is not None and target in (None, wanted.unless_running):
+        assert plan is not None
+        return Action(ActionKind.NONE, f"training {plan.data_parallel}x{plan.pipeline_stages}")
+    action = dataclasses.replace(action, wanted=None)
+    if action.kind is not ActionKind.REPLAN:
+        return action  # Rule 7's new configuration, with nobody to plan on
     if target is None:
         return Action(
             ActionKind.WAIT,
-            f"waiting for instances: no configuration runs on {len(workers)}",
-            suspects=suspects,
+            f"waiting for instances: no configuration runs on {len(action.workers)}",
+            suspects=action.suspects,
         )
     restore = view.failed_in_row >= config.restore_after_failures
     status = (
@@ -164,24 +203,12 @@ def _replan(
         if restore
         else f"migrating to {target}"
     )
-    if noticed_workers:
+    if action.noticed_workers:
         status += (
-            f" on {len(noticed_workers)} instance(s) with a preemption notice (no other is up)"
+            f" on {len(action.noticed_workers)} instance(s) with a preemption notice (no "
+            "other is up)"
         )
-    return Action(
-        ActionKind.REPLAN,
-        status,
-        reason,
-        target,
-        workers,
-        senders,
-        holdings,
-        restore,
-        suspects,
-        lost_slots,
-        noticed_workers,
-        notice_margin_s=margin,
-    )
+    return dataclasses.replace(action, status=status, target=target, restore=restore)
 
 
 def _short(reason: str) -> str:
@@ -195,8 +222,12 @@ def _checkpoint_name(view: CoordinatorView) -> str:
     return "the initial weights" if step is None else f"step {step}"
 
 
-def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> Action:
-    """The coordinator's next action (module docstring: the rules)."""
+def decide(
+    view: CoordinatorView, config: CoordinatorConfig, choose: Choose | None = None
+) -> Action:
+    """The coordinator's next action (module docstring: the rules). Without ``choose``, an
+    action that needs the policy's configuration comes back with :attr:`Action.wanted` set:
+    ask the policy, then :func:`complete` it (the rules run once)."""
     plan = view.plan
     members = view.members
     margin = notice_margin_s(view, config)
@@ -286,8 +317,15 @@ def decide(view: CoordinatorView, config: CoordinatorConfig, choose: Choose) -> 
         return _replan(view, config, choose, "arrival", frozenset(), (), "interval")
     if (view.interval_due or view.arrival) and not moving(plan, view.committed):  # Rule 7
         available = sum(not m.going(margin) for m in membership.alive(view, config).values())
-        target = choose(available, "interval", ())
-        if target is not None and target != Configuration(plan.data_parallel, plan.pipeline_stages):
-            reason = "interval" if view.interval_due else "arrival"
-            return _replan(view, config, choose, reason, frozenset(), (), "interval", target)
+        reason = "interval" if view.interval_due else "arrival"
+        skeleton = _replan(view, config, None, reason, frozenset(), (), "interval")
+        running = Configuration(plan.data_parallel, plan.pipeline_stages)
+        pending = dataclasses.replace(
+            skeleton, wanted=Wanted(available, "interval", (), unless_running=running)
+        )
+        return (
+            pending
+            if choose is None
+            else complete(pending, choose(available, "interval", ()), view, config)
+        )
     return Action(ActionKind.NONE, f"training {plan.data_parallel}x{plan.pipeline_stages}")

@@ -26,7 +26,7 @@ from liveput.runtime.coordinator.objective import CoordinatorObjective, MarketVi
 from liveput.runtime.coordinator.observe import Observer
 from liveput.runtime.coordinator.policy import PolicyInputs, asks_policy, available, step
 from liveput.runtime.coordinator.publish import Publisher
-from liveput.runtime.decide import Action, ActionKind, CoordinatorConfig, CoordinatorView
+from liveput.runtime.decide import Action, ActionKind, CoordinatorConfig, CoordinatorView, decide
 from liveput.runtime.prune import Pruner
 from liveput.runtime.store import Store
 
@@ -131,10 +131,10 @@ class Coordinator:
         sizes = (table.data_parallel * table.pipeline_stages)[table.feasible]
         return int(sizes.min()) if sizes.size else 1
 
-    def _inputs(self, view: CoordinatorView) -> PolicyInputs:
+    def _inputs(self, view: CoordinatorView, pending: Action) -> PolicyInputs:
         """What the policy step sees; the history and the market are read only when it asks
         the policy (the market's figures may be a cloud's list of instances)."""
-        if not asks_policy(view, self.config, self.objective):
+        if not asks_policy(view, self.config, self.objective, pending):
             return PolicyInputs(view)
         return PolicyInputs(view, tuple(self.observer.history()), self.objective.read_market())
 
@@ -150,10 +150,11 @@ class Coordinator:
         if held is not None and held.spot_hold is not None:
             view = dataclasses.replace(view, instances_held=held.spot_hold + held.on_demand)
         self.available = available(view, self.config)
-        inputs = self._inputs(view)
+        pending = decide(view, self.config)  # the rules, once; the policy only if wanted
+        inputs = self._inputs(view, pending)
         if inputs.market is not None:
             self.objective.keep_spending(inputs.market)
-        answer = step(inputs, self.config, self.profile, self.planning, self.objective)
+        answer = step(inputs, self.config, self.profile, self.planning, self.objective, pending)
         if answer.policy_error is not None:
             LOG.warning(
                 "policy %s failed (%s); keeping the fastest fit",

@@ -13,8 +13,9 @@ loop carries out as one :class:`Answer`:
 
 An objective that provisions every interval has its policy asked at every interval, also when
 the rules want no configuration (before the first plan, or with no instance up). The policy is
-asked at most once a step; it may keep what it learns from what it is asked (a forecaster's
-state), as it does in the simulator.
+asked at most once a step, and the rules run once (their action waits for the policy's
+configuration where it wants one: :attr:`Action.wanted`); it may keep what it learns from what
+it is asked (a forecaster's state), as it does in the simulator.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from liveput.runtime.decide import (
     ActionKind,
     CoordinatorConfig,
     CoordinatorView,
+    complete,
     decide,
     notice_margin_s,
 )
@@ -91,24 +93,20 @@ def noticed_ends_s(
 
 
 def asks_policy(
-    view: CoordinatorView, config: CoordinatorConfig, objective: CoordinatorObjective
+    view: CoordinatorView,
+    config: CoordinatorConfig,
+    objective: CoordinatorObjective,
+    pending: Action | None = None,
 ) -> bool:
     """Whether :func:`step` asks the policy on ``view`` (what it needs besides, a store read and
-    perhaps a cloud's list of instances, is then read). The rules want at most one configuration
-    and decide whether they want one before it is known, so a rehearsal tells."""
-    wanted: list[int] = []
-
-    def rehearse(
-        num_available: int, event: str, lost_slots: tuple[tuple[int, int], ...]
-    ) -> Configuration | None:
-        wanted.append(num_available)
-        return None
-
-    action = decide(view, config, rehearse)
-    return bool(wanted) or (
+    perhaps a cloud's list of instances, is then read): the rules' action (``pending``, the
+    rules' answer without a policy: :func:`decide` run once) wants a configuration, or the
+    objective provisions every interval and one is due."""
+    pending = pending or decide(view, config)
+    return pending.wanted is not None or (
         objective.provisions_every_interval
         and view.interval_due
-        and action.kind is not ActionKind.FINISH
+        and pending.kind is not ActionKind.FINISH
     )
 
 
@@ -157,10 +155,13 @@ def step(
     profile: ModelProfile,
     planning: Planning,
     objective: CoordinatorObjective,
+    pending: Action | None = None,
 ) -> Answer:
     """The rules' action, with the policy asked when a configuration is wanted (module
-    docstring)."""
+    docstring); ``pending``: the rules' action on ``inputs.view`` already decided (None: decided
+    here)."""
     view = inputs.view
+    pending = pending or decide(view, config)
     decisions: list[Decision | None] = []  # the policy's answer, when asked (None: it failed)
     errors: list[str] = []
 
@@ -205,7 +206,14 @@ def step(
             decision.configuration or current, num_available, planning.table, profile, config
         )
 
-    action = decide(view, config, ask)
+    wanted = pending.wanted
+    action = (
+        pending
+        if wanted is None
+        else complete(
+            pending, ask(wanted.num_available, wanted.event, wanted.lost_slots), view, config
+        )
+    )
     restart = bool(decisions) and decisions[0] is not None and decisions[0].migration == "restart"
     if action.kind is ActionKind.REPLAN and restart and not action.restore:
         action = dataclasses.replace(action, restore=True)
