@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from measured import tiny_gpt_profile
 
+from liveput.errors import LiveputError
 from liveput.perf.configuration import Configuration
 from liveput.perf.costs import MigrationCostModel
 from liveput.policies.base import POLICIES, Decision, Observation, Policy
@@ -1039,3 +1040,33 @@ def test_the_rules_run_once_a_tick_and_the_policy_only_when_they_want_a_configur
     run(coordinator, agents, clock, 40)
     assert coordinator.plan.generation > started  # the loss was replanned, the policy asked
     assert coordinator.committed > 10 and agents.stale_trained == 0
+
+
+def test_the_one_loop_ends_on_the_jobs_failure_and_on_its_upkeeps_error():
+    """``Coordinator.run`` is every coordinator's loop (``liveput train``'s runs its upkeep
+    after each tick): the job's own failure ends it (it went on warning once a tick, as for a
+    store restarting), as does an error of the upkeep; a store error is observed again."""
+    store, clock, coordinator, agents = start(steps=400, instances=4)
+    run(coordinator, agents, clock, 20)
+    ticks: list[float] = []
+
+    def upkeep(seen: Coordinator) -> None:
+        assert seen is coordinator
+        ticks.append(clock.now_s())
+        agents.tick()
+        if len(ticks) == 5:
+            protocol.fail_job(store, protocol.JobFailure("layer 0 raised in forward: boom"))
+
+    with pytest.raises(protocol.JobFailure, match="boom"):
+        coordinator.run(upkeep)
+    assert len(ticks) == 5
+
+    store, clock, coordinator, agents = start(steps=400, instances=4)
+
+    def too_long(seen: Coordinator) -> None:
+        agents.tick()
+        if clock.now_s() > 3.0:
+            raise LiveputError("train: not done after 3 s")
+
+    with pytest.raises(LiveputError, match="not done after 3 s"):
+        coordinator.run(too_long)

@@ -210,7 +210,8 @@ def _train_with_progress(
 ) -> dict:
     """Run ``config`` with a progress bar (SIGTERM ends it as Ctrl-C does); write ``output``
     and its per-step log (as steps commit); the summary."""
-    from liveput.launch.local import Progress, run_local_training
+    from liveput.launch.local import run_local_training
+    from liveput.launch.progress import Progress
     from liveput.launch.steplog import StepLog
 
     step_log = None if output is None else StepLog(output.with_suffix(".jsonl"))

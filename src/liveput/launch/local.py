@@ -27,11 +27,12 @@ from liveput.launch.cloud import LocalCloud, tell_gone
 from liveput.launch.deadline import DeadlineJob
 from liveput.launch.evaluations import attach_evaluations, gather_evaluations
 from liveput.launch.job_token import keep_token, run_token
+from liveput.launch.progress import Progress, read_progress
 from liveput.launch.scratch import scratch_folder
 from liveput.models.training import TrainingConfig
 from liveput.perf.types import check_instance_memory_gb
 from liveput.runtime import keys
-from liveput.runtime.checkpoint import final_weights_written, latest_checkpoint
+from liveput.runtime.checkpoint import final_weights_written
 from liveput.runtime.clock import MonotonicClock
 from liveput.runtime.coordinator import Coordinator
 from liveput.runtime.coordinator.objective import EarlierCoordinators
@@ -178,26 +179,6 @@ class TrainingResult:
         return data
 
 
-@dataclass
-class Progress:
-    """What the progress bar shows."""
-
-    step: int
-    loss: float | None
-    configuration: str
-    instances: int
-    events: int
-    state: str = ""
-    """What the job is doing (the coordinator's words: training, migrating, restoring, ...)."""
-    cloud_elapsed_s: float = 0.0
-    """Wall seconds since the emulated cloud started its first instances (it starts before
-    the coordinator is built, so the first progress comes a few seconds later)."""
-    checkpoints_failed: int = 0
-    """Checkpoint writes that failed so far."""
-    checkpoint_step: int | None = None
-    """Step of the newest complete checkpoint (None: none yet)."""
-
-
 def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
     """(heartbeat timeout, how long agents outlive a silent store), wall seconds: the user's
     detection time, or two decision intervals (at least 3 s); the store-outage limit is never
@@ -336,18 +317,19 @@ class _LocalRun:
         """What the job's earlier coordinators spent (a resumed deadline job's)."""
         self.ended_seen: set[int] = set()
         """Instances whose end the cloud reported and this run has looked at (``tell_gone``)."""
+        self.cloud_started_s = self.devices_read_s = 0.0
 
     def drive(self, assembled: AssembledJob) -> None:
         """Start the cloud and run the coordinator until the job is done."""
-        cloud, store, interval_s = self.cloud, self.store, assembled.config.interval_s
+        cloud, interval_s = self.cloud, assembled.config.interval_s
         assert assembled.profile is not None  # a local job is profiled before it is assembled
         # A trace's instances start before the coordinator (it waits for them); a deadline
         # job's market is the coordinator's to drive, so its cloud starts once it exists.
         if cloud.market is None:
             cloud.start_background(interval_s)
-        cloud_started_s = time.monotonic()
+        self.cloud_started_s = time.monotonic()
         coordinator = Coordinator(
-            store,
+            self.store,
             assembled.profile,
             assembled.config,
             deadline=assembled.deadline,
@@ -356,27 +338,29 @@ class _LocalRun:
         self.earlier = coordinator.objective.earlier
         if cloud.market is not None:
             cloud.start_background(interval_s)
-            cloud_started_s = time.monotonic()
-        devices_read_s = 0.0
-        while coordinator.tick():
-            tell_gone(store, cloud.ended_instances(), self.ended_seen)
-            if time.monotonic() - devices_read_s >= 1.0:
-                _record_devices(store, self.devices)
-                devices_read_s = time.monotonic()
-            self._tick(coordinator, cloud_started_s, False)
-            if time.monotonic() - self.started_s > self.config.timeout_s:
-                raise LiveputError(
-                    f"train: not done after {self.config.timeout_s:g} s ({coordinator.status})"
-                )
-            time.sleep(coordinator.config.tick_s)
+            self.cloud_started_s = time.monotonic()
+        coordinator.run(self._upkeep)
         if cloud.market is not None:
             cloud.finish()
-        self._tick(coordinator, cloud_started_s, True)
-        _record_devices(store, self.devices)
+        self._tick(coordinator, True)
+        _record_devices(self.store, self.devices)
 
-    def _tick(self, coordinator: Coordinator, cloud_started_s: float, done: bool) -> None:
+    def _upkeep(self, coordinator: Coordinator) -> None:
+        """After each of the coordinator's ticks: what the cloud ended, the devices, progress,
+        the time limit."""
+        tell_gone(self.store, self.cloud.ended_instances(), self.ended_seen)
+        if time.monotonic() - self.devices_read_s >= 1.0:
+            _record_devices(self.store, self.devices)
+            self.devices_read_s = time.monotonic()
+        self._tick(coordinator, False)
+        if time.monotonic() - self.started_s > self.config.timeout_s:
+            raise LiveputError(
+                f"train: not done after {self.config.timeout_s:g} s ({coordinator.status})"
+            )
+
+    def _tick(self, coordinator: Coordinator, done: bool) -> None:
         if self.on_progress is not None:
-            self.on_progress(_progress(self.store, coordinator, cloud_started_s))
+            self.on_progress(read_progress(self.store, coordinator, self.cloud_started_s))
         if self.on_tick is not None:
             self.on_tick(coordinator, done)
 
@@ -479,22 +463,3 @@ def _wait_agents(cloud: LocalCloud, grace_s: float = 15.0) -> None:
     while time.monotonic() < deadline and cloud.agents_running:
         time.sleep(0.2)
     cloud.close()
-
-
-def _progress(store: Store, coordinator: Coordinator, cloud_started_s: float) -> Progress:
-    plan = coordinator.plan
-    loss = None
-    if plan is not None and coordinator.committed >= 0:
-        raw = store.get(keys.ledger_record(plan.epoch, coordinator.committed))
-        loss = json.loads(raw)["loss"] if raw else None
-    return Progress(
-        step=coordinator.committed + 1,
-        loss=loss,
-        configuration="-" if plan is None else f"{plan.data_parallel}x{plan.pipeline_stages}",
-        instances=len(coordinator.available),
-        events=0 if plan is None else plan.generation,
-        state=coordinator.status,
-        cloud_elapsed_s=time.monotonic() - cloud_started_s,
-        checkpoints_failed=readers.checkpoint_failures(store)[0],
-        checkpoint_step=latest_checkpoint(store),
-    )

@@ -142,9 +142,9 @@ class Coordinator:
         """One observation and, if needed, one action; False once the job is done."""
         if self.store.get(keys.job_done()) is not None:
             return False
-        failure = self.store.get(keys.job_error())
+        failure = protocol.job_error(self.store)
         if failure is not None:
-            raise LiveputError(failure.decode())
+            raise failure
         view = self.observe()
         held = self.provisioning
         if held is not None and held.spot_hold is not None:
@@ -183,14 +183,22 @@ class Coordinator:
     def _prune(self) -> None:
         upkeep.prune(self.pruner, self.store, self.observer, self.progress, self.config, self.clock)
 
-    def run(self) -> None:
-        """Tick until the job is done, then see the agents off."""
+    def run(self, after_tick: Callable[[Coordinator], None] | None = None) -> None:
+        """Tick until the job is done, then see the agents off: the one loop of every
+        coordinator (``liveput coordinator``'s, ``liveput train``'s). ``after_tick(self)`` runs
+        after each tick (a launcher's upkeep: its cloud, its progress, its time limit); an
+        error it raises ends the loop, as does the job's own failure (:class:`JobFailure`: no
+        plan can fix it). Other errors of a tick are a store restarting: observed again."""
         while True:
             try:
                 if not self.tick():
                     break
+            except protocol.JobFailure:
+                raise
             except LiveputError as error:  # the store is restarting: observe again later
                 LOG.warning("coordinator: %s", error)
+            if after_tick is not None:
+                after_tick(self)
             self.clock.sleep(self.config.tick_s)
         self.see_off()
 
