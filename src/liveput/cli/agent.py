@@ -407,35 +407,28 @@ def _job_store(
 ) -> Iterator[Store]:
     """The job's store: ``store``, else a TCPStore hosted here (``embedded``), else a local etcd
     started here (stopped at the end; its data stays on disk, so a restart resumes the job)."""
-    from liveput.runtime.launch import through_outage
-    from liveput.runtime.store import open_store, parse_host_port
-    from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
+    from liveput.launch.job_store import StorePlace, open_job_store
+    from liveput.runtime.store import parse_host_port
+    from liveput.runtime.store.etcd_server import EtcdConfig
 
-    etcd = None
-    if store is None and not embedded:
+    if embedded:
+        place = StorePlace(store or f"tcp://{listen}", host=True)
+    elif store is not None:
+        place = StorePlace(store, wait_s=store_wait_s)
+    else:
         try:
             host_name, port = parse_host_port(f"etcd://{listen}")
         except LiveputError:
             raise LiveputError(f"--listen {listen!r} must be HOST:PORT") from None
-        etcd = LocalEtcd(EtcdConfig(Path(etcd_dir), host=host_name, client_port=port))
-        etcd.start()
-        typer.echo(f"store: {etcd.url} (etcd pid {etcd.pid}, data in {etcd.data_dir})", err=True)
-    try:
-        url = store or (etcd.url if etcd is not None else f"tcp://{listen}")
-        if embedded:
-            handle = open_store(url, host=True, token=token)
-        else:
-            handle = through_outage(
-                lambda: open_store(url, token=token, timeout_s=min(30.0, store_wait_s)),
-                store_wait_s,
+        etcd = EtcdConfig(Path(etcd_dir), host=host_name, client_port=port)
+        place = StorePlace(etcd=etcd, wait_s=store_wait_s)
+    with open_job_store(place, token) as opened:
+        if opened.etcd is not None:
+            where = opened.etcd
+            typer.echo(
+                f"store: {where.url} (etcd pid {where.pid}, data in {where.data_dir})", err=True
             )
-        try:
-            yield handle
-        finally:
-            handle.close()
-    finally:
-        if etcd is not None:
-            etcd.stop()  # the job is done, or this process stops: its data stays on disk
+        yield opened.store  # the job is done, or this process stops: etcd's data stays on disk
 
 
 def _run_job(

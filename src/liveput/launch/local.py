@@ -26,6 +26,7 @@ from liveput.launch.assemble import DEFAULTS, AssembledJob, JobRequest, assemble
 from liveput.launch.cloud import LocalCloud, tell_gone
 from liveput.launch.deadline import DeadlineJob
 from liveput.launch.evaluations import attach_evaluations, gather_evaluations
+from liveput.launch.job_store import StorePlace, open_job_store
 from liveput.launch.job_token import keep_token, run_token
 from liveput.launch.progress import Progress, read_progress
 from liveput.launch.scratch import scratch_folder
@@ -46,7 +47,7 @@ from liveput.runtime.entry import agent_command
 from liveput.runtime.launch import job_profile, publish_spec
 from liveput.runtime.ledger import LedgerReport, verify_ledger
 from liveput.runtime.model_files import export_final
-from liveput.runtime.store import SignedStore, Store, TCPStoreBackend, open_store, readers
+from liveput.runtime.store import Store, readers
 from liveput.traces import IntervalTrace, Trace
 
 LOG = logging.getLogger(__name__)
@@ -404,11 +405,9 @@ def _log_dir(config: LocalTrainingConfig) -> Path:
 
 def _open_store(config: LocalTrainingConfig, token: str) -> tuple[Store, str]:
     """The job's store (a TCPStore hosted here unless ``store_url`` names another) and its URL."""
-    if config.store_url is None:
-        hosted = TCPStoreBackend("127.0.0.1", 0, host=True)
-        return SignedStore(hosted, token), hosted.url
-    url = config.store_url
-    return open_store(url, host=url.startswith("tcp://"), token=token), url
+    url = config.store_url or "tcp://127.0.0.1:0"
+    opened = open_job_store(StorePlace(url, host=url.startswith("tcp://")), token)
+    return opened.store, opened.url
 
 
 def _assemble(

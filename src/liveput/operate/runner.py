@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING
 
 from liveput.errors import LiveputError
 from liveput.files import check_writable_url
+from liveput.launch.job_store import StorePlace, open_job_store
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
 from liveput.ports import free_port_pair
 from liveput.runtime import keys
-from liveput.runtime.store import Store, open_store, parse_host_port, readers
+from liveput.runtime.store import Store, parse_host_port, readers
 from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd, pid_alive
 
 if TYPE_CHECKING:
@@ -159,17 +160,17 @@ def run_job(
         port = job.store.port or (
             int(place.store.rsplit(":", 1)[1]) if place is not None else free_port_pair()
         )
-        etcd = LocalEtcd(EtcdConfig(state_dir / "etcd", client_port=port))
-        etcd.start()
+        # Its etcd keeps the job's state on disk: a resume adopts it.
+        etcd = EtcdConfig(state_dir / "etcd", client_port=port)
+        opened = open_job_store(StorePlace(etcd=etcd, timeout_s=10.0), token)
     except BaseException:
         if dashboard is not None:
             dashboard.close()
         raise
-    store = None
+    store = opened.store
     started = False
     ran_through = False  # a job that fails says so at once: its launcher does not linger
     try:
-        store = open_store(etcd.url, token=token, timeout_s=10.0)
         if resume:
             if store.get(keys.job_done()) is not None and (state_dir / "model.pt").exists():
                 raise LiveputError(
@@ -180,14 +181,14 @@ def run_job(
             forget_instances(store)
             end_dead_generation(store)
         place = JobPlace(
-            etcd.url,
+            opened.url,
             str(token_file.resolve()),
             None if dashboard is None else dashboard.url,
             os.getpid(),
         )
         (state_dir / JOB_JSON).write_text(json.dumps(place.__dict__) + "\n")
         if dashboard is not None:
-            dashboard.serve(etcd.url, token)
+            dashboard.serve(opened.url, token)
         started = True
         summary = _train(
             job, model, trace, num_steps, store, token, checkpoint_url, state_dir, place, on_ready
@@ -206,9 +207,7 @@ def run_job(
         finally:
             if dashboard is not None:
                 dashboard.close()
-            if store is not None:
-                store.close()
-            etcd.stop()
+            opened.close()
 
 
 def _training_config(
