@@ -160,12 +160,34 @@ def test_the_job_files_notice_margin_is_read_and_checked():
         parse_job_file("model: tiny-gpt\nnotices:\n  margin_s: -2\n")
 
 
-def test_train_takes_the_notice_margin_from_a_job_file(tmp_path):
-    from liveput.cli.train import _from_job_file
+def test_train_and_launch_read_a_job_file_the_one_same_way(tmp_path):
+    """``liveput train --job`` and ``liveput launch`` map a job file through one function: its
+    notice margin, checkpoints, provider and deadline; the caller adds its own store and logs."""
+    from liveput.operate.job_training import job_trace, training_config
+    from liveput.operate.jobfile import load_job_file
 
     path = tmp_path / "job.yaml"
-    path.write_text("model: tiny-gpt\nsteps: 3\nnotices:\n  margin_s: 6.5\n")
-    assert _from_job_file(path).notice_margin_s == 6.5
+    path.write_text(
+        "model: tiny-gpt\nsteps: 3\nnotices:\n  margin_s: 6.5\n  lead_s: 40\n"
+        "checkpoint:\n  every: 7\n  keep: 2\nprovider:\n  workers: 3\n  trace_seed: 5\n"
+        "objective:\n  kind: deadline\n  deadline_hours: 2\n"
+    )
+    job = load_job_file(path)
+    config = training_config(job, 3, log_dir="here", token="t")
+    assert (config.notice_margin_s, config.notice_lead_s) == (6.5, 40.0)
+    assert (config.checkpoint_every, config.keep_checkpoints) == (7, 2)
+    assert (config.workers, config.seed, config.steps) == (3, 5, 3)
+    assert config.deadline is not None and config.deadline.deadline_hours == 2.0
+    assert (config.log_dir, config.token) == ("here", "t")
+    from liveput.launch.local import default_trace
+
+    trace = job_trace(job)
+    same = default_trace(3, 5)
+    assert (trace.end_s, trace.initial_count, list(trace.times_s)) == (
+        same.end_s,
+        same.initial_count,
+        list(same.times_s),
+    )
 
 
 def test_the_coordinator_refuses_a_bad_notice_margin_in_one_line(capsys):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,66 +49,9 @@ from liveput.launch.assemble import DEFAULTS
 from liveput.models.training import TrainingConfig
 
 if TYPE_CHECKING:
-    from liveput.launch.deadline import DeadlineJob
     from liveput.launch.local import LocalTrainingConfig
     from liveput.runtime.coordinator import Coordinator
     from liveput.traces import IntervalTrace, Trace
-
-
-@dataclass(frozen=True)
-class _JobOptions:
-    """The options a job file (``--job``) replaces."""
-
-    model: str
-    workers: int
-    trace_path: Path | None
-    time_scale: float
-    steps: int
-    checkpoint_dir: str | None
-    checkpoint_every: int
-    notice_lead_s: float
-    notice_margin_s: float | None
-    seed: int
-    keep_checkpoints: int
-    deadline_hours: float | None
-    on_demand_max: int | None
-    instance_type: str
-    deadline_policy: str
-    device: str
-    budget_usd: float | None = None
-    budget_usd_per_hour: float | None = None
-    instance_memory_gb: float | None = None
-
-    def deadline_job(self) -> DeadlineJob | None:
-        """The deadline job of these options (None: none; a budget without a deadline, or
-        both budgets, are refused in one line)."""
-        from liveput.launch.deadline import DeadlineJob
-
-        budgets = [
-            name
-            for name, value in (
-                ("--budget-usd", self.budget_usd),
-                ("--budget-usd-per-hour", self.budget_usd_per_hour),
-            )
-            if value is not None
-        ]
-        if len(budgets) == 2:
-            raise LiveputError("train: give --budget-usd or --budget-usd-per-hour, not both")
-        if self.deadline_hours is None:
-            if budgets:
-                raise LiveputError(
-                    f"train: {budgets[0]} needs --deadline-hours (the deadline policy is what "
-                    "rents within a budget)"
-                )
-            return None
-        return DeadlineJob(
-            self.deadline_hours,
-            self.on_demand_max,
-            self.instance_type,
-            self.deadline_policy,
-            budget_usd=self.budget_usd,
-            budget_usd_per_hour=self.budget_usd_per_hour,
-        )
 
 
 def train(
@@ -146,54 +88,68 @@ def train(
     job_file: JobFileOption = None,
 ) -> None:
     """Train a model through emulated preemptions: coordinator, agents and cloud on this machine."""
-    job_options = _JobOptions(
-        model, workers, trace_path, time_scale, steps, checkpoint_dir, checkpoint_every,
-        notice_lead_s, notice_margin_s, seed, keep_checkpoints, deadline_hours, on_demand_max,
-        instance_type, deadline_policy, device, budget_usd, budget_usd_per_hour,
-        instance_memory_gb,
-    )  # fmt: skip
-    options = job_options if job_file is None else _from_job_file(job_file)
-    deadline = options.deadline_job()  # a bad deadline or budget: one line, before any work
-    from liveput.launch.local import LocalTrainingConfig, warn_idle_gpus
+    from liveput.launch.deadline import deadline_job
+    from liveput.launch.local import LocalTrainingConfig, default_trace, warn_idle_gpus
     from liveput.models.jobs import resolve_job
     from liveput.models.validate import check_job
     from liveput.runtime.device import check_device_request, resolve_device
-    from liveput.traces import generate_trace, read_trace
+    from liveput.traces import read_trace
 
+    if job_file is None:
+        config = LocalTrainingConfig(
+            model=model,
+            workers=workers,
+            steps=steps,
+            time_scale=time_scale,
+            notice_lead_s=notice_lead_s,
+            notice_margin_s=notice_margin_s,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            keep_checkpoints=keep_checkpoints,
+            seed=seed,
+            device=device,
+            instance_memory_gb=instance_memory_gb,
+            # A bad deadline or budget: one line, before any work.
+            deadline=deadline_job(
+                deadline_hours,
+                on_demand_max,
+                instance_type,
+                deadline_policy,
+                budget_usd,
+                budget_usd_per_hour,
+            ),
+        )
+        trace: Trace | IntervalTrace = (
+            read_trace(trace_path) if trace_path else default_trace(workers, seed)
+        )
+    else:  # the job file's settings, as `liveput launch` reads them
+        from liveput.operate.job_training import job_trace, training_config
+        from liveput.operate.jobfile import load_job_file
+
+        spec = load_job_file(job_file)
+        steps_of_file = spec.num_steps(resolve_job(spec.model).global_batch_size)
+        config = training_config(spec, steps_of_file)
+        instance_type = spec.provider.instance_type
+        trace = job_trace(spec)
     # A CUDA request on a machine without CUDA: one line, before anything starts.
-    resolved = resolve_device(check_device_request(options.device, "train"), "train")
-    if options.deadline_hours is not None or job_file is not None:
-        warn_idle_gpus(options.instance_type, resolved)  # the instances the job is billed for
+    resolved = resolve_device(check_device_request(config.device, "train"), "train")
+    if config.deadline is not None or job_file is not None:
+        warn_idle_gpus(instance_type, resolved)  # the instances the job is billed for
     data_path = None if data is None else str(data.resolve())
     # An unknown model is refused before anything starts or is printed.
-    job = resolve_job(options.model, data_path)
+    job = resolve_job(config.model, data_path)
     check_job(job)  # a model mistake: one line naming the layer, before anything starts
     flags = (precision, clip_grad_norm, lr_schedule, activation_checkpointing, on_nonfinite_loss)
-    training = training_options(job.training, options.steps, *flags)
     if log_dir is None:
         log_dir = output.parent / "logs" if output is not None else Path("liveput-logs")
-    config = LocalTrainingConfig(
-        model=options.model,
+    config = dataclasses.replace(
+        config,
         data=data_path,
-        workers=options.workers,
-        steps=options.steps,
-        time_scale=options.time_scale,
-        notice_lead_s=options.notice_lead_s,
         store_url=store,
-        checkpoint_dir=options.checkpoint_dir,
-        checkpoint_every=options.checkpoint_every,
-        seed=options.seed,
         log_dir=str(log_dir),
-        keep_checkpoints=options.keep_checkpoints,
         heartbeat_timeout_s=heartbeat_timeout_s,
-        notice_margin_s=options.notice_margin_s,
-        training=training,
-        device=options.device,
-        deadline=deadline,
-        instance_memory_gb=options.instance_memory_gb,
+        training=training_options(job.training, config.steps, *flags),
     )
-    path, seed = options.trace_path, options.seed
-    trace = read_trace(path) if path else generate_trace(options.workers, 5 / 60, seed)
     if output is not None:
         # Fail now, not after the training, if the summary cannot be written there.
         check_output_file(output)
@@ -316,35 +272,6 @@ def training_options(
         return dataclasses.replace(base, **changes) if changes else None
     except LiveputError as error:
         raise LiveputError(f"train: {error}") from None
-
-
-def _from_job_file(path: Path) -> _JobOptions:
-    """``liveput train``'s settings from a job file (its store, dashboard and metrics are
-    ``liveput launch``'s)."""
-    from liveput.models.jobs import resolve_job
-    from liveput.operate.jobfile import load_job_file
-
-    job = load_job_file(path)
-    provider, objective = job.provider, job.objective
-    return _JobOptions(
-        model=job.model,
-        workers=provider.workers,
-        trace_path=Path(provider.trace) if provider.trace else None,
-        time_scale=provider.time_scale,
-        steps=job.num_steps(resolve_job(job.model).global_batch_size),
-        checkpoint_dir=job.checkpoint.url,
-        checkpoint_every=job.checkpoint.every,
-        notice_lead_s=job.notices.lead_s,
-        notice_margin_s=job.notices.margin_seconds,
-        seed=provider.trace_seed,
-        keep_checkpoints=job.checkpoint.keep,
-        deadline_hours=objective.deadline_hours,
-        on_demand_max=provider.on_demand_max,
-        instance_type=provider.instance_type,
-        deadline_policy=objective.policy,
-        device=job.device,
-        instance_memory_gb=job.instance_memory_gb,
-    )
 
 
 def _summary_table(summary: dict) -> Table:

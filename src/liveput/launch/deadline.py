@@ -24,6 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from liveput.catalog import load_catalog
+from liveput.errors import LiveputError
 from liveput.perf.types import ModelProfile
 from liveput.policies.deadline import DEADLINE_POLICIES, DeadlineContext
 from liveput.policies.objective import JobObjective
@@ -116,4 +117,41 @@ def deadline_context(
             spot_price_usd_per_hour=spot_usd,
             on_demand_price_usd_per_hour=on_demand_usd,
         ),
+    )
+
+
+def deadline_job(
+    deadline_hours: float | None,
+    on_demand_max: int | None,
+    instance_type: str,
+    policy: str,
+    budget_usd: float | None = None,
+    budget_usd_per_hour: float | None = None,
+) -> DeadlineJob | None:
+    """``liveput train``'s deadline job of its options (None: no deadline); a budget without a
+    deadline, or both budgets, are refused in one line."""
+    budgets = [
+        name
+        for name, value in (
+            ("--budget-usd", budget_usd),
+            ("--budget-usd-per-hour", budget_usd_per_hour),
+        )
+        if value is not None
+    ]
+    if len(budgets) == 2:
+        raise LiveputError("train: give --budget-usd or --budget-usd-per-hour, not both")
+    if deadline_hours is None:
+        if budgets:
+            raise LiveputError(
+                f"train: {budgets[0]} needs --deadline-hours (the deadline policy is what "
+                "rents within a budget)"
+            )
+        return None
+    return DeadlineJob(
+        deadline_hours,
+        on_demand_max,
+        instance_type,
+        policy,
+        budget_usd=budget_usd,
+        budget_usd_per_hour=budget_usd_per_hour,
     )

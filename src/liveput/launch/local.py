@@ -180,6 +180,18 @@ class TrainingResult:
         return data
 
 
+DEFAULT_TRACE_HOURS = 5 / 60
+"""``liveput train``'s trace when none is given: a generated 5-minute one."""
+
+
+def default_trace(workers: int, seed: int) -> Trace:
+    """The trace of a run given none: ``workers`` instances, :data:`DEFAULT_TRACE_HOURS`,
+    generated from ``seed``."""
+    from liveput.traces import generate_trace
+
+    return generate_trace(workers, DEFAULT_TRACE_HOURS, seed)
+
+
 def detection_times_s(config: LocalTrainingConfig) -> tuple[float, float]:
     """(heartbeat timeout, how long agents outlive a silent store), wall seconds: the user's
     detection time, or two decision intervals (at least 3 s); the store-outage limit is never

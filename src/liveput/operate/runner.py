@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from liveput.errors import LiveputError
 from liveput.files import check_writable_url
 from liveput.launch.job_store import StorePlace, open_job_store
+from liveput.operate.job_training import job_trace, training_config
 from liveput.operate.jobfile import JobFile
 from liveput.operate.recorder import RecorderConfig, StatusRecorder
 from liveput.ports import free_port_pair
@@ -40,7 +41,6 @@ from liveput.runtime.store import Store, parse_host_port, readers
 from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd, pid_alive
 
 if TYPE_CHECKING:
-    from liveput.launch.local import LocalTrainingConfig
     from liveput.models.job import Job
     from liveput.operate.metrics import TensorBoardScalars
     from liveput.runtime.coordinator import Coordinator
@@ -145,7 +145,7 @@ def run_job(
         )
     model = resolve_job(job.model)
     check_job(model)  # a model mistake: one line naming the layer, before anything starts
-    trace = _job_trace(job)  # a trace file that is missing or malformed: the same
+    trace = job_trace(job)  # a trace file that is missing or malformed: the same
     num_steps = job.num_steps(model.global_batch_size)
     checkpoint_url = job.checkpoint.url or str(state_dir / "checkpoints")
     dashboard = None
@@ -210,58 +210,6 @@ def run_job(
             opened.close()
 
 
-def _training_config(
-    job: JobFile,
-    num_steps: int,
-    token: str,
-    checkpoint_url: str,
-    state_dir: Path,
-    place: JobPlace,
-) -> LocalTrainingConfig:
-    """The local training the job file describes, on the job's own store and checkpoints."""
-    from liveput.launch.deadline import DeadlineJob
-    from liveput.launch.local import LocalTrainingConfig
-
-    provider = job.provider
-    objective = job.objective
-    return LocalTrainingConfig(
-        model=job.model,
-        workers=provider.workers,
-        steps=num_steps,
-        time_scale=provider.time_scale,
-        notice_lead_s=job.notices.lead_s,
-        notice_margin_s=job.notices.margin_seconds,
-        store_url=place.store,
-        checkpoint_dir=checkpoint_url,
-        checkpoint_every=job.checkpoint.every,
-        timeout_s=30 * 24 * 3600.0,
-        seed=provider.trace_seed,
-        log_dir=str(state_dir / "logs"),
-        keep_checkpoints=job.checkpoint.keep,
-        token=token,
-        device=job.device,
-        instance_memory_gb=job.instance_memory_gb,
-        deadline=None
-        if objective.deadline_hours is None
-        else DeadlineJob(
-            objective.deadline_hours,
-            provider.on_demand_max,
-            provider.instance_type,
-            objective.policy,
-        ),
-    )
-
-
-def _job_trace(job: JobFile) -> Trace | IntervalTrace:
-    """The trace the job file names, or the one it generates from its seed."""
-    from liveput.traces import generate_trace, read_trace
-
-    provider = job.provider
-    if provider.trace:
-        return read_trace(Path(provider.trace))
-    return generate_trace(provider.workers, 5 / 60, provider.trace_seed)
-
-
 def _train(
     job: JobFile,
     model: Job,
@@ -299,7 +247,16 @@ def _train(
         ),
     )
     board = None if job.metrics.tensorboard is None else TensorBoardScalars(job.metrics.tensorboard)
-    config = _training_config(job, num_steps, token, checkpoint_url, state_dir, place)
+    # On the job's own store and checkpoints; a month: the launcher runs until the job ends.
+    config = training_config(
+        job,
+        num_steps,
+        store_url=place.store,
+        checkpoint_dir=checkpoint_url,
+        timeout_s=30 * 24 * 3600.0,
+        log_dir=str(state_dir / "logs"),
+        token=token,
+    )
     last: dict[str, Coordinator] = {}
     ready = False
 
