@@ -81,20 +81,20 @@ def test_idle_gpus_of_an_instance_type_are_named():
 
 
 def test_a_real_provider_refuses_idle_gpus_and_the_emulated_one_warns(monkeypatch, capsys):
-    from liveput.cli.agent import _check_gpu_use
+    from liveput.launch.remote import check_gpu_use
 
     with pytest.raises(
         LiveputError, match="p4d.24xlarge has 8 A100 GPUs: liveput runs one agent per instance"
     ):
-        _check_gpu_use("aws", ("p3.2xlarge", "p4d.24xlarge"), "auto")
+        check_gpu_use("aws", ("p3.2xlarge", "p4d.24xlarge"), "auto")
     with pytest.raises(LiveputError, match="trains on the CPU"):
-        _check_gpu_use("aws", ("p3.2xlarge",), "cpu")
-    _check_gpu_use("aws", ("p3.2xlarge", "c5.xlarge"), "auto")  # every GPU used: silent
-    assert capsys.readouterr().err == ""
+        check_gpu_use("aws", ("p3.2xlarge",), "cpu")
+    assert check_gpu_use("aws", ("p3.2xlarge", "c5.xlarge"), "auto") == []  # every GPU used
     _no_cuda(monkeypatch)
-    _check_gpu_use("emulated", ("p4d.24xlarge",), "auto")  # the agents run here, on the CPU
-    assert "warning: p4d.24xlarge has 8 A100 GPU(s) but the job trains on the CPU" in " ".join(
-        capsys.readouterr().err.split()
+    warnings = check_gpu_use("emulated", ("p4d.24xlarge",), "auto")  # agents here, on the CPU
+    assert len(warnings) == 1
+    assert "p4d.24xlarge has 8 A100 GPU(s) but the job trains on the CPU" in " ".join(
+        warnings[0].split()
     )
 
 

@@ -258,24 +258,47 @@ def test_a_restarted_coordinator_resumes_though_its_checkpoint_folder_cannot_be_
     tmp_path, monkeypatch, capsys
 ):
     """The fault campaign's disk-full came while a restarted coordinator started: it refused
-    its --checkpoint-dir in one line and the job lost its coordinator (199 steps). A restart on
-    an earlier coordinator's etcd data warns and resumes; a first start still refuses."""
-    from liveput.cli import agent as cli_agent
+    its --checkpoint-dir in one line and the job lost its coordinator (199 steps). A restart
+    (its store holds the job: an earlier coordinator's etcd data, or an external store) warns
+    and resumes; a first start still refuses, before it runs anything."""
+    from contextlib import contextmanager
+
+    from liveput.cli import coordinator as cli_coordinator
     from liveput.cli.main import main
+    from liveput.launch import remote
+    from liveput.runtime import keys
+    from liveput.runtime.store import MemoryStore
 
-    def store_reached(*args, **kwargs):
-        raise LiveputError("the job's store reached")
+    holds_job = {"yes": True}
 
-    monkeypatch.setattr(cli_agent, "_job_store", store_reached)
+    @contextmanager
+    def job_store(*args, **kwargs):
+        store = MemoryStore()
+        if holds_job["yes"]:
+            store.set(keys.job_spec(), b"{}")
+        yield store
+
+    def ran(*args, **kwargs):
+        raise LiveputError("the job ran")
+
+    monkeypatch.setattr(cli_coordinator, "_job_store", job_store)
+    monkeypatch.setattr(remote, "run_remote_job", ran)
     unwritable = tmp_path / "a-file"
     unwritable.write_text("not a folder")
-    command = ["coordinator", "--token", "t", "--checkpoint-dir", str(unwritable), "--etcd-dir"]
-    assert main([*command, str(tmp_path / "fresh")]) == 2
+    command = ["coordinator", "--token", "t", "--checkpoint-dir", str(unwritable)]
+    assert main([*command, "--etcd-dir", str(tmp_path / "fresh")]) == 2
     err = capsys.readouterr().err
-    assert "--checkpoint-dir" in err and "cannot be written" in err
-    assert "store reached" not in err
+    assert "--checkpoint-dir" in err and "cannot be written" in err and "ran" not in err
     (tmp_path / "earlier" / "data" / "member").mkdir(parents=True)
-    assert main([*command, str(tmp_path / "earlier")]) == 2
+    assert main([*command, "--etcd-dir", str(tmp_path / "earlier")]) == 2
     err = capsys.readouterr().err
     assert "warning:" in err and "cannot be written" in err and "resuming the job" in err
-    assert "the job's store reached" in err
+    assert "the job ran" in err
+    # On an external store (the fault campaign's lane): a restart where the store holds the job.
+    assert main([*command, "--store", "etcd://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "resuming the job" in err and "the job ran" in err
+    holds_job["yes"] = False  # a first coordinator on that store: refused, nothing run
+    assert main([*command, "--store", "etcd://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be written" in err and "warning" not in err and "ran" not in err

@@ -228,3 +228,13 @@ def store_url(value: object) -> str | None:
         return check_store_url(str(value))
     except LiveputError as error:
         raise typer.BadParameter(str(error)) from None
+
+
+def required_token(token: str | None) -> str:
+    """``--token``, else ``LIVEPUT_TOKEN``; a one-line error when neither is given."""
+    import os
+
+    token = token or os.environ.get("LIVEPUT_TOKEN")
+    if not token:
+        raise LiveputError("a job token is required: --token or LIVEPUT_TOKEN")
+    return token

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from liveput.cli import agent as agent_commands
+from liveput.cli import coordinator as coordinator_commands
 from liveput.cli import params
 from liveput.cli.output import console, device_counts, err_console, print_json, progress, to_json
 from liveput.cli.train_options import (
@@ -123,14 +124,7 @@ def train(
             read_trace(trace_path) if trace_path else default_trace(workers, seed)
         )
     else:  # the job file's settings, as `liveput launch` reads them
-        from liveput.operate.job_training import job_trace, training_config
-        from liveput.operate.jobfile import load_job_file
-
-        spec = load_job_file(job_file)
-        steps_of_file = spec.num_steps(resolve_job(spec.model).global_batch_size)
-        config = training_config(spec, steps_of_file)
-        instance_type = spec.provider.instance_type
-        trace = job_trace(spec)
+        config, trace, instance_type = _from_job_file(job_file)
     # A CUDA request on a machine without CUDA: one line, before anything starts.
     resolved = resolve_device(check_device_request(config.device, "train"), "train")
     if config.deadline is not None or job_file is not None:
@@ -159,6 +153,18 @@ def train(
         print_json(summary)
     else:
         console.print(_summary_table(summary))
+
+
+def _from_job_file(path: Path) -> tuple[LocalTrainingConfig, Trace | IntervalTrace, str]:
+    """A job file's local training (:mod:`liveput.operate.job_training`, ``liveput launch``'s
+    mapping), its trace, and the instance type it is billed for."""
+    from liveput.models.jobs import resolve_job
+    from liveput.operate.job_training import job_trace, training_config
+    from liveput.operate.jobfile import load_job_file
+
+    spec = load_job_file(path)
+    steps = spec.num_steps(resolve_job(spec.model).global_batch_size)
+    return training_config(spec, steps), job_trace(spec), spec.provider.instance_type
 
 
 def _train_with_progress(
@@ -365,3 +371,4 @@ def register(app: typer.Typer) -> None:
     """Add `train`, `agent` and `coordinator` to the root app."""
     app.command("train")(train)
     agent_commands.register(app)
+    coordinator_commands.register(app)

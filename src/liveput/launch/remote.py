@@ -4,6 +4,8 @@ a deadline job's assembly, both checked before anything starts (one-line errors)
 from __future__ import annotations
 
 import dataclasses
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,8 +22,11 @@ from liveput.traces import Trace, read_trace
 
 if TYPE_CHECKING:
     from liveput.models.job import Job
+    from liveput.runtime.store import Store
 
-__all__ = ["assemble_deadline_job", "build_holder"]
+LOG = logging.getLogger(__name__)
+
+__all__ = ["assemble_deadline_job", "build_holder", "check_gpu_use", "run_remote_job", "RemoteRun"]
 
 
 def build_holder(
@@ -102,3 +107,83 @@ def assemble_deadline_job(
     )
     holder.target = Provisioning(spot_max, 0)  # on-demand: as the deadline policy decides
     return assembled
+
+
+@dataclass(frozen=True)
+class RemoteRun:
+    """What running a job on real machines left to say."""
+
+    checkpoints_failed: int = 0
+    """Checkpoint writes that failed, on any instance."""
+    released: int | None = None
+    """Instances given back at the end (None: no provider rented any)."""
+    usd: float = 0.0
+    """What the provider billed."""
+
+
+def run_remote_job(
+    store: Store, assembled: AssembledJob, holder: InstanceHolder | None, spot_max: int
+) -> RemoteRun:
+    """Rent (with a provider), run the coordinator until the job is done, then give the
+    instances back (also when this process stops or the job fails)."""
+    from liveput.cloud.market import HolderMarket
+    from liveput.runtime.checkpoint import final_weights_written
+    from liveput.runtime.launch import run_coordinator
+
+    if holder is not None:
+        holder.start_background(assembled.config.interval_s)
+    released: list[str] | None = None
+    try:
+        run_coordinator(
+            store,
+            assembled.spec,
+            assembled.config,
+            deadline=assembled.deadline,
+            # A deadline job has a provider (assemble_deadline_job checks): its policy drives it.
+            market=None
+            if assembled.deadline is None or holder is None
+            else HolderMarket(holder, spot_max),
+        )
+        failed = final_weights_written(store, "coordinator")
+    finally:
+        if holder is not None:
+            released = holder.close()
+            holder.provider.close()
+            LOG.info(
+                "released %d instance(s); spent $%.2f", len(released), holder.provider.bill().usd
+            )
+    return RemoteRun(
+        failed,
+        None if released is None else len(released),
+        0.0 if holder is None else holder.provider.bill().usd,
+    )
+
+
+def check_gpu_use(
+    provider: str | None, rented: InstanceHolder | tuple[str, ...] | None, device: str
+) -> list[str]:
+    """GPUs of the rented types (a holder's, or names) the agents leave idle: a one-line error
+    with a real provider (the bill is real); with the emulated one, whose agents run on this
+    machine, the warnings to show (none without a provider)."""
+    from liveput.catalog import load_catalog
+    from liveput.runtime.device import idle_gpus_message, resolve_device
+
+    if provider is None or rented is None:
+        return []
+    names = rented.instance_types if isinstance(rented, InstanceHolder) else rented
+    catalog = load_catalog("aws")
+    emulated = provider == "emulated"
+    warnings = []
+    for name in names:
+        spec = catalog.get(name)
+        if emulated:
+            used = resolve_device(device, "coordinator")
+        else:  # ``auto`` on the instance: its GPU when it has one
+            used = "cpu" if device == "cpu" or not spec.gpus else "cuda"
+        message = idle_gpus_message(spec.name, spec.gpus, spec.gpu, used)
+        if message is None:
+            continue
+        if not emulated:
+            raise LiveputError(f"--instance-types: {message}")
+        warnings.append(message)
+    return warnings

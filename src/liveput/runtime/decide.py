@@ -316,16 +316,23 @@ def decide(
     ):  # Rule 6
         return _replan(view, config, choose, "arrival", frozenset(), (), "interval")
     if (view.interval_due or view.arrival) and not moving(plan, view.committed):  # Rule 7
-        available = sum(not m.going(margin) for m in membership.alive(view, config).values())
-        reason = "interval" if view.interval_due else "arrival"
-        skeleton = _replan(view, config, None, reason, frozenset(), (), "interval")
-        running = Configuration(plan.data_parallel, plan.pipeline_stages)
-        pending = dataclasses.replace(
-            skeleton, wanted=Wanted(available, "interval", (), unless_running=running)
-        )
-        return (
-            pending
-            if choose is None
-            else complete(pending, choose(available, "interval", ()), view, config)
-        )
+        return _rule_7(view, config, choose)
     return Action(ActionKind.NONE, f"training {plan.data_parallel}x{plan.pipeline_stages}")
+
+
+def _rule_7(view: CoordinatorView, config: CoordinatorConfig, choose: Choose | None) -> Action:
+    """Rule 7: at an interval or an arrival, the policy's configuration for the instances up,
+    replanned to where it differs from the one running."""
+    plan = view.plan
+    assert plan is not None
+    margin = notice_margin_s(view, config)
+    available = sum(not m.going(margin) for m in membership.alive(view, config).values())
+    reason = "interval" if view.interval_due else "arrival"
+    skeleton = _replan(view, config, None, reason, frozenset(), (), "interval")
+    running = Configuration(plan.data_parallel, plan.pipeline_stages)
+    pending = dataclasses.replace(
+        skeleton, wanted=Wanted(available, "interval", (), unless_running=running)
+    )
+    if choose is None:
+        return pending
+    return complete(pending, choose(available, "interval", ()), view, config)
