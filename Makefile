@@ -106,6 +106,13 @@ UNIT_TESTS := TMPDIR=$(TEST_TMPDIR) $(UNIT_PYTEST)
 #   from a profile measured as the job starts, a fault campaign), which the other process tests'
 #   load would eat into; beside one other (the campaign takes about 1.2 cores, the others about
 #   one) the survivors left their collective 1.9-2.6 s after the fault, within the 5-s bound.
+# A unit test's limit beside the process tiers: at the lowest priority a worker may get no core
+# while they run (about five minutes; longer on a machine busy with other work), so its limit is
+# what it may wait, not what it needs: one starved while importing torch beside the process tier
+# on a loaded machine ran past pytest-timeout's 300 s. A hang still ends, and CI's own limit is
+# 90 minutes.
+STARVED_TIMEOUT_S := 1800
+
 test:
 	@deps_log=$$(mktemp); installed=0; deps=; \
 	if [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then \
@@ -115,7 +122,8 @@ test:
 	if [ -n "$$deps" ]; then wait $$deps || installed=$$?; fi; cat $$deps_log; rm -f $$deps_log; \
 	[ $$ready -eq 0 ] && [ $$installed -eq 0 ]
 	nice -n 19 $(BIN)/mypy > $(VENV)/typecheck.log 2>&1 & typecheck=$$!; \
-	TMPDIR=$(TEST_TMPDIR) nice -n 19 $(UNIT_PYTEST) --no-loadscope-reorder > $(VENV)/unit.log 2>&1 & \
+	TMPDIR=$(TEST_TMPDIR) nice -n 19 $(UNIT_PYTEST) --timeout $(STARVED_TIMEOUT_S) \
+	  --no-loadscope-reorder > $(VENV)/unit.log 2>&1 & \
 	unit=$$!; \
 	TMPDIR=$(TEST_TMPDIR) $(BIN)/python -m pytest -q -m "process and not serial" -n 3 \
 	  --dist loadfile --no-loadscope-reorder --durations=12; processes=$$?; \
