@@ -16,7 +16,7 @@ from cli_support import cli, group_members, job_status, wait_for
 from liveput.runtime import keys
 from liveput.runtime.store import open_store
 
-STEPS = 200
+STEPS = 300
 TIME_SCALE = 60.0
 """Trace seconds per wall second: the deadline's two trace hours are two wall minutes."""
 DEADLINE_HOURS = 2.0
@@ -63,9 +63,12 @@ objective: {{kind: deadline, deadline_hours: {DEADLINE_HOURS:g}}}
                 120,
                 f"{STEPS // 5} steps and a checkpoint",
             )
+            # Read from the store, then the kill at once: the job takes seconds, and a
+            # `liveput status` process here (a second or more on a loaded machine) let it finish
+            # before the kill.
             kept = json.loads(store.get(keys.coordinator_deadline()))
-            at_kill = json.loads(store.get(keys.status_now()))["step"]
-            usd_status_before = job_status(job_file)["usd"]["total"]
+            now = json.loads(store.get(keys.status_now()))
+            at_kill, usd_status_before = now["step"], now["usd"]["total"]
             os.killpg(launcher, signal.SIGKILL)
             killed_unix_s = time.time()
         wait_for(lambda: not group_members(launcher), 10, "the launcher's group gone")

@@ -21,8 +21,8 @@ from liveput.errors import LiveputError
 from liveput.forecast.base import Forecast
 from liveput.launch.assemble import JobRequest, assemble_job
 from liveput.models.jobs import resolve_job
+from liveput.operate.job_training import training_config
 from liveput.operate.jobfile import load_job_file, parse_job_file
-from liveput.operate.runner import JobPlace, _training_config
 from liveput.perf import MigrationCostModel, load_profile
 from liveput.perf.configuration import Configuration
 from liveput.perf.estimator import estimate_configs, smallest_fit, stage_peak_bytes
@@ -236,10 +236,9 @@ def test_the_job_file_takes_the_budget(tmp_path):
     assert parse_job_file("model: tiny-gpt\n").instance_memory_gb is None
     path = tmp_path / "job.yaml"
     path.write_text("model: tiny-gpt-small\ninstance_memory_gb: 0.0025\n")
-    assert _from_job_file(path).instance_memory_gb == 0.0025  # liveput train --job
+    assert _from_job_file(path)[0].instance_memory_gb == 0.0025  # liveput train --job
     job = load_job_file(path)
-    place = JobPlace("tcp://127.0.0.1:1", str(tmp_path / "token"), None, 1)
-    launched = _training_config(job, 10, "token", str(tmp_path / "ckpt"), tmp_path, place)
+    launched = training_config(job, 10, store_url="tcp://127.0.0.1:1", token="token")
     assert launched.instance_memory_gb == 0.0025  # liveput launch
 
 
