@@ -355,3 +355,24 @@ def test_the_bill_runs_from_the_launch_time_ec2_reports(moto: str) -> None:
 def test_a_token_parameter_name_must_be_an_ssm_name() -> None:
     with pytest.raises(LiveputError, match="token parameter 'liveput token' must be an SSM"):
         AgentBoot("h:1", TOKEN, token_parameter="liveput token")
+
+
+def test_the_newest_spot_price_of_each_zone_asked_is_taken():
+    import datetime as dt
+
+    from liveput.cloud.aws_template import newest_spot_prices
+
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    answer = {
+        "SpotPriceHistory": [
+            {"AvailabilityZone": "a", "Timestamp": t0, "SpotPrice": "0.5"},
+            {
+                "AvailabilityZone": "a",
+                "Timestamp": t0 + dt.timedelta(minutes=5),
+                "SpotPrice": "0.7",
+            },
+            {"AvailabilityZone": "b", "Timestamp": t0, "SpotPrice": "0.9"},
+            {"AvailabilityZone": "c", "Timestamp": t0, "SpotPrice": "0.1"},
+        ]
+    }
+    assert newest_spot_prices(answer, ("a", "b", "d")) == {"a": 0.7, "b": 0.9}

@@ -28,7 +28,6 @@ has none).
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime as dt
 import logging
@@ -37,12 +36,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from liveput.catalog import Catalog, load_catalog
+from liveput.cloud.aws_template import (
+    ensure_launch_template,
+    launch_template_data,
+    newest_spot_prices,
+)
 from liveput.cloud.provider import Provider
 from liveput.cloud.regions import check_region
 from liveput.cloud.retry import ProviderError, RetryPolicy
 from liveput.cloud.token_parameter import TokenParameter
 from liveput.cloud.types import InstanceRecord, InstanceState, Market, PriceQuote, ProviderEvent
-from liveput.cloud.userdata import AgentBoot, agent_user_data
+from liveput.cloud.userdata import AgentBoot
 from liveput.errors import LiveputError
 from liveput.runtime.clock import Clock, MonotonicClock
 
@@ -217,43 +221,22 @@ class AwsProvider(Provider):
         self._retrying(self._token.delete, "delete the token parameter")
 
     def _ensure_template(self) -> str:
-        name = f"liveput-{self.config.job}"
         self._token.put()
-        boot = dataclasses.replace(self.config.boot, token_parameter=self._token.name)
-        data: dict[str, Any] = {
-            "ImageId": self.config.image_id or self._default_image(),
-            "UserData": base64.b64encode(agent_user_data(boot).encode()).decode(),
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": self._tags()}],
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-        }
-        if self.config.security_group_ids:
-            data["SecurityGroupIds"] = list(self.config.security_group_ids)
-        if self.config.key_name:
-            data["KeyName"] = self.config.key_name
-        if self.config.iam_instance_profile:
-            data["IamInstanceProfile"] = {"Name": self.config.iam_instance_profile}
-        else:
+        if not self.config.iam_instance_profile:
             log.warning(
                 "aws: no instance profile: the instances cannot read the job token from %s "
                 "(give one allowed ssm:GetParameter on it, docs/providers.md)",
                 self._token.name,
             )
-        try:
-            found = self._call("describe_launch_templates", LaunchTemplateNames=[name])
-        except ProviderError as error:
-            if "NotFound" not in error.code:
-                raise
-            made = self._call(
-                "create_launch_template", LaunchTemplateName=name, LaunchTemplateData=data
-            )
-            return made["LaunchTemplate"]["LaunchTemplateId"]
-        template_id = found["LaunchTemplates"][0]["LaunchTemplateId"]
-        version = self._call(
-            "create_launch_template_version", LaunchTemplateId=template_id, LaunchTemplateData=data
+        data = launch_template_data(
+            dataclasses.replace(self.config.boot, token_parameter=self._token.name),
+            self.config.image_id or self._default_image(),
+            self._tags(),
+            self.config.security_group_ids,
+            self.config.key_name,
+            self.config.iam_instance_profile,
         )
-        number = str(version["LaunchTemplateVersion"]["VersionNumber"])
-        self._call("modify_launch_template", LaunchTemplateId=template_id, DefaultVersion=number)
-        return template_id
+        return ensure_launch_template(self._call, f"liveput-{self.config.job}", data)
 
     def _default_image(self) -> str:
         answer = self._call("get_parameter", client=self._ssm(), Name=DEFAULT_IMAGE_PARAMETER)
@@ -476,17 +459,12 @@ class AwsProvider(Provider):
             StartTime=now,
             EndTime=now,
         )
-        newest: dict[str, tuple[Any, float]] = {}
-        for entry in answer.get("SpotPriceHistory", []):
-            zone = entry.get("AvailabilityZone", "")
-            stamp = entry.get("Timestamp")
-            if zone in zones and (zone not in newest or stamp > newest[zone][0]):
-                newest[zone] = (stamp, float(entry["SpotPrice"]))
+        newest = newest_spot_prices(answer, zones)
         return [
             PriceQuote(
                 instance_type,
                 zone,
-                newest[zone][1] if zone in newest else spec.spot_usd_per_hour,
+                newest.get(zone, spec.spot_usd_per_hour),
                 spec.on_demand_usd_per_hour,
             )
             for zone in zones
