@@ -349,6 +349,27 @@ class EmulatedProvider(Provider):
         self._ended(iid, now, preempted=True)
         self._event(ProviderEventKind.PREEMPT, iid + detail, instance_id=iid, time_s=now, pid=pid)
 
+    def _reap(self) -> None:
+        """A replayed instance whose agent ended by itself before any notice is gone."""
+        if self._procs is None:
+            return
+        now = self.now_s()
+        for iid in list(self._procs.pids()):
+            # A noticed instance that is gone before its kill (say it exited on the notice)
+            # still counts as preempted, at its kill time.
+            code = None if iid in self._doomed else self._procs.exit_code(iid)
+            if code is None:
+                continue
+            pid = self._procs.forget(iid)
+            self._ended(iid, now, preempted=False)
+            self._event(
+                ProviderEventKind.EXIT,
+                f"{iid} exit code {code}",
+                instance_id=iid,
+                time_s=now,
+                pid=pid,
+            )
+
     def _ended(self, iid: str, now: float, *, preempted: bool) -> None:
         """The cloud ended ``iid`` at ``now``: its list reports so ``loss_signal_delay_s`` on."""
         self._records[iid] = dataclasses.replace(

@@ -24,10 +24,9 @@ from typing import Protocol
 
 from liveput.cloud.capacity import CapacitySchedule
 from liveput.cloud.emulated_config import EmulatedProviderConfig, SpotModel
-from liveput.cloud.processes import InstanceProcesses
 from liveput.cloud.replay import ReplayAction, ReplaySchedule
 from liveput.cloud.retry import ProviderError
-from liveput.cloud.types import InstanceRecord, Market, ProviderEventKind
+from liveput.cloud.types import InstanceRecord, Market
 from liveput.traces import IntervalTrace, Trace
 
 log = logging.getLogger(__name__)
@@ -41,8 +40,6 @@ class SpotCloud(Protocol):
     trace: Trace | IntervalTrace
     _rng: random.Random
     _spot_queue: list[str]
-    _procs: InstanceProcesses | None
-    _doomed: set[str]
 
     @property
     def end_s(self) -> float: ...
@@ -65,25 +62,11 @@ class SpotCloud(Protocol):
 
     def _launch_on_demand(self, now: float) -> None: ...
 
-    def _ended(self, iid: str, now: float, *, preempted: bool) -> None: ...
+    def _reap(self) -> None: ...
 
     def _new_record(
         self, prefix: str, instance_type: str, market: Market, zones: tuple[str, ...], now: float
     ) -> InstanceRecord: ...
-
-    def _event(
-        self,
-        kind: ProviderEventKind,
-        detail: str,
-        *,
-        instance_id: str = "",
-        level: int = logging.INFO,
-        time_s: float | None = None,
-        pid: int | None = None,
-        lead_s: float | None = None,
-        initial: bool = False,
-        clock_s: float | None = None,
-    ) -> None: ...
 
 
 class SpotSupply(ABC):
@@ -192,7 +175,7 @@ class ReplaySupply(SpotSupply):
         return self.schedule.next_s()
 
     def step(self, cloud: SpotCloud) -> None:
-        self._reap(cloud)
+        cloud._reap()
         now = cloud.now_s()
         while (due := self.schedule.pop_due(now)) is not None:
             time_s, action, payload = due
@@ -228,29 +211,6 @@ class ReplaySupply(SpotSupply):
             victim = cloud._rng.choice(candidates)
             cloud._notice(victim, now_s, kill_s)
             self.schedule.push(kill_s, ReplayAction.PREEMPT, victim)
-
-    @staticmethod
-    def _reap(cloud: SpotCloud) -> None:
-        """A replayed instance whose agent ended by itself before any notice is gone."""
-        procs = cloud._procs
-        if procs is None:
-            return
-        now = cloud.now_s()
-        for iid in list(procs.pids()):
-            # A noticed instance that is gone before its kill (say it exited on the notice)
-            # still counts as preempted, at its kill time.
-            code = None if iid in cloud._doomed else procs.exit_code(iid)
-            if code is None:
-                continue
-            pid = procs.forget(iid)
-            cloud._ended(iid, now, preempted=False)
-            cloud._event(
-                ProviderEventKind.EXIT,
-                f"{iid} exit code {code}",
-                instance_id=iid,
-                time_s=now,
-                pid=pid,
-            )
 
     @staticmethod
     def _launch(cloud: SpotCloud, time_s: float, *, initial: bool) -> None:
