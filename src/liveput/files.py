@@ -116,16 +116,15 @@ def check_writable_url(url: str, role: str) -> None:
     leaves nothing behind, and the first write makes them again."""
     import uuid
 
-    from liveput.objectstore import url_to_fs
+    from liveput.objectstore import local_folder, url_to_fs
 
     made: list[Path] = []
     try:
         fs, root = url_to_fs(url.rstrip("/"))
-        if "file" in _protocols(fs):
-            folder = Path(root)
-            while not folder.exists() and folder != folder.parent:
-                made.append(folder)
-                folder = folder.parent
+        folder = local_folder(url)
+        while folder is not None and not folder.exists() and folder != folder.parent:
+            made.append(folder)
+            folder = folder.parent
         fs.makedirs(root, exist_ok=True)
         probe = f"{root}/.liveput-probe-{uuid.uuid4().hex}"
         with fs.open(probe, "wb") as handle:
@@ -141,8 +140,3 @@ def check_writable_url(url: str, role: str) -> None:
                 folder.rmdir()
             except OSError:
                 break  # something was written there meanwhile: it stays
-
-
-def _protocols(fs: object) -> tuple[str, ...]:
-    protocol = getattr(fs, "protocol", ())
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)

@@ -19,6 +19,7 @@ import io
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -44,11 +45,21 @@ OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abf
 """fsspec protocols of object stores: an object appears whole when its upload completes."""
 
 
+def _protocols(fs: AbstractFileSystem) -> set[str]:
+    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+
+
 def writes_whole_objects(fs: AbstractFileSystem) -> bool:
     """Whether a file written to ``fs`` appears only once complete (an object store), so that
     writing it aside and renaming it (on S3 a copy of every byte) buys nothing."""
-    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-    return bool(protocols & OBJECT_STORE_PROTOCOLS)
+    return bool(_protocols(fs) & OBJECT_STORE_PROTOCOLS)
+
+
+def local_folder(url: str) -> Path | None:
+    """The folder ``url`` names on this machine's file system (None: it is elsewhere, an object
+    store's)."""
+    fs, root = url_to_fs(url.rstrip("/"))
+    return Path(root) if "file" in _protocols(fs) else None
 
 
 def _register() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import TracebackType
 
-from liveput.errors import LiveputError
 from liveput.runtime.launch import through_outage
 from liveput.runtime.store import Store, open_store
 from liveput.runtime.store.etcd_server import EtcdConfig, LocalEtcd
@@ -80,8 +79,7 @@ def open_job_store(place: StorePlace, token: str) -> JobStore:
         etcd.start()
     try:
         url = etcd.url if etcd is not None else place.url
-        if url is None:  # StorePlace checks it is not
-            raise LiveputError("no store URL")
+        assert url is not None  # StorePlace gives one of them
         if place.wait_s > 0:
             store = through_outage(
                 lambda: open_store(

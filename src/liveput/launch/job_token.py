@@ -15,18 +15,14 @@ import os
 import secrets
 from pathlib import Path
 
-from liveput.objectstore import url_to_fs
+from liveput.objectstore import local_folder
 from liveput.runtime.weights import TOKEN_FILE
 
 LOG = logging.getLogger(__name__)
 
 
 def _local_folder(checkpoint_dir: str | None) -> Path | None:
-    if checkpoint_dir is None:
-        return None
-    fs, root = url_to_fs(checkpoint_dir.rstrip("/"))
-    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return Path(root) if "file" in protocol else None
+    return None if checkpoint_dir is None else local_folder(checkpoint_dir)
 
 
 def run_token(given: str | None, checkpoint_dir: str | None) -> str:

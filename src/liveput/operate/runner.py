@@ -200,7 +200,7 @@ def run_job(
         raise
     finally:
         try:
-            if started and store is not None:
+            if started:
                 keep_status(store, state_dir)
             if started and linger and ran_through:
                 _linger(store, job.linger_s)
@@ -359,10 +359,8 @@ def read_kept_status(state_dir: Path, events: int = 10) -> dict | None:
     return snapshot
 
 
-def _linger(store: Store | None, linger_s: float) -> None:
+def _linger(store: Store, linger_s: float) -> None:
     """Keep the store up ``linger_s`` or until ``liveput stop``."""
-    if store is None:
-        return
     deadline = time.monotonic() + linger_s
     while time.monotonic() < deadline:
         try:
