@@ -145,13 +145,13 @@ def test_a_periodic_checkpoint_is_spread_over_its_share_of_k_median_steps(
     spread, tmp_path, monkeypatch
 ):
     spreads: list[float | None] = []
-    save = Checkpointer.save_async
+    write = Checkpointer.write_async  # the periodic writes (their snapshot shared with copies)
 
-    def recording(self, epoch, step, layers, num_layers, spread_s=None):
+    def recording(self, epoch, step, states, num_layers, spread_s=None, taken_s=None):
         spreads.append(spread_s)
-        return save(self, epoch, step, layers, num_layers, spread_s)
+        return write(self, epoch, step, states, num_layers, spread_s, taken_s)
 
-    monkeypatch.setattr(Checkpointer, "save_async", recording)
+    monkeypatch.setattr(Checkpointer, "write_async", recording)
     job = resolve_job("tiny-gpt-small")
     cluster = ThreadCluster(
         job,

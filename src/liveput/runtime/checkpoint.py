@@ -192,8 +192,25 @@ class Checkpointer:
         over ``spread_s`` seconds where given (None: as fast as the link goes). Seconds the
         snapshot took (on training's critical path)."""
         taken_s = time.perf_counter()
-        snapshot = [(layer.index, layer.state_dict()) for layer in layers]
-        snapshot_s = time.perf_counter() - taken_s
+        states = {layer.index: layer.state_dict() for layer in layers}
+        self.write_async(epoch, step, states, num_layers, spread_s, taken_s)
+        return time.perf_counter() - taken_s
+
+    def write_async(
+        self,
+        epoch: int,
+        step: int,
+        states: dict[int, dict],
+        num_layers: int,
+        spread_s: float | None = None,
+        taken_s: float | None = None,
+    ) -> None:
+        """Write ``states`` (layer -> a snapshot of its state after step ``step``, which nothing
+        changes any more: shared with the buddy copies) in the background, as
+        :meth:`save_async`; ``taken_s``: when the snapshot was taken (``time.perf_counter``;
+        None: now), from which the write's time is counted."""
+        taken_s = time.perf_counter() if taken_s is None else taken_s
+        snapshot = list(states.items())
         pacer = None
         if spread_s is not None and spread_s > 0:
             pacer = Pacer(max(1.0, _state_bytes(snapshot) / spread_s))
@@ -204,7 +221,6 @@ class Checkpointer:
             )
             if pacer is not None:
                 self._pacers = [*self._pacers[-4:], pacer]
-        return snapshot_s
 
     def writing(self) -> bool:
         """A write is running or waiting to."""

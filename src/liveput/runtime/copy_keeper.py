@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from liveput.errors import LiveputError
 from liveput.runtime import keys
-from liveput.runtime.layer_state import LayerState, encode_state
+from liveput.runtime.layer_state import encode_state
 from liveput.runtime.memory_copies import (
     CopyRecord,
     CopyServer,
@@ -49,12 +49,12 @@ class CopyKeeper:
         plan: RuntimePlan,
         epoch: int,
         step: int,
-        layers: list[LayerState],
+        states: dict[int, dict],
         spread_s: float | None,
     ) -> None:
-        """Copy ``layers`` as of (epoch, step) now; encode them and fetch the sender's in the
-        background."""
-        states = {layer.index: layer.state_dict() for layer in layers}
+        """Keep ``states`` (this instance's layers as of (epoch, step): a snapshot nothing
+        changes any more, shared with the checkpoint's write); encode them and fetch the
+        sender's in the background."""
         sender = sender_to(plan, self.instance)
         wanted: list[int] = []
         if sender is not None and (slot := plan.slots.get(sender)) is not None:

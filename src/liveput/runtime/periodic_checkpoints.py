@@ -12,6 +12,7 @@ logged once its write is seen over, a warning where the write cost more than the
 from __future__ import annotations
 
 import logging
+import time
 
 from liveput.models.job import Job
 from liveput.runtime.checkpoint import Checkpointer
@@ -68,28 +69,35 @@ class PeriodicCheckpoints:
         # before no longer count): a loss before the next periodic copy reads them. Not at
         # the restore itself: its sources still serve the copies it reads.
         restored = plan.restore_step is not None and plan.restore_step >= 0
-        if self.keeper is not None and (periodic or (restored and step == plan.start_step)):
-            self.keeper.refresh(plan, plan.epoch, step, layers, self._spread_s())
-        snapshot_s = self._save(plan, step, layers, position)
-        if snapshot_s is not None:
-            stalled = self.stalls.checkpointed(step, snapshot_s) or stalled
+        copy = self.keeper is not None and (periodic or (restored and step == plan.start_step))
+        share = self._share_due(step, layers, position)
+        if copy or share:
+            # One snapshot for the copies and the checkpoint: each cloned the same state.
+            taken_s = time.perf_counter()
+            states = {layer.index: layer.state_dict() for layer in (layers if copy else share)}
+            snapshot_s = time.perf_counter() - taken_s
+            spread_s = self._spread_s()
+            if copy and self.keeper is not None:
+                self.keeper.refresh(plan, plan.epoch, step, states, spread_s)
+            if share and self.checkpointer is not None:
+                written = {layer.index: states[layer.index] for layer in share}
+                self.checkpointer.write_async(
+                    plan.epoch, step, written, self.job.num_layers, spread_s, taken_s
+                )
+                stalled = self.stalls.checkpointed(step, snapshot_s) or stalled
         if stalled is not None:
             self._log(stalled)
 
-    def _save(
-        self, plan: RuntimePlan, step: int, layers: list[LayerState], position: StagePosition
-    ) -> float | None:
-        """Save the share if due; the seconds its snapshot took (None: nothing saved)."""
+    def _share_due(
+        self, step: int, layers: list[LayerState], position: StagePosition
+    ) -> list[LayerState]:
+        """This instance's share of a checkpoint due after ``step`` (none: none due, or no
+        checkpoints)."""
         every = self.config.checkpoint_every
         due = (every and (step + 1) % every == 0) or self.job.evaluation_due(step)
         if not due or self.checkpointer is None:
-            return None
-        share = checkpoint_share(layers, position)
-        if not share:
-            return None
-        return self.checkpointer.save_async(
-            plan.epoch, step, share, self.job.num_layers, self._spread_s()
-        )
+            return []
+        return checkpoint_share(layers, position)
 
     def _spread_s(self) -> float | None:
         """Seconds a periodic write is spread over (None: not yet known, or not periodic)."""
